@@ -1,0 +1,28 @@
+"""``manual``: a step the operator does and ticks (`specdeck mark PLAN ITEM done`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from core.actions.base import Action, CheckResult, register
+
+
+@dataclass(frozen=True)
+class ManualParams:
+    note: str | None = None
+    """Optional instructions shown with the item."""
+
+
+@register
+class Manual(Action):
+    kind = "manual"
+    Params = ManualParams
+    detached = False
+    needs_host = False
+    summary = "a step the operator does by hand and marks done"
+
+    async def check(self, ctx) -> CheckResult:
+        return CheckResult.blocked("manual item: do it, then `specdeck mark PLAN ITEM done`")
+
+    async def run(self, ctx) -> dict:  # pragma: no cover - the runner never runs manual items
+        raise RuntimeError("manual items are ticked, not run")

@@ -1,0 +1,434 @@
+"""``specdeck``: the headless CLI. Its commands, output and exit statuses are a contract.
+
+Exit statuses: 0 success; 1 an action failed; 2 invalid input (nothing was written);
+3 a host could not be reached. Diagnostics and progress go to stderr; stdout carries only
+what a script asked for (``status --json``, ``export``, ``logs``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from core.errors import InvalidInput, PlanError, SpecdeckError
+from core.events import (Event, HostStateChanged, LogLinesReceived, Notice, Progress, RunEnded,
+                         RunStarted, StatusChanged)
+from core.plan import Plan, load_plan, params_summary, plan_to_todos, todos_to_plan_yaml
+from core.text import sanitize
+
+GLYPHS = {"pending": "○", "in_progress": "◐", "done": "●", "failed": "✗", "skipped": "⊘"}
+
+
+def _err(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def open_store(plan: Plan, state: str | None):
+    from core.store import Store, default_state_path
+
+    return Store(state or default_state_path(plan.name))
+
+
+class Printer:
+    """Prints runner events on stderr for a person watching a terminal."""
+
+    def __init__(self, *, quiet: bool = False):
+        self.quiet = quiet
+        self._last_progress: dict[str, float] = {}
+
+    def __call__(self, ev: Event) -> None:
+        ts = time.strftime("%H:%M:%S")
+        if isinstance(ev, LogLinesReceived):
+            if not self.quiet:
+                for line in ev.lines:
+                    _err(f"  {ev.item_id} │ {sanitize(line)}")
+        elif isinstance(ev, RunStarted):
+            verb = "attached to" if ev.attached else "started"
+            where = f" on {ev.host}" if ev.host else ""
+            _err(f"[{ts}] {ev.item_id}: {verb} run {ev.run_id}{where}"
+                 + (f" (pid {ev.pid})" if ev.pid else ""))
+        elif isinstance(ev, RunEnded):
+            how = f"signal {ev.signal}" if ev.signal else f"exit {ev.exit_code}"
+            _err(f"[{ts}] {ev.item_id}: run {ev.run_id} {ev.state} ({how})"
+                 + (f": {ev.error}" if ev.error else ""))
+        elif isinstance(ev, StatusChanged):
+            _err(f"[{ts}] {ev.item_id}: {GLYPHS.get(ev.status, '?')} {ev.status}"
+                 + (f" ({ev.reason})" if ev.reason else ""))
+        elif isinstance(ev, Progress):
+            now = time.monotonic()
+            if now - self._last_progress.get(ev.item_id or "", 0) >= 0.5 or ev.fields.get("final"):
+                self._last_progress[ev.item_id or ""] = now
+                _err(f"[{ts}] {ev.item_id}: {ev.message}")
+        elif isinstance(ev, HostStateChanged):
+            if ev.state != "connected" or ev.reason:
+                _err(f"[{ts}] host {ev.host}: {ev.state}" + (f" ({ev.reason})" if ev.reason else ""))
+        elif isinstance(ev, Notice):
+            _err(f"[{ts}] {ev.message}")
+
+
+async def _with_runner(plan: Plan, args, fn, *, emit=None):
+    from core.runner import Runner
+
+    store = open_store(plan, args.state)
+    runner = Runner(plan, store, emit=emit or Printer(quiet=getattr(args, "quiet", False)))
+    try:
+        return await fn(runner)
+    finally:
+        await runner.close()
+        store.close()
+
+
+def _run_json(run: dict | None) -> dict | None:
+    if not run:
+        return None
+    return {k: run.get(k) for k in ("id", "host", "state", "pid", "exit_code", "signal",
+                                     "started_at", "ended_at")}
+
+
+# -- commands ----------------------------------------------------------------------------
+def cmd_validate(args) -> int:
+    plan = load_plan(args.plan)
+    kinds = sorted({it.action.kind for it in plan.items if it.action})
+    manual = sum(1 for it in plan.items if it.manual)
+    print(f"{args.plan}: ok: plan {plan.name!r}, {len(plan.items)} items "
+          f"({manual} manual), {len(plan.hosts)} hosts, kinds: {', '.join(kinds) or 'none'}")
+    return 0
+
+
+def cmd_status(args) -> int:
+    plan = load_plan(args.plan)
+
+    async def go(runner):
+        changes = []
+        if not args.no_reconcile and runner.store.live_runs():
+            changes = await runner.reconcile()
+        st = runner.statuses()
+        latest = runner.store.latest_runs()
+        return changes, st, latest, runner.store.events()[-5:]
+
+    changes, st, latest, events = asyncio.run(_with_runner(plan, args, go, emit=lambda e: None))
+    if args.json:
+        out = {"plan": plan.name, "items": [{
+            "id": it.id, "content": it.content, "priority": it.priority, "status": st[it.id],
+            "needs": list(it.needs),
+            "action": ({"kind": it.action.kind, "host": it.action.host,
+                        "params": params_summary(it)} if it.action else None),
+            "run": _run_json(latest.get(it.id))} for it in plan.items]}
+        print(json.dumps(out, indent=2))
+        return 0
+    for c in changes:
+        how = ""
+        if c.get("signal"):
+            how = f" (signal {c['signal']})"
+        elif c.get("exit_code") is not None:
+            how = f" (exit {c['exit_code']})"
+        _err(f"meanwhile: {c['item']}: run {c['run']} {c['was']} -> {c['now']}{how}"
+             + (f": {c.get('error') or c.get('reason')}" if c.get("error") or c.get("reason") else ""))
+    print(f"plan {plan.name} ({plan.path})")
+    for it in plan.items:
+        run = latest.get(it.id)
+        kind = it.action.kind if it.action else "manual"
+        where = f"@{it.action.host}" if it.action and it.action.host else ""
+        r = ""
+        if run:
+            how = (f" signal {run['signal']}" if run["signal"] else
+                   (f" exit {run['exit_code']}" if run["exit_code"] is not None else ""))
+            r = f"  [{run['state']}{how} #{run['attempt']}]"
+        print(f"  {GLYPHS[st[it.id]]} {st[it.id]:<11} {it.id:<24} {it.priority:<6} "
+              f"{kind}{where:<12} {it.content}{r}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    plan = load_plan(args.plan)
+    if not args.items and not args.all:
+        raise InvalidInput("name the items to run, or pass --all")
+    for i in args.items:
+        plan.item(i)
+    ids = None if args.all else args.items
+
+    async def go(runner):
+        await runner.reconcile()
+        return await runner.run_items(ids)
+
+    summary = asyncio.run(_with_runner(plan, args, go))
+    if summary["manual"]:
+        _err(f"manual items waiting for the operator: {', '.join(summary['manual'])} "
+             f"(`specdeck mark {args.plan} ITEM done`)")
+    if summary["unreachable"]:
+        return 3
+    if summary["failed"]:
+        _err(f"failed: {', '.join(summary['failed'])}  (`specdeck logs {args.plan} ITEM`)")
+        return 1
+    if args.items and summary["waiting"]:
+        return 1
+    return 0
+
+
+def cmd_attach(args) -> int:
+    plan = load_plan(args.plan)
+    if args.item:
+        plan.item(args.item)
+
+    async def go(runner):
+        await runner.reconcile()
+        ran = await runner.attach([args.item] if args.item else None)
+        if not ran:
+            _err("no live runs" + (f" for {args.item}" if args.item else ""))
+        st = runner.statuses()
+        return any(st[r.rsplit("-", 3)[0]] == "failed" for r in ran if False)
+
+    asyncio.run(_with_runner(plan, args, go))
+    return 0
+
+
+def cmd_mark(args) -> int:
+    plan = load_plan(args.plan)
+    plan.item(args.item)
+
+    async def go(runner):
+        if args.status in ("done", "skipped", "pending") and runner.store.live_run(args.item):
+            raise InvalidInput(f"item {args.item!r} has a live run; stop it first "
+                               f"(`specdeck stop {args.plan} {args.item}`)")
+        runner.mark(args.item, args.status)
+
+    asyncio.run(_with_runner(plan, args, go, emit=lambda e: None))
+    print(f"{args.item}: {args.status}")
+    return 0
+
+
+def cmd_logs(args) -> int:
+    plan = load_plan(args.plan)
+    plan.item(args.item)
+    from core.store import Store  # noqa: F401
+
+    async def go(runner):
+        store = runner.store
+        run = store.latest_run(args.item)
+        if run is None:
+            raise InvalidInput(f"item {args.item!r} has no runs yet")
+        out = sys.stdout.buffer
+        printed = 0
+
+        def flush() -> None:
+            nonlocal printed
+            data = store.log_bytes(run["id"], printed)
+            if data:
+                text = data.decode("utf-8", "replace")
+                if sys.stdout.isatty():
+                    text = "\n".join(sanitize(x) for x in text.split("\n"))
+                out.write(text.encode())
+                out.flush()
+                printed += len(data)
+
+        flush()
+        if args.follow and store.live_run(args.item):
+            task = asyncio.create_task(runner.attach([args.item]))
+            while not task.done():
+                flush()
+                await asyncio.sleep(0.1)
+            await task
+            flush()
+        final = store.run(run["id"])
+        if final["state"] not in ("starting", "running"):
+            how = f"signal {final['signal']}" if final["signal"] else f"exit {final['exit_code']}"
+            _err(f"[run {final['id']} {final['state']} ({how})]")
+
+    asyncio.run(_with_runner(plan, args, go, emit=lambda e: None))
+    return 0
+
+
+def cmd_stop(args) -> int:
+    plan = load_plan(args.plan)
+    plan.item(args.item)
+
+    async def go(runner):
+        await runner.reconcile()
+        live = runner.store.live_run(args.item)
+        if live is None:
+            _err(f"{args.item}: no live run")
+            return 0
+        what = (f"run {live['id']} of item {args.item!r} on host {live['host']!r} "
+                f"(process group {live['pid']})")
+        if not args.yes:
+            if not sys.stdin.isatty():
+                raise InvalidInput(f"refusing to stop {what} without confirmation",
+                                   hint="pass --yes to stop without asking")
+            sys.stderr.write(f"Stop {what}? SIGTERM, {args.grace:g}s grace, then SIGKILL [y/N] ")
+            sys.stderr.flush()
+            if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+                _err("not stopped")
+                return 1
+        outcome = await runner.stop_run(live["id"], grace_s=args.grace)
+        _err(f"{args.item}: run {live['id']} {outcome.state}"
+             + (f" (signal {outcome.signal})" if outcome.signal else
+                f" (exit {outcome.exit_code})"))
+        return 0
+
+    return asyncio.run(_with_runner(plan, args, go))
+
+
+def cmd_export(args) -> int:
+    plan = load_plan(args.plan)
+
+    async def go(runner):
+        return runner.statuses()
+
+    st = asyncio.run(_with_runner(plan, args, go, emit=lambda e: None))
+    print(json.dumps(plan_to_todos(plan, st), indent=2, ensure_ascii=False))
+    return 0
+
+
+def cmd_import(args) -> int:
+    src = Path(args.todos)
+    try:
+        todos = json.loads(src.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InvalidInput(f"{src}: no such file") from None
+    except json.JSONDecodeError as e:
+        raise InvalidInput(f"{src}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
+    out = Path(args.output)
+    if out.exists() and not args.force:
+        raise InvalidInput(f"{out}: already exists; not overwritten", hint="pass --force")
+    text = todos_to_plan_yaml(todos, args.name or out.stem, str(src))
+    from core.plan import parse_plan
+
+    parse_plan(text, str(out))  # what we write must validate
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, out)
+    _err(f"wrote {out} ({len(todos)} items)")
+    return 0
+
+
+def cmd_ui(args) -> int:
+    plan = load_plan(args.plan)
+    if _UI_OPENER is None:
+        raise SpecdeckError("the console is not part of this entry point",
+                            hint="run `specdeck ui PLAN` (console.cli) or `python -m console`")
+    return _UI_OPENER(plan, state=args.state)
+
+
+_UI_OPENER = None
+"""Set by ``console.cli`` (core never imports console): opens the Textual console."""
+
+
+def cmd_demo(args) -> int:
+    from core.demo import run_demo
+
+    return run_demo(args)
+
+
+def cmd_kinds(args) -> int:
+    from core.actions import registry
+
+    for k in registry.kinds():
+        print(f"{k:<16} {registry.get(k).summary}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specdeck", description=(
+        "Plan, run and watch a speculative-decoding drafter campaign across SSH hosts."))
+    p.add_argument("--state", help="state database (default: $SPECDECK_STATE or "
+                   "$XDG_STATE_HOME/specdeck/<plan>.db)")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    def add(name, fn, help_):
+        sp = sub.add_parser(name, help=help_, description=help_)
+        sp.set_defaults(fn=fn)
+        return sp
+
+    sp = add("validate", cmd_validate, "check a plan; exit 2 with file:line:col errors if invalid")
+    sp.add_argument("plan")
+    sp = add("status", cmd_status, "items with their status and latest run")
+    sp.add_argument("plan")
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
+    sp.add_argument("--no-reconcile", action="store_true",
+                    help="do not contact hosts to refresh live runs")
+    sp = add("run", cmd_run, "run items whose needs are done, in dependency order")
+    sp.add_argument("plan")
+    sp.add_argument("items", nargs="*")
+    sp.add_argument("--all", action="store_true", help="run every item that can run")
+    sp.add_argument("-q", "--quiet", action="store_true", help="do not echo log lines")
+    sp = add("attach", cmd_attach, "re-attach to live runs and follow them until they end")
+    sp.add_argument("plan")
+    sp.add_argument("item", nargs="?")
+    sp.add_argument("-q", "--quiet", action="store_true", help="do not echo log lines")
+    sp = add("mark", cmd_mark, "set an item's status by hand")
+    sp.add_argument("plan")
+    sp.add_argument("item")
+    sp.add_argument("status", choices=["pending", "in_progress", "done", "skipped"])
+    sp = add("logs", cmd_logs, "print the latest run's log (stored copy)")
+    sp.add_argument("plan")
+    sp.add_argument("item")
+    sp.add_argument("-f", "--follow", action="store_true", help="follow a live run")
+    sp = add("stop", cmd_stop, "stop an item's live run (asks first)")
+    sp.add_argument("plan")
+    sp.add_argument("item")
+    sp.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    sp.add_argument("--grace", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL")
+    sp = add("export", cmd_export, "print the plan's state as JSON")
+    sp.add_argument("plan")
+    sp.add_argument("--todowrite", action="store_true", required=True,
+                    help="todowrite format: [{content, status, priority}]")
+    sp = add("import", cmd_import, "make a plan of manual items from a todowrite JSON list")
+    sp.add_argument("todos")
+    sp.add_argument("-o", "--output", required=True, help="the plan file to write")
+    sp.add_argument("--name", help="plan name (default: the output file's stem)")
+    sp.add_argument("--force", action="store_true", help="overwrite an existing plan file")
+    sp = add("ui", cmd_ui, "open the console on a plan")
+    sp.add_argument("plan")
+    sp = add("demo", cmd_demo, "run the embedded demo campaign locally")
+    sp.add_argument("--dir", default=None, help="workspace (default: ./specdeck-demo)")
+    sp.add_argument("--headless", action="store_true", help="print progress, no console")
+    sp = add("kinds", cmd_kinds, "list the action kinds")
+    _extend(sub, add)
+    return p
+
+
+def _extend(sub, add) -> None:
+    """Commands contributed by later modules (compare, diff) register here."""
+    import importlib
+
+    try:
+        mod = importlib.import_module("core.cli_extra")
+    except ModuleNotFoundError as e:
+        if e.name != "core.cli_extra":
+            raise
+        return
+    mod.register(add)
+
+
+def main(argv: list[str] | None = None, *, ui_opener=None) -> int:
+    """Run the CLI. ``ui_opener(plan, state=)`` opens the console (given by console.cli)."""
+    global _UI_OPENER
+    if ui_opener is not None:
+        _UI_OPENER = ui_opener
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.fn(args)
+    except PlanError as e:
+        for issue in e.issues:
+            _err(str(issue))
+        return 2
+    except SpecdeckError as e:
+        _err(f"specdeck: {e.message}")
+        if e.hint:
+            _err(f"  hint: {e.hint}")
+        return e.exit_status
+    except KeyboardInterrupt:
+        _err("interrupted: runs on hosts keep going; `specdeck attach PLAN` follows them again")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""The error tree every layer raises and the CLI and console show.
+
+``SpecdeckError(message, title=, hint=)`` is the base: the console shows ``title`` and
+``message`` in a notification or modal, the CLI prints ``message`` and the ``hint`` (what to do
+next). Each error class maps to a CLI exit status (``exit_status``): 1 an action failed, 2 the
+input is invalid, 3 a host cannot be reached.
+"""
+
+from __future__ import annotations
+
+
+class SpecdeckError(Exception):
+    """Base of every error specdeck shows to a person.
+
+    Args:
+        message: What went wrong, naming the file, item, field or host.
+        title: A short heading for the console.
+        hint: What to do next.
+    """
+
+    exit_status = 1
+    default_title = "specdeck error"
+
+    def __init__(self, message: str, *, title: str | None = None, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.title = title or self.default_title
+        self.hint = hint
+
+    def __str__(self) -> str:
+        if self.hint:
+            return f"{self.message}\n  hint: {self.hint}"
+        return self.message
+
+
+class InvalidInput(SpecdeckError):
+    """Bad input from the user (a plan, a flag, a file); nothing was written."""
+
+    exit_status = 2
+    default_title = "Invalid input"
+
+
+class PlanError(InvalidInput):
+    """A plan failed validation. ``issues`` holds every problem found, each with its location."""
+
+    default_title = "Invalid plan"
+
+    def __init__(self, issues: list["PlanIssue"]):  # noqa: F821 - defined in core.plan
+        self.issues = issues
+        super().__init__("\n".join(str(i) for i in issues))
+
+
+class HostUnreachable(SpecdeckError):
+    """The transport to a host failed (connect, auth, host key, dropped connection).
+
+    Kept apart from :class:`RemoteCommandFailed`: the remote command never got to fail.
+    """
+
+    exit_status = 3
+    default_title = "Host unreachable"
+
+    def __init__(self, host: str, reason: str, *, hint: str | None = None):
+        self.host = host
+        self.reason = reason
+        super().__init__(f"host {host!r} unreachable: {reason}", hint=hint)
+
+
+class HostKeyRejected(HostUnreachable):
+    """The host's key is unknown or differs from known_hosts. Never bypassed silently."""
+
+    default_title = "Host key rejected"
+
+
+class RemoteCommandFailed(SpecdeckError):
+    """A command ran on a host and exited non-zero (``check=True``).
+
+    Attributes:
+        host: The host name from the plan.
+        command: The command as sent to the host's shell.
+        exit_status: Its exit status (None when killed by a signal).
+        signal: The signal name when it was killed by one.
+        stderr: The last lines of its standard error.
+    """
+
+    default_title = "Command failed"
+
+    def __init__(self, host: str, command: str, exit_status: int | None, stderr: str,
+                 signal: str | None = None):
+        self.host = host
+        self.command = command
+        self.exit_status = exit_status
+        self.signal = signal
+        tail = "\n".join(stderr.rstrip().splitlines()[-10:])
+        how = f"signal {signal}" if signal else f"exit status {exit_status}"
+        msg = f"on host {host!r}: `{command}` failed with {how}"
+        if tail:
+            msg += "\n" + "\n".join("    " + line for line in tail.splitlines())
+        super().__init__(msg)
+
+
+class ActionFailed(SpecdeckError):
+    """An action ran and did not succeed; the item becomes failed."""
+
+    default_title = "Action failed"

@@ -1,0 +1,143 @@
+"""The console machine as a host: subprocesses and plain file I/O, no SSH."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal as _signal
+from typing import AsyncIterator, Mapping, Sequence
+
+from core.hosts.base import AsyncWriter, CommandResult, FileStat, Host, HostState, to_command
+
+
+class _LocalWriter(AsyncWriter):
+    def __init__(self, f):
+        self._f = f
+
+    async def write(self, data: bytes) -> None:
+        # Local disk writes are fast and bounded by the chunk size; a thread hop per chunk
+        # costs more than it saves.
+        self._f.write(data)
+
+    async def close(self) -> None:
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+
+
+class LocalHost(Host):
+    """Runs commands with ``bash -c`` on this machine."""
+
+    async def connect(self) -> None:
+        self._home = os.path.expanduser("~")
+        os.makedirs(self.path("."), exist_ok=True)
+        self._set_status(HostState.CONNECTED)
+
+    async def close(self) -> None:
+        return None
+
+    async def run(self, command: str | Sequence[str], *, check: bool = False,
+                  timeout: float | None = None, input: bytes | None = None,
+                  cwd: str | None = None, env: Mapping[str, str] | None = None) -> CommandResult:
+        cmd = to_command(command)
+        wd = self.path(cwd or ".")
+        os.makedirs(wd, exist_ok=True)
+        full_env = {**os.environ, **self.env, **(env or {})}
+        proc = await asyncio.create_subprocess_exec(
+            "bash", "-c", cmd, cwd=wd, env=full_env,
+            stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(input), timeout)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            try:
+                os.killpg(proc.pid, _signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            await proc.wait()
+            raise
+        rc = proc.returncode
+        sig = None
+        if rc is not None and rc < 0:
+            sig = _signal.Signals(-rc).name.removeprefix("SIG")
+            rc = None
+        res = CommandResult(self.name, cmd, rc, out.decode("utf-8", "replace"),
+                            err.decode("utf-8", "replace"), signal=sig)
+        return res.check() if check else res
+
+    async def read_file(self, path: str) -> bytes:
+        with open(self.path(path), "rb") as f:
+            return f.read()
+
+    async def write_file(self, path: str, data: bytes, *, mode: int | None = None) -> None:
+        p = self.path(path)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        tmp = f"{p}.tmp.{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, p)
+
+    async def stat(self, path: str) -> FileStat | None:
+        p = self.path(path)
+        try:
+            st = os.stat(p)
+        except FileNotFoundError:
+            return None
+        import stat as _st
+        return FileStat(p, st.st_size, st.st_mtime, _st.S_ISDIR(st.st_mode))
+
+    async def listdir(self, path: str) -> list[str]:
+        return sorted(os.listdir(self.path(path)))
+
+    async def remove(self, path: str, *, recursive: bool = False) -> None:
+        p = self.path(path)
+        if recursive and os.path.isdir(p):
+            shutil.rmtree(p)
+        else:
+            try:
+                os.remove(p)
+            except FileNotFoundError:
+                pass
+
+    async def makedirs(self, path: str) -> None:
+        os.makedirs(self.path(path), exist_ok=True)
+
+    async def rename(self, src: str, dst: str) -> None:
+        os.replace(self.path(src), self.path(dst))
+
+    async def read_from(self, path: str, offset: int, max_bytes: int) -> bytes:
+        try:
+            with open(self.path(path), "rb") as f:
+                f.seek(offset)
+                return f.read(max_bytes)
+        except FileNotFoundError:
+            return b""
+
+    async def open_reader(self, path: str, offset: int = 0, *, chunk_size: int = 1 << 20
+                          ) -> AsyncIterator[bytes]:
+        loop = asyncio.get_running_loop()
+        with open(self.path(path), "rb") as f:
+            f.seek(offset)
+            while True:
+                chunk = await loop.run_in_executor(None, f.read, chunk_size)
+                if not chunk:
+                    return
+                yield chunk
+
+    async def open_writer(self, path: str, *, append: bool) -> AsyncWriter:
+        p = self.path(path)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        return _LocalWriter(open(p, "ab" if append else "wb"))
+
+    async def disk_free(self, path: str) -> int:
+        p = self.path(path)
+        while not os.path.exists(p):
+            p = os.path.dirname(p)
+        st = os.statvfs(p)
+        return st.f_bavail * st.f_frsize

@@ -1,0 +1,295 @@
+"""Run capsules: detached work on a host that outlives specdeck and any SSH channel.
+
+A capsule is a directory ``<workdir>/.specdeck/runs/<run id>/`` on the host holding:
+
+``cmd.sh``      the command, with its environment exported (quoted) and its cwd;
+``wrapper.sh``  started with ``setsid`` (own session, stdin from /dev/null); it starts
+                ``cmd.sh`` in a *further* session and process group, writes ``pid``, waits,
+                and writes ``exit``. Because the wrapper is outside the command's process
+                group, a stop (signals to the group) never kills the wrapper, so the exit
+                status is recorded even for SIGKILL;
+``pid``         ``<pid> <start ticks> <boot id> <wrapper pid> <wrapper start ticks>``: the
+                start time (field 22 of /proc/PID/stat) and the boot id make a recycled pid
+                or a rebooted host detectable;
+``log``         stdout and stderr of the command;
+``exit``        ``exit N`` or ``signal N``, written atomically by the wrapper at the end.
+
+Everything specdeck needs to re-derive a run's state is on the host, so reconcile after a
+restart or a reconnect is: read ``exit``, else compare ``pid`` with /proc, else it is lost.
+
+Log following (:func:`follow`) reads from the run's stored byte offset and stores whole lines
+only (a torn last line waits for its newline), so the store's copy of the log never has a
+gap or a duplicated line however often the follower is restarted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shlex
+import signal as _signal
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from core.actions.base import Launch, Outcome
+from core.errors import HostUnreachable
+from core.hosts.base import Host
+
+CAPSULES = ".specdeck/runs"
+CHUNK = 4 << 20
+"""Largest log read per poll; a line longer than this is stored in pieces."""
+
+_WRAPPER = r"""#!/usr/bin/env bash
+# specdeck run capsule wrapper: see core/jobs.py
+D="$(cd "$(dirname "$0")" && pwd)"
+ticks() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f20; }
+setsid bash "$D/cmd.sh" >>"$D/log" 2>&1 </dev/null &
+child=$!
+boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo noboot)
+echo "$child $(ticks "$child") $boot $$ $(ticks $$)" >"$D/pid.tmp" && mv "$D/pid.tmp" "$D/pid"
+wait "$child"
+rc=$?
+if [ "$rc" -gt 128 ] && [ "$rc" -lt 193 ]; then r="signal $((rc - 128))"; else r="exit $rc"; fi
+echo "$r" >"$D/exit.tmp" && mv "$D/exit.tmp" "$D/exit"
+"""
+
+_INSPECT = r"""D={d}
+ticks() {{ sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f20; }}
+if [ -f "$D/exit" ]; then echo "ended $(cat "$D/exit")"; exit 0; fi
+if [ ! -f "$D/pid" ]; then if [ -d "$D" ]; then echo nopid; else echo missing; fi; exit 0; fi
+read pid pstart boot wpid wstart <"$D/pid"
+curboot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo noboot)
+if [ "$curboot" = "$boot" ]; then
+  if [ -n "$pstart" ] && [ "$(ticks "$pid")" = "$pstart" ]; then echo "running $pid"; exit 0; fi
+  if [ -n "$wstart" ] && [ "$(ticks "$wpid")" = "$wstart" ]; then echo "running $pid"; exit 0; fi
+fi
+if [ -f "$D/exit" ]; then echo "ended $(cat "$D/exit")"; else echo lost; fi
+"""
+
+
+@dataclass(frozen=True)
+class CapsuleState:
+    state: str
+    """``running``, ``ended``, ``lost`` (no process, no exit status), ``nopid`` (launch not
+    finished), ``missing`` (no capsule directory)."""
+    exit_code: int | None = None
+    signal: str | None = None
+    pid: int | None = None
+
+
+def capsule_path(host: Host, run_id: str) -> str:
+    return host.path(f"{CAPSULES}/{run_id}")
+
+
+def _cmd_script(launch: Launch, host: Host) -> str:
+    lines = ["#!/usr/bin/env bash"]
+    env = {**host.env, **dict(launch.env)}
+    for k, v in env.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+            raise ValueError(f"bad environment variable name {k!r}")
+        lines.append(f"export {k}={shlex.quote(str(v))}")
+    lines.append(f"cd {shlex.quote(host.path(launch.cwd or '.'))} || exit 97")
+    lines.append(launch.command)
+    return "\n".join(lines) + "\n"
+
+
+async def start(host: Host, run_id: str, launch: Launch, *, timeout: float = 20.0) -> dict:
+    """Start ``launch`` detached on ``host``; return ``{capsule, pid, pstart}``."""
+    d = capsule_path(host, run_id)
+    await host.makedirs(host.path(launch.cwd or "."))
+    await host.write_file(f"{d}/cmd.sh", _cmd_script(launch, host).encode(), mode=0o700)
+    await host.write_file(f"{d}/wrapper.sh", _WRAPPER.encode(), mode=0o700)
+    q = shlex.quote(d)
+    # The braces keep the background job's stdio off the channel, so run() returns at once.
+    await host.run(f"touch {q}/log && {{ setsid bash {q}/wrapper.sh </dev/null >/dev/null 2>&1 & }}",
+                   check=True)
+    deadline = time.monotonic() + timeout
+    while True:
+        raw = await host.read_from(f"{d}/pid", 0, 4096)
+        if raw.strip():
+            parts = raw.decode().split()
+            return {"capsule": d, "pid": int(parts[0]),
+                    "pstart": " ".join(parts[1:]) if len(parts) > 1 else ""}
+        if time.monotonic() > deadline:
+            raise HostUnreachable(host.name, f"run capsule {d} did not start within {timeout}s")
+        await asyncio.sleep(0.02)
+
+
+def _signame(num: int) -> str:
+    try:
+        return _signal.Signals(num).name.removeprefix("SIG")
+    except ValueError:
+        return str(num)
+
+
+async def inspect(host: Host, capsule: str) -> CapsuleState:
+    """Re-derive a run's state from its capsule (one round trip)."""
+    res = await host.run(_INSPECT.format(d=shlex.quote(capsule)), check=True)
+    words = res.stdout.split()
+    if not words:
+        return CapsuleState("lost")
+    if words[0] == "ended":
+        kind, num = words[1], int(words[2])
+        if kind == "signal":
+            return CapsuleState("ended", None, _signame(num))
+        return CapsuleState("ended", num, None)
+    if words[0] == "running":
+        return CapsuleState("running", pid=int(words[1]))
+    return CapsuleState(words[0])
+
+
+async def signal_group(host: Host, capsule: str, sig: str) -> bool:
+    """Send ``sig`` to the run's process group if it is still the same process."""
+    script = (f"D={shlex.quote(capsule)}; read pid pstart rest <\"$D/pid\" || exit 3; "
+              f"[ \"$(sed 's/.*) //' /proc/$pid/stat 2>/dev/null | cut -d' ' -f20)\" = \"$pstart\" ]"
+              f" || exit 4; kill -{sig} -- -$pid")
+    res = await host.run(script)
+    return res.ok
+
+
+async def stop(host: Host, capsule: str, *, grace_s: float = 30.0,
+               poll: float = 0.2) -> CapsuleState:
+    """SIGTERM to the process group, ``grace_s`` seconds, then SIGKILL."""
+    st = await inspect(host, capsule)
+    if st.state != "running":
+        return st
+    await signal_group(host, capsule, "TERM")
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        st = await inspect(host, capsule)
+        if st.state != "running":
+            return st
+        await asyncio.sleep(poll)
+    await signal_group(host, capsule, "KILL")
+    for _ in range(100):
+        st = await inspect(host, capsule)
+        if st.state != "running":
+            return st
+        await asyncio.sleep(poll)
+    return st
+
+
+# -- metrics from log lines --------------------------------------------------------------
+def parse_metrics(line: bytes, regex: re.Pattern | None = None) -> list[tuple[int, str, float]]:
+    """Metrics carried by one log line.
+
+    A JSON object with an integer ``step`` gives one metric per numeric field (lists become
+    ``name[i]``, nested objects ``name.sub``). With ``regex`` (named groups, ``step`` among
+    them), a text line such as ``step=10 loss=2.3`` gives its numeric groups.
+    """
+    s = line.strip()
+    out: list[tuple[int, str, float]] = []
+    if s.startswith(b"{") and b'"step"' in s:
+        try:
+            obj = json.loads(s)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict):
+            step = obj.get("step")
+            if isinstance(step, (int, float)) and not isinstance(step, bool) and step == int(step):
+                _flatten(int(step), obj, "", out)
+                return out
+    if regex is not None:
+        m = regex.search(s.decode("utf-8", "replace"))
+        if m and m.groupdict().get("step"):
+            try:
+                step = int(float(m.group("step")))
+            except ValueError:
+                return out
+            for k, v in m.groupdict().items():
+                if k == "step" or v is None:
+                    continue
+                try:
+                    out.append((step, k, float(v)))
+                except ValueError:
+                    pass
+    return out
+
+
+def _flatten(step: int, obj, prefix: str, out: list) -> None:
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+    for k, v in items:
+        if prefix == "" and k == "step":
+            continue
+        name = f"{prefix}[{k}]" if isinstance(k, int) else (f"{prefix}.{k}" if prefix else str(k))
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, (int, float)):
+            if v == v and abs(v) != float("inf"):
+                out.append((step, name, float(v)))
+        elif isinstance(v, (dict, list)) and len(v) <= 256:
+            _flatten(step, v, name, out)
+
+
+# -- log following -----------------------------------------------------------------------
+async def follow(host: Host, store, run_id: str, capsule: str, *,
+                 on_lines: Callable[[list[str]], None] | None = None,
+                 on_state: Callable[[str], None] | None = None,
+                 regex: str | None = None, poll: float = 0.1, inspect_every: float = 0.5,
+                 stop: asyncio.Event | None = None) -> CapsuleState:
+    """Copy the run's log into the store until the run ends; return how it ended.
+
+    Survives transport failures: while the host is unreachable it waits and retries, then
+    resumes from the stored offset. ``on_state`` is told ``"reconnecting"`` / ``"following"``.
+    """
+    pattern = re.compile(regex) if regex else None
+    log = f"{capsule}/log"
+    ended: CapsuleState | None = None
+    last_inspect = 0.0
+    degraded = False
+    while True:
+        if stop is not None and stop.is_set():
+            return CapsuleState("running")
+        try:
+            run = store.run(run_id)
+            offset = run["log_offset"]
+            data = await host.read_from(log, offset, CHUNK)
+            if degraded:
+                degraded = False
+                if on_state:
+                    on_state("following")
+            cut = data.rfind(b"\n") + 1
+            if cut == 0 and len(data) == CHUNK:
+                cut = len(data)  # a line longer than CHUNK: store it in pieces
+            if ended is not None and cut < len(data):
+                cut = len(data)  # the run is over: the torn last line is final
+            if cut:
+                piece = data[:cut]
+                metrics: list[tuple[int, str, float]] = []
+                for line in piece.splitlines():
+                    metrics.extend(parse_metrics(line, pattern))
+                if store.append_log(run_id, offset, piece, metrics) and on_lines:
+                    on_lines(piece.decode("utf-8", "replace").splitlines())
+                if len(data) >= CHUNK:
+                    continue
+            if ended is not None:
+                return ended
+            now = time.monotonic()
+            if now - last_inspect >= inspect_every:
+                last_inspect = now
+                st = await inspect(host, capsule)
+                if st.state in ("ended", "lost", "missing"):
+                    ended = st  # one more read drains what was written before the end
+                    continue
+            await asyncio.sleep(poll)
+        except HostUnreachable:
+            if not degraded:
+                degraded = True
+                if on_state:
+                    on_state("reconnecting")
+            await asyncio.sleep(min(2.0, poll * 10))
+
+
+def outcome_of(state: CapsuleState, *, stopped: bool = False, capsule: str = "",
+               run_id: str = "") -> Outcome:
+    if state.state == "ended":
+        ok = state.exit_code == 0 and state.signal is None
+        st = "stopped" if stopped else ("succeeded" if ok else "failed")
+        return Outcome(st, state.exit_code, state.signal, capsule, run_id)
+    return Outcome("lost", None, None, capsule, run_id)
+
+
+def env_for(host: Host, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    return {**host.env, **dict(extra or {})}

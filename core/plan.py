@@ -1,0 +1,565 @@
+"""Plans: the YAML file a campaign is written in, loaded into typed, validated models.
+
+A plan is intent: specdeck never rewrites it behind the user's back (state lives in the
+store). Loading validates everything before anything runs or is written, and every problem
+is reported with ``file:line:col``, the item id and the field, e.g.::
+
+    plans/v5.yaml:14:15: item 'relay-ckpt': field 'action.params.src': unknown host 'kpro7'
+
+Positions come from composing the YAML node tree ourselves (:class:`_Located`) instead of
+``yaml.safe_load``, so that each value keeps the mark where it was written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from core.errors import InvalidInput, PlanError
+from core.params import ParamError, parse_params, shell_fields
+
+STATUSES = ("pending", "in_progress", "done", "failed", "skipped")
+PRIORITIES = ("high", "medium", "low")
+SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+VAR_REF = re.compile(r"\$\$|\$\{([^}]*)\}")
+SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY)", re.I)
+
+
+@dataclass(frozen=True)
+class PlanIssue:
+    """One validation problem, with where it was written."""
+
+    file: str
+    line: int
+    col: int
+    message: str
+    item: str | None = None
+    field: str | None = None
+
+    def __str__(self) -> str:
+        where = []
+        if self.item:
+            where.append(f"item {self.item!r}")
+        if self.field:
+            where.append(f"field {self.field!r}")
+        prefix = ": ".join(where)
+        return f"{self.file}:{self.line}:{self.col}: " + (f"{prefix}: " if prefix else "") + self.message
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    name: str
+    workdir: str
+    local: bool = False
+    ssh: str | None = None
+    python: str | None = None
+    env: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    kind: str
+    host: str | None
+    params: Any
+    """The action kind's own frozen params dataclass, ``${vars}`` already interpolated."""
+    raw_params: dict
+    """The params as written in the plan (before interpolation), for display."""
+
+
+@dataclass(frozen=True)
+class Item:
+    id: str
+    content: str
+    priority: str = "medium"
+    status: str | None = None
+    """The initial status written in the plan; the store's status wins once there is one."""
+    needs: tuple[str, ...] = ()
+    action: ActionSpec | None = None
+    line: int = 0
+
+    @property
+    def manual(self) -> bool:
+        return self.action is None or self.action.kind == "manual"
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    path: Path | None
+    hosts: dict[str, HostSpec]
+    vars: dict[str, Any]
+    items: tuple[Item, ...]
+
+    def item(self, item_id: str) -> Item:
+        for it in self.items:
+            if it.id == item_id:
+                return it
+        raise InvalidInput(f"{self.path or self.name}: no item {item_id!r} in plan {self.name!r}",
+                           hint="`specdeck status PLAN` lists the item ids")
+
+    @property
+    def dir(self) -> Path:
+        return self.path.parent if self.path else Path.cwd()
+
+    def order(self, ids: Iterable[str] | None = None) -> list[Item]:
+        """Items in dependency order (needs first), stable in file order."""
+        wanted = set(ids) if ids is not None else None
+        done: set[str] = set()
+        out: list[Item] = []
+        by_id = {it.id: it for it in self.items}
+
+        def visit(it: Item) -> None:
+            if it.id in done:
+                return
+            done.add(it.id)
+            for n in it.needs:
+                visit(by_id[n])
+            out.append(it)
+
+        for it in self.items:
+            visit(it)
+        return [it for it in out if wanted is None or it.id in wanted]
+
+    def dependents(self, item_id: str) -> list[str]:
+        """Ids of items that need ``item_id``, directly or not."""
+        out: list[str] = []
+        frontier = [item_id]
+        while frontier:
+            cur = frontier.pop()
+            for it in self.items:
+                if cur in it.needs and it.id not in out:
+                    out.append(it.id)
+                    frontier.append(it.id)
+        return out
+
+
+# -- YAML with positions ------------------------------------------------------------------
+class _Located:
+    """Plain Python values from a YAML document plus the (line, col) of each path."""
+
+    def __init__(self, text: str, filename: str):
+        self.filename = filename
+        self.key_marks: dict[tuple, tuple[int, int]] = {}
+        self.value_marks: dict[tuple, tuple[int, int]] = {}
+        self.issues: list[PlanIssue] = []
+        loader = yaml.SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            self.data = self._walk(loader, node, ()) if node is not None else None
+        except yaml.MarkedYAMLError as e:
+            mark = e.problem_mark or e.context_mark
+            line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+            msg = " ".join(str(x) for x in (e.context, e.problem) if x) or str(e)
+            self.issues.append(PlanIssue(filename, line, col, f"YAML syntax: {msg}"))
+            self.data = None
+        except yaml.YAMLError as e:
+            self.issues.append(PlanIssue(filename, 1, 1, f"YAML error: {e}"))
+            self.data = None
+        finally:
+            loader.dispose()
+
+    def _walk(self, loader, node, path):
+        self.value_marks[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
+        if isinstance(node, yaml.MappingNode):
+            out: dict = {}
+            loader.flatten_mapping(node)
+            for knode, vnode in node.value:
+                key = loader.construct_object(knode, deep=True)
+                if isinstance(key, (list, dict)):
+                    self._issue(knode, "a mapping key must be a plain scalar")
+                    continue
+                if key in out:
+                    self._issue(knode, f"duplicate key {key!r}")
+                    continue
+                self.key_marks[path + (key,)] = (knode.start_mark.line + 1,
+                                                 knode.start_mark.column + 1)
+                out[key] = self._walk(loader, vnode, path + (key,))
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [self._walk(loader, v, path + (i,)) for i, v in enumerate(node.value)]
+        return loader.construct_object(node, deep=True)
+
+    def _issue(self, node, msg):
+        self.issues.append(PlanIssue(self.filename, node.start_mark.line + 1,
+                                     node.start_mark.column + 1, msg))
+
+    def mark(self, path: tuple, *, key: bool = False) -> tuple[int, int]:
+        """The position of ``path`` (its key when ``key``), or of its nearest written parent."""
+        p = tuple(path)
+        while True:
+            if key and p in self.key_marks:
+                return self.key_marks[p]
+            if p in self.value_marks:
+                return self.value_marks[p]
+            if p in self.key_marks:
+                return self.key_marks[p]
+            if not p:
+                return (1, 1)
+            p = p[:-1]
+
+
+def _field_name(path: tuple) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+
+
+class _Validator:
+    def __init__(self, loc: _Located):
+        self.loc = loc
+        self.issues = list(loc.issues)
+
+    def error(self, path: tuple, message: str, *, item: str | None = None,
+              field_path: tuple | None = None, key: bool = False) -> None:
+        line, col = self.loc.mark(path, key=key)
+        self.issues.append(PlanIssue(self.loc.filename, line, col, message, item,
+                                     _field_name(field_path) if field_path else None))
+
+
+def _check_keys(v: _Validator, data: dict, path: tuple, allowed: Iterable[str], *,
+                item: str | None = None, base: tuple = ()) -> None:
+    allowed = list(allowed)
+    for k in data:
+        if k not in allowed:
+            v.error(path + (k,), f"unknown key {k!r} (known: {', '.join(allowed)})",
+                    item=item, field_path=base + (k,), key=True)
+
+
+def _interpolate(value: Any, variables: dict, shell: bool, errors: list[tuple[tuple, str]],
+                 path: tuple) -> Any:
+    """Replace ``${name}`` in strings (``$$`` is a literal ``$``); quote when ``shell``."""
+    if isinstance(value, str):
+        def sub(m: re.Match) -> str:
+            if m.group(0) == "$$":
+                return "$"
+            name = m.group(1)
+            if name not in variables:
+                errors.append((path, f"undefined variable ${{{name}}} (define it under vars:)"))
+                return m.group(0)
+            s = variables[name]
+            s = s if isinstance(s, str) else json.dumps(s)
+            return shlex.quote(s) if shell else s
+
+        return VAR_REF.sub(sub, value)
+    if isinstance(value, list):
+        return [_interpolate(x, variables, shell, errors, path + (i,)) for i, x in enumerate(value)]
+    if isinstance(value, dict):
+        return {k: _interpolate(x, variables, shell, errors, path + (k,)) for k, x in value.items()}
+    return value
+
+
+def parse_plan(text: str, filename: str = "<plan>", *, path: Path | None = None) -> Plan:
+    """Parse and validate a plan; raise :class:`PlanError` listing every problem."""
+    from core.actions import registry  # the kinds register themselves on import
+
+    loc = _Located(text, filename)
+    v = _Validator(loc)
+    data = loc.data
+    if v.issues:
+        raise PlanError(v.issues)
+    if not isinstance(data, dict):
+        v.error((), "a plan is a mapping with name, hosts, vars and items")
+        raise PlanError(v.issues)
+    _check_keys(v, data, (), ("name", "hosts", "vars", "items"))
+
+    name = data.get("name")
+    if not isinstance(name, str) or not name.strip():
+        v.error(("name",), "name: a non-empty string is required", field_path=("name",))
+        name = "plan"
+    elif not SLUG.match(name):
+        v.error(("name",), f"name {name!r} must be a slug (letters, digits, _ . -)",
+                field_path=("name",))
+
+    variables = data.get("vars") or {}
+    if not isinstance(variables, dict):
+        v.error(("vars",), "vars must be a mapping of name: value", field_path=("vars",))
+        variables = {}
+    for k, val in variables.items():
+        if not isinstance(val, (str, int, float, bool)):
+            v.error(("vars", k), f"var {k!r} must be a string or number", field_path=("vars", k))
+        if SECRET_NAME.search(str(k)):
+            v.error(("vars", k), f"var {k!r} looks like a secret: secrets never go in plans; "
+                    "keep them in the host's environment or ssh-agent", field_path=("vars", k),
+                    key=True)
+
+    hosts: dict[str, HostSpec] = {}
+    raw_hosts = data.get("hosts") or {}
+    if not isinstance(raw_hosts, dict):
+        v.error(("hosts",), "hosts must be a mapping of name: {local|ssh, workdir}",
+                field_path=("hosts",))
+        raw_hosts = {}
+    for hname, h in raw_hosts.items():
+        hp = ("hosts", hname)
+        if not isinstance(hname, str) or not SLUG.match(hname):
+            v.error(hp, f"host name {hname!r} must be a slug", key=True)
+            continue
+        if not isinstance(h, dict):
+            v.error(hp, "a host is {local: true, workdir: PATH} or {ssh: ALIAS, workdir: PATH}",
+                    field_path=hp)
+            continue
+        _check_keys(v, h, hp, ("local", "ssh", "workdir", "python", "env"), base=hp)
+        local, ssh = h.get("local"), h.get("ssh")
+        if local not in (None, True, False):
+            v.error(hp + ("local",), "local must be true or false", field_path=hp + ("local",))
+        if bool(local) == bool(ssh):
+            v.error(hp, f"host {hname!r} needs exactly one of `local: true` or `ssh: ALIAS`",
+                    field_path=hp)
+        if ssh is not None and (not isinstance(ssh, str) or not ssh or ssh.startswith("-")
+                                or any(c.isspace() for c in ssh)):
+            v.error(hp + ("ssh",), "ssh must be an alias or user@host[:port]",
+                    field_path=hp + ("ssh",))
+        wd = h.get("workdir")
+        if not isinstance(wd, str) or not wd:
+            v.error(hp + ("workdir",), "workdir: a path is required", field_path=hp + ("workdir",))
+        py = h.get("python")
+        if py is not None and not isinstance(py, str):
+            v.error(hp + ("python",), "python must be a path", field_path=hp + ("python",))
+        env = h.get("env") or {}
+        if not isinstance(env, dict):
+            v.error(hp + ("env",), "env must be a mapping", field_path=hp + ("env",))
+            env = {}
+        for ek, ev in env.items():
+            if not isinstance(ev, (str, int, float)) or isinstance(ev, bool):
+                v.error(hp + ("env", ek), "env values must be strings", field_path=hp + ("env", ek))
+            if SECRET_NAME.search(str(ek)):
+                v.error(hp + ("env", ek), f"env {ek!r} looks like a secret: secrets never go in "
+                        "plans; export it in the host's shell profile instead",
+                        field_path=hp + ("env", ek), key=True)
+        hosts[hname] = HostSpec(hname, wd if isinstance(wd, str) else ".", bool(local),
+                                ssh if isinstance(ssh, str) else None,
+                                py if isinstance(py, str) else None,
+                                {str(k): str(x) for k, x in env.items()})
+
+    raw_items = data.get("items")
+    if not isinstance(raw_items, list):
+        v.error(("items",), "items: a list of todo items is required", field_path=("items",))
+        raw_items = []
+    items: list[Item] = []
+    seen: dict[str, int] = {}
+    for i, it in enumerate(raw_items):
+        ip = ("items", i)
+        if not isinstance(it, dict):
+            v.error(ip, "an item is a mapping with id, content, priority, needs, action")
+            continue
+        iid = it.get("id")
+        label = iid if isinstance(iid, str) else f"#{i + 1}"
+        _check_keys(v, it, ip, ("id", "content", "priority", "status", "needs", "action"),
+                    item=label)
+        if not isinstance(iid, str) or not SLUG.match(iid):
+            v.error(ip + ("id",), f"id must be a slug (letters, digits, _ . -), got {iid!r}",
+                    item=label, field_path=("id",))
+        elif iid in seen:
+            v.error(ip + ("id",), f"duplicate id (first used by item #{seen[iid] + 1})",
+                    item=label, field_path=("id",))
+        else:
+            seen[iid] = i
+        content = it.get("content")
+        if not isinstance(content, str) or not content.strip():
+            v.error(ip + ("content",), "content: the todo text is required", item=label,
+                    field_path=("content",))
+        prio = it.get("priority", "medium")
+        if prio not in PRIORITIES:
+            v.error(ip + ("priority",), f"priority must be one of {', '.join(PRIORITIES)}, "
+                    f"got {prio!r}", item=label, field_path=("priority",))
+        status = it.get("status")
+        if status is not None and status not in STATUSES:
+            v.error(ip + ("status",), f"status must be one of {', '.join(STATUSES)}, got "
+                    f"{status!r}", item=label, field_path=("status",))
+        needs = it.get("needs") or []
+        if isinstance(needs, str):
+            needs = [needs]
+        if not isinstance(needs, list) or not all(isinstance(n, str) for n in needs):
+            v.error(ip + ("needs",), "needs must be a list of item ids", item=label,
+                    field_path=("needs",))
+            needs = []
+        action = None
+        raw_action = it.get("action")
+        if raw_action is not None:
+            action = _parse_action(v, raw_action, ip + ("action",), label, hosts, raw_hosts,
+                                   variables, registry)
+        items.append(Item(label, content if isinstance(content, str) else "",
+                          prio if prio in PRIORITIES else "medium",
+                          status if status in STATUSES else None, tuple(needs), action,
+                          loc.mark(ip)[0]))
+
+    ids = {it.id for it in items}
+    for i, it in enumerate(items):
+        for j, n in enumerate(it.needs):
+            if n not in ids:
+                v.error(("items", i, "needs", j), f"needs unknown item {n!r}", item=it.id,
+                        field_path=("needs",))
+            elif n == it.id:
+                v.error(("items", i, "needs", j), "an item cannot need itself", item=it.id,
+                        field_path=("needs",))
+    _check_cycles(v, items)
+
+    plan = Plan(name, path, hosts, dict(variables), tuple(items))
+    # Cross-item rules each kind knows about (relay's hosts, stop's item...).
+    for i, it in enumerate(items):
+        if it.action is None or it.action.params is None:
+            continue
+        cls = registry.get(it.action.kind)
+        for fpath, msg in cls.validate_plan(it.action.params, plan, it):
+            v.error(("items", i, "action", "params") + tuple(fpath), msg, item=it.id,
+                    field_path=("action", "params") + tuple(fpath))
+    if v.issues:
+        raise PlanError(v.issues)
+    return plan
+
+
+def _parse_action(v, raw, ap, label, hosts, raw_hosts, variables, registry) -> ActionSpec | None:
+    if not isinstance(raw, dict):
+        v.error(ap, "action must be a mapping {kind, host, params}", item=label,
+                field_path=("action",))
+        return None
+    _check_keys(v, raw, ap, ("kind", "host", "params"), item=label, base=("action",))
+    kind = raw.get("kind")
+    if kind not in registry.kinds():
+        v.error(ap + ("kind",), f"unknown action kind {kind!r} (known: "
+                f"{', '.join(registry.kinds())})", item=label, field_path=("action", "kind"))
+        return None
+    cls = registry.get(kind)
+    host = raw.get("host")
+    if host is None and cls.needs_host:
+        v.error(ap, f"action {kind!r} needs a host (one of: {', '.join(raw_hosts) or 'none defined'})",
+                item=label, field_path=("action", "host"))
+    elif host is not None and host not in raw_hosts:
+        v.error(ap + ("host",), f"unknown host {host!r} (defined: {', '.join(raw_hosts) or 'none'})",
+                item=label, field_path=("action", "host"))
+    raw_params = raw.get("params") or {}
+    errors: list[tuple[tuple, str]] = []
+    shells = shell_fields(cls.Params)
+    interp = raw_params
+    if isinstance(raw_params, dict):
+        interp = {k: _interpolate(val, variables, k in shells, errors, (k,))
+                  for k, val in raw_params.items()}
+    for p, msg in errors:
+        v.error(ap + ("params",) + p, msg, item=label, field_path=("action", "params") + p)
+    params = None
+    try:
+        params = parse_params(cls.Params, interp)
+    except ExceptionGroup as eg:
+        for e in eg.exceptions:
+            assert isinstance(e, ParamError)
+            v.error(ap + ("params",) + e.path, e.message, item=label,
+                    field_path=("action", "params") + e.path,
+                    key="unknown field" in e.message)
+    return ActionSpec(kind, host, params, raw_params if isinstance(raw_params, dict) else {})
+
+
+def _check_cycles(v: _Validator, items: list[Item]) -> None:
+    graph = {it.id: [n for n in it.needs if n != it.id] for it in items}
+    color: dict[str, int] = {}
+    index = {it.id: i for i, it in enumerate(items)}
+
+    def dfs(n: str, stack: list[str]) -> None:
+        color[n] = 1
+        for m in graph.get(n, []):
+            if m not in graph:
+                continue
+            if color.get(m) == 1:
+                cyc = stack[stack.index(m):] + [m] if m in stack else [n, m]
+                v.error(("items", index[n], "needs"), "cyclic needs: " + " -> ".join(cyc),
+                        item=n, field_path=("needs",))
+            elif color.get(m) is None:
+                dfs(m, stack + [m])
+        color[n] = 2
+
+    for it in items:
+        if color.get(it.id) is None:
+            dfs(it.id, [it.id])
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read and validate a plan file.
+
+    Raises:
+        PlanError: the plan is invalid (every problem, with file:line:col).
+        InvalidInput: the file cannot be read.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InvalidInput(f"{p}: no such plan file", hint="plans live under plans/*.yaml") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidInput(f"{p}: cannot read plan: {e}") from None
+    return parse_plan(text, str(p), path=p.resolve())
+
+
+# -- todowrite interop --------------------------------------------------------------------
+_TODO_IN = {"completed": "done", "done": "done", "pending": "pending",
+            "in_progress": "in_progress", "failed": "failed", "skipped": "skipped",
+            "cancelled": "skipped"}
+_TODO_OUT = {"done": "completed"}
+
+
+def _slug(text: str) -> str:
+    s = re.sub(r"[^A-Za-z0-9]+", "-", text.lower()).strip("-")
+    return (s[:40].rstrip("-") or "item")
+
+
+def todos_to_plan_yaml(todos: Any, name: str, source: str = "<todos>") -> str:
+    """A todowrite JSON list (``[{content, status, priority}]``) -> plan YAML text."""
+    if not isinstance(todos, list):
+        raise InvalidInput(f"{source}: expected a JSON list of {{content, status, priority}}")
+    items = []
+    used: set[str] = set()
+    for i, t in enumerate(todos):
+        where = f"{source}: entry #{i + 1}"
+        if not isinstance(t, dict):
+            raise InvalidInput(f"{where}: expected an object with content, status, priority")
+        unknown = set(t) - {"content", "status", "priority", "id", "activeForm"}
+        if unknown:
+            raise InvalidInput(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+        content = t.get("content")
+        if not isinstance(content, str) or not content.strip():
+            raise InvalidInput(f"{where}: field 'content' must be a non-empty string")
+        status = t.get("status", "pending")
+        if status not in _TODO_IN:
+            raise InvalidInput(f"{where}: field 'status' must be one of "
+                               f"{', '.join(sorted(_TODO_IN))}, got {status!r}")
+        prio = t.get("priority", "medium")
+        if prio not in PRIORITIES:
+            raise InvalidInput(f"{where}: field 'priority' must be one of "
+                               f"{', '.join(PRIORITIES)}, got {prio!r}")
+        base = _slug(str(t["id"])) if t.get("id") is not None else _slug(content)
+        iid, n = base, 2
+        while iid in used:
+            iid, n = f"{base}-{n}", n + 1
+        used.add(iid)
+        items.append({"id": iid, "content": content, "priority": prio,
+                      "status": _TODO_IN[status]})
+    doc = {"name": _slug(name), "hosts": {}, "vars": {}, "items": items}
+    return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=100)
+
+
+def plan_to_todos(plan: Plan, statuses: dict[str, str]) -> list[dict]:
+    """The plan's current state as a todowrite list (done is written as ``completed``)."""
+    out = []
+    for it in plan.items:
+        st = statuses.get(it.id, it.status or "pending")
+        out.append({"content": it.content, "status": _TODO_OUT.get(st, st),
+                    "priority": it.priority})
+    return out
+
+
+def params_summary(item: Item) -> dict:
+    """The item's params as plain values (for status --json and the console)."""
+    from core.params import to_plain
+
+    if item.action is None or item.action.params is None:
+        return {}
+    return to_plain(item.action.params)
+
+
+__all__ = ["Plan", "Item", "HostSpec", "ActionSpec", "PlanIssue", "load_plan", "parse_plan",
+           "todos_to_plan_yaml", "plan_to_todos", "STATUSES", "PRIORITIES"]

@@ -1,0 +1,462 @@
+"""The runner: executes plan items on their hosts and keeps the store true to the hosts.
+
+It is the one service both faces use (the CLI and the console's workers). It owns the
+:class:`~core.hosts.base.Host` objects (one per plan host, connected on first use) and
+talks to the store; actions only see an :class:`~core.actions.base.ActionContext`.
+
+Item status follows runs: a run starting makes its item ``in_progress``; succeeded ->
+``done``; failed, stopped, lost or interrupted -> ``failed``. A failed item can be run again
+(a new run, attempt + 1); its dependents stay pending meanwhile.
+
+:meth:`Runner.reconcile` re-derives every run the store thinks live from what is on its
+host (the capsule, or the owning specdeck process for in-process runs), finishing runs that
+ended while nobody watched. It runs on start, before status, and after every reconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import socket
+import time
+from typing import Any, Callable, Iterable
+
+from core import jobs
+from core.actions import registry
+from core.actions.base import Action, ActionContext, CheckResult, Outcome
+from core.errors import ActionFailed, HostUnreachable, SpecdeckError
+from core.events import (Event, HostStateChanged, LogLinesReceived, Notice, Progress,
+                         RunEnded, RunStarted, StatusChanged)
+from core.hosts import Host, make_host
+from core.hosts.base import HostState
+from core.plan import Item, Plan
+from core.store import Store
+
+RUN_TO_ITEM = {"succeeded": "done", "failed": "failed", "stopped": "failed", "lost": "failed",
+               "interrupted": "failed"}
+
+
+def _proc_start(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except OSError:
+        return ""
+
+
+def owner_token() -> str:
+    """Who runs in-process work: ``host:pid:start`` of this specdeck process."""
+    return f"{socket.gethostname()}:{os.getpid()}:{_proc_start(os.getpid())}"
+
+
+def owner_alive(owner: str | None) -> bool | None:
+    """True/False for an owner on this machine; None when it is another machine's."""
+    if not owner:
+        return False
+    try:
+        hostname, pid, start = owner.rsplit(":", 2)
+    except ValueError:
+        return False
+    if hostname != socket.gethostname():
+        return None
+    return _proc_start(int(pid)) == start and start != ""
+
+
+class _Context(ActionContext):
+    def __init__(self, runner: "Runner", item: Item, host: Host | None, run_id: str | None):
+        self.runner = runner
+        self.plan = runner.plan
+        self.item = item
+        self.host = host
+        self.run_id = run_id
+
+    def host_named(self, name: str) -> Host:
+        return self.runner.hosts[name]
+
+    async def connected(self, name: str) -> Host:
+        return await self.runner.host(name)
+
+    def progress(self, message: str, **fields: Any) -> None:
+        self.runner.emit(Progress(self.item.id, message, fields))
+
+    def services(self) -> "Runner":
+        return self.runner
+
+    @property
+    def store(self):  # read-only uses by actions that record results (eval, train)
+        return self.runner.store
+
+
+class Runner:
+    """Runs items and reconciles runs.
+
+    Args:
+        plan: The validated plan.
+        store: The state store (used from this thread only).
+        emit: Called with every :class:`~core.events.Event`.
+        hosts: Pre-built hosts by name (tests); default: built from the plan.
+    """
+
+    def __init__(self, plan: Plan, store: Store, *, emit: Callable[[Event], None] | None = None,
+                 hosts: dict[str, Host] | None = None, poll: float = 0.1):
+        self.plan = plan
+        self.store = store
+        self._emit = emit or (lambda e: None)
+        self.hosts: dict[str, Host] = hosts or {n: make_host(n, s, plan.dir)
+                                           for n, s in plan.hosts.items()}
+        self.poll = poll
+        self.owner = owner_token()
+        self._connect_locks: dict[str, asyncio.Lock] = {}
+        self._followers: dict[str, asyncio.Task] = {}
+        self._stopping: set[str] = set()
+        for h in self.hosts.values():
+            h.on_status(self._host_status_changed)
+
+    # -- plumbing ------------------------------------------------------------------------
+    def emit(self, event: Event) -> None:
+        self._emit(event)
+
+    def _host_status_changed(self, name: str, status) -> None:
+        self.emit(HostStateChanged(None, name, status.state.value, status.reason))
+        if status.state == HostState.CONNECTED and self._reconcile_on_reconnect:
+            asyncio.get_event_loop().create_task(self._safe_reconcile(name))
+
+    _reconcile_on_reconnect = False
+
+    async def _safe_reconcile(self, host: str) -> None:
+        try:
+            await self.reconcile(hosts=[host], follow=False)
+        except SpecdeckError:
+            pass
+
+    async def host(self, name: str) -> Host:
+        """The named host, connected (raises HostUnreachable)."""
+        if name not in self.hosts:
+            raise SpecdeckError(f"plan {self.plan.name!r} has no host {name!r}")
+        h = self.hosts[name]
+        lock = self._connect_locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            if h.status.state != HostState.CONNECTED:
+                await h.connect()
+        return h
+
+    async def close(self) -> None:
+        for t in list(self._followers.values()):
+            t.cancel()
+        for h in self.hosts.values():
+            try:
+                await h.close()
+            except Exception:  # closing is best effort
+                pass
+
+    def statuses(self) -> dict[str, str]:
+        stored = self.store.item_statuses()
+        return {it.id: stored.get(it.id, it.status or "pending") for it in self.plan.items}
+
+    def action(self, item: Item) -> Action | None:
+        if item.action is None or item.action.params is None:
+            return None
+        return registry.get(item.action.kind)(item.action.params)
+
+    def _set_status(self, item_id: str, status: str, reason: str = "",
+                    run_id: str | None = None) -> None:
+        self.store.set_status(item_id, status, reason=reason, run_id=run_id)
+        self.emit(StatusChanged(item_id, status, reason))
+
+    def mark(self, item_id: str, status: str, reason: str = "marked by operator") -> None:
+        self.plan.item(item_id)
+        self._set_status(item_id, status, reason)
+
+    def live_run(self, item_id: str) -> dict | None:
+        return self.store.live_run(item_id)
+
+    # -- check ---------------------------------------------------------------------------
+    async def check(self, item: Item) -> CheckResult:
+        action = self.action(item)
+        if action is None or item.manual:
+            return CheckResult.blocked("manual item: do it, then mark it done")
+        host = await self.host(item.action.host) if item.action.host else None
+        return await action.check(_Context(self, item, host, None))
+
+    # -- running -------------------------------------------------------------------------
+    async def run_items(self, ids: Iterable[str] | None = None) -> dict[str, list[str]]:
+        """Run items (all when ``ids`` is None) whose needs are done, in dependency order.
+
+        Independent items run concurrently. Returns ``{"done", "failed", "unreachable",
+        "waiting", "manual"}`` lists of item ids.
+        """
+        targets = self.plan.order(ids)
+        target_ids = {it.id for it in targets}
+        summary: dict[str, list[str]] = {k: [] for k in
+                                         ("done", "failed", "unreachable", "waiting", "manual")}
+        pending = list(targets)
+        running: dict[asyncio.Task, Item] = {}
+        while pending or running:
+            st = self.statuses()
+            for it in list(pending):
+                if st[it.id] in ("done", "skipped"):
+                    pending.remove(it)
+                    if ids is not None and it.id in set(ids):
+                        summary["done"].append(it.id)
+                    continue
+                if it.manual:
+                    pending.remove(it)
+                    summary["manual"].append(it.id)
+                    continue
+                needs = [n for n in it.needs if st[n] not in ("done", "skipped")]
+                if not needs:
+                    pending.remove(it)
+                    running[asyncio.create_task(self.run_item(it))] = it
+                    continue
+                live = {p.id for p in pending} | {x.id for x in running.values()}
+                if not any(n in live for n in needs):
+                    pending.remove(it)
+                    summary["waiting"].append(it.id)
+                    self.emit(Notice(it.id, f"{it.id}: not run, waits on "
+                                     + ", ".join(f"{n} ({st[n]})" for n in needs)))
+            if not running:
+                for it in pending:
+                    summary["waiting"].append(it.id)
+                break
+            done, _ = await asyncio.wait(list(running), return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                it = running.pop(t)
+                try:
+                    state = t.result()
+                except HostUnreachable as e:
+                    self.emit(Notice(it.id, str(e), "error"))
+                    summary["unreachable"].append(it.id)
+                    continue
+                summary["done" if state == "done" else "failed"].append(it.id)
+        return summary
+
+    async def run_item(self, item: Item) -> str:
+        """Run one item now (its needs are the caller's business). Returns its final status."""
+        action = self.action(item)
+        if action is None:
+            raise SpecdeckError(f"item {item.id!r} is manual: mark it done when it is")
+        live = self.store.live_run(item.id)
+        if live is not None:
+            self.emit(Notice(item.id, f"{item.id}: run {live['id']} is live; attaching"))
+            await self.attach_run(live)
+            return self.statuses()[item.id]
+        host = await self.host(item.action.host) if item.action.host else None
+        ctx = _Context(self, item, host, None)
+        chk = await action.check(ctx)
+        if chk.state == "done":
+            self._set_status(item.id, "done", f"check: {chk.reason or 'already done'}")
+            return "done"
+        if chk.state == "blocked":
+            self._set_status(item.id, "failed", f"blocked: {chk.reason}")
+            self.emit(Notice(item.id, f"{item.id}: cannot run: {chk.reason}", "error"))
+            return "failed"
+        run_id = f"{item.id}-{time.strftime('%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        launcher = getattr(action, "launcher_name", lambda: "process")()
+        run = self.store.claim_run(run_id, item.id, item.action.kind,
+                                   item.action.host, owner=self.owner, launcher=launcher)
+        if run is None:  # another process claimed it a moment ago
+            live = self.store.live_run(item.id)
+            if live:
+                await self.attach_run(live)
+            return self.statuses()[item.id]
+        ctx.run_id = run_id
+        self._set_status(item.id, "in_progress", f"run {run_id}", run_id)
+        if not action.detached:
+            return await self._run_in_process(item, action, ctx, run_id)
+        try:
+            await action.prepare(ctx)
+            launch = action.command(ctx)
+            launched = await self._launch(host, run_id, launch, action)
+        except ActionFailed as e:
+            return self._end(item, run_id, "failed", error=e.message)
+        except HostUnreachable as e:
+            return self._end(item, run_id, "failed", error=str(e))
+        self.store.update_run(run_id, state="running", pid=launched.get("pid"),
+                              pstart=launched.get("pstart"), capsule=launched["capsule"],
+                              job_id=launched.get("job_id"))
+        self.emit(RunStarted(item.id, run_id, item.action.host, launched.get("pid")))
+        return await self._follow_and_finish(item, action, host, self.store.run(run_id))
+
+    async def _launch(self, host: Host, run_id: str, launch, action: Action) -> dict:
+        launcher = getattr(action, "launch", None)
+        if launcher is not None:  # actions with their own launcher (slurm, torchrun)
+            return await launcher(host, run_id, launch)
+        return await jobs.start(host, run_id, launch)
+
+    async def _run_in_process(self, item: Item, action: Action, ctx: _Context, run_id: str) -> str:
+        self.store.update_run(run_id, state="running", pid=os.getpid())
+        self.emit(RunStarted(item.id, run_id, item.action.host, os.getpid()))
+        try:
+            result = await action.run(ctx)
+        except ActionFailed as e:
+            return self._end(item, run_id, "failed", error=e.message)
+        except HostUnreachable as e:
+            return self._end(item, run_id, "failed", error=str(e))
+        except asyncio.CancelledError:
+            self._end(item, run_id, "interrupted", error="specdeck stopped during the run")
+            raise
+        return self._end(item, run_id, "succeeded", result=result, exit_code=0)
+
+    def _end(self, item: Item, run_id: str, state: str, *, error: str | None = None,
+             result: dict | None = None, exit_code: int | None = None,
+             signal: str | None = None) -> str:
+        if self.store.end_run(run_id, state, exit_code=exit_code, signal=signal, error=error,
+                              result=result):
+            status = RUN_TO_ITEM[state]
+            reason = f"run {run_id} {state}" + (f": {error}" if error else "")
+            self._set_status(item.id, status, reason, run_id)
+            self.emit(RunEnded(item.id, run_id, state, exit_code, signal, error))
+        return self.statuses()[item.id]
+
+    async def _follow_and_finish(self, item: Item, action: Action, host: Host, run: dict) -> str:
+        run_id = run["id"]
+
+        def lines(ls: list[str]) -> None:
+            self.emit(LogLinesReceived(item.id, run_id, ls))
+
+        def state(s: str) -> None:
+            self.emit(Notice(item.id, f"{item.id}: log stream {s} ({host.name}: "
+                             f"{host.status.reason or host.status.state.value})",
+                             "warning" if s == "reconnecting" else "info"))
+
+        regex = getattr(action, "metrics_regex", lambda: None)()
+        follower = getattr(action, "follow", None)
+        if follower is not None:
+            st = await follower(self, host, run, lines)
+        else:
+            st = await jobs.follow(host, self.store, run_id, run["capsule"], on_lines=lines,
+                                   on_state=state, regex=regex, poll=self.poll)
+        return await self._finish(item, action, host, run_id, st)
+
+    async def _finish(self, item: Item, action: Action, host: Host, run_id: str,
+                      st: jobs.CapsuleState) -> str:
+        run = self.store.run(run_id)
+        if run["state"] not in ("starting", "running"):
+            return self.statuses()[item.id]
+        stopped = run_id in self._stopping or bool(run.get("error") == "stop requested")
+        outcome = jobs.outcome_of(st, stopped=stopped, capsule=run["capsule"] or "", run_id=run_id)
+        ctx = _Context(self, item, host, run_id)
+        try:
+            result = await action.finish(ctx, outcome)
+        except ActionFailed as e:
+            state = outcome.state if outcome.state != "succeeded" else "failed"
+            return self._end(item, run_id, state, error=e.message, exit_code=outcome.exit_code,
+                             signal=outcome.signal)
+        return self._end(item, run_id, outcome.state, result=result, exit_code=outcome.exit_code,
+                         signal=outcome.signal)
+
+    # -- attach, reconcile, stop ---------------------------------------------------------
+    async def attach_run(self, run: dict) -> str:
+        """Follow a live run until it ends, then finish it."""
+        item = self.plan.item(run["item_id"])
+        action = self.action(item)
+        if run["state"] == "starting" or not run.get("capsule"):
+            return await self._reconcile_run(run, follow=True)
+        host = await self.host(run["host"])
+        self.emit(RunStarted(item.id, run["id"], run["host"], run.get("pid"), attached=True))
+        return await self._follow_and_finish(item, action, host, run)
+
+    async def attach(self, ids: Iterable[str] | None = None) -> list[str]:
+        """Attach to every live run (of ``ids``) and follow them until they end."""
+        runs = [r for r in self.store.live_runs() if ids is None or r["item_id"] in set(ids)]
+        await asyncio.gather(*(self.attach_run(r) for r in runs))
+        return [r["id"] for r in runs]
+
+    async def reconcile(self, *, hosts: Iterable[str] | None = None, follow: bool = False
+                        ) -> list[dict]:
+        """Re-derive each live run from its host. Returns ``[{run, item, was, now}]``.
+
+        Runs whose host is unreachable are left as they are (reported as unknown).
+        """
+        changes = []
+        for run in self.store.live_runs():
+            if hosts is not None and run["host"] not in set(hosts):
+                continue
+            try:
+                self.plan.item(run["item_id"])
+            except SpecdeckError:
+                continue  # the item left the plan; keep its history untouched
+            try:
+                now = await self._reconcile_run(run, follow=follow)
+            except HostUnreachable as e:
+                changes.append({"run": run["id"], "item": run["item_id"], "was": run["state"],
+                                "now": "unknown", "reason": str(e)})
+                continue
+            after = self.store.run(run["id"])
+            if after["state"] != run["state"]:
+                changes.append({"run": run["id"], "item": run["item_id"], "was": run["state"],
+                                "now": after["state"], "exit_code": after["exit_code"],
+                                "signal": after["signal"], "error": after["error"]})
+                self.emit(Notice(run["item_id"], f"{run['item_id']}: run {run['id']} "
+                                 f"{after['state']} while specdeck was away"))
+        return changes
+
+    async def _reconcile_run(self, run: dict, *, follow: bool) -> str:
+        item = self.plan.item(run["item_id"])
+        action = self.action(item)
+        if action is None:
+            return self._end(item, run["id"], "interrupted", error="item is no longer an action")
+        if not action.detached:
+            alive = owner_alive(run["owner"])
+            if alive is False:
+                return self._end(item, run["id"], "interrupted",
+                                 error="the specdeck process running it exited; run it again "
+                                       "to resume")
+            return self.statuses()[item.id]
+        host = await self.host(run["host"])
+        capsule = run.get("capsule") or jobs.capsule_path(host, run["id"])
+        inspector = getattr(action, "inspect", None)
+        st = await (inspector(self, host, run) if inspector else jobs.inspect(host, capsule))
+        if st.state in ("nopid", "missing") and run["state"] == "starting":
+            if owner_alive(run["owner"]) is True and run["owner"] != self.owner:
+                return self.statuses()[item.id]  # another specdeck is launching it right now
+            return self._end(item, run["id"], "interrupted",
+                             error="specdeck stopped before the run was launched")
+        if run["state"] == "starting" or not run.get("capsule"):
+            self.store.update_run(run["id"], state="running", capsule=capsule, pid=st.pid)
+            run = self.store.run(run["id"])
+        if st.state == "running":
+            if follow:
+                return await self.attach_run(run)
+            return self.statuses()[item.id]
+        # Ended (or lost) while nobody followed: drain the log, then finish.
+        follower = getattr(action, "follow", None)
+        if follower is not None:
+            st = await follower(self, host, run, lambda ls: None)
+        else:
+            st = await jobs.follow(host, self.store, run["id"], capsule, poll=self.poll,
+                                   regex=getattr(action, "metrics_regex", lambda: None)())
+        return await self._finish(item, action, host, run["id"], st)
+
+    async def stop_run(self, run_id: str, *, grace_s: float = 30.0) -> Outcome:
+        """Stop a live run: SIGTERM to its group, ``grace_s``, SIGKILL. Ends it as stopped."""
+        run = self.store.run(run_id)
+        if run is None or run["state"] not in ("starting", "running"):
+            raise SpecdeckError(f"run {run_id} is not live")
+        item = self.plan.item(run["item_id"])
+        action = self.action(item)
+        if action is not None and not action.detached:
+            raise SpecdeckError(f"run {run_id} runs inside specdeck pid {run['pid']}; "
+                                "stop that specdeck (Ctrl-C) to stop it")
+        self._stopping.add(run_id)
+        self.store.update_run(run_id, error="stop requested")
+        self.store.journal("stop_requested", f"stop {run_id} (grace {grace_s}s)",
+                           item_id=item.id, run_id=run_id, host=run["host"])
+        host = await self.host(run["host"])
+        stopper = getattr(action, "stop", None)
+        if stopper is not None:
+            st = await stopper(self, host, run, grace_s)
+        else:
+            st = await jobs.stop(host, run["capsule"], grace_s=grace_s)
+        if st.state == "running":
+            raise SpecdeckError(f"run {run_id} on {run['host']} did not stop after SIGKILL")
+        # The follower (if any) finishes it; otherwise finish here.
+        await asyncio.sleep(0)
+        run = self.store.run(run_id)
+        if run["state"] in ("starting", "running"):
+            task = self._followers.get(run_id)
+            if task is None:
+                await self._finish(item, action, host, run_id, st)
+        run = self.store.run(run_id)
+        return Outcome(run["state"], run["exit_code"], run["signal"], run["capsule"] or "", run_id)

@@ -1,0 +1,370 @@
+"""The state store: SQLite through sqlite-utils (the only importer of sqlite_utils).
+
+The plan YAML is intent; everything that happens lives here: item status history, runs,
+their logs (as byte-offset chunks), an append-only event journal, metrics and eval results.
+
+Decisions:
+
+* **One owning thread.** A :class:`Store` is used from the thread that opened it (for the CLI
+  and the console that is the asyncio event loop's thread); sqlite3's ``check_same_thread``
+  enforces it. Transactions are short (one log chunk, one status change), so the loop is
+  never blocked for long.
+* **Several processes.** WAL mode plus a busy timeout let two specdeck processes share a
+  state file; multi-step writes go in :meth:`Store.atomic` and claims that must not race
+  (starting a run for an item) take ``BEGIN IMMEDIATE``.
+* **Exactly-once logs.** :meth:`append_log` writes a chunk that starts at the run's stored
+  offset and advances the offset in the same transaction; a chunk at any other offset is
+  refused. A restart resumes from the stored offset, so no gap and no duplicate.
+* **Schema changes** are ``sqlite_utils`` migrations, applied on open.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from sqlite_utils import Database
+from sqlite_utils.migrations import Migrations
+
+LIVE_STATES = ("starting", "running")
+ENDED_STATES = ("succeeded", "failed", "stopped", "lost", "interrupted")
+
+migrations = Migrations("specdeck")
+
+
+@migrations()
+def m001_initial(db: Database) -> None:
+    db["items"].create({"item_id": str, "status": str, "updated_at": float, "reason": str},
+                       pk="item_id")
+    db["status_history"].create({"id": int, "item_id": str, "status": str, "at": float,
+                                 "reason": str, "run_id": str}, pk="id")
+    db["status_history"].create_index(["item_id"])
+    db["runs"].create({
+        "id": str, "item_id": str, "kind": str, "host": str, "attempt": int, "state": str,
+        "pid": int, "pstart": str, "capsule": str, "launcher": str, "job_id": str,
+        "owner": str, "started_at": float, "ended_at": float, "exit_code": int,
+        "signal": str, "log_offset": int, "log_lines": int, "result": str, "error": str,
+        "config": str,
+    }, pk="id", not_null={"item_id", "state"}, defaults={"log_offset": 0, "log_lines": 0})
+    db["runs"].create_index(["item_id", "attempt"], unique=True)
+    db["runs"].create_index(["state"])
+    db["logs"].create({"run_id": str, "offset": int, "length": int, "lines": int,
+                       "data": bytes, "at": float}, pk=("run_id", "offset"))
+    db["events"].create({"id": int, "at": float, "kind": str, "item_id": str, "run_id": str,
+                         "host": str, "message": str, "data": str}, pk="id")
+    db["metrics"].create({"run_id": str, "step": int, "name": str, "value": float,
+                          "at": float}, pk=("run_id", "name", "step"))
+    db["eval_results"].create({
+        "id": int, "run_id": str, "item_id": str, "drafter": str, "role": str,
+        "prompt_id": str, "tau": float, "rounds": str, "per_position": str,
+        "settings": str, "step": int, "at": float}, pk="id")
+    db["eval_results"].create_index(["item_id", "drafter"])
+    db["artefacts"].create({"id": int, "run_id": str, "item_id": str, "kind": str,
+                            "path": str, "step": int, "at": float, "data": str}, pk="id")
+    db["artefacts"].create_index(["run_id", "path"], unique=True)
+
+
+def default_state_path(plan_name: str) -> Path:
+    """``$SPECDECK_STATE``, else ``$XDG_STATE_HOME/specdeck/<plan>.db``."""
+    env = os.environ.get("SPECDECK_STATE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local",
+                                                             "state")
+    return Path(base) / "specdeck" / f"{plan_name}.db"
+
+
+class StoreBusy(Exception):
+    pass
+
+
+class Store:
+    """Verb methods over the state database. The only code that knows table names.
+
+    Args:
+        path: The database file (created with its directory), or ``":memory:"``.
+    """
+
+    def __init__(self, path: str | Path = ":memory:"):
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, timeout=30.0)
+        self.db = Database(conn)
+        if self.path != ":memory:":
+            self.db.enable_wal()
+        self.db.execute("PRAGMA busy_timeout = 30000")
+        self.db.execute("PRAGMA synchronous = NORMAL")
+        with self._immediate():
+            pass
+        self._migrate()
+
+    def _migrate(self) -> None:
+        # Two processes opening a fresh file at once: serialize the migration.
+        for _ in range(50):
+            try:
+                migrations.apply(self.db)
+                return
+            except sqlite3.IntegrityError:  # the other process applied it first
+                time.sleep(0.05)
+            except sqlite3.OperationalError as e:
+                if "already exists" not in str(e) and "locked" not in str(e):
+                    raise
+                time.sleep(0.05)
+        migrations.apply(self.db)
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[Database]:
+        with self.db.atomic() as db:
+            yield db
+
+    @contextlib.contextmanager
+    def _immediate(self) -> Iterator[None]:
+        """A write transaction taken up front (no upgrade deadlock between processes)."""
+        conn = self.db.conn
+        if conn.in_transaction:
+            yield
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        else:
+            conn.execute("COMMIT")
+
+    # -- items ---------------------------------------------------------------------------
+    def item_statuses(self) -> dict[str, str]:
+        return {r["item_id"]: r["status"] for r in self.db["items"].rows}
+
+    def set_status(self, item_id: str, status: str, *, reason: str = "",
+                   run_id: str | None = None) -> None:
+        now = time.time()
+        with self._immediate():
+            self.db["items"].upsert({"item_id": item_id, "status": status, "updated_at": now,
+                                     "reason": reason}, pk="item_id")
+            self.db["status_history"].insert({"item_id": item_id, "status": status, "at": now,
+                                              "reason": reason, "run_id": run_id})
+
+    def status_history(self, item_id: str) -> list[dict]:
+        return list(self.db["status_history"].rows_where("item_id = ?", [item_id],
+                                                         order_by="id"))
+
+    # -- runs ----------------------------------------------------------------------------
+    def claim_run(self, run_id: str, item_id: str, kind: str, host: str | None, *,
+                  owner: str, launcher: str = "process") -> dict | None:
+        """Create a run for ``item_id`` unless it already has a live one.
+
+        Returns the new run, or None when another live run exists (then attach to it).
+        """
+        with self._immediate():
+            live = self.live_run(item_id)
+            if live is not None:
+                return None
+            row = self.db.execute("SELECT MAX(attempt) FROM runs WHERE item_id = ?",
+                                  [item_id]).fetchone()
+            attempt = (row[0] or 0) + 1
+            run = {"id": run_id, "item_id": item_id, "kind": kind, "host": host,
+                   "attempt": attempt, "state": "starting", "owner": owner,
+                   "launcher": launcher, "started_at": time.time(), "log_offset": 0,
+                   "log_lines": 0}
+            self.db["runs"].insert(run)
+            self._event("run_claimed", item_id, run_id, host, f"attempt {attempt}")
+        return self.run(run_id)
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        for k in ("result", "config"):
+            if k in fields and not isinstance(fields[k], (str, type(None))):
+                fields[k] = json.dumps(fields[k])
+        with self._immediate():
+            self.db["runs"].update(run_id, fields)
+
+    def run(self, run_id: str) -> dict | None:
+        rows = list(self.db["runs"].rows_where("id = ?", [run_id]))
+        return rows[0] if rows else None
+
+    def live_run(self, item_id: str) -> dict | None:
+        rows = list(self.db["runs"].rows_where(
+            "item_id = ? AND state IN ('starting', 'running')", [item_id],
+            order_by="attempt DESC", limit=1))
+        return rows[0] if rows else None
+
+    def live_runs(self) -> list[dict]:
+        return list(self.db["runs"].rows_where("state IN ('starting', 'running')",
+                                               order_by="started_at"))
+
+    def latest_run(self, item_id: str) -> dict | None:
+        rows = list(self.db["runs"].rows_where("item_id = ?", [item_id],
+                                               order_by="attempt DESC", limit=1))
+        return rows[0] if rows else None
+
+    def runs_for_item(self, item_id: str) -> list[dict]:
+        return list(self.db["runs"].rows_where("item_id = ?", [item_id], order_by="attempt"))
+
+    def latest_runs(self) -> dict[str, dict]:
+        out: dict[str, dict] = {}
+        for r in self.db.query("SELECT * FROM runs ORDER BY attempt"):
+            out[r["item_id"]] = r
+        return out
+
+    def end_run(self, run_id: str, state: str, *, exit_code: int | None = None,
+                signal: str | None = None, error: str | None = None,
+                result: dict | None = None) -> bool:
+        """Mark a live run ended. Returns False when it had already ended (idempotent)."""
+        with self._immediate():
+            run = self.run(run_id)
+            if run is None or run["state"] in ENDED_STATES:
+                return False
+            fields: dict[str, Any] = {"state": state, "ended_at": time.time(),
+                                      "exit_code": exit_code, "signal": signal, "error": error}
+            if result is not None:
+                fields["result"] = json.dumps(result)
+            self.db["runs"].update(run_id, fields)
+            how = f"signal {signal}" if signal else f"exit {exit_code}"
+            self._event(f"run_{state}", run["item_id"], run_id, run["host"],
+                        f"{state} ({how})" + (f": {error}" if error else ""))
+        return True
+
+    # -- logs ----------------------------------------------------------------------------
+    def append_log(self, run_id: str, offset: int, data: bytes,
+                   metrics: Iterable[tuple[int, str, float]] = ()) -> bool:
+        """Store log bytes that start at ``offset`` and advance the run's offset.
+
+        Returns False (storing nothing) when ``offset`` is not the run's stored offset, so a
+        replayed chunk after a reconnect can never be stored twice.
+        """
+        if not data:
+            return True
+        nlines = data.count(b"\n")
+        now = time.time()
+        with self._immediate():
+            row = self.db.execute("SELECT log_offset FROM runs WHERE id = ?", [run_id]).fetchone()
+            if row is None or row[0] != offset:
+                return False
+            self.db.execute("INSERT INTO logs (run_id, offset, length, lines, data, at) "
+                            "VALUES (?, ?, ?, ?, ?, ?)",
+                            [run_id, offset, len(data), nlines, data, now])
+            self.db.execute("UPDATE runs SET log_offset = ?, log_lines = log_lines + ? "
+                            "WHERE id = ?", [offset + len(data), nlines, run_id])
+            rows = [(run_id, step, name, value, now) for step, name, value in metrics]
+            if rows:
+                self.db.conn.executemany(
+                    "INSERT OR REPLACE INTO metrics (run_id, step, name, value, at) "
+                    "VALUES (?, ?, ?, ?, ?)", rows)
+        return True
+
+    def log_bytes(self, run_id: str, start: int = 0) -> bytes:
+        """The stored log from byte ``start`` on."""
+        parts = [r[0] for r in self.db.execute(
+            "SELECT data FROM logs WHERE run_id = ? AND offset + length > ? ORDER BY offset",
+            [run_id, start])]
+        blob = b"".join(parts)
+        first = self.db.execute("SELECT MIN(offset) FROM logs WHERE run_id = ? AND "
+                                "offset + length > ?", [run_id, start]).fetchone()[0]
+        if first is not None and first < start:
+            blob = blob[start - first:]
+        return blob
+
+    def log_tail(self, run_id: str, max_lines: int = 1000) -> list[str]:
+        """The last ``max_lines`` lines, decoded (invalid UTF-8 replaced)."""
+        chunks: list[bytes] = []
+        count = 0
+        for (data,) in self.db.execute("SELECT data FROM logs WHERE run_id = ? "
+                                       "ORDER BY offset DESC", [run_id]):
+            chunks.append(data)
+            count += data.count(b"\n")
+            if count > max_lines:
+                break
+        text = b"".join(reversed(chunks)).decode("utf-8", "replace")
+        return text.splitlines()[-max_lines:]
+
+    # -- journal -------------------------------------------------------------------------
+    def _event(self, kind: str, item_id: str | None, run_id: str | None, host: str | None,
+               message: str, data: dict | None = None) -> int:
+        return self.db["events"].insert({
+            "at": time.time(), "kind": kind, "item_id": item_id, "run_id": run_id,
+            "host": host, "message": message,
+            "data": json.dumps(data) if data is not None else None}).last_pk
+
+    def journal(self, kind: str, message: str, *, item_id: str | None = None,
+                run_id: str | None = None, host: str | None = None,
+                data: dict | None = None) -> int:
+        with self._immediate():
+            return self._event(kind, item_id, run_id, host, message, data)
+
+    def events(self, *, since_id: int = 0, limit: int | None = None) -> list[dict]:
+        return list(self.db["events"].rows_where("id > ?", [since_id], order_by="id",
+                                                 limit=limit))
+
+    # -- metrics -------------------------------------------------------------------------
+    def add_metrics(self, run_id: str, rows: Iterable[tuple[int, str, float]]) -> None:
+        now = time.time()
+        with self._immediate():
+            self.db.conn.executemany(
+                "INSERT OR REPLACE INTO metrics (run_id, step, name, value, at) "
+                "VALUES (?, ?, ?, ?, ?)", [(run_id, s, n, v, now) for s, n, v in rows])
+
+    def metric_names(self, run_id: str) -> list[str]:
+        return [r[0] for r in self.db.execute(
+            "SELECT DISTINCT name FROM metrics WHERE run_id = ? ORDER BY name", [run_id])]
+
+    def metric_series(self, run_id: str, name: str, *, max_points: int | None = None
+                      ) -> list[tuple[int, float]]:
+        """(step, value) in step order; thinned evenly to ``max_points`` when given."""
+        rows = [(r[0], r[1]) for r in self.db.execute(
+            "SELECT step, value FROM metrics WHERE run_id = ? AND name = ? ORDER BY step",
+            [run_id, name])]
+        if max_points and len(rows) > max_points:
+            stride = len(rows) / max_points
+            rows = [rows[int(i * stride)] for i in range(max_points)] + [rows[-1]]
+        return rows
+
+    # -- eval results and artefacts ------------------------------------------------------
+    def add_eval_results(self, rows: list[dict]) -> None:
+        now = time.time()
+        with self._immediate():
+            for r in rows:
+                r = dict(r)
+                for k in ("rounds", "per_position", "settings"):
+                    if k in r and not isinstance(r[k], (str, type(None))):
+                        r[k] = json.dumps(r[k])
+                r.setdefault("at", now)
+                self.db["eval_results"].insert(r)
+
+    def eval_results(self, item_id: str | None = None) -> list[dict]:
+        where, args = ("item_id = ?", [item_id]) if item_id else (None, [])
+        rows = self.db["eval_results"].rows_where(where, args, order_by="id")
+        out = []
+        for r in rows:
+            for k in ("rounds", "per_position", "settings"):
+                r[k] = json.loads(r[k]) if r[k] else None
+            out.append(r)
+        return out
+
+    def add_artefact(self, run_id: str, item_id: str, kind: str, path: str,
+                     step: int | None = None, data: dict | None = None) -> bool:
+        """Record an artefact once; returns False when it was already known."""
+        with self._immediate():
+            exists = self.db.execute("SELECT 1 FROM artefacts WHERE run_id = ? AND path = ?",
+                                     [run_id, path]).fetchone()
+            if exists:
+                return False
+            self.db["artefacts"].insert({"run_id": run_id, "item_id": item_id, "kind": kind,
+                                         "path": path, "step": step, "at": time.time(),
+                                         "data": json.dumps(data) if data else None})
+            self._event("artefact", item_id, run_id, None, f"{kind} {path}")
+        return True
+
+    def artefacts(self, item_id: str, kind: str | None = None) -> list[dict]:
+        where = "item_id = ?" + (" AND kind = ?" if kind else "")
+        args = [item_id] + ([kind] if kind else [])
+        return list(self.db["artefacts"].rows_where(where, args, order_by="step, id"))

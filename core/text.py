@@ -1,0 +1,16 @@
+"""Making untrusted text (remote logs) safe to print on a terminal."""
+
+from __future__ import annotations
+
+import re
+
+_ESC = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-Z\\-_])")
+_CTRL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def sanitize(line: str, *, max_len: int = 4000) -> str:
+    """Drop ANSI escape sequences and control characters; cut very long lines."""
+    s = _CTRL.sub("\ufffd", _ESC.sub("", line))
+    if len(s) > max_len:
+        s = s[:max_len] + f"… [{len(s) - max_len} more chars]"
+    return s

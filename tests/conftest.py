@@ -1,0 +1,37 @@
+"""Autouse isolation: no test reads the developer's home, state or ssh config."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).resolve().parent / "data"
+
+
+@pytest.fixture(autouse=True)
+def _isolate(tmp_path_factory, monkeypatch):
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_STATE_HOME", str(home / ".local" / "state"))
+    monkeypatch.delenv("SPECDECK_STATE", raising=False)
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    yield
+
+
+def run_cli(*args, cwd=None, env=None, timeout=120, input=None):
+    """Run ``python -m core`` (the real CLI) in a subprocess; returns CompletedProcess."""
+    e = {**os.environ, **(env or {})}
+    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-m", "core", *map(str, args)], cwd=cwd, env=e,
+                          capture_output=True, text=True, timeout=timeout, input=input)
+
+
+@pytest.fixture
+def cli():
+    return run_cli

@@ -1,0 +1,68 @@
+"""Dependencies point one way, checked in fresh interpreters (as Harlequin does).
+
+* importing ``core`` (and the CLI) loads neither textual nor torch;
+* importing ``console`` does not load torch or transformers;
+* only ``core/store.py`` imports sqlite_utils, only ``core/hosts/ssh.py`` asyncssh, only
+  ``core/ml`` torch/transformers, and nothing under ``core`` imports ``console``.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+def loaded_after(stmt: str) -> set[str]:
+    code = f"import sys; {stmt}; print('\\n'.join(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    return {m.split(".")[0] for m in out.split()}
+
+
+@pytest.mark.parametrize("stmt", ["import core", "import core.cli", "import core.runner",
+                                  "import core.actions", "import core.store"])
+def test_core_loads_no_textual_no_torch(stmt):
+    mods = loaded_after(stmt)
+    assert "textual" not in mods
+    assert "torch" not in mods and "transformers" not in mods
+    assert "console" not in mods
+
+
+def test_console_does_not_load_torch():
+    if not (ROOT / "console" / "app.py").exists():
+        pytest.skip("console/app.py not built yet")
+    mods = loaded_after("import console.app")
+    assert "torch" not in mods and "transformers" not in mods
+
+
+OWNERS = {"sqlite_utils": {"core/store.py"}, "asyncssh": {"core/hosts/ssh.py"}}
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_static_import_owners():
+    for path in sorted((ROOT / "core").rglob("*.py")) + sorted((ROOT / "console").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        mods = _imports(path)
+        for mod, owners in OWNERS.items():
+            if mod in mods:
+                assert rel in owners, f"{rel} imports {mod}; only {owners} may"
+        if mods & {"torch", "transformers", "safetensors"}:
+            assert rel.startswith("core/ml/"), f"{rel} imports torch/transformers"
+        if rel.startswith("core/"):
+            assert "textual" not in mods and "console" not in mods, rel
