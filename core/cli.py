@@ -164,7 +164,8 @@ def cmd_run(args) -> int:
     if summary["unreachable"]:
         return 3
     if summary["failed"]:
-        _err(f"failed: {', '.join(summary['failed'])}  (`specdeck logs {args.plan} ITEM`)")
+        for i in summary["failed"]:
+            _err(f"failed: {i}  (log: `specdeck logs {args.plan} {i}`)")
         return 1
     if args.items and summary["waiting"]:
         return 1

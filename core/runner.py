@@ -199,6 +199,8 @@ class Runner:
                     pending.remove(it)
                     if ids is not None and it.id in set(ids):
                         summary["done"].append(it.id)
+                        self.emit(Notice(it.id, f"{it.id}: already {st[it.id]} (`specdeck mark "
+                                         f"PLAN {it.id} pending` to run it again)"))
                     continue
                 if it.manual:
                     pending.remove(it)
@@ -269,7 +271,7 @@ class Runner:
             launch = action.command(ctx)
             launched = await self._launch(host, run_id, launch, action)
         except ActionFailed as e:
-            return self._end(item, run_id, "failed", error=e.message)
+            return self._end(item, run_id, "failed", error=str(e))
         except HostUnreachable as e:
             return self._end(item, run_id, "failed", error=str(e))
         self.store.update_run(run_id, state="running", pid=launched.get("pid"),
@@ -290,7 +292,7 @@ class Runner:
         try:
             result = await action.run(ctx)
         except ActionFailed as e:
-            return self._end(item, run_id, "failed", error=e.message)
+            return self._end(item, run_id, "failed", error=str(e))
         except HostUnreachable as e:
             return self._end(item, run_id, "failed", error=str(e))
         except asyncio.CancelledError:
@@ -341,7 +343,7 @@ class Runner:
             result = await action.finish(ctx, outcome)
         except ActionFailed as e:
             state = outcome.state if outcome.state != "succeeded" else "failed"
-            return self._end(item, run_id, state, error=e.message, exit_code=outcome.exit_code,
+            return self._end(item, run_id, state, error=str(e), exit_code=outcome.exit_code,
                              signal=outcome.signal)
         return self._end(item, run_id, outcome.state, result=result, exit_code=outcome.exit_code,
                          signal=outcome.signal)

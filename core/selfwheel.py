@@ -1,0 +1,79 @@
+"""Build a wheel of the running specdeck, so a host's venv runs the same ``core.ml`` code.
+
+A wheel is a zip with a ``.dist-info``; building it from the imported packages' own files
+(rather than from a source checkout) works the same from an editable install, a plain
+install, or a laptop without build tools. The version carries a hash of the code
+(``0.1.0+g1a2b3c4d``), so a host's venv is known to be current or stale by its version.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import os
+import zipfile
+from pathlib import Path
+
+import core
+
+PACKAGES = ("core", "console")
+HOST_REQUIRES = ("pyyaml>=6", "transformers>=5.0", "safetensors>=0.4", "tokenizers>=0.20")
+"""What ``python -m core.ml.*`` needs on a host besides torch (installed by the venv action)."""
+
+
+def _files() -> list[tuple[str, Path]]:
+    root = Path(core.__file__).resolve().parent.parent
+    out = []
+    for pkg in PACKAGES:
+        base = root / pkg
+        for p in sorted(base.rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc",):
+                out.append((p.relative_to(root).as_posix(), p))
+    return out
+
+
+def code_hash() -> str:
+    h = hashlib.sha256()
+    for rel, p in _files():
+        h.update(rel.encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:10]
+
+
+def version() -> str:
+    return f"{core.__version__}+g{code_hash()}"
+
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def build_wheel(out_dir: str | os.PathLike) -> Path:
+    """Write ``specdeck-<version>-py3-none-any.whl`` into ``out_dir`` and return its path."""
+    ver = version()
+    dist = f"specdeck-{ver}.dist-info"
+    meta = "\n".join(["Metadata-Version: 2.1", "Name: specdeck", f"Version: {ver}",
+                      "Summary: specdeck core for drafter hosts",
+                      *(f"Requires-Dist: {r}" for r in HOST_REQUIRES), ""])
+    wheel = "Wheel-Version: 1.0\nGenerator: specdeck\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    entry = "[console_scripts]\nspecdeck = console.cli:main\n"
+    records = []
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        def add(name: str, data: bytes) -> None:
+            zi = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+            zi.compress_type = zipfile.ZIP_DEFLATED
+            z.writestr(zi, data)
+            records.append(f"{name},{_record_hash(data)},{len(data)}")
+
+        for rel, p in _files():
+            add(rel, p.read_bytes())
+        add(f"{dist}/METADATA", meta.encode())
+        add(f"{dist}/WHEEL", wheel.encode())
+        add(f"{dist}/entry_points.txt", entry.encode())
+        records.append(f"{dist}/RECORD,,")
+        zi = zipfile.ZipInfo(f"{dist}/RECORD", date_time=(2020, 1, 1, 0, 0, 0))
+        z.writestr(zi, "\n".join(records) + "\n")
+    path = Path(out_dir) / f"specdeck-{ver}-py3-none-any.whl"
+    path.write_bytes(buf.getvalue())
+    return path
