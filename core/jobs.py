@@ -224,18 +224,35 @@ def _flatten(step: int, obj, prefix: str, out: list) -> None:
 
 
 # -- log following -----------------------------------------------------------------------
+def parse_artefact(line: bytes) -> tuple[str, str, int | None] | None:
+    """``{"event": "checkpoint", "step": N, "path": P}`` -> ("checkpoint", P, N)."""
+    s = line.strip()
+    if not (s.startswith(b"{") and b'"event"' in s and b'"checkpoint"' in s):
+        return None
+    try:
+        obj = json.loads(s)
+    except ValueError:
+        return None
+    if isinstance(obj, dict) and obj.get("event") == "checkpoint" and isinstance(obj.get("path"), str):
+        step = obj.get("step")
+        return ("checkpoint", obj["path"], step if isinstance(step, int) else None)
+    return None
+
+
 async def follow(host: Host, store, run_id: str, capsule: str, *,
                  on_lines: Callable[[list[str]], None] | None = None,
                  on_state: Callable[[str], None] | None = None,
                  regex: str | None = None, poll: float = 0.1, inspect_every: float = 0.5,
-                 stop: asyncio.Event | None = None) -> CapsuleState:
+                 stop: asyncio.Event | None = None, inspector=None,
+                 log_path: str | None = None) -> CapsuleState:
     """Copy the run's log into the store until the run ends; return how it ended.
 
     Survives transport failures: while the host is unreachable it waits and retries, then
     resumes from the stored offset. ``on_state`` is told ``"reconnecting"`` / ``"following"``.
     """
     pattern = re.compile(regex) if regex else None
-    log = f"{capsule}/log"
+    log = log_path or f"{capsule}/log"
+    inspector = inspector or (lambda: inspect(host, capsule))
     ended: CapsuleState | None = None
     last_inspect = 0.0
     degraded = False
@@ -258,9 +275,14 @@ async def follow(host: Host, store, run_id: str, capsule: str, *,
             if cut:
                 piece = data[:cut]
                 metrics: list[tuple[int, str, float]] = []
+                artefacts = []
                 for line in piece.splitlines():
+                    art = parse_artefact(line)
+                    if art is not None:
+                        artefacts.append(art)
+                        continue
                     metrics.extend(parse_metrics(line, pattern))
-                if store.append_log(run_id, offset, piece, metrics) and on_lines:
+                if store.append_log(run_id, offset, piece, metrics, artefacts) and on_lines:
                     on_lines(piece.decode("utf-8", "replace").splitlines())
                 if len(data) >= CHUNK:
                     continue
@@ -269,7 +291,7 @@ async def follow(host: Host, store, run_id: str, capsule: str, *,
             now = time.monotonic()
             if now - last_inspect >= inspect_every:
                 last_inspect = now
-                st = await inspect(host, capsule)
+                st = await inspector()
                 if st.state in ("ended", "lost", "missing"):
                     ended = st  # one more read drains what was written before the end
                     continue

@@ -31,6 +31,7 @@ from core.events import (Event, HostStateChanged, LogLinesReceived, Notice, Prog
 from core.hosts import Host, make_host
 from core.hosts.base import HostState
 from core.plan import Item, Plan
+from core.progress import describe
 from core.store import Store
 
 RUN_TO_ITEM = {"succeeded": "done", "failed": "failed", "stopped": "failed", "lost": "failed",
@@ -316,6 +317,11 @@ class Runner:
 
         def lines(ls: list[str]) -> None:
             self.emit(LogLinesReceived(item.id, run_id, ls))
+            for ln in ls:
+                if ln.startswith("{"):
+                    msg = describe(ln)
+                    if msg:
+                        self.emit(Progress(item.id, msg))
 
         def state(s: str) -> None:
             self.emit(Notice(item.id, f"{item.id}: log stream {s} ({host.name}: "

@@ -236,7 +236,8 @@ class Store:
 
     # -- logs ----------------------------------------------------------------------------
     def append_log(self, run_id: str, offset: int, data: bytes,
-                   metrics: Iterable[tuple[int, str, float]] = ()) -> bool:
+                   metrics: Iterable[tuple[int, str, float]] = (),
+                   artefacts: Iterable[tuple[str, str, int | None]] = ()) -> bool:
         """Store log bytes that start at ``offset`` and advance the run's offset.
 
         Returns False (storing nothing) when ``offset`` is not the run's stored offset, so a
@@ -260,6 +261,12 @@ class Store:
                 self.db.conn.executemany(
                     "INSERT OR REPLACE INTO metrics (run_id, step, name, value, at) "
                     "VALUES (?, ?, ?, ?, ?)", rows)
+            arts = list(artefacts)
+            if arts:
+                item_id = self.db.execute("SELECT item_id FROM runs WHERE id = ?",
+                                          [run_id]).fetchone()[0]
+                for kind, path, step in arts:
+                    self.add_artefact(run_id, item_id, kind, path, step)
         return True
 
     def log_bytes(self, run_id: str, start: int = 0) -> bytes:

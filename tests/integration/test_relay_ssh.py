@@ -1,0 +1,176 @@
+"""relay on two real sshd hosts: 127.0.0.2 -> specdeck -> 127.0.0.3."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from core.plan import parse_plan
+from core.runner import Runner
+from core.store import Store
+from tests.conftest import ROOT, run_cli
+
+pytestmark = pytest.mark.integration
+MB = 1 << 20
+
+
+def make_file(path: Path, size: int) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    h = hashlib.sha256()
+    with path.open("wb") as f:
+        left = size
+        while left:
+            block = os.urandom(min(left, 8 * MB))
+            h.update(block)
+            f.write(block)
+            left -= len(block)
+    return h.hexdigest()
+
+
+def relay_plan(tmp_path: Path, a: str, b: str, src: str, dst: str, **extra) -> Path:
+    p = tmp_path / "relay.yaml"
+    p.write_text(json.dumps({
+        "name": "relay",
+        "hosts": {"kpro6": {"ssh": a, "workdir": str(tmp_path / "A")},
+                  "ct129": {"ssh": b, "workdir": str(tmp_path / "B")}},
+        "items": [{"id": "copy", "content": "relay the checkpoint",
+                   "action": {"kind": "relay", "params": {"src": f"kpro6:{src}",
+                                                          "dst": f"ct129:{dst}", **extra}}}]}))
+    return p
+
+
+def last_result(state: Path) -> dict:
+    s = Store(state)
+    run = s.latest_run("copy")
+    return json.loads(run["result"]) if run["result"] else {}
+
+
+@pytest.fixture
+def two_hosts(sshd_factory):
+    return sshd_factory(2)
+
+
+def test_300mb_relay_matches_sha256_and_check_says_done(two_hosts, tmp_path):
+    a, b = two_hosts
+    digest = make_file(tmp_path / "A" / "ckpt" / "step_40000.pt", 300 * MB)
+    plan = relay_plan(tmp_path, a.alias, b.alias, "ckpt/step_40000.pt", "in/step_40000.pt",
+                      sha256=digest)
+    env = {"SPECDECK_STATE": str(tmp_path / "s.db")}
+    res = run_cli("run", plan, "copy", env=env, timeout=300)
+    assert res.returncode == 0, res.stderr
+    out = tmp_path / "B" / "in" / "step_40000.pt"
+    assert hashlib.sha256(out.read_bytes()).hexdigest() == digest
+    assert not out.with_name(out.name + ".part").exists()
+    assert "MB/s" in res.stderr and "ETA" in res.stderr
+    # a second plan run finds it done by check() without sending a byte
+    run_cli("mark", plan, "copy", "pending", env=env)
+    res = run_cli("run", plan, "copy", env=env)
+    assert res.returncode == 0 and "check: " in res.stderr and "sha256 recorded" in res.stderr
+
+
+def test_kill_mid_transfer_then_rerun_resumes_from_part(two_hosts, tmp_path):
+    a, b = two_hosts
+    size = 300 * MB
+    digest = make_file(tmp_path / "A" / "big.bin", size)
+    plan = relay_plan(tmp_path, a.alias, b.alias, "big.bin", "big.bin", bwlimit="150M")
+    state = tmp_path / "s.db"
+    env = {**os.environ, "SPECDECK_STATE": str(state), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "core", "run", str(plan), "copy"], env=env,
+                            stderr=subprocess.PIPE, text=True)
+    part = tmp_path / "B" / "big.bin.part"
+    for line in proc.stderr:
+        if "%)" in line and part.exists() and part.stat().st_size > size // 3:
+            break
+    proc.kill()
+    proc.wait()
+    have = part.stat().st_size
+    assert 0 < have < size
+    res = run_cli("run", plan, "copy", env={"SPECDECK_STATE": str(state)}, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "resuming at" in res.stderr
+    result = last_result(state)
+    chunk = 1 * MB
+    assert result["resumed_from"] >= have - 2 * chunk
+    assert result["bytes_sent"] < (size - have) + 2 * chunk
+    assert hashlib.sha256((tmp_path / "B" / "big.bin").read_bytes()).hexdigest() == digest
+    # the killed run was recorded as interrupted, the rerun as attempt 2
+    s = Store(state)
+    assert [r["state"] for r in s.runs_for_item("copy")] == ["interrupted", "succeeded"]
+
+
+async def test_source_sshd_stopped_mid_transfer_then_resume(two_hosts, tmp_path):
+    a, b = two_hosts
+    size = 120 * MB
+    digest = make_file(tmp_path / "A" / "big.bin", size)
+    plan_path = relay_plan(tmp_path, a.alias, b.alias, "big.bin", "big.bin", bwlimit="60M")
+    plan = parse_plan(plan_path.read_text(), str(plan_path), path=plan_path)
+    store = Store(tmp_path / "s.db")
+    part = tmp_path / "B" / "big.bin.part"
+    import asyncio
+
+    runner = Runner(plan, store)
+    task = asyncio.create_task(runner.run_item(plan.item("copy")))
+    while not (part.exists() and part.stat().st_size > size // 4):
+        await asyncio.sleep(0.05)
+        assert not task.done()
+    a.stop()
+    status = await asyncio.wait_for(task, 60)
+    assert status == "failed"
+    err = store.latest_run("copy")["error"]
+    assert "unreachable" in err and "kpro6" in err
+    have = part.stat().st_size
+    await runner.close()
+    a.start()
+    runner = Runner(plan, store)
+    assert await runner.run_item(plan.item("copy")) == "done"
+    result = json.loads(store.latest_run("copy")["result"])
+    assert result["resumed_from"] >= have - 2 * MB
+    assert result["bytes_sent"] < size - have + 2 * MB
+    assert hashlib.sha256((tmp_path / "B" / "big.bin").read_bytes()).hexdigest() == digest
+    await runner.close()
+
+
+def test_flipped_byte_in_part_prefix_is_caught(two_hosts, tmp_path):
+    a, b = two_hosts
+    src = tmp_path / "A" / "w.bin"
+    make_file(src, 8 * MB)
+    part = tmp_path / "B" / "w.bin.part"
+    part.parent.mkdir(parents=True)
+    prefix = bytearray(src.read_bytes()[: 3 * MB])
+    prefix[12345] ^= 0xFF
+    part.write_bytes(bytes(prefix))
+    plan = relay_plan(tmp_path, a.alias, b.alias, "w.bin", "w.bin")
+    env = {"SPECDECK_STATE": str(tmp_path / "s.db")}
+    res = run_cli("run", plan, "copy", env=env)
+    assert res.returncode == 1
+    assert "sha256 mismatch" in res.stderr and "nothing was renamed" in res.stderr
+    assert "rm " in res.stderr  # says what to do next
+    assert not (tmp_path / "B" / "w.bin").exists()
+    assert part.exists()
+
+
+def test_model_directory_relays_file_by_file_with_manifest(two_hosts, tmp_path):
+    a, b = two_hosts
+    model = tmp_path / "A" / "drafter"
+    digests = {name: make_file(model / name, size) for name, size in
+               [("config.json", 300), ("model-00001-of-00002.safetensors", 3 * MB),
+                ("model-00002-of-00002.safetensors", 2 * MB),
+                ("model.safetensors.index.json", 500), ("sub/tokenizer.json", 1000)]}
+    plan = relay_plan(tmp_path, a.alias, b.alias, "drafter", "models/drafter")
+    env = {"SPECDECK_STATE": str(tmp_path / "s.db")}
+    res = run_cli("run", plan, "copy", env=env)
+    assert res.returncode == 0, res.stderr
+    out = tmp_path / "B" / "models" / "drafter"
+    for name, d in digests.items():
+        assert hashlib.sha256((out / name).read_bytes()).hexdigest() == d
+    manifest = json.loads((out / ".specdeck-relay.json").read_text())
+    assert {f["path"]: f["sha256"] for f in manifest["files"]} == digests
+    run_cli("mark", plan, "copy", "pending", env=env)
+    res = run_cli("run", plan, "copy", env=env)
+    assert "all 5 files, verified" in res.stderr
