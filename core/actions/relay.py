@@ -228,17 +228,25 @@ class Relay(Action):
         if offset:
             ctx.progress(f"{label}: resuming at {human(offset)} of {human(size)}")
         meter = _Meter(ctx, size, offset, limit, label)
-        if offset < size:
-            await _pump(src, sp, dst, part, offset, meter)
-        elif pst is None:
-            await dst.write_file(part, b"")
+        # The source hashes its file while the bytes flow (it reads from page cache), so
+        # only the destination's hash is left once the transfer ends.
+        src_hash = asyncio.create_task(src.sha256(sp))
+        try:
+            if offset < size:
+                await _pump(src, sp, dst, part, offset, meter)
+            elif pst is None:
+                await dst.write_file(part, b"")
+        except BaseException:
+            src_hash.cancel()
+            raise
         meter.report(final=True)
         got = await dst.stat(part)
         if got is None or got.size != size:
+            src_hash.cancel()
             raise ActionFailed(f"relay: {label}: wrote {got.size if got else 0} bytes of {size}",
                                hint="run the item again; it resumes from the .part file")
         ctx.progress(f"{label}: verifying sha256 on {src.name} and {dst.name}")
-        h_src, h_dst = await asyncio.gather(src.sha256(sp), dst.sha256(part))
+        h_src, h_dst = await asyncio.gather(src_hash, dst.sha256(part))
         if h_src != h_dst or (expected and expected.lower() != h_src):
             want = expected or h_src
             raise ActionFailed(

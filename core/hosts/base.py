@@ -218,6 +218,16 @@ class Host(ABC):
         (its nearest existing ancestor when it does not exist yet)."""
 
     async def sha256(self, path: str) -> str:
-        """The file's sha256, computed on the host."""
-        res = await self.run(["sha256sum", self.path(path)], check=True)
-        return res.stdout.split()[0]
+        """The file's sha256, computed on the host.
+
+        ``openssl dgst`` (or Python's hashlib, both using the CPU's SHA extensions) is about
+        5x faster than coreutils' ``sha256sum``, which is the last resort.
+        """
+        q = shlex.quote(self.path(path))
+        script = (f"f={q}; if command -v openssl >/dev/null 2>&1; then openssl dgst -sha256 -r \"$f\"; "
+                  "elif command -v python3 >/dev/null 2>&1; then python3 -c "
+                  "'import hashlib,sys;h=hashlib.sha256();f=open(sys.argv[1],\"rb\");"
+                  "[h.update(b) for b in iter(lambda:f.read(1<<20),b\"\")];print(h.hexdigest())'"
+                  " \"$f\"; else sha256sum \"$f\"; fi")
+        res = await self.run(script, check=True)
+        return res.stdout.split()[0].lstrip("\\").lower()
