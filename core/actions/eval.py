@@ -1,0 +1,174 @@
+"""``eval``: acceptance length (tau) of a drafter against a baseline on a prompt set.
+
+One capsule runs ``core.ml.eval`` for the drafter and then for the baseline with the same
+settings (a training checkpoint is stripped first), and ``finish`` stores one row per prompt
+and drafter in the store's eval results, with the settings that make rows comparable (mode,
+block size, DDTree budget, target fingerprint, prompt file hash) and the definition of tau
+the numbers follow. ``specdeck compare`` and the console's tau pane read those rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+from dataclasses import dataclass
+from typing import Literal
+
+from core.actions.base import Action, CheckResult, Launch, register
+from core.actions.mlbase import (host_python, ml_failure, prompts_on_host, py_module, read_json,
+                                 resolve_ref, validate_prompts, validate_ref)
+from core.errors import ActionFailed
+from core.params import to_plain
+
+
+@dataclass(frozen=True)
+class EvalParams:
+    drafter: str
+    """A drafter dir, a training checkpoint (.pt, stripped first) or item:<train>@latest|@step_N."""
+    target: str
+    """The target model dir on the host."""
+    baseline: str | None = None
+    """A baseline drafter dir (e.g. z-lab's), evaluated with the same settings."""
+    prompts: str = "coding"
+    mode: Literal["online", "offline"] = "online"
+    cache: str | None = None
+    """The extract_hidden cache dir (offline mode)."""
+    tree_budget: int | None = None
+    """Also evaluate DDTree with this many draft nodes."""
+    block_size: int | None = None
+    max_new_tokens: int = 128
+    limit: int | None = None
+    label: str | None = None
+    """The drafter's name in comparisons (default: the item id)."""
+    baseline_label: str = "baseline"
+    step: int | None = None
+    """The training step this drafter comes from (tau over training)."""
+    chat_template: bool = True
+
+    def validate(self):
+        out = []
+        if self.mode == "offline" and not self.cache:
+            out.append((("cache",), "offline mode needs the extract_hidden cache dir"))
+        if self.tree_budget is not None and self.tree_budget < 1:
+            out.append((("tree_budget",), "must be >= 1"))
+        return out
+
+
+@register
+class Eval(Action):
+    kind = "eval"
+    Params = EvalParams
+    summary = "measure tau (chain, DDTree) of a drafter vs a baseline on a prompt set"
+
+    @classmethod
+    def validate_plan(cls, params, plan, item):
+        out = []
+        err = validate_prompts(plan, params.prompts)
+        if err:
+            out.append((("prompts",), err))
+        err = validate_ref(plan, item, params.drafter)
+        if err:
+            out.append((("drafter",), err))
+        return out
+
+    def settings_key(self) -> str:
+        return hashlib.sha256(json.dumps(to_plain(self.params), sort_keys=True).encode()
+                              ).hexdigest()[:16]
+
+    async def check(self, ctx) -> CheckResult:
+        run = ctx.store.latest_run(ctx.item.id)
+        if run and run["state"] == "succeeded" and run["result"]:
+            res = json.loads(run["result"])
+            if res.get("settings_key") == self.settings_key() and \
+                    res.get("drafter_path") == _display(ctx, self.params.drafter):
+                return CheckResult.done(f"tau {res.get('tau'):.3f} already measured with "
+                                        "these settings")
+        if await ctx.host.stat(self.params.target) is None:
+            return CheckResult.blocked(f"target {self.params.target} does not exist on {ctx.host.name}")
+        return CheckResult.ready()
+
+    async def prepare(self, ctx) -> None:
+        self._python = await host_python(ctx.host)
+        self._prompts, _ = await prompts_on_host(ctx, self.params.prompts, upload=True)
+
+    def _eval_cmd(self, ctx, drafter: str, out: str) -> str:
+        p, h = self.params, ctx.host
+        return py_module(self._python, "core.ml.eval", "--target", h.path(p.target),
+                         "--drafter", drafter, "--prompts", self._prompts, "--out", out,
+                         "--mode", p.mode,
+                         *(["--cache", h.path(p.cache)] if p.cache else []),
+                         *(["--tree-budget", p.tree_budget] if p.tree_budget else []),
+                         *(["--block-size", p.block_size] if p.block_size else []),
+                         "--max-new-tokens", p.max_new_tokens,
+                         *(["--limit", p.limit] if p.limit else []),
+                         None if p.chat_template else "--no-chat-template")
+
+    def command(self, ctx) -> Launch:
+        h = ctx.host
+        src = h.path(resolve_ref(ctx, self.params.drafter))
+        lines = ["set -e"]
+        drafter = src
+        if src.endswith((".pt", ".pth", ".bin")):
+            drafter = "drafter"
+            lines.append(py_module(self._python, "core.ml.strip", src, drafter))
+        lines.append(self._eval_cmd(ctx, drafter, "result-drafter.json"))
+        if self.params.baseline:
+            lines.append(self._eval_cmd(ctx, h.path(self.params.baseline), "baseline/result.json"))
+        from core import jobs
+
+        return Launch("\n".join(lines), cwd=jobs.capsule_path(h, ctx.run_id))
+
+    async def finish(self, ctx, outcome) -> dict:
+        if outcome.state != "succeeded":
+            raise await ml_failure(ctx, outcome, "eval")
+        host = ctx.host
+        mine = await read_json(host, posixpath.join(outcome.capsule, "result-drafter.json"))
+        if mine is None:
+            raise ActionFailed(f"eval finished but wrote no result-drafter.json in {outcome.capsule}")
+        base = None
+        if self.params.baseline:
+            base = await read_json(host, posixpath.join(outcome.capsule, "baseline/result.json"))
+        label = self.params.label or ctx.item.id
+        rows = _rows(ctx, mine, label, "drafter", self.params.step)
+        if base is not None:
+            rows += _rows(ctx, base, self.params.baseline_label, "baseline", None)
+        ctx.store.add_eval_results(rows)
+        out = {"tau": mine.get("tau"), "tau_pooled": mine.get("tau_pooled"),
+               "settings_key": self.settings_key(),
+               "drafter_path": _display(ctx, self.params.drafter),
+               "result": posixpath.join(outcome.capsule, "result-drafter.json")}
+        if "ddtree" in mine:
+            out["ddtree_tau"] = mine["ddtree"].get("tau")
+        if base is not None:
+            out["baseline_tau"] = base.get("tau")
+        return out
+
+
+def _display(ctx, ref: str) -> str:
+    try:
+        return resolve_ref(ctx, ref)
+    except ActionFailed:
+        return ref
+
+
+def _rows(ctx, res: dict, label: str, role: str, step: int | None) -> list[dict]:
+    """One store row per prompt (and per method: chain, and DDTree when measured)."""
+    settings = {"mode": res.get("mode"), "block_size": res.get("block_size"),
+                "target": (res.get("target") or {}).get("fingerprint"),
+                "prompts": (res.get("prompts") or {}).get("sha256"),
+                "max_new_tokens": res.get("max_new_tokens"),
+                "definition": res.get("definition"), "method": "chain", "tree_budget": None}
+    out = []
+    sections = [(label, settings, res)]
+    if isinstance(res.get("ddtree"), dict):
+        budget = res["ddtree"].get("budget")
+        sections.append((f"{label} ddtree-{budget}",
+                         {**settings, "method": "ddtree", "tree_budget": budget}, res["ddtree"]))
+    for name, st, sec in sections:
+        for pp in sec.get("per_prompt", []):
+            out.append({"run_id": ctx.run_id, "item_id": ctx.item.id, "drafter": name,
+                        "role": role, "prompt_id": str(pp.get("id")), "tau": pp.get("tau"),
+                        "rounds": pp.get("rounds"), "per_position": pp.get("per_position_acceptance"),
+                        "settings": st, "step": step})
+    return out

@@ -1,0 +1,113 @@
+"""``extract_hidden``: the target's greedy continuations and tapped hidden states for a
+prompt set (``core.ml.extract``), cached on the host for training and offline eval.
+
+Preflight estimates the output size from the target's config (layers tapped x hidden size x
+tokens x 2 bytes) and refuses when the host lacks the space. ``check()`` is done when the
+cache's manifest covers every prompt of the set; a partial cache resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from core.actions.base import Action, CheckResult, Launch, register
+from core.actions.mlbase import (host_python, ml_failure, prompts_on_host, py_module,
+                                 read_json, validate_prompts)
+from core.errors import ActionFailed
+
+
+@dataclass(frozen=True)
+class ExtractHiddenParams:
+    target: str
+    """The target model directory on the host."""
+    out: str
+    """The feature cache directory to write."""
+    prompts: str = "coding"
+    """A shipped set name, a file beside the plan, or host:PATH."""
+    layers: list[int] | None = None
+    """Layer ids to tap; default: those of ``drafter``'s config."""
+    drafter: str | None = None
+    """A drafter dir on the host whose target_layer_ids to tap."""
+    max_new_tokens: int = 256
+    limit: int | None = None
+    chat_template: bool = True
+    dtype: str = "auto"
+
+    def validate(self):
+        out = []
+        if self.layers is None and self.drafter is None:
+            out.append((("layers",), "give layers (e.g. [1, 9, 17]) or a drafter dir to read them from"))
+        if self.max_new_tokens < 1:
+            out.append((("max_new_tokens",), "must be >= 1"))
+        return out
+
+
+@register
+class ExtractHidden(Action):
+    kind = "extract_hidden"
+    Params = ExtractHiddenParams
+    summary = "cache the target's greedy continuations + tapped hidden states for prompts"
+
+    @classmethod
+    def validate_plan(cls, params, plan, item):
+        err = validate_prompts(plan, params.prompts)
+        return [(("prompts",), err)] if err else []
+
+    async def check(self, ctx) -> CheckResult:
+        _, ids = await prompts_on_host(ctx, self.params.prompts, upload=False)
+        if self.params.limit:
+            ids = ids[: self.params.limit]
+        man = await read_json(ctx.host, f"{self.params.out}/manifest.json")
+        have = set((man or {}).get("entries", {}))
+        missing = [i for i in ids if i not in have]
+        if man is not None and not missing:
+            return CheckResult.done(f"{self.params.out} covers all {len(ids)} prompts")
+        if await ctx.host.stat(self.params.target) is None:
+            return CheckResult.blocked(f"target {self.params.target} does not exist on {ctx.host.name}")
+        return CheckResult.ready(f"{len(missing)} of {len(ids)} prompts to extract")
+
+    async def prepare(self, ctx) -> None:
+        host = ctx.host
+        self._python = await host_python(host)
+        self._prompts, ids = await prompts_on_host(ctx, self.params.prompts, upload=True)
+        cfg = await read_json(host, f"{self.params.target}/config.json")
+        if cfg is None:
+            raise ActionFailed(f"extract_hidden: {self.params.target}/config.json is missing on "
+                               f"{host.name}", hint="point target at a transformers model dir")
+        text = cfg.get("text_config", cfg)
+        hidden = int(text.get("hidden_size", 0))
+        n_layers = len(self.params.layers) if self.params.layers else 6
+        tokens = 512 + self.params.max_new_tokens  # a generous prompt length
+        n = len(ids[: self.params.limit] if self.params.limit else ids)
+        need = int(n * tokens * (n_layers + 1) * hidden * 2 * 1.2)
+        free = await host.disk_free(self.params.out)
+        if need > free:
+            raise ActionFailed(
+                f"extract_hidden: about {need / 1e9:.2f} GB needed for {n} prompts x {tokens} "
+                f"tokens x {n_layers + 1} layers x {hidden}, {free / 1e9:.2f} GB free on {host.name}",
+                hint="free space, lower max_new_tokens or limit, or choose another out dir")
+        self._estimate = need
+
+    def command(self, ctx) -> Launch:
+        p = self.params
+        h = ctx.host
+        layers = ",".join(map(str, p.layers)) if p.layers else h.path(p.drafter)
+        return Launch(py_module(self._python, "core.ml.extract", "--target", h.path(p.target),
+                                "--prompts", self._prompts, "--layers", layers,
+                                "--out", h.path(p.out), "--max-new-tokens", p.max_new_tokens,
+                                *(["--limit", p.limit] if p.limit else []),
+                                "--dtype", p.dtype,
+                                None if p.chat_template else "--no-chat-template"))
+
+    async def finish(self, ctx, outcome) -> dict:
+        if outcome.state != "succeeded":
+            raise await ml_failure(ctx, outcome, "extract")
+        man = await read_json(ctx.host, f"{self.params.out}/manifest.json") or {}
+        entries = man.get("entries", {})
+        return {"out": ctx.host.path(self.params.out), "prompts": len(entries),
+                "tokens": sum(e.get("num_tokens", 0) for e in entries.values()),
+                "layers": man.get("layer_ids") or man.get("layers")}
+
+
+__all__ = ["ExtractHidden", "json"]

@@ -1,0 +1,167 @@
+"""What the ML actions share: the host's python, prompt sets, artefact references.
+
+Every ML action runs ``python -m core.ml.<task>`` detached in a run capsule with the host's
+Python (``python:`` in the plan's host, else ``.venv/bin/python`` under its workdir when
+present, else ``python3``), so the work survives specdeck and a dropped connection. The
+task prints JSON lines (progress, metrics, checkpoints) that the log follower turns into
+progress, metrics and artefacts, and writes its result files into the capsule, which
+``finish`` reads back into the store.
+
+Prompt sets: ``prompts: coding`` names a set shipped under ``plans/prompts/`` (or a
+``prompts/`` folder beside the plan); ``prompts: my.jsonl`` is a file beside the plan,
+uploaded to the host (content-addressed under ``.specdeck/prompts/``); ``prompts: host:PATH``
+is a file already on the host.
+
+Artefact references: ``item:<train item>@latest`` or ``item:<train item>@step_<N>`` name a
+checkpoint recorded by a train item's runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import re
+import shlex
+from pathlib import Path
+
+from core.errors import ActionFailed
+
+SHIPPED_PROMPTS = Path(__file__).resolve().parent.parent.parent / "plans" / "prompts"
+REF = re.compile(r"^item:([A-Za-z0-9][A-Za-z0-9_.-]*)@(latest|step_(\d+))$")
+
+
+async def host_python(host) -> str:
+    if host.python:
+        return host.path(host.python) if not host.python.startswith("/") else host.python
+    venv = host.path(".venv/bin/python")
+    if await host.stat(venv) is not None:
+        return venv
+    return "python3"
+
+
+def py_module(python: str, module: str, *args) -> str:
+    """``PYTHON -m MODULE ARGS`` with every word quoted (None and False args are dropped)."""
+    words = [python, "-u", "-m", module]
+    for a in args:
+        if a is None or a is False:
+            continue
+        words.append(str(a))
+    return shlex.join(words)
+
+
+def local_prompt_file(plan_dir: Path, spec: str) -> Path | None:
+    """The local file a prompts spec names (a shipped set or a file beside the plan)."""
+    if spec.startswith("host:"):
+        return None
+    for base in (plan_dir / "prompts", SHIPPED_PROMPTS):
+        p = base / f"{spec}.jsonl"
+        if re.fullmatch(r"[A-Za-z0-9_.-]+", spec) and p.is_file():
+            return p
+    p = (plan_dir / spec)
+    return p if p.is_file() else None
+
+
+def validate_prompts(plan, spec: str) -> str | None:
+    if spec.startswith("host:"):
+        return None if len(spec) > 5 else "host: needs a path"
+    if local_prompt_file(plan.dir, spec) is None:
+        sets = sorted(p.stem for p in SHIPPED_PROMPTS.glob("*.jsonl"))
+        return (f"prompts {spec!r}: no file beside the plan and no shipped set of that name "
+                f"(sets: {', '.join(sets)}; or write host:PATH for a file on the host)")
+    return None
+
+
+def prompt_ids(data: bytes) -> list[str]:
+    ids = []
+    for line in data.decode("utf-8", "replace").splitlines():
+        line = line.strip()
+        if line:
+            try:
+                ids.append(str(json.loads(line)["id"]))
+            except (ValueError, KeyError, TypeError):
+                pass
+    return ids
+
+
+async def prompts_on_host(ctx, spec: str, *, upload: bool) -> tuple[str, list[str]]:
+    """The host path of a prompt set (uploading it when ``upload``) and its prompt ids."""
+    host = ctx.host
+    if spec.startswith("host:"):
+        path = host.path(spec[5:])
+        data = await host.read_from(path, 0, 1 << 26)
+        return path, prompt_ids(data)
+    local = local_prompt_file(ctx.plan.dir, spec)
+    if local is None:
+        raise ActionFailed(f"prompts {spec!r} not found")
+    data = local.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()[:12]
+    path = host.path(f".specdeck/prompts/{local.stem}-{digest}.jsonl")
+    if upload and await host.stat(path) is None:
+        await host.write_file(path, data)
+    return path, prompt_ids(data)
+
+
+def resolve_ref(ctx, ref: str) -> str:
+    """A path, or the checkpoint an ``item:<id>@latest|@step_N`` reference names."""
+    m = REF.match(ref)
+    if not m:
+        return ref
+    item, which, step = m.group(1), m.group(2), m.group(3)
+    arts = ctx.store.artefacts(item, "checkpoint")
+    if not arts:
+        raise ActionFailed(f"{ref}: item {item!r} has recorded no checkpoint yet",
+                           hint=f"run {item} first (or wait for its first checkpoint)")
+    if which == "latest":
+        return max(arts, key=lambda a: (a["step"] or -1, a["id"]))["path"]
+    for a in arts:
+        if a["step"] == int(step):
+            return a["path"]
+    have = ", ".join(f"step_{a['step']}" for a in arts)
+    raise ActionFailed(f"{ref}: no checkpoint at step {step} (recorded: {have})")
+
+
+def validate_ref(plan, item, ref: str) -> str | None:
+    m = REF.match(ref)
+    if ref.startswith("item:") and not m:
+        return f"{ref!r}: write item:<id>@latest or item:<id>@step_<N>"
+    if m:
+        ids = {it.id for it in plan.items}
+        if m.group(1) not in ids:
+            return f"{ref!r}: no item {m.group(1)!r} in this plan"
+        if m.group(1) not in item.needs:
+            return f"{ref!r}: add {m.group(1)!r} to this item's needs"
+    return None
+
+
+async def read_json(host, path: str) -> dict | None:
+    raw = await host.read_from(path, 0, 1 << 28)
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+async def log_tail(host, capsule: str, n: int = 20) -> str:
+    st = await host.stat(f"{capsule}/log")
+    start = max(0, (st.size if st else 0) - 16384)
+    text = (await host.read_from(f"{capsule}/log", start, 16384)).decode("utf-8", "replace")
+    return "\n".join(text.splitlines()[-n:])
+
+
+async def ml_failure(ctx, outcome, what: str) -> ActionFailed:
+    """An error for a failed ML task: its last stderr lines say why."""
+    tail = await log_tail(ctx.host, outcome.capsule, 6)
+    how = f"signal {outcome.signal}" if outcome.signal else f"exit {outcome.exit_code}"
+    if outcome.state == "lost":
+        how = "the process vanished (host rebooted?)"
+    lines = [ln for ln in tail.splitlines() if not ln.startswith("{")][-4:]
+    return ActionFailed(f"{what} on {ctx.host.name} {outcome.state} ({how})"
+                        + ("\n" + "\n".join("    " + ln for ln in lines) if lines else ""),
+                        hint=f"`specdeck logs PLAN {ctx.item.id}` shows the whole log")
+
+
+def join(*parts: str) -> str:
+    return posixpath.join(*parts)

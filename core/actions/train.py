@@ -1,0 +1,303 @@
+"""``train``: a training run on a host, detached, with one of three launchers.
+
+* ``process`` (default): a run capsule on the host (``core.jobs``).
+* ``torchrun``: ``python -m torch.distributed.run`` with ``nproc_per_node`` workers; with
+  ``nodes`` (more plan hosts) one capsule per node, the rendezvous on the first. specdeck
+  starts, watches and stops them; torchrun does the distributed part.
+* ``slurm``: the host is the cluster's login node; ``sbatch`` with the item's resources, the
+  job id recorded in the store, state from ``squeue`` / ``scontrol`` (``sacct`` when it
+  answers), the log from the job's output file, stop = ``scancel``. Reconcile after a restart
+  uses the job id. Slurm schedules; specdeck never does.
+
+The trainer is ``core.ml.train`` with a YAML ``config`` (uploaded into the run capsule,
+``overrides`` merged in), or the user's own ``command``. Metrics come from JSON lines with a
+``step`` (or ``metrics_regex`` for trainers that print text); ``{"event": "checkpoint"}``
+lines and the ``step_*.pt`` files found in the output dir become artefacts that eval items
+name as ``item:<this id>@latest`` or ``@step_N``. The resolved trainer config is stored with
+the run, for ``specdeck diff``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import posixpath
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from core import jobs
+from core.actions.base import Action, CheckResult, Launch, register
+from core.actions.mlbase import host_python, ml_failure
+from core.errors import ActionFailed
+
+CKPT = re.compile(r"^step_(\d+)\.pt$")
+
+
+@dataclass(frozen=True)
+class SlurmParams:
+    partition: str | None = None
+    nodes: int = 1
+    gpus_per_node: int | None = None
+    cpus_per_task: int | None = None
+    mem: str | None = None
+    time: str | None = None
+    account: str | None = None
+    extra: list[str] = field(default_factory=tuple)
+    """More ``#SBATCH`` options, e.g. ``["--qos=high"]``."""
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    config: str | None = None
+    """A ``core.ml.train`` YAML beside the plan (uploaded into the run capsule)."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """Dotted keys merged into ``config`` before upload, e.g. ``{"train.max_steps": 100}``."""
+    command: str | None = field(default=None, metadata={"shell": True})
+    """Your own trainer's command line instead of ``config`` (shell text)."""
+    out: str | None = None
+    """The trainer's output dir on the host (default: ``out`` in the run capsule)."""
+    launcher: Literal["process", "torchrun", "slurm"] = "process"
+    nproc_per_node: int = 1
+    nodes: list[str] = field(default_factory=tuple)
+    """torchrun: further plan hosts (the item's host is node 0, the rendezvous)."""
+    rdzv_port: int = 29500
+    slurm: SlurmParams = field(default_factory=SlurmParams)
+    metrics_regex: str | None = None
+    """For text logs: a regex with named groups, ``step`` among them."""
+    resume: bool = True
+    """Rerunning a failed item resumes from the newest checkpoint in ``out``."""
+    watch_eval: dict[str, Any] | None = None
+    """Evaluate each new checkpoint on another host (see plans/README.md)."""
+
+    def validate(self):
+        out = []
+        if (self.config is None) == (self.command is None):
+            out.append((("config",), "give exactly one of config (core.ml.train YAML) or command"))
+        if self.metrics_regex is not None:
+            try:
+                if "step" not in re.compile(self.metrics_regex).groupindex:
+                    out.append((("metrics_regex",), "needs a named group (?P<step>...)"))
+            except re.error as e:
+                out.append((("metrics_regex",), f"not a regex: {e}"))
+        if self.nproc_per_node < 1:
+            out.append((("nproc_per_node",), "must be >= 1"))
+        if self.nodes and self.launcher != "torchrun":
+            out.append((("nodes",), "nodes are for launcher: torchrun"))
+        return out
+
+
+def deep_set(doc: dict, dotted: str, value: Any) -> None:
+    cur = doc
+    parts = dotted.split(".")
+    for p in parts[:-1]:
+        cur = cur.setdefault(p, {})
+        if not isinstance(cur, dict):
+            raise ValueError(f"override {dotted!r}: {p!r} is not a mapping in the config")
+    cur[parts[-1]] = value
+
+
+@register
+class Train(Action):
+    kind = "train"
+    Params = TrainParams
+    summary = "launch training detached (process, torchrun, or Slurm sbatch)"
+
+    @classmethod
+    def validate_plan(cls, params, plan, item):
+        out = []
+        if params.config is not None:
+            p = plan.dir / params.config
+            if not p.is_file():
+                out.append((("config",), f"no trainer config {p}"))
+            else:
+                try:
+                    doc = yaml.safe_load(p.read_text()) or {}
+                    for k, v in params.overrides.items():
+                        deep_set(doc, k, v)
+                except (yaml.YAMLError, ValueError, AttributeError) as e:
+                    out.append((("overrides",), str(e)))
+        for n in params.nodes:
+            if n not in plan.hosts:
+                out.append((("nodes",), f"unknown host {n!r}"))
+        if params.watch_eval is not None:
+            from core.watch import validate_watch
+
+            out += [(("watch_eval",) + tuple(p), m) for p, m in
+                    validate_watch(params.watch_eval, plan, item)]
+        return out
+
+    def launcher_name(self) -> str:
+        return self.params.launcher
+
+    def metrics_regex(self) -> str | None:
+        return self.params.metrics_regex
+
+    def _out(self, ctx, run_id: str) -> str:
+        if self.params.out:
+            return ctx.host.path(self.params.out)
+        return posixpath.join(jobs.capsule_path(ctx.host, run_id), "out")
+
+    async def check(self, ctx) -> CheckResult:
+        if self.params.launcher == "slurm":
+            res = await ctx.host.run("command -v sbatch squeue scancel")
+            if not res.ok:
+                return CheckResult.blocked(f"{ctx.host.name} has no sbatch/squeue/scancel: "
+                                           "is it the cluster's login node?")
+        return CheckResult.ready()
+
+    async def prepare(self, ctx) -> None:
+        host = ctx.host
+        self._python = await host_python(host)
+        self._capsule = jobs.capsule_path(host, ctx.run_id)
+        self._outdir = self._out(ctx, ctx.run_id)
+        if self.params.config:
+            doc = yaml.safe_load((ctx.plan.dir / self.params.config).read_text()) or {}
+            for k, v in self.params.overrides.items():
+                deep_set(doc, k, v)
+            await host.write_file(f"{self._capsule}/train.yaml",
+                                  yaml.safe_dump(doc, sort_keys=False).encode())
+        self._resume_from = None
+        if self.params.resume:
+            prev = [r for r in ctx.store.runs_for_item(ctx.item.id) if r["id"] != ctx.run_id]
+            for r in reversed(prev):
+                arts = ctx.store.artefacts(ctx.item.id, "checkpoint")
+                mine = [a for a in arts if a["run_id"] == r["id"]]
+                if mine and not self.params.out:
+                    self._outdir = posixpath.dirname(mine[-1]["path"])
+                    self._resume_from = "auto"
+                    break
+            if self.params.out and await host.stat(f"{self._outdir}/latest") is not None:
+                self._resume_from = "auto"
+
+    def _trainer(self, ctx, module_prefix: list[str]) -> str:
+        if self.params.command:
+            return self.params.command
+        words = module_prefix + ["-m", "core.ml.train", "--config", f"{self._capsule}/train.yaml",
+                                 "--out", self._outdir]
+        if self._resume_from:
+            words += ["--resume", self._resume_from]
+        return shlex.join(words)
+
+    def command(self, ctx, node_rank: int = 0, master: str | None = None) -> Launch:
+        p = self.params
+        if p.launcher == "torchrun":
+            prefix = [self._python, "-u", "-m", "torch.distributed.run",
+                      "--nproc_per_node", str(p.nproc_per_node)]
+            if p.nodes:
+                prefix += ["--nnodes", str(1 + len(p.nodes)), "--node_rank", str(node_rank),
+                           "--rdzv_backend", "c10d", "--rdzv_id", ctx.run_id or "specdeck",
+                           "--rdzv_endpoint", f"{master}:{p.rdzv_port}"]
+            else:
+                prefix += ["--standalone"]
+            cmd = self._trainer(ctx, prefix)
+        else:
+            cmd = self._trainer(ctx, [self._python, "-u"])
+        return Launch(cmd, env={"PYTHONUNBUFFERED": "1"}, cwd=self._capsule,
+                      launcher=p.launcher, metrics_regex=p.metrics_regex)
+
+    # -- launcher hooks (used by the runner) ---------------------------------------------
+    async def launch(self, runner, host, run_id: str, launch: Launch) -> dict:
+        p = self.params
+        if p.launcher == "slurm":
+            from core import slurm
+
+            return await slurm.submit(host, run_id, launch, p.slurm)
+        if p.launcher == "torchrun" and p.nodes:
+            master = _address(runner.plan.hosts[runner.plan.item(self._item_id(run_id, runner)).action.host])
+            info = await jobs.start(host, run_id, self._node_launch(launch, 0, master))
+            for rank, name in enumerate(p.nodes, start=1):
+                node = await runner.host(name)
+                await jobs.start(node, run_id, self._node_launch(launch, rank, master))
+            return info
+        return await jobs.start(host, run_id, launch)
+
+    def _item_id(self, run_id: str, runner) -> str:
+        return runner.store.run(run_id)["item_id"]
+
+    def _node_launch(self, launch: Launch, rank: int, master: str) -> Launch:
+        cmd = launch.command
+        cmd = re.sub(r"--node_rank \d+", f"--node_rank {rank}", cmd)
+        cmd = re.sub(r"--rdzv_endpoint \S+", f"--rdzv_endpoint {shlex.quote(f'{master}:{self.params.rdzv_port}')}", cmd)
+        return Launch(cmd, env=launch.env, cwd=launch.cwd)
+
+    async def inspect(self, runner, host, run: dict) -> jobs.CapsuleState:
+        if self.params.launcher == "slurm":
+            from core import slurm
+
+            return await slurm.inspect(host, run)
+        st = await jobs.inspect(host, run["capsule"] or jobs.capsule_path(host, run["id"]))
+        if self.params.nodes and st.state == "ended":
+            for name in self.params.nodes:
+                node = await runner.host(name)
+                other = await jobs.inspect(node, jobs.capsule_path(node, run["id"]))
+                if other.state == "running":
+                    return other
+                if other.state == "ended" and (other.exit_code or other.signal) and not (
+                        st.exit_code or st.signal):
+                    st = other
+        return st
+
+    async def follow(self, runner, host, run: dict, on_lines) -> jobs.CapsuleState:
+        return await jobs.follow(host, runner.store, run["id"], run["capsule"], on_lines=on_lines,
+                                 regex=self.params.metrics_regex, poll=runner.poll,
+                                 inspector=lambda: self.inspect(runner, host, run))
+
+    async def stop(self, runner, host, run: dict, grace_s: float) -> jobs.CapsuleState:
+        if self.params.launcher == "slurm":
+            from core import slurm
+
+            return await slurm.cancel(host, run, grace_s=grace_s)
+        for name in self.params.nodes:
+            node = await runner.host(name)
+            asyncio.ensure_future(jobs.stop(node, jobs.capsule_path(node, run["id"]), grace_s=grace_s))
+        return await jobs.stop(host, run["capsule"], grace_s=grace_s)
+
+    async def finish(self, ctx, outcome) -> dict:
+        host = ctx.host
+        run = ctx.store.run(ctx.run_id)
+        outdir = await self._find_out(ctx, outcome)
+        # the checkpoint list is complete even when specdeck missed a log line
+        found = []
+        if outdir and await host.stat(outdir) is not None:
+            for name in await host.listdir(outdir):
+                m = CKPT.match(name)
+                if m:
+                    path = posixpath.join(outdir, name)
+                    ctx.store.add_artefact(ctx.run_id, ctx.item.id, "checkpoint", path, int(m.group(1)))
+                    found.append(int(m.group(1)))
+            raw = await host.read_from(posixpath.join(outdir, "resolved_config.yaml"), 0, 1 << 20)
+            if raw:
+                try:
+                    ctx.store.update_run(ctx.run_id, config=yaml.safe_load(raw))
+                except yaml.YAMLError:
+                    pass
+        result = {"out": outdir, "checkpoints": sorted(found)}
+        if outcome.state == "stopped":
+            return result
+        if outcome.state != "succeeded":
+            raise await ml_failure(ctx, outcome, f"train ({self.params.launcher})")
+        del run
+        return result
+
+    async def _find_out(self, ctx, outcome) -> str | None:
+        if self.params.out:
+            return ctx.host.path(self.params.out)
+        arts = [a for a in ctx.store.artefacts(ctx.item.id, "checkpoint") if a["run_id"] == ctx.run_id]
+        if arts:
+            return posixpath.dirname(arts[-1]["path"])
+        return posixpath.join(outcome.capsule or jobs.capsule_path(ctx.host, ctx.run_id), "out")
+
+
+def _address(spec) -> str:
+    """How other nodes reach a host: its ssh HostName part, or loopback for a local host."""
+    if spec.local or not spec.ssh:
+        return "127.0.0.1"
+    target = spec.ssh.split("@")[-1]
+    return target.rsplit(":", 1)[0] if target.count(":") == 1 else target
+
+
+__all__ = ["Train", "TrainParams", "Path"]
