@@ -284,7 +284,7 @@ class Runner:
     async def _launch(self, host: Host, run_id: str, launch, action: Action) -> dict:
         launcher = getattr(action, "launch", None)
         if launcher is not None:  # actions with their own launcher (slurm, torchrun)
-            return await launcher(host, run_id, launch)
+            return await launcher(self, host, run_id, launch)
         return await jobs.start(host, run_id, launch)
 
     async def _run_in_process(self, item: Item, action: Action, ctx: _Context, run_id: str) -> str:
