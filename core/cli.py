@@ -106,20 +106,24 @@ def cmd_status(args) -> int:
 
     async def go(runner):
         changes = []
+        runner.watch = False  # status never waits for tau-over-training evals
         if not args.no_reconcile and runner.store.live_runs():
             changes = await runner.reconcile()
         st = runner.statuses()
         latest = runner.store.latest_runs()
-        return changes, st, latest, runner.store.events()[-5:]
+        alerts = [e for e in runner.store.events() if e["kind"] == "alert"]
+        return changes, st, latest, alerts
 
-    changes, st, latest, events = asyncio.run(_with_runner(plan, args, go, emit=lambda e: None))
+    changes, st, latest, alerts = asyncio.run(_with_runner(plan, args, go, emit=lambda e: None))
     if args.json:
         out = {"plan": plan.name, "items": [{
             "id": it.id, "content": it.content, "priority": it.priority, "status": st[it.id],
             "needs": list(it.needs),
             "action": ({"kind": it.action.kind, "host": it.action.host,
                         "params": params_summary(it)} if it.action else None),
-            "run": _run_json(latest.get(it.id))} for it in plan.items]}
+            "run": _run_json(latest.get(it.id))} for it in plan.items],
+            "alerts": [{"item": a["item_id"], "run": a["run_id"], "at": a["at"],
+                        "message": a["message"]} for a in alerts]}
         print(json.dumps(out, indent=2))
         return 0
     for c in changes:
@@ -142,6 +146,9 @@ def cmd_status(args) -> int:
             r = f"  [{run['state']}{how} #{run['attempt']}]"
         print(f"  {GLYPHS[st[it.id]]} {st[it.id]:<11} {it.id:<24} {it.priority:<6} "
               f"{kind}{where:<12} {it.content}{r}")
+    for a in alerts[-5:]:
+        print(f"  ALERT {time.strftime('%m-%d %H:%M', time.localtime(a['at']))} "
+              f"{a['item_id']}: {a['message']}")
     return 0
 
 

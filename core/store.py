@@ -69,6 +69,14 @@ def m001_initial(db: Database) -> None:
     db["artefacts"].create_index(["run_id", "path"], unique=True)
 
 
+@migrations()
+def m002_watch_evals(db: Database) -> None:
+    db["watch_evals"].create({"id": str, "run_id": str, "item_id": str, "step": int,
+                              "state": str, "host": str, "capsule": str, "tau": float,
+                              "at": float, "error": str}, pk="id")
+    db["watch_evals"].create_index(["run_id", "step"], unique=True)
+
+
 def default_state_path(plan_name: str) -> Path:
     """``$SPECDECK_STATE``, else ``$XDG_STATE_HOME/specdeck/<plan>.db``."""
     env = os.environ.get("SPECDECK_STATE")
@@ -375,3 +383,24 @@ class Store:
         where = "item_id = ?" + (" AND kind = ?" if kind else "")
         args = [item_id] + ([kind] if kind else [])
         return list(self.db["artefacts"].rows_where(where, args, order_by="step, id"))
+
+    # -- tau over training (watch_eval) --------------------------------------------------
+    def watch_entries(self, run_id: str) -> list[dict]:
+        return list(self.db["watch_evals"].rows_where("run_id = ?", [run_id], order_by="step"))
+
+    def watch_add(self, run_id: str, item_id: str, step: int) -> bool:
+        """Queue a checkpoint's eval once; False when it is already known."""
+        with self._immediate():
+            if self.db.execute("SELECT 1 FROM watch_evals WHERE run_id = ? AND step = ?",
+                               [run_id, step]).fetchone():
+                return False
+            self.db["watch_evals"].insert({"id": f"{run_id}:{step}", "run_id": run_id,
+                                           "item_id": item_id, "step": step, "state": "pending",
+                                           "at": time.time()})
+        return True
+
+    def watch_update(self, run_id: str, step: int, **fields: Any) -> None:
+        fields["at"] = time.time()
+        with self._immediate():
+            self.db["watch_evals"].update(f"{run_id}:{step}", fields)
+

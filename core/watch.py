@@ -1,10 +1,39 @@
-"""Tau over training: ``watch_eval`` on a train item (see issue 10).
+"""Tau over training: evaluate each new checkpoint of a live train run, on another host.
 
-Validation lives here so plans can already declare it; the watcher itself evaluates each new
-checkpoint of a live train run on the named host.
+A train item may declare::
+
+    watch_eval:
+      host: ct129              # the eval host (not the training GPUs)
+      target: models/target    # the target model dir on it
+      cache: features/coding   # offline mode: an extract_hidden cache on it
+      mode: offline            # offline (cheap, every checkpoint) | online (the final word)
+      every: checkpoint        # or N: at most one eval per N steps
+      prompts: coding          # online mode's prompt set
+      baseline: drafters/zlab  # evaluated once per run: the reference line
+      max_prompts: 8
+      alerts: {drop_pct: 10, flat_evals: 3, flat_eps: 0.02}
+
+While the run trains, the :class:`Watcher` picks up its checkpoints (the artefacts the log
+follower records), copies each to the eval host through specdeck, strips it and evaluates it
+in a run capsule there (so it survives specdeck too), and stores tau at step S as metrics of
+the train run (``tau``, ``tau_pooled``, ``tau_acc[k]``) and as eval results (drafter
+``<item>@<S>``, ``step`` S) for the tau pane and ``specdeck compare --step``.
+
+No pile-up: when checkpoints arrive faster than evals finish, only the newest waiting one is
+evaluated next and the others are recorded as skipped. Every step's state lives in the
+store (``watch_evals``), so after a kill -9 the next specdeck resumes a running eval from its
+capsule and continues with the next checkpoint: no duplicate, no missing eval.
+
+Alerts: tau more than ``drop_pct`` % below the best so far; tau flat (range below
+``flat_eps`` x mean) over ``flat_evals`` evals while the loss kept falling (the v3/v4
+failure pattern). Both go to the journal and to the operator as notices.
 """
 
 from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
 
 KEYS = {"every", "host", "target", "prompts", "baseline", "mode", "max_prompts", "cache",
         "block_size", "max_new_tokens", "alerts"}
@@ -29,4 +58,197 @@ def validate_watch(spec, plan, item) -> list[tuple[tuple, str]]:
         out.append((("mode",), "mode: offline or online"))
     if spec.get("mode", "offline") == "offline" and not spec.get("cache"):
         out.append((("cache",), "offline mode needs cache: the extract_hidden dir on the eval host"))
+    alerts = spec.get("alerts", {})
+    if not isinstance(alerts, dict) or set(alerts) - {"drop_pct", "flat_evals", "flat_eps"}:
+        out.append((("alerts",), "alerts: {drop_pct, flat_evals, flat_eps}"))
     return out
+
+
+class Watcher:
+    """Evaluates the checkpoints of one train run as they appear (see the module doc)."""
+
+    def __init__(self, runner, item, run_id: str, spec: dict[str, Any], poll: float = 0.5):
+        self.runner, self.item, self.run_id, self.spec = runner, item, run_id, spec
+        self.store = runner.store
+        self.poll = poll
+        self.mode = spec.get("mode", "offline")
+        self.alerts = {"drop_pct": 10.0, "flat_evals": 3, "flat_eps": 0.02,
+                       **(spec.get("alerts") or {})}
+
+    # -- queue ---------------------------------------------------------------------------
+    def _sync(self) -> None:
+        """Queue checkpoints not seen yet (respecting ``every``)."""
+        known = {e["step"] for e in self.store.watch_entries(self.run_id)}
+        every = self.spec.get("every", "checkpoint")
+        last = max(known, default=None)
+        for a in self.store.artefacts(self.item.id, "checkpoint"):
+            if a["run_id"] != self.run_id or a["step"] is None or a["step"] in known:
+                continue
+            if isinstance(every, int) and last is not None and a["step"] - last < every:
+                continue
+            self.store.watch_add(self.run_id, self.item.id, a["step"])
+            known.add(a["step"])
+            last = a["step"] if last is None else max(last, a["step"])
+
+    def _next(self) -> dict | None:
+        """The newest pending checkpoint; older pending ones are recorded as skipped."""
+        pending = [e for e in self.store.watch_entries(self.run_id) if e["state"] == "pending"]
+        if not pending:
+            return None
+        newest = pending[-1]
+        for e in pending[:-1]:
+            self.store.watch_update(self.run_id, e["step"], state="skipped",
+                                    error=f"superseded by step {newest['step']}")
+            self.store.journal("watch_skipped", f"tau eval of step {e['step']} skipped: "
+                               f"step {newest['step']} is newer", item_id=self.item.id,
+                               run_id=self.run_id)
+        return newest
+
+    async def run(self, training_done: asyncio.Event) -> None:
+        """Evaluate until the run has ended and no checkpoint is waiting."""
+        for e in self.store.watch_entries(self.run_id):
+            if e["state"] == "running":  # a previous specdeck died while it ran
+                await self._evaluate(e, resume=True)
+        while True:
+            self._sync()
+            e = self._next()
+            if e is not None:
+                await self._evaluate(e)
+                continue
+            if training_done.is_set():
+                self._sync()
+                if not any(x["state"] == "pending" for x in self.store.watch_entries(self.run_id)):
+                    return
+                continue
+            try:
+                await asyncio.wait_for(training_done.wait(), self.poll)
+            except asyncio.TimeoutError:
+                pass
+
+    # -- one eval ------------------------------------------------------------------------
+    async def _evaluate(self, entry: dict, resume: bool = False) -> None:
+        from core import jobs
+        from core.actions.base import Launch
+        from core.actions.mlbase import host_python, prompts_on_host, py_module
+        from core.actions.relay import copy_verified
+        from core.events import Notice
+
+        step = entry["step"]
+        ev = await self.runner.host(self.spec["host"])
+        cap_id = f"{self.run_id}-tau-{step}"
+        capsule = jobs.capsule_path(ev, cap_id)
+        try:
+            if not resume or (await jobs.inspect(ev, capsule)).state in ("missing", "nopid"):
+                ckpt = [a for a in self.store.artefacts(self.item.id, "checkpoint")
+                        if a["run_id"] == self.run_id and a["step"] == step][0]["path"]
+                train_host = await self.runner.host(self.item.action.host)
+                self.store.watch_update(self.run_id, step, state="running", host=ev.name,
+                                        capsule=capsule)
+                local_ckpt = ckpt
+                if train_host is not ev:
+                    local_ckpt = f"{capsule}/ckpt.pt"
+                    await copy_verified(train_host, ckpt, ev, local_ckpt)
+                py = await host_python(ev)
+                s = self.spec
+                common = ["--target", ev.path(s["target"]), "--mode", self.mode,
+                          "--max-new-tokens", s.get("max_new_tokens", 64)]
+                if self.mode == "offline":
+                    cache = ev.path(s["cache"])
+                    man = json.loads(await ev.read_from(f"{cache}/manifest.json", 0, 1 << 26)
+                                     or b"{}")
+                    if "prompts" not in man:
+                        raise RuntimeError(f"{ev.name}:{cache} has no extract manifest: run the "
+                                           "extract_hidden item first")
+                    common += ["--cache", cache, "--prompts", man["prompts"]["file"]]
+                else:
+                    ctx = type("C", (), {"host": ev, "plan": self.runner.plan})()
+                    ppath, _ = await prompts_on_host(ctx, s.get("prompts", "coding"), upload=True)
+                    common += ["--prompts", ppath]
+                if s.get("max_prompts"):
+                    common += ["--limit", s["max_prompts"]]
+                if s.get("block_size"):
+                    common += ["--block-size", s["block_size"]]
+                lines = ["set -e", py_module(py, "core.ml.strip", local_ckpt, "drafter"),
+                         py_module(py, "core.ml.eval", "--drafter", "drafter", "--out",
+                                   "result.json", *common)]
+                if s.get("baseline") and not self._baseline_done():
+                    lines.append(py_module(py, "core.ml.eval", "--drafter",
+                                           ev.path(s["baseline"]), "--out", "baseline/result.json",
+                                           *common))
+                await jobs.start(ev, cap_id, Launch("\n".join(lines), cwd=capsule))
+            while (st := await jobs.inspect(ev, capsule)).state == "running":
+                await asyncio.sleep(self.poll)
+            if st.state != "ended" or st.exit_code != 0:
+                tail = (await ev.read_from(f"{capsule}/log", 0, 1 << 16)).decode("utf-8", "replace")
+                raise RuntimeError(f"eval capsule {capsule} {st.state} "
+                                   f"({st.signal or st.exit_code}): {tail.splitlines()[-3:]}")
+            res = json.loads(await ev.read_from(f"{capsule}/result.json", 0, 1 << 28))
+            base_raw = await ev.read_from(f"{capsule}/baseline/result.json", 0, 1 << 28)
+            self._record(step, res, json.loads(base_raw) if base_raw else None)
+            self.store.watch_update(self.run_id, step, state="done", tau=res.get("tau"))
+            self.runner.emit(Notice(self.item.id, f"{self.item.id}: tau {res.get('tau'):.3f} at "
+                                    f"step {step} ({self.mode}, on {ev.name})"))
+            self._alerts(step)
+        except Exception as exc:  # one failed eval must not stop training or the watcher
+            self.store.watch_update(self.run_id, step, state="failed", error=str(exc)[:2000])
+            self.store.journal("watch_failed", f"tau eval of step {step} failed: {exc}",
+                               item_id=self.item.id, run_id=self.run_id)
+            self.runner.emit(Notice(self.item.id, f"{self.item.id}: tau eval of step {step} "
+                                    f"failed: {exc}", "error"))
+
+    def _baseline_done(self) -> bool:
+        return any(r["role"] == "baseline" and r["run_id"] == self.run_id
+                   for r in self.store.eval_results(self.item.id))
+
+    def _record(self, step: int, res: dict, base: dict | None) -> None:
+        from core.actions.eval import _rows
+
+        metrics = [(step, "tau", float(res["tau"]))]
+        if res.get("tau_pooled") is not None:
+            metrics.append((step, "tau_pooled", float(res["tau_pooled"])))
+        for k, v in enumerate(res.get("per_position_acceptance") or []):
+            metrics.append((step, f"tau_acc[{k}]", float(v)))
+        self.store.add_metrics(self.run_id, metrics)
+        ctx = type("C", (), {"run_id": self.run_id, "item": self.item})()
+        rows = _rows(ctx, res, f"{self.item.id}@{step}", "drafter", step)
+        if base is not None:
+            rows += _rows(ctx, base, "baseline", "baseline", None)
+            self.store.add_metrics(self.run_id, [(step, "tau_baseline", float(base["tau"]))])
+        self.store.add_eval_results(rows)
+
+    def _alerts(self, step: int) -> None:
+        from core.events import Notice
+
+        done = [e for e in self.store.watch_entries(self.run_id) if e["state"] == "done"]
+        taus = [(e["step"], e["tau"]) for e in done if e["tau"] is not None]
+        if len(taus) < 2:
+            return
+        cur = taus[-1][1]
+        best_step, best = max(taus[:-1], key=lambda t: t[1])
+        msgs = []
+        if best > 0 and cur < best * (1 - self.alerts["drop_pct"] / 100):
+            msgs.append(f"tau {cur:.3f} at step {step} is {100 * (1 - cur / best):.0f}% below "
+                        f"the best so far ({best:.3f} at step {best_step})")
+        k = int(self.alerts["flat_evals"])
+        if len(taus) >= k:
+            window = taus[-k:]
+            vals = [t for _, t in window]
+            mean = sum(vals) / len(vals)
+            loss = dict(self.store.metric_series(self.run_id, "loss"))
+            l0 = _near(loss, window[0][0])
+            l1 = _near(loss, window[-1][0])
+            if (max(vals) - min(vals) <= self.alerts["flat_eps"] * mean and l0 is not None
+                    and l1 is not None and l1 < l0 * 0.99):
+                msgs.append(f"tau flat at {mean:.3f} over the last {k} evals (steps "
+                            f"{window[0][0]}-{window[-1][0]}) while the loss fell {l0:.3f} -> "
+                            f"{l1:.3f}: the drafter may be learning the wrong thing")
+        for m in msgs:
+            self.store.journal("alert", m, item_id=self.item.id, run_id=self.run_id)
+            self.runner.emit(Notice(self.item.id, f"ALERT {self.item.id}: {m}", "warning"))
+
+
+def _near(series: dict[int, float], step: int) -> float | None:
+    if not series:
+        return None
+    s = min(series, key=lambda x: abs(x - step))
+    return series[s]

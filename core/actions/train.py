@@ -242,9 +242,27 @@ class Train(Action):
         return st
 
     async def follow(self, runner, host, run: dict, on_lines) -> jobs.CapsuleState:
-        return await jobs.follow(host, runner.store, run["id"], run["capsule"], on_lines=on_lines,
-                                 regex=self.params.metrics_regex, poll=runner.poll,
-                                 inspector=lambda: self.inspect(runner, host, run))
+        """Follow the log; with ``watch_eval``, evaluate checkpoints alongside (and drain)."""
+        def follow_log():
+            return jobs.follow(host, runner.store, run["id"], run["capsule"], on_lines=on_lines,
+                               regex=self.params.metrics_regex, poll=runner.poll,
+                               inspector=lambda: self.inspect(runner, host, run))
+
+        spec = self.params.watch_eval
+        if spec is None or not getattr(runner, "watch", True):
+            return await follow_log()
+        from core.watch import Watcher
+
+        done = asyncio.Event()
+        watcher = Watcher(runner, runner.plan.item(run["item_id"]), run["id"], spec,
+                          poll=max(runner.poll, 0.2))
+        wtask = asyncio.create_task(watcher.run(done))
+        try:
+            st = await follow_log()
+        finally:
+            done.set()
+        await wtask  # the checkpoints still waiting (the final one) are evaluated
+        return st
 
     async def stop(self, runner, host, run: dict, grace_s: float) -> jobs.CapsuleState:
         if self.params.launcher == "slurm":
