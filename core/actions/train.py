@@ -35,6 +35,9 @@ from core.actions.mlbase import host_python, ml_failure
 from core.errors import ActionFailed
 
 CKPT = re.compile(r"^step_(\d+)\.pt$")
+PATH_KEYS = ("target", "out_dir", "data.features", "data.file", "drafter.init")
+"""Paths in a core.ml.train config; made absolute on the host before upload (overrides are
+relative to the host's workdir; other relative paths, on a local host, to the config file)."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,19 @@ class Train(Action):
             doc = yaml.safe_load((ctx.plan.dir / self.params.config).read_text()) or {}
             for k, v in self.params.overrides.items():
                 deep_set(doc, k, v)
+            # the uploaded file lives in the capsule: make its paths absolute on the host
+            for key in PATH_KEYS:
+                cur = doc
+                *parents, leaf = key.split(".")
+                for part in parents:
+                    cur = cur.get(part) if isinstance(cur, dict) else None
+                if isinstance(cur, dict) and isinstance(cur.get(leaf), str):
+                    rel = key.split(".")[0] != "out_dir" and key not in self.params.overrides
+                    base = str((ctx.plan.dir / self.params.config).parent) if rel and host.name in (
+                        n for n, sp in ctx.plan.hosts.items() if sp.local) else None
+                    val = cur[leaf]
+                    cur[leaf] = (str(Path(base, val).resolve()) if base and not val.startswith(("/", "~"))
+                                 else host.path(val))
             await host.write_file(f"{self._capsule}/train.yaml",
                                   yaml.safe_dump(doc, sort_keys=False).encode())
         self._resume_from = None
