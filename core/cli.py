@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import InvalidInput, PlanError, SpecdeckError
-from core.events import (Event, HostStateChanged, LogLinesReceived, Notice, Progress, RunEnded,
-                         RunStarted, StatusChanged)
+from core.events import (Event, HostStateChanged, LogLinesReceived, LogStreamChanged, Notice,
+                         Progress, RunEnded, RunStarted, StatusChanged)
 from core.plan import Plan, load_plan, params_summary, plan_to_todos, todos_to_plan_yaml
 from core.text import sanitize
 
@@ -68,6 +68,8 @@ class Printer:
         elif isinstance(ev, HostStateChanged):
             if ev.state != "connected" or ev.reason:
                 _err(f"[{ts}] host {ev.host}: {ev.state}" + (f" ({ev.reason})" if ev.reason else ""))
+        elif isinstance(ev, LogStreamChanged):
+            _err(f"[{ts}] {ev.item_id}: log stream {ev.state} ({ev.host}: {ev.reason})")
         elif isinstance(ev, Notice):
             _err(f"[{ts}] {ev.message}")
 
@@ -397,6 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("demo", cmd_demo, "run the embedded demo campaign locally")
     sp.add_argument("--dir", default=None, help="workspace (default: ./specdeck-demo)")
     sp.add_argument("--headless", action="store_true", help="print progress, no console")
+    sp.add_argument("--quick", action="store_true", help="a shorter campaign (CI)")
     sp = add("kinds", cmd_kinds, "list the action kinds")
     _extend(sub, add)
     return p

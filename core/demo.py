@@ -1,59 +1,170 @@
-"""``specdeck demo``: a whole campaign on this machine, on the embedded default.
+"""``specdeck demo``: a whole drafter campaign on this machine, on the embedded default.
 
-Two local "hosts" (two workdirs standing for the training host and the eval host), SQLite
-state inside the demo workspace, and only what this build has. The demo plan is written to
-``<dir>/demo.yaml`` and run; a second run reuses what exists (checks mark items done).
+Two local hosts (two workdirs standing for the training host and the eval host), SQLite state
+inside the workspace, a tiny code model trained here on the standard library's sources:
+
+1. ``make-target``: ``core.ml.codemodel`` trains a tiny Qwen3 target (byte-level BPE) for a
+   minute on the standard library's sources;
+2. ``relay-target``: its files go to the eval host, through specdeck;
+3. ``features``: the target's greedy continuations and hidden states for training prompts
+   (``Write a Python function <name>(<args>)`` for standard-library functions);
+4. ``train-v4`` (legacy options) and ``train-v5`` (the fixed defaults), and a barely-trained
+   ``train-baseline``, all with ``core.ml.train``;
+5. ``strip-*``: their checkpoints -> drafter weights; ``relay-*`` to the eval host;
+6. ``eval-v4`` / ``eval-v5``: tau (chain and DDTree) against the baseline, on the coding set;
+7. ``review``: a manual step: read the tau table and decide.
+
+The workspace is ``./specdeck-demo`` (``--dir``). A second run reuses what exists: every
+action's ``check()`` finds its output and marks the item done.
 """
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import json
+import os
 import sys
+import sysconfig
+import time
 from pathlib import Path
 
-DEMO_PLAN = """\
-name: demo
-hosts:
-  train: {{local: true, workdir: {train}}}
-  eval: {{local: true, workdir: {eval}}}
-items:
-  - id: make-data
-    content: Write a toy dataset on the training host
-    priority: high
-    action:
-      kind: shell
-      host: train
-      params: {{command: "mkdir -p data && seq 1 1000 > data/numbers.txt", creates: data/numbers.txt}}
-  - id: train
-    content: Train (a stand-in that prints JSON metrics)
-    needs: [make-data]
-    action:
-      kind: shell
-      host: train
-      params:
-        command: >-
-          for s in $(seq 1 20); do
-          echo "{{\\"step\\": $s, \\"loss\\": $(awk "BEGIN {{print 4/$s}}")}}"; sleep 0.05; done
-  - id: review
-    content: Read the curves and decide
-    needs: [train]
-"""
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN_MODULES = ("textwrap", "shlex", "fnmatch", "glob", "posixpath", "heapq", "bisect",
+                 "statistics", "string", "base64", "calendar", "difflib", "csv", "json/decoder",
+                 "copy", "random", "colorsys", "html/__init__", "ipaddress", "fractions")
+
+
+def training_prompts(n: int = 48) -> list[dict]:
+    """Chat-style coding prompts built from standard-library function signatures."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    out, seen = [], set()
+    for mod in TRAIN_MODULES:
+        path = stdlib / f"{mod}.py"
+        if not path.is_file():
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+                args = ", ".join(a.arg for a in node.args.args)
+                if node.name in seen:
+                    continue
+                seen.add(node.name)
+                doc = (ast.get_docstring(node) or "").strip().splitlines()
+                text = f"Write a Python function {node.name}({args})"
+                if doc:
+                    text += f": {doc[0].rstrip('.')}."
+                out.append({"id": f"{mod.replace('/', '.')}.{node.name}", "prompt": text})
+                if len(out) >= n:
+                    return out
+    return out
+
+
+def demo_plan(root: Path, quick: bool) -> dict:
+    py = sys.executable
+    steps = 120 if quick else 300
+    limit = 4 if quick else 8
+    hosts = {"train": {"local": True, "workdir": str(root / "hosts" / "train"), "python": py},
+             "eval": {"local": True, "workdir": str(root / "hosts" / "eval"), "python": py}}
+    over = {"target": "models/code-target", "data.features": "features/train",
+            "train.max_steps": steps, "train.checkpoint_every": steps // 2,
+            "train.log_every": 10, "drafter.target_layer_ids": [0, 2]}
+    items = [
+        {"id": "make-target", "content": "Build a tiny code model (trained on Python's stdlib)",
+         "priority": "high",
+         "action": {"kind": "shell", "host": "train", "params": {
+             "command": f"{py} -u -m core.ml.codemodel models/code-target --seconds "
+                        f"{20 if quick else 60}",
+             "creates": "models/code-target/codemodel.json"}}},
+        {"id": "relay-target", "content": "Copy the target to the eval host (relay through specdeck)",
+         "needs": ["make-target"],
+         "action": {"kind": "relay", "params": {"src": "train:models/code-target",
+                                                "dst": "eval:models/code-target"}}},
+        {"id": "features", "content": "Extract target hidden states for the training prompts",
+         "needs": ["make-target"],
+         "action": {"kind": "extract_hidden", "host": "train", "params": {
+             "target": "models/code-target", "prompts": "train-prompts.jsonl",
+             "layers": [0, 2, 3], "out": "features/train", "max_new_tokens": 64}}},
+    ]
+    for name, cfg, extra in (("v4", "v4-legacy.yaml", {}), ("v5", "v5.yaml", {}),
+                             ("baseline", "v5.yaml", {"train.max_steps": 10,
+                                                      "train.checkpoint_every": 10})):
+        items.append({"id": f"train-{name}", "content": {
+            "v4": "Train the v4 drafter (legacy options: soft KL, streak weights, gamma 10, "
+                  "noisy targets, fc sees the final layer)",
+            "v5": "Train the v5 drafter (hard CE with position decay, noise on fc input only, "
+                  "final layer reserved)",
+            "baseline": "Train a barely-trained baseline drafter (10 steps)"}[name],
+            "needs": ["features"],
+            "action": {"kind": "train", "host": "train", "params": {
+                "config": f"train/{cfg}", "overrides": {**over, **extra}}}})
+        items.append({"id": f"strip-{name}", "content": f"Strip the {name} checkpoint to drafter weights",
+                      "needs": [f"train-{name}"],
+                      "action": {"kind": "extract_weights", "host": "train", "params": {
+                          "checkpoint": f"item:train-{name}@latest", "out": f"drafters/{name}"}}})
+        items.append({"id": f"relay-{name}", "content": f"Relay the {name} drafter to the eval host",
+                      "needs": [f"strip-{name}"],
+                      "action": {"kind": "relay", "params": {"src": f"train:drafters/{name}",
+                                                             "dst": f"eval:drafters/{name}"}}})
+    for name in ("v4", "v5"):
+        items.append({"id": f"eval-{name}", "content": f"Evaluate {name} vs the baseline (chain + DDTree)",
+                      "needs": [f"relay-{name}", "relay-baseline", "relay-target"],
+                      "action": {"kind": "eval", "host": "eval", "params": {
+                          "drafter": f"drafters/{name}", "baseline": "drafters/baseline",
+                          "target": "models/code-target", "prompts": "coding",
+                          "limit": limit, "max_new_tokens": 48, "tree_budget": 16,
+                          "label": name, "baseline_label": "baseline"}}})
+    items.append({"id": "review", "content": "Read the tau table (specdeck compare) and decide",
+                  "needs": ["eval-v4", "eval-v5"]})
+    return {"name": "demo", "hosts": hosts, "items": items}
+
+
+def write_workspace(root: Path, quick: bool) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "train").mkdir(exist_ok=True)
+    for name in ("v5.yaml", "v4-legacy.yaml"):
+        src = ROOT / "plans" / "train" / name
+        (root / "train" / name).write_text(src.read_text())
+    prompts = root / "train-prompts.jsonl"
+    rows = training_prompts()
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    if not prompts.exists() or prompts.read_text() != text:
+        prompts.write_text(text)
+    plan = root / "demo.yaml"
+    doc = yaml.safe_dump(demo_plan(root, quick), sort_keys=False, width=100)
+    header = ("# The specdeck demo campaign (written by `specdeck demo`; edit freely).\n"
+              "# Two local hosts stand for the training host and the eval host.\n")
+    if not plan.exists() or plan.read_text() != header + doc:
+        plan.write_text(header + doc)
+    return plan
 
 
 def run_demo(args) -> int:
     from core.cli import Printer
+    from core.compare import build_comparison, to_markdown
     from core.plan import load_plan
     from core.runner import Runner
     from core.store import Store
 
     root = Path(args.dir or "specdeck-demo").resolve()
-    root.mkdir(parents=True, exist_ok=True)
-    plan_path = root / "demo.yaml"
-    plan_path.write_text(DEMO_PLAN.format(train=root / "hosts" / "train",
-                                          eval=root / "hosts" / "eval"))
+    quick = bool(getattr(args, "quick", False))
+    plan_path = write_workspace(root, quick)
     plan = load_plan(plan_path)
     state = args.state or str(root / "state.db")
     print(f"demo workspace: {root}\nplan: {plan_path}\nstate: {state}", file=sys.stderr)
+    interactive = not args.headless and sys.stdout.isatty()
+    if interactive:
+        from core import cli
+
+        if cli._UI_OPENER is not None:
+            os.environ["SPECDECK_AUTORUN"] = "1"
+            return cli._UI_OPENER(plan, state=state)
+    t0 = time.monotonic()
 
     async def go():
         store = Store(state)
@@ -61,18 +172,21 @@ def run_demo(args) -> int:
         try:
             await runner.reconcile()
             summary = await runner.run_items(None)
+            rows = store.eval_results()
         finally:
             await runner.close()
             store.close()
-        return summary
+        return summary, rows
 
-    summary = asyncio.run(go())
-    if not args.headless and sys.stdout.isatty():
-        from core import cli
-
-        if cli._UI_OPENER is not None:
-            return cli._UI_OPENER(plan, state=state)
+    summary, rows = asyncio.run(go())
+    dt = time.monotonic() - t0
     from core.cli import main as cli_main
 
     cli_main(["--state", state, "status", str(plan_path), "--no-reconcile"])
-    return 1 if summary["failed"] else 0
+    if rows:
+        print()
+        print(to_markdown(build_comparison(rows)))
+    print(f"\ndemo wall time: {dt:.0f} s ({'quick' if quick else 'full'})", file=sys.stderr)
+    print(f"next: `specdeck ui {plan_path} --state {state}` or "
+          f"`specdeck compare {plan_path} --state {state}`", file=sys.stderr)
+    return 1 if summary["failed"] or summary["unreachable"] else 0

@@ -45,6 +45,16 @@ class LogLinesReceived(Event):
 
 
 @dataclass(frozen=True)
+class LogStreamChanged(Event):
+    """A run's log stream went ``reconnecting`` (its host dropped) or back to ``following``."""
+
+    run_id: str
+    state: str
+    host: str | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class Progress(Event):
     message: str
     fields: dict[str, Any] = field(default_factory=dict)

@@ -26,8 +26,8 @@ from core import jobs
 from core.actions import registry
 from core.actions.base import Action, ActionContext, CheckResult, Outcome
 from core.errors import ActionFailed, HostUnreachable, SpecdeckError
-from core.events import (Event, HostStateChanged, LogLinesReceived, Notice, Progress,
-                         RunEnded, RunStarted, StatusChanged)
+from core.events import (Event, HostStateChanged, LogLinesReceived, LogStreamChanged, Notice,
+                         Progress, RunEnded, RunStarted, StatusChanged)
 from core.hosts import Host, make_host
 from core.hosts.base import HostState
 from core.plan import Item, Plan
@@ -111,6 +111,7 @@ class Runner:
         self._connect_locks: dict[str, asyncio.Lock] = {}
         self._followers: dict[str, asyncio.Task] = {}
         self._stopping: set[str] = set()
+        self._host_states: dict[str, HostState] = {}
         for h in self.hosts.values():
             h.on_status(self._host_status_changed)
 
@@ -120,10 +121,13 @@ class Runner:
 
     def _host_status_changed(self, name: str, status) -> None:
         self.emit(HostStateChanged(None, name, status.state.value, status.reason))
-        if status.state == HostState.CONNECTED and self._reconcile_on_reconnect:
+        was, self._host_states[name] = self._host_states.get(name), status.state
+        if (status.state == HostState.CONNECTED and self.reconcile_on_reconnect
+                and was in (HostState.RECONNECTING, HostState.UNREACHABLE)):
             asyncio.get_event_loop().create_task(self._safe_reconcile(name))
 
-    _reconcile_on_reconnect = False
+    reconcile_on_reconnect = False
+    """Reconcile a host's live runs each time it reconnects (the console turns this on)."""
 
     async def _safe_reconcile(self, host: str) -> None:
         try:
@@ -317,16 +321,16 @@ class Runner:
 
         def lines(ls: list[str]) -> None:
             self.emit(LogLinesReceived(item.id, run_id, ls))
-            for ln in ls:
+            for ln in reversed(ls):  # one progress per chunk: the latest line that has one
                 if ln.startswith("{"):
                     msg = describe(ln)
                     if msg:
                         self.emit(Progress(item.id, msg))
+                        break
 
         def state(s: str) -> None:
-            self.emit(Notice(item.id, f"{item.id}: log stream {s} ({host.name}: "
-                             f"{host.status.reason or host.status.state.value})",
-                             "warning" if s == "reconnecting" else "info"))
+            self.emit(LogStreamChanged(item.id, run_id, s, host.name,
+                                       host.status.reason or host.status.state.value))
 
         regex = getattr(action, "metrics_regex", lambda: None)()
         follower = getattr(action, "follow", None)

@@ -316,9 +316,17 @@ class Store:
         with self._immediate():
             return self._event(kind, item_id, run_id, host, message, data)
 
-    def events(self, *, since_id: int = 0, limit: int | None = None) -> list[dict]:
-        return list(self.db["events"].rows_where("id > ?", [since_id], order_by="id",
-                                                 limit=limit))
+    def events(self, *, since_id: int = 0, limit: int | None = None,
+               kinds: Iterable[str] | None = None, newest_first: bool = False) -> list[dict]:
+        """Journal rows after ``since_id`` (of ``kinds`` only), oldest first unless
+        ``newest_first`` (then ``limit`` keeps the newest)."""
+        where, args = "id > ?", [since_id]
+        if kinds is not None:
+            kinds = list(kinds)
+            where += f" AND kind IN ({', '.join('?' * len(kinds))})"
+            args += kinds
+        return list(self.db["events"].rows_where(where, args, limit=limit,
+                                                 order_by="id DESC" if newest_first else "id"))
 
     # -- metrics -------------------------------------------------------------------------
     def add_metrics(self, run_id: str, rows: Iterable[tuple[int, str, float]]) -> None:

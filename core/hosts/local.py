@@ -21,6 +21,11 @@ class _LocalWriter(AsyncWriter):
         self._f.write(data)
 
     async def close(self) -> None:
+        # fsync of a freshly written multi-GB file takes hundreds of ms: off the event loop,
+        # or the console freezes at the end of every local relay.
+        await asyncio.to_thread(self._sync_close)
+
+    def _sync_close(self) -> None:
         self._f.flush()
         os.fsync(self._f.fileno())
         self._f.close()

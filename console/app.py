@@ -1,0 +1,529 @@
+"""The console app: wiring only.
+
+Widgets post messages and receive attributes; this module routes one to the other and starts
+App-owned workers (:meth:`SpecdeckApp._work`) that run :mod:`console.services` coroutines,
+which call core and post result messages. Runner events reach the app through
+:class:`console.bridge.EventBridge` (the runner's ``emit``). One
+``Worker.StateChanged`` handler turns every worker failure into a notification.
+
+The store has one owning thread: the App's event loop runs on the thread that opened it
+(:func:`run_console`, or the test), and every store call happens on that loop.
+
+Quitting never stops runs: detached runs keep going in their capsules on the hosts; the
+app journals which ones and :func:`run_console` prints them once the screen is restored.
+Runs inside the console (a relay) would be interrupted: quitting asks first.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+import threading
+from functools import partial
+from pathlib import Path
+from typing import Iterable
+
+from textual import on
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.css.query import NoMatches
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer
+from textual.worker import Worker, WorkerState
+
+from console import messages as m
+from console.bridge import EventBridge
+from console.commands import COMMANDS, help_sections
+from console.screens.confirm import ConfirmModal, stop_text
+from console.screens.help import HelpScreen
+from console.screens.journal import JournalScreen, meanwhile_summary
+from console.services import Services
+from console.widgets.hosts_bar import HostsBar
+from console.widgets.item_detail import ItemDetail
+from console.widgets.log_pane import LogPane
+from console.widgets.metrics_pane import MetricsPane
+from console.widgets.plan_list import PlanPane
+from console.widgets.tau_table import TauPane
+from core.errors import SpecdeckError
+from core.plan import Plan
+from core.runner import Runner
+
+STOP_GRACE_S = 30.0
+
+
+def _until_closed(handler):
+    """Drop a late message once the main screen is gone (a worker's result or a runner event
+    that lands while the app shuts down) instead of failing on the missing widgets."""
+
+    @functools.wraps(handler)
+    def wrapper(self: "SpecdeckApp", message):
+        try:
+            return handler(self, message)
+        except NoMatches:
+            if self._main_screen is not None and self._main_screen.is_attached:
+                raise
+            return None
+
+    return wrapper
+PANES = {"plan": "#plan-options", "log": "#log", "metrics": "#metrics",
+         "tau": "#tau-table", "detail": "#detail"}
+
+
+class SpecdeckApp(App[int]):
+    """The specdeck console. Build it with :func:`make_app`."""
+
+    CSS_PATH = str(Path(__file__).with_name("app.tcss"))  # absolute: subclasses live elsewhere
+    TITLE = "specdeck"
+    BINDINGS = [
+        Binding("r", "run_item", "Run"),
+        Binding("R", "run_again", "Run again", show=False),
+        Binding("x", "stop_run", "Stop"),
+        Binding("j", "journal", "Journal"),
+        Binding("question_mark", "help", "Help"),
+        Binding("z", "zoom", "Zoom"),
+        Binding("escape", "unzoom", "Restore", show=False),
+        Binding("ctrl+r", "reload", "Reload", show=False),
+        *[Binding(str(i), f"focus_pane('{p}')", f"Focus {p}", show=False)
+          for i, p in enumerate(PANES, 1)],
+        Binding("q", "quit", "Quit"),
+    ]
+
+    def __init__(self, plan: Plan, runner: Runner, bridge: EventBridge, *,
+                 probe_hosts: bool = True, reconcile: bool = True, gpu_every: float = 15.0):
+        super().__init__()
+        self.plan = plan
+        self.runner = runner
+        self.bridge = bridge
+        self.services = Services(plan, runner, self.post_message, flush_logs=bridge.flush)
+        self.statuses = runner.statuses()
+        self.selected: str | None = None
+        self.pinned: dict[str, str] = {}
+        """item id -> run id drawn on the metrics chart whatever is selected."""
+        self.meanwhile: list[str] = []
+        self.keep_going: list[dict] = []
+        """Live runs left running when the console quit (run_console prints them)."""
+        self._probe_hosts, self._reconcile, self._gpu_every = probe_hosts, reconcile, gpu_every
+        self._metrics_runs: set[str] = set()
+        self._metrics_dirty = False
+        self._started = False
+        self._main_screen: Screen | None = None
+        self._opening = True
+        """Until SessionOpened: run ends and notices come from reconcile and are told in
+        one summary instead of one toast each."""
+
+    # -- layout --------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield HostsBar(self.plan.name, list(self.plan.hosts), id="hosts")
+        with Horizontal(id="main"):
+            with Vertical(id="left"):
+                yield PlanPane(self.plan, self.statuses, id="plan")
+                yield ItemDetail(self.plan, id="detail")
+            with Vertical(id="right"):
+                yield LogPane(id="logpane")
+                yield MetricsPane(id="metrics")
+                yield TauPane(id="tau")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._main_screen = self.screen
+        self.bridge.bind(self.post_message)
+        for pane, title in (("#plan", "plan"), ("#detail", "item"), ("#logpane", "log"),
+                            ("#metrics", "curves"), ("#tau", "tau vs baseline")):
+            self.query_one(pane).border_title = title
+        self.query_one("#plan-options").focus()
+
+    def on_ready(self) -> None:
+        """After the first frame: load the selected item, recover the session, load tau,
+        probe hosts (all in workers, so that the first frame waits for none of them)."""
+        self._started = True
+        # Import the chart library off the loop while nothing streams yet (it is deferred
+        # from the first frame, and importing it later would stall a live log).
+        threading.Thread(target=importlib.import_module, args=("textual_plotext",),
+                         name="preload-plotext", daemon=True).start()
+        self._load_selected()
+        self._work(self._open, "session", "session")
+        self._work(partial(self.services.load_tau), "tau", "tau", exclusive=True)
+        if self._probe_hosts:
+            for name in self.plan.hosts:
+                self._work(partial(self.services.probe_host, name, gpu=bool(self._gpu_every)),
+                           f"probe:{name}", f"host:{name}")
+            if self._gpu_every:
+                self.set_interval(self._gpu_every, self._poll_gpus)
+        self.set_interval(1.0, self._refresh_metrics_if_dirty)
+
+    async def _open(self) -> None:
+        live = await self.services.open_session(reconcile=self._reconcile)
+        if self._reconcile and hasattr(type(self.runner), "reconcile_on_reconnect"):
+            # (a core that lets callers turn it on; only now, so that first connections
+            # do not reconcile a second time what open_session just did)
+            self.runner.reconcile_on_reconnect = True
+        for run in live if self._reconcile else ():
+            self._work(partial(self.services.attach, run), f"follow:{run['id']}", "follow")
+
+    async def on_unmount(self) -> None:
+        self.bridge.unbind()
+        await self.runner.close()
+
+    # -- workers -------------------------------------------------------------------------
+    def _work(self, work, name: str, group: str, *, exclusive: bool = False) -> Worker:
+        """Start an App-owned async worker (workers of a removed widget would be cancelled).
+
+        ``work`` is an async callable (a ``partial``), called when the worker starts, so a
+        worker cancelled before it starts (``exclusive``) leaves no coroutine un-awaited.
+        Workers are async on the app's loop, not threads: the runner is asyncio code and the
+        store belongs to this thread.
+        """
+        return self.run_worker(work, name=name, group=group, exclusive=exclusive,
+                               exit_on_error=False)
+
+    @on(Worker.StateChanged)
+    def _worker_changed(self, event: Worker.StateChanged) -> None:
+        if event.state != WorkerState.ERROR:
+            return
+        err = event.worker.error
+        if isinstance(err, SpecdeckError):
+            self.notify(err.message + (f"\n{err.hint}" if err.hint else ""), title=err.title,
+                        severity="error", timeout=10)
+        else:
+            self.notify(f"{type(err).__name__}: {err}", title=f"{event.worker.name} failed",
+                        severity="error", timeout=10)
+
+    def _poll_gpus(self) -> None:
+        for name in self.services.connected_hosts():
+            self._work(partial(self.services.sample_gpu, name), f"gpu:{name}", f"gpu:{name}",
+                       exclusive=True)
+
+    def _load_selected(self) -> None:
+        item_id = self.selected
+        if item_id is None or not self._started:
+            return
+        self._work(partial(self.services.load_detail, item_id), "detail", "detail",
+                   exclusive=True)
+        self._work(partial(self.services.load_log, item_id), "log", "log", exclusive=True)
+        self._load_metrics()
+
+    def _load_metrics(self) -> None:
+        self._metrics_dirty = False
+        self._work(partial(self.services.load_metrics, self.selected, list(self.pinned.values())),
+                   "metrics", "metrics", exclusive=True)
+
+    def _refresh_metrics_if_dirty(self) -> None:
+        if self._metrics_dirty:
+            self._load_metrics()
+
+    # -- widgets -> app ------------------------------------------------------------------
+    @on(PlanPane.ItemSelected)
+    def _item_selected(self, event: PlanPane.ItemSelected) -> None:
+        self.selected = event.item_id
+        self._load_selected()
+
+    @on(PlanPane.RunRequested)
+    def _run_requested(self, event: PlanPane.RunRequested) -> None:
+        self.selected = event.item_id
+        self.action_run_item()
+
+    @on(PlanPane.MarkRequested)
+    def _mark_requested(self, event: PlanPane.MarkRequested) -> None:
+        item = self.plan.item(event.item_id)
+        if event.status == "done" and not item.manual:
+            self.push_screen(ConfirmModal(
+                "Mark done without running?",
+                f"{item.id} is a {item.action.kind} action on {item.action.host}. Mark it done "
+                "without running it? Items that need it can then run.", confirm="Mark done"),
+                lambda yes: yes and self._mark(item.id, "done"))
+            return
+        self._mark(item.id, event.status)
+
+    def _mark(self, item_id: str, status: str) -> None:
+        self._work(partial(self.services.mark, item_id, status), f"mark:{item_id}", "mark")
+
+    @on(PlanPane.PinToggled)
+    def _pin_toggled(self, event: PlanPane.PinToggled) -> None:
+        if event.item_id in self.pinned:
+            del self.pinned[event.item_id]
+        else:
+            run = self.services.latest_run(event.item_id)
+            if run is None:
+                self.notify(f"{event.item_id} has no run to pin yet", severity="warning")
+                return
+            self.pinned[event.item_id] = run["id"]
+        self.query_one(PlanPane).set_pinned(event.item_id, event.item_id in self.pinned)
+        self._load_metrics()
+
+    # -- runner events (bridge) -> widgets -----------------------------------------------
+    @on(m.ItemStatusChanged)
+    @_until_closed
+    def _status_changed(self, msg: m.ItemStatusChanged) -> None:
+        self.statuses[msg.item_id] = msg.status
+        self.query_one(PlanPane).set_status(msg.item_id, msg.status)
+        if self.selected and (msg.item_id == self.selected
+                              or msg.item_id in self.plan.item(self.selected).needs):
+            self._work(partial(self.services.load_detail, self.selected), "detail", "detail",
+                       exclusive=True)
+
+    @on(m.RunStarted)
+    @_until_closed
+    def _run_started(self, msg: m.RunStarted) -> None:
+        self.query_one(PlanPane).set_live(msg.item_id, True)
+        self.query_one(LogPane).run_started(msg.item_id, msg.run_id, msg.host)
+        if msg.item_id == self.selected:
+            self._work(partial(self.services.load_detail, msg.item_id), "detail", "detail",
+                       exclusive=True)
+            self._load_metrics()
+
+    @on(m.RunEnded)
+    @_until_closed
+    def _run_ended(self, msg: m.RunEnded) -> None:
+        self.query_one(PlanPane).set_live(msg.item_id, False)
+        pane = self.query_one(LogPane)
+        if pane.run_id == msg.run_id:
+            pane.set_stream(msg.state)
+        if msg.state != "succeeded" and not self._opening:
+            how = (f"signal {msg.signal}" if msg.signal else
+                   f"exit {msg.exit_code}" if msg.exit_code is not None else "no exit status")
+            self.notify(f"{msg.item_id}: run {msg.run_id} {msg.state} ({how})"
+                        + (f"\n{msg.error}" if msg.error else ""), title="Run ended",
+                        severity="warning" if msg.state == "stopped" else "error")
+        self._work(partial(self.services.load_tau), "tau", "tau", exclusive=True)
+        if msg.run_id in self._metrics_runs:
+            self._metrics_dirty = True
+
+    @on(m.LogLinesArrived)
+    @_until_closed
+    def _log_lines(self, msg: m.LogLinesArrived) -> None:
+        self.query_one(LogPane).append(msg.run_id, msg.lines, msg.dropped)
+        if msg.item_id == self.selected or msg.run_id in self._metrics_runs:
+            self._metrics_dirty = True
+
+    @on(m.LogStreamChanged)
+    @_until_closed
+    def _stream_changed(self, msg: m.LogStreamChanged) -> None:
+        pane = self.query_one(LogPane)
+        if pane.item_id == msg.item_id:
+            pane.set_stream(msg.state)
+
+    @on(m.HostStateChanged)
+    @_until_closed
+    def _host_changed(self, msg: m.HostStateChanged) -> None:
+        self.query_one(HostsBar).set_state(msg.host, msg.state, msg.reason)
+        self.query_one(LogPane).host_state(msg.host, msg.state)
+
+    @on(m.NoticePosted)
+    @_until_closed
+    def _notice(self, msg: m.NoticePosted) -> None:
+        if self._opening:
+            return
+        self.notify(msg.message, severity={"error": "error", "warning": "warning"}.get(
+            msg.level, "information"))
+
+    @on(m.ProgressReported)
+    @_until_closed
+    def _progress(self, msg: m.ProgressReported) -> None:
+        self.query_one(ItemDetail).set_progress(msg.item_id, msg.message)
+
+    # -- worker results -> widgets -------------------------------------------------------
+    @on(m.SessionOpened)
+    @_until_closed
+    def _session_opened(self, msg: m.SessionOpened) -> None:
+        self._opening = False
+        self.meanwhile, title, all_ok = meanwhile_summary(msg.changes, msg.meanwhile)
+        if self.meanwhile:
+            lines = self.meanwhile
+            self.notify("\n".join(lines[:6]) + ("\n…" if len(lines) > 6 else "")
+                        + "\n(j: journal)", title=title,
+                        severity="information" if all_ok else "warning", timeout=15)
+
+    @on(m.ItemDetailLoaded)
+    @_until_closed
+    def _detail_loaded(self, msg: m.ItemDetailLoaded) -> None:
+        if msg.item_id == self.selected:
+            item = self.plan.item(msg.item_id)
+            self.query_one(ItemDetail).show(msg.item_id, msg.status, msg.runs, msg.live,
+                                            {n: self.statuses.get(n, "pending")
+                                             for n in item.needs},
+                                            msg.history[-1]["reason"] if msg.history else "")
+
+    @on(m.CheckFinished)
+    @_until_closed
+    def _check_finished(self, msg: m.CheckFinished) -> None:
+        self.query_one(ItemDetail).set_check(msg.item_id, msg.state, msg.reason)
+
+    @on(m.LogLoaded)
+    @_until_closed
+    def _log_loaded(self, msg: m.LogLoaded) -> None:
+        if msg.item_id == self.selected:
+            self.query_one(LogPane).show_run(msg.item_id, msg.run, msg.lines)
+
+    @on(m.MetricsLoaded)
+    @_until_closed
+    def _metrics_loaded(self, msg: m.MetricsLoaded) -> None:
+        self._metrics_runs = {r["run_id"] for r in msg.runs}
+        self.query_one(MetricsPane).set_runs(msg.runs)
+
+    @on(m.TauLoaded)
+    @_until_closed
+    def _tau_loaded(self, msg: m.TauLoaded) -> None:
+        self.query_one(TauPane).set_comparison(msg.comparison)
+
+    @on(m.GpuSampled)
+    @_until_closed
+    def _gpu_sampled(self, msg: m.GpuSampled) -> None:
+        self.query_one(HostsBar).set_gpus(msg.host, msg.gpus)
+
+    @on(m.JournalLoaded)
+    @_until_closed
+    def _journal_loaded(self, msg: m.JournalLoaded) -> None:
+        self.push_screen(JournalScreen(self.meanwhile, msg.events))
+
+    # -- actions (keys, palette) ---------------------------------------------------------
+    def action_run_item(self, again: bool = False) -> None:
+        item_id = self.selected
+        if item_id is None:
+            return
+        item, status = self.plan.item(item_id), self.statuses.get(item_id, "pending")
+        if item.manual:
+            self.notify(f"{item_id} is a manual item: do it, then mark it done (d)")
+        elif status == "in_progress" and self.services.live_run(item_id):
+            self.notify(f"{item_id} is running; its log is on the right (x stops it)")
+        elif status in ("done", "skipped") and not again:
+            self.push_screen(ConfirmModal(
+                "Run again?", f"{item_id} is {status}. Run it again on "
+                f"{item.action.host} (a new attempt)?", confirm="Run again"),
+                lambda yes: yes and self.action_run_item(again=True))
+        else:
+            self._work(partial(self.services.run_item, item_id, again=again), f"run:{item_id}",
+                       "runs")
+
+    def action_run_again(self) -> None:
+        self.action_run_item(again=True)
+
+    def action_stop_run(self) -> None:
+        item_id = self.selected
+        live = self.services.live_run(item_id) if item_id else None
+        if live is None:
+            self.notify(f"{item_id or 'nothing'}: no live run to stop", severity="warning")
+            return
+        self.push_screen(ConfirmModal("Stop run?", stop_text(live, STOP_GRACE_S), confirm="Stop"),
+                         lambda yes: yes and self._work(
+                             partial(self.services.stop_run, live["id"], STOP_GRACE_S),
+                             f"stop:{live['id']}", "stop"))
+
+    def action_mark(self, status: str) -> None:
+        if self.selected:
+            self._mark_requested(PlanPane.MarkRequested(self.selected, status))
+
+    def action_filter(self) -> None:
+        self.query_one(PlanPane).action_filter()
+
+    def action_pin(self) -> None:
+        self.query_one(PlanPane).action_pin()
+
+    def action_search_log(self) -> None:
+        self.query_one(LogPane).action_search()
+
+    def action_toggle_follow(self) -> None:
+        self.query_one(LogPane).action_toggle_follow()
+
+    def action_next_metric(self) -> None:
+        self.query_one(MetricsPane).action_cycle(1)
+
+    def action_sort_tau(self) -> None:
+        self.query_one(TauPane).action_sort(1)
+
+    def action_mark_drafter(self) -> None:
+        self.query_one(TauPane).action_toggle_mark()
+
+    def action_journal(self) -> None:
+        self._work(partial(self.services.load_journal), "journal", "journal", exclusive=True)
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen(help_sections()))
+
+    def action_reload(self) -> None:
+        self.statuses = self.services.statuses()
+        for item_id, status in self.statuses.items():
+            self.query_one(PlanPane).set_status(item_id, status)
+        self._load_selected()
+        self._work(partial(self.services.load_tau), "tau", "tau", exclusive=True)
+
+    def action_zoom(self) -> None:
+        screen = self.screen
+        if screen.maximized is not None:
+            screen.minimize()
+        elif screen.focused is not None:
+            screen.maximize(screen.focused)
+
+    def action_unzoom(self) -> None:
+        if self.screen.maximized is not None:
+            self.screen.minimize()
+
+    def action_focus_pane(self, pane: str) -> None:
+        self.query_one(PANES[pane]).focus()
+
+    async def action_quit(self) -> None:
+        inproc = self.services.in_process_runs()
+        if inproc:
+            names = ", ".join(f"{r['item_id']} ({r['id']})" for r in inproc)
+            self.push_screen(ConfirmModal(
+                "Quit?", f"These runs happen inside this console and will be interrupted "
+                f"(run them again to resume): {names}. Runs on hosts keep going.",
+                confirm="Quit"), lambda yes: yes and self._leave())
+            return
+        self._leave()
+
+    def _leave(self) -> None:
+        self.keep_going = self.services.close_session()
+        self.exit(0)
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        for c in COMMANDS:
+            yield SystemCommand(c.title, f"{c.help} · key {c.keys}",
+                                partial(self.run_action, c.action))
+        yield from (s for s in super().get_system_commands(screen) if s.title != "Quit")
+
+
+def make_app(plan: Plan, store, *, hosts=None, probe_hosts: bool = True,
+             reconcile: bool = True, gpu_every: float = 15.0,
+             bridge: EventBridge | None = None) -> SpecdeckApp:
+    """The console on ``plan`` with a real Runner over ``store`` (the factory tests use).
+
+    Args:
+        plan: The validated plan.
+        store: A :class:`core.store.Store` opened on this thread.
+        hosts: Pre-built hosts by name (default: from the plan).
+        probe_hosts: Connect every host on start (and poll GPUs every ``gpu_every`` s; 0: never).
+        reconcile: Reconcile live runs with their hosts on start, then follow those still
+            running (False: leave live runs as the store has them).
+        bridge: The event bridge (default: a new one).
+    """
+    bridge = bridge or EventBridge()
+    runner = Runner(plan, store, emit=bridge, hosts=hosts)
+    return SpecdeckApp(plan, runner, bridge, probe_hosts=probe_hosts, reconcile=reconcile,
+                       gpu_every=gpu_every)
+
+
+def keep_going_text(plan: Plan, runs: list[dict]) -> str:
+    if not runs:
+        return ""
+    names = "\n".join(f"  {r['item_id']}: run {r['id']} on {r['host']}" for r in runs)
+    where = plan.path or plan.name
+    return (f"still running on their hosts (quitting never stops runs):\n{names}\n"
+            f"`specdeck attach {where}` follows them; `specdeck ui {where}` shows them.")
+
+
+def run_console(plan: Plan, state: str | None = None) -> int:
+    """Open the console on ``plan`` (state: the store path; default per plan). Returns 0."""
+    from core.store import Store, default_state_path
+
+    store = Store(state or default_state_path(plan.name))
+    try:
+        app = make_app(plan, store)
+        code = app.run()
+        text = keep_going_text(plan, app.keep_going)
+        if text:
+            print(text, file=sys.stderr)
+        return code or 0
+    finally:
+        store.close()

@@ -1,0 +1,77 @@
+"""Every console command in one list: the command palette (ctrl+p) and help (``?``) read it.
+
+Each entry names an App action (``SpecdeckApp.action_<name>``), so a command does the same
+thing from a key, the palette or a test (``await app.run_action("stop_run")``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Command(NamedTuple):
+    title: str
+    help: str
+    action: str
+    keys: str
+    """How to reach it from the keyboard (shown in help)."""
+    where: str = "anywhere"
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("Run item", "run the selected item (its needs must be done); a failed item runs "
+            "again as a new attempt", "run_item", "enter / r", "plan"),
+    Command("Run item again", "run the selected item even though it is done", "run_again", "R"),
+    Command("Stop run", "stop the selected item's live run (asks first: SIGTERM, grace, SIGKILL)",
+            "stop_run", "x"),
+    Command("Mark done", "tick a manual item done", "mark('done')", "d", "plan"),
+    Command("Skip item", "mark the selected item skipped", "mark('skipped')", "s", "plan"),
+    Command("Reset item", "mark the selected item pending again", "mark('pending')", "u", "plan"),
+    Command("Filter items", "show only items matching words (id, content, status, host)",
+            "filter", "/", "plan"),
+    Command("Pin curves", "keep the selected item's latest run on the metrics chart",
+            "pin", "p", "plan"),
+    Command("Search log", "find text in the shown log; n / N: next / previous", "search_log",
+            "/", "log"),
+    Command("Toggle follow", "follow the end of the log, or stop following", "toggle_follow",
+            "f", "log"),
+    Command("Next metric", "show the next metric family on the chart", "next_metric", "m",
+            "metrics"),
+    Command("Sort tau table", "sort the comparison by the next column (O reverses)", "sort_tau",
+            "o", "tau"),
+    Command("Mark drafter", "add the cursor row's drafter to the per-position chart",
+            "mark_drafter", "space", "tau"),
+    Command("Journal", "what happened (and what happened while the console was closed)",
+            "journal", "j"),
+    Command("Reload", "reload statuses, the selected item, curves and tau from the store",
+            "reload", "ctrl+r"),
+    Command("Zoom pane", "maximize the focused pane, or restore it", "zoom", "z"),
+    Command("Focus plan", "move focus to the plan", "focus_pane('plan')", "1"),
+    Command("Focus log", "move focus to the log", "focus_pane('log')", "2"),
+    Command("Focus metrics", "move focus to the curves", "focus_pane('metrics')", "3"),
+    Command("Focus tau", "move focus to the tau table", "focus_pane('tau')", "4"),
+    Command("Focus detail", "move focus to the item detail", "focus_pane('detail')", "5"),
+    Command("Help", "every key binding", "help", "?"),
+    Command("Quit", "leave the console; runs on hosts keep going", "quit", "q / ctrl+q"),
+)
+
+
+def help_sections() -> list[tuple[str, list[tuple[str, str]]]]:
+    """Help rows grouped by where the keys work."""
+    order = ["anywhere", "plan", "log", "metrics", "tau"]
+    names = {"anywhere": "Anywhere", "plan": "Plan pane (focused)",
+             "log": "Log pane (focused)", "metrics": "Metrics pane (focused)",
+             "tau": "Tau pane (focused)"}
+    out = []
+    for where in order:
+        rows = [(c.keys, f"{c.title}: {c.help}") for c in COMMANDS if c.where == where]
+        if where == "anywhere":
+            rows += [("ctrl+p", "Command palette: every command"),
+                     ("tab / shift+tab", "Next / previous pane"),
+                     ("escape", "Close a filter, search or dialog; restore a zoomed pane")]
+        if where == "log":
+            rows.append(("n / N", "Next / previous match"))
+        if where == "tau":
+            rows.append(("O", "Reverse the sort (clicking a header sorts by it)"))
+        out.append((names[where], rows))
+    return out

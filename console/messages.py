@@ -1,0 +1,157 @@
+"""App-level messages: what the runner reported (through the bridge) and what workers found.
+
+Names are past events (style.md practice 3). Widget-local messages (a key pressed in the
+plan list, a row picked in the tau table) are nested in their widgets instead.
+
+High-rate messages either carry batches (:class:`LogLinesArrived` holds every line the
+bridge gathered for a run since its last flush) or define ``can_replace`` so that a queued
+older copy is dropped (:class:`ProgressReported`, :class:`HostStateChanged`,
+:class:`GpuSampled`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from textual.message import Message
+
+
+# -- from the runner (core.events, via console.bridge) -----------------------------------
+@dataclass
+class ItemStatusChanged(Message):
+    item_id: str
+    status: str
+    reason: str = ""
+
+
+@dataclass
+class RunStarted(Message):
+    item_id: str
+    run_id: str
+    host: str | None
+    pid: int | None = None
+    attached: bool = False
+
+
+@dataclass
+class RunEnded(Message):
+    item_id: str
+    run_id: str
+    state: str
+    exit_code: int | None = None
+    signal: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class LogLinesArrived(Message):
+    """Lines of a run's log, batched by the bridge (at most one message per run per flush)."""
+
+    item_id: str
+    run_id: str
+    lines: list[str]
+    dropped: int = 0
+    """Lines the bridge dropped from the front of the batch to bound memory (the store
+    keeps them; the pane only shows its last lines anyway)."""
+
+
+@dataclass
+class LogStreamChanged(Message):
+    """A run's log stream went ``reconnecting`` or back to ``following``."""
+
+    item_id: str
+    state: str
+    detail: str = ""
+
+
+@dataclass
+class ProgressReported(Message):
+    item_id: str | None
+    message: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, ProgressReported) and message.item_id == self.item_id
+
+
+@dataclass
+class HostStateChanged(Message):
+    host: str
+    state: str
+    reason: str = ""
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, HostStateChanged) and message.host == self.host
+
+
+@dataclass
+class NoticePosted(Message):
+    item_id: str | None
+    message: str
+    level: str = "info"
+
+
+# -- from the console's workers (console.services) ---------------------------------------
+@dataclass
+class SessionOpened(Message):
+    """Reconcile and the journal's account of what happened while the console was closed."""
+
+    changes: list[dict]
+    """``Runner.reconcile()``'s ``[{run, item, was, now, ...}]``."""
+    meanwhile: list[dict]
+    """Journal events (run ends) since the last console session."""
+    since: float | None
+    """When the last console session closed (None: never opened before)."""
+
+
+@dataclass
+class ItemDetailLoaded(Message):
+    item_id: str
+    status: str
+    runs: list[dict]
+    history: list[dict]
+    live: dict | None
+
+
+@dataclass
+class CheckFinished(Message):
+    item_id: str
+    state: str
+    """``done`` / ``ready`` / ``blocked`` / ``error``."""
+    reason: str = ""
+
+
+@dataclass
+class LogLoaded(Message):
+    item_id: str
+    run: dict | None
+    lines: list[str]
+
+
+@dataclass
+class MetricsLoaded(Message):
+    item_id: str | None
+    runs: list[dict]
+    """``[{run_id, label, series: {name: [(step, value), ...]}}]``."""
+
+
+@dataclass
+class TauLoaded(Message):
+    comparison: Any
+    """A :class:`core.compare.Comparison`."""
+
+
+@dataclass
+class GpuSampled(Message):
+    host: str
+    gpus: list[dict] | None
+    """``[{index, util, mem_used, mem_total}]`` (MiB), or None when nvidia-smi did not answer."""
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, GpuSampled) and message.host == self.host
+
+
+@dataclass
+class JournalLoaded(Message):
+    events: list[dict]

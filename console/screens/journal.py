@@ -1,0 +1,66 @@
+"""``j``: the journal, with what happened while the console was closed on top."""
+
+from __future__ import annotations
+
+import time
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, Static
+
+from core.text import sanitize
+
+KIND_STYLE = {"run_succeeded": "green", "run_failed": "bold red", "run_lost": "bold red",
+              "run_interrupted": "red", "run_stopped": "magenta", "stop_requested": "magenta",
+              "console_opened": "bright_black", "console_closed": "bright_black"}
+
+
+def meanwhile_summary(changes: list[dict], meanwhile: list[dict]) -> tuple[list[str], str, bool]:
+    """Lines, a title (``While the console was closed: 1 failed, 2 succeeded``) and whether
+    every run ended well, from reconcile's changes and the journal's run ends."""
+    lines = [f"{c['item']}: run {c['run']} {c['was']} → {c['now']}"
+             + (f" ({c.get('error') or c.get('reason')})"
+                if c.get("error") or c.get("reason") else "") for c in changes]
+    lines += [f"{e['item_id']}: {e['message']}  [{e['run_id']}]" for e in meanwhile]
+    ends = [c["now"] for c in changes] + [e["kind"].removeprefix("run_") for e in meanwhile]
+    counts = ", ".join(f"{ends.count(s)} {s}" for s in sorted(set(ends)))
+    return lines, f"While the console was closed: {counts}", all(s == "succeeded" for s in ends)
+
+
+class JournalScreen(ModalScreen[None]):
+    """Args: meanwhile: lines summarising the last session's gap; events: journal rows."""
+
+    BINDINGS = [Binding("escape,q,j", "dismiss", "Close")]
+
+    def __init__(self, meanwhile: list[str], events: list[dict]):
+        super().__init__()
+        self.meanwhile = meanwhile
+        self.events = events
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="journal-box"):
+            head = Text("journal", style="bold")
+            if self.meanwhile:
+                head.append("\nwhile the console was closed:\n", style="bold yellow")
+                head.append("\n".join(f"  {x}" for x in self.meanwhile))
+            else:
+                head.append("  nothing happened while the console was closed",
+                            style="bright_black")
+            yield Static(head, id="journal-head")
+            yield DataTable(id="journal-table", cursor_type="row")
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_columns("when", "event", "item", "host", "message")
+        for e in reversed(self.events):
+            table.add_row(time.strftime("%m-%d %H:%M:%S", time.localtime(e["at"])),
+                          Text(e["kind"], style=KIND_STYLE.get(e["kind"], "")),
+                          e.get("item_id") or "", e.get("host") or "",
+                          sanitize(e.get("message") or "", max_len=200))
+        table.focus()
+
+    def action_dismiss(self) -> None:
+        self.dismiss(None)

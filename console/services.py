@@ -1,0 +1,246 @@
+"""What the console's workers do: calls into core (Runner, Store verbs), results as messages.
+
+Every coroutine here runs in a worker owned by the App (``SpecdeckApp._work``), never by a
+widget, so that removing a widget cannot cancel a run. Each one calls core services and posts
+one result message (:mod:`console.messages`); none touches a widget.
+
+The store has one owning thread: the event loop's (the App runs on the thread that opened
+the store, and these coroutines run on the App's loop). Store verbs are short transactions,
+and reads that could grow are bounded here (``log_tail(max_lines)``,
+``metric_series(max_points)``, the last ``JOURNAL_LIMIT`` events).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Callable
+
+from textual.message import Message
+
+from console import messages as m
+from core.compare import build_comparison
+from core.errors import HostUnreachable, InvalidInput, SpecdeckError
+from core.plan import Item, Plan
+from core.runner import Runner
+
+LOG_TAIL = 2000
+"""Lines of a stored log loaded when a run is shown (the pane keeps at most LogPane.MAX)."""
+MAX_POINTS = 300
+"""Points per metric series sent to the chart (the store thins evenly)."""
+OVERLAY_RUNS = 4
+"""Attempts of the selected item drawn together on the metrics chart."""
+JOURNAL_LIMIT = 500
+RUN_END_KINDS = ("run_succeeded", "run_failed", "run_lost", "run_stopped", "run_interrupted")
+GPU_QUERY = ["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory.total",
+             "--format=csv,noheader,nounits"]
+
+
+def parse_gpus(text: str) -> list[dict]:
+    """nvidia-smi's CSV (``index, util, mem used, mem total``) -> one dict per GPU."""
+    out = []
+    for line in text.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 4:
+            continue
+        try:
+            idx, util, used, total = (int(float(p)) for p in parts)
+        except ValueError:
+            continue
+        out.append({"index": idx, "util": util, "mem_used": used, "mem_total": total})
+    return out
+
+
+class Services:
+    """The console's view of core: one instance per app, used only from its loop.
+
+    Args:
+        plan: The plan.
+        runner: The runner (its ``emit`` is the app's :class:`~console.bridge.EventBridge`).
+        post: Where result messages go (the app's ``post_message``).
+        flush_logs: The bridge's ``flush`` (see :meth:`load_log`).
+    """
+
+    def __init__(self, plan: Plan, runner: Runner, post: Callable[[Message], object], *,
+                 flush_logs: Callable[[str], None] = lambda run_id: None):
+        self.plan = plan
+        self.runner = runner
+        self.store = runner.store
+        self.post = post
+        self.flush_logs = flush_logs
+        """Posts a run's lines the bridge still holds (they are stored already)."""
+        self._tau_signature: tuple | None = None
+
+    # -- session -------------------------------------------------------------------------
+    async def open_session(self, *, reconcile: bool = True) -> list[dict]:
+        """Tell what happened while the console was closed; return the runs still live.
+
+        Reads the journal since the last console session, marks this one opened, then
+        reconciles live runs with their hosts.
+        """
+        events = self.store.events()
+        marks = [e for e in events if e["kind"] in ("console_opened", "console_closed")]
+        since_id = marks[-1]["id"] if marks else None
+        meanwhile = ([e for e in events if e["id"] > since_id and e["kind"] in RUN_END_KINDS]
+                     if since_id is not None else [])
+        since = marks[-1]["at"] if marks else None
+        self.store.journal("console_opened", f"console opened on plan {self.plan.name}")
+        changes = await self.runner.reconcile() if reconcile else []
+        self.post(m.SessionOpened(changes, meanwhile, since))
+        return self.store.live_runs()
+
+    def close_session(self) -> list[dict]:
+        """Journal the close; return the live runs, which keep going on their hosts."""
+        live = self.store.live_runs()
+        names = ", ".join(f"{r['item_id']} ({r['id']} on {r['host']})" for r in live)
+        self.store.journal("console_closed", "console closed" +
+                           (f"; still running: {names}" if live else ""))
+        return live
+
+    async def attach(self, run: dict) -> None:
+        """Follow a live run found on open until it ends (log lines flow as events)."""
+        try:
+            await self.runner.attach_run(run)
+        except HostUnreachable as e:
+            self.post(m.NoticePosted(run["item_id"], f"{run['item_id']}: cannot follow run "
+                                     f"{run['id']}: {e.message}", "warning"))
+
+    # -- hosts ---------------------------------------------------------------------------
+    async def probe_host(self, name: str, *, gpu: bool = True) -> None:
+        """Connect a host (its state reaches the bar through HostStateChanged), then sample GPUs."""
+        try:
+            await self.runner.host(name)
+        except HostUnreachable:
+            h = self.runner.hosts[name]
+            self.post(m.HostStateChanged(name, "unreachable", h.status.reason or "unreachable"))
+            return
+        if gpu:
+            await self.sample_gpu(name)
+
+    async def sample_gpu(self, name: str) -> None:
+        host = self.runner.hosts[name]
+        if host.status.state.value != "connected":
+            return
+        try:
+            res = await host.run(GPU_QUERY, timeout=5)
+        except (HostUnreachable, asyncio.TimeoutError, OSError):
+            self.post(m.GpuSampled(name, None))
+            return
+        gpus = parse_gpus(res.stdout) if res.ok else []
+        self.post(m.GpuSampled(name, gpus or None))
+
+    # -- quick reads (short store queries on the loop's thread; no worker needed) ---------
+    def item(self, item_id: str) -> Item:
+        return self.plan.item(item_id)
+
+    def statuses(self) -> dict[str, str]:
+        return self.runner.statuses()
+
+    def live_run(self, item_id: str) -> dict | None:
+        return self.store.live_run(item_id)
+
+    def latest_run(self, item_id: str) -> dict | None:
+        return self.store.latest_run(item_id)
+
+    def connected_hosts(self) -> list[str]:
+        return [n for n, h in self.runner.hosts.items() if h.status.state.value == "connected"]
+
+    def in_process_runs(self) -> list[dict]:
+        """Live runs happening inside this console (a relay): quitting interrupts them."""
+        out = []
+        for r in self.store.live_runs():
+            if r["owner"] != self.runner.owner:
+                continue
+            try:
+                action = self.runner.action(self.plan.item(r["item_id"]))
+            except SpecdeckError:
+                continue
+            if action is not None and not action.detached:
+                out.append(r)
+        return out
+
+    # -- items ---------------------------------------------------------------------------
+
+    async def load_detail(self, item_id: str) -> None:
+        """Runs, status history and live run of one item, then its check() verdict."""
+        item = self.item(item_id)
+        status = self.runner.statuses()[item_id]
+        runs = self.store.runs_for_item(item_id)
+        self.post(m.ItemDetailLoaded(item_id, status, runs, self.store.status_history(item_id),
+                                     self.store.live_run(item_id)))
+        if item.manual:
+            self.post(m.CheckFinished(item_id, "blocked", "manual item: do it, then mark it done"))
+            return
+        try:
+            res = await asyncio.wait_for(self.runner.check(item), 15)
+        except asyncio.TimeoutError:
+            self.post(m.CheckFinished(item_id, "error", "check timed out (15 s)"))
+        except SpecdeckError as e:
+            self.post(m.CheckFinished(item_id, "error", e.message))
+        else:
+            self.post(m.CheckFinished(item_id, res.state, res.reason))
+
+    async def load_log(self, item_id: str, run_id: str | None = None) -> None:
+        """The item's live run (else its latest, or ``run_id``) and the tail of its log."""
+        run = (self.store.run(run_id) if run_id else
+               self.store.live_run(item_id) or self.store.latest_run(item_id))
+        if run:
+            # Lines the bridge still holds are in the store already: post them first, so
+            # they land before the tail (and are ignored) instead of after it (twice).
+            self.flush_logs(run["id"])
+        lines = self.store.log_tail(run["id"], LOG_TAIL) if run else []
+        self.post(m.LogLoaded(item_id, run, lines))
+
+    async def load_metrics(self, item_id: str | None, pinned: list[str]) -> None:
+        """Curves of the pinned runs plus the item's latest attempts that have metrics."""
+        runs: list[dict] = []
+        for rid in pinned:
+            r = self.store.run(rid)
+            if r:
+                runs.append(r)
+        if item_id:
+            own = [r for r in self.store.runs_for_item(item_id) if r["id"] not in pinned]
+            runs += own[-OVERLAY_RUNS:]
+        out = []
+        for r in runs:
+            names = self.store.metric_names(r["id"])
+            if not names:
+                continue
+            out.append({"run_id": r["id"], "label": f"{r['item_id']}#{r['attempt']}",
+                        "series": {n: self.store.metric_series(r["id"], n, max_points=MAX_POINTS)
+                                   for n in names}})
+        self.post(m.MetricsLoaded(item_id, out))
+
+    async def load_tau(self, *, force: bool = False) -> None:
+        """The comparison of every eval result in the store (posted only when rows changed)."""
+        rows = self.store.eval_results()
+        signature = (len(rows), max((r["id"] for r in rows), default=0))
+        if signature == self._tau_signature and not force:
+            return
+        self._tau_signature = signature
+        self.post(m.TauLoaded(build_comparison(rows)))
+
+    async def load_journal(self) -> None:
+        events = self.store.events()
+        self.post(m.JournalLoaded(events[-JOURNAL_LIMIT:]))
+
+    # -- commands ------------------------------------------------------------------------
+    async def run_item(self, item_id: str, *, again: bool = False) -> None:
+        """Run an item whose needs are done (``again``: run even if it is already done)."""
+        item = self.item(item_id)
+        if item.manual:
+            raise InvalidInput(f"{item_id} is a manual item: do it, then mark it done (d)")
+        if again:
+            await self.runner.run_item(item)
+            return
+        summary = await self.runner.run_items([item_id])
+        if item_id in summary["unreachable"]:
+            raise HostUnreachable(item.action.host or "?", "see the hosts bar")
+
+    async def stop_run(self, run_id: str, grace_s: float) -> None:
+        """Stop a live run (its end reaches the app as RunEnded, like any other end)."""
+        await self.runner.stop_run(run_id, grace_s=grace_s)
+
+    async def mark(self, item_id: str, status: str) -> None:
+        if status in ("done", "skipped", "pending") and self.store.live_run(item_id):
+            raise InvalidInput(f"{item_id} has a live run; stop it first (x)")
+        self.runner.mark(item_id, status)

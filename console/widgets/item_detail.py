@@ -1,0 +1,180 @@
+"""The selected item: action, host, params, check() verdict, runs and attempts.
+
+Attributes down only: the app calls :meth:`ItemDetail.show` with what a worker loaded and
+:meth:`ItemDetail.set_check` when the check verdict arrives. Times are the stored run
+times (no clock is read here), so a rendering is reproducible.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+from console.widgets.plan_list import GLYPHS, PRIORITY, STATUS_STYLE, status_text
+from core.plan import Item, Plan, params_summary
+from core.text import sanitize
+
+RUN_STYLE = {"succeeded": "green", "failed": "bold red", "stopped": "magenta", "lost": "red",
+             "interrupted": "red", "running": "bold yellow", "starting": "yellow"}
+CHECK_STYLE = {"done": ("●", "green"), "ready": ("✓", "cyan"), "blocked": ("⊘", "yellow"),
+               "error": ("✗", "red"), "checking": ("…", "bright_black")}
+MAX_RUNS = 8
+
+
+def _when(ts: float | None) -> str:
+    return time.strftime("%m-%d %H:%M", time.localtime(ts)) if ts else "–"
+
+
+def _duration(run: dict) -> str:
+    if not run.get("ended_at") or not run.get("started_at"):
+        return ""
+    s = run["ended_at"] - run["started_at"]
+    if s < 60:
+        return f"{s:.1f}s"
+    if s < 3600:
+        return f"{int(s // 60)}m{int(s % 60):02d}s"
+    return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+
+
+def run_line(run: dict) -> Text:
+    """``#2 failed exit 1 · 3.2s · 06-01 12:00`` (and the error, if any)."""
+    state = run["state"]
+    how = ""
+    if run.get("signal"):
+        how = f" sig {run['signal']}"
+    elif run.get("exit_code") not in (None, 0):
+        how = f" exit {run['exit_code']}"
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append(f"#{run['attempt']} ", style="bold")
+    t.append(f"{state}{how}", style=RUN_STYLE.get(state, ""))
+    dur = _duration(run)
+    t.append((f" · {dur}" if dur else "") + f" · {_when(run.get('started_at'))}",
+             style="bright_black")
+    if run.get("error") and state != "succeeded":
+        t.append(f"\n   {sanitize(run['error'], max_len=200)}", style="red")
+    return t
+
+
+class ItemDetail(VerticalScroll):
+    """What the app knows about the selected item."""
+
+    ALLOW_MAXIMIZE = True
+
+    def __init__(self, plan: Plan, *, id: str | None = None):
+        super().__init__(id=id)
+        self.plan = plan
+        self.item_id: str | None = None
+        self.status = "pending"
+        self.runs: list[dict] = []
+        self.live: dict | None = None
+        self.check: tuple[str, str] = ("checking", "")
+        self.needs: dict[str, str] = {}
+        self.reason = ""
+        self.progress: dict[str, str] = {}
+
+    def compose(self):
+        yield Static("", id="detail-progress")
+        yield Static("", id="detail-body")
+
+    # -- attributes down -----------------------------------------------------------------
+    def show(self, item_id: str, status: str, runs: list[dict], live: dict | None,
+             needs: dict[str, str], reason: str = "") -> None:
+        """Show an item: its status (and why), runs (oldest first), live run, needs' statuses."""
+        if item_id != self.item_id:
+            self.check = ("checking", "")
+        self.item_id, self.status, self.runs, self.live = item_id, status, runs, live
+        self.needs, self.reason = dict(needs), reason
+        self._draw()
+
+    def set_check(self, item_id: str, state: str, reason: str) -> None:
+        if item_id == self.item_id:
+            self.check = (state, reason)
+            self._draw()
+
+    def set_progress(self, item_id: str | None, message: str) -> None:
+        """The latest progress line an action reported for ``item_id``.
+
+        It has its own one-line widget, updated without a layout pass: progress can come
+        several times a second while a log floods.
+        """
+        self.progress[item_id or ""] = message
+        if item_id == self.item_id:
+            self._draw_progress()
+
+    def _draw_progress(self) -> None:
+        line = self.query_one("#detail-progress", Static)
+        text = self.progress.get(self.item_id or "")
+        if not text:
+            line.display = False
+            return
+        line.update(Text("▸ " + sanitize(text, max_len=200), style="cyan", no_wrap=True,
+                         overflow="ellipsis"), layout=False)
+        line.display = True
+
+    def set_status(self, item_id: str, status: str) -> None:
+        if item_id == self.item_id:
+            self.status = status
+            self._draw()
+
+    # -- rendering -----------------------------------------------------------------------
+    def _draw(self) -> None:
+        if self.item_id is None:
+            return
+        item: Item = self.plan.item(self.item_id)
+        head = Text()
+        head.append(item.id, style="bold")
+        head.append("  ")
+        head.append_text(status_text(self.status))
+        mark, color = PRIORITY.get(item.priority, ("·", ""))
+        head.append(f"  {mark} {item.priority}", style=color)
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(style="bright_black", no_wrap=True)
+        grid.add_column(overflow="fold")
+        if item.action is None or item.action.kind == "manual":
+            note = params_summary(item).get("note") if item.action else None
+            grid.add_row("action", Text("manual: do it, then mark it done (d)", style="magenta"))
+            if note:
+                grid.add_row("note", note)
+        else:
+            grid.add_row("action", Text.assemble((item.action.kind, "bold"), " on ",
+                                                 (item.action.host or "–", "cyan")))
+            for k, v in params_summary(item).items():
+                if v in (None, [], (), {}, ""):
+                    continue
+                grid.add_row(f" {k}", Text(sanitize(str(v), max_len=300)))
+        if self.reason and not self.reason.startswith("run "):  # runs are listed below
+            grid.add_row("why", Text(sanitize(self.reason, max_len=200), style="bright_black"))
+        needs = Text()
+        for n in item.needs:
+            needs.append(f"{GLYPHS.get(self._status_of(n), '?')} {n} ",
+                         style=STATUS_STYLE.get(self._status_of(n), ""))
+        grid.add_row("needs", needs if item.needs else Text("–"))
+        deps = self.plan.dependents(item.id)
+        if deps:
+            grid.add_row("then", Text(", ".join(deps), style="bright_black"))
+        glyph, color = CHECK_STYLE.get(self.check[0], ("?", ""))
+        label = {"checking": "checking…", "done": "done"}.get(self.check[0], self.check[0])
+        grid.add_row("check", Text(f"{glyph} {label}" + (f": {self.check[1]}"
+                                                         if self.check[1] else ""), style=color))
+        if self.runs:
+            shown = list(reversed(self.runs))[:MAX_RUNS]
+            grid.add_row("runs", Group(*[run_line(r) for r in shown]))
+            if len(self.runs) > MAX_RUNS:
+                grid.add_row("", Text(f"… {len(self.runs) - MAX_RUNS} earlier attempts",
+                                      style="bright_black"))
+        else:
+            grid.add_row("runs", Text("none yet", style="bright_black"))
+        if self.live:
+            grid.add_row("live", Text(f"{self.live['id']} on {self.live['host']} "
+                                      f"(pid {self.live.get('pid') or '?'})", style="yellow"))
+        body = Group(head, Text(sanitize(item.content), style="italic"), grid)
+        self.query_one("#detail-body", Static).update(body)
+        self._draw_progress()
+
+    def _status_of(self, item_id: str) -> str:
+        return self.needs.get(item_id, "pending")

@@ -1,0 +1,178 @@
+"""The log pane: one run's log, live, with follow, search and a visible stream state.
+
+Memory is bounded: the :class:`~textual.widgets.Log` keeps the last :data:`MAX_LINES`
+lines (the store has the whole log; ``specdeck logs`` prints it). Lines are sanitized
+(:func:`core.text.sanitize`): remote output never reaches the terminal raw.
+
+The title line says which run this is and how its stream is doing: ``following``,
+``reconnecting…`` (the host dropped and the follower retries), ``host unreachable``,
+``lost`` (the run's process vanished) or how it ended.
+
+Keys (when the pane has focus): ``f`` follow on/off, ``/`` search, ``n`` / ``N`` next /
+previous match, escape closes the search.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.widgets import Input, Log, Static
+
+from core.text import sanitize
+
+MAX_LINES = 5000
+STATE_STYLE = {"following": "green", "reconnecting": "bold yellow", "unreachable": "bold red",
+               "lost": "bold red", "succeeded": "green", "failed": "bold red",
+               "stopped": "magenta", "interrupted": "red", "ended": "bright_black",
+               "starting": "yellow", "running": "yellow"}
+
+
+class LogPane(Vertical):
+    """Title, log and search box."""
+
+    ALLOW_MAXIMIZE = True
+    BINDINGS = [
+        Binding("f", "toggle_follow", "Follow"),
+        Binding("slash", "search", "Search"),
+        Binding("n", "next_match(1)", "Next", show=False),
+        Binding("N", "next_match(-1)", "Prev", show=False),
+        Binding("escape", "close_search", "Close search", show=False),
+    ]
+
+    def __init__(self, *, id: str | None = None):
+        super().__init__(id=id)
+        self.run_id: str | None = None
+        self.item_id: str | None = None
+        self.host: str | None = None
+        self.stream = "–"
+        self.follow = True
+        self.query_text = ""
+        self.matches: list[int] = []
+        self.match_index = -1
+        self.dropped = 0
+
+    def compose(self) -> ComposeResult:
+        yield Static("no run selected", id="log-title")
+        yield Log(max_lines=MAX_LINES, auto_scroll=True, id="log")
+        yield Input(placeholder="search this log (enter: find, n/N: next/prev)", id="log-search")
+
+    def on_mount(self) -> None:
+        self.query_one("#log-search").display = False
+
+    @property
+    def log(self) -> Log:
+        return self.query_one("#log", Log)
+
+    # -- attributes down -----------------------------------------------------------------
+    def show_run(self, item_id: str, run: dict | None, lines: list[str]) -> None:
+        """Show ``run`` (None: the item has no run yet) starting with its stored tail."""
+        self.item_id = item_id
+        self.run_id = run["id"] if run else None
+        self.host = run["host"] if run else None
+        self.stream = ("following" if run and run["state"] in ("starting", "running")
+                       else (run["state"] if run else "–"))
+        self.dropped = 0
+        self.matches, self.match_index = [], -1
+        log = self.log
+        log.clear()
+        if lines:
+            log.write_lines([sanitize(x) for x in lines[-MAX_LINES:]])
+        if self.follow:
+            log.scroll_end(animate=False, immediate=True)
+        self._title()
+
+    def append(self, run_id: str, lines: list[str], dropped: int = 0) -> bool:
+        """Add lines of ``run_id`` (ignored unless it is the run shown). Returns True if shown."""
+        if run_id != self.run_id:
+            return False
+        self.dropped += dropped
+        self.log.write_lines([sanitize(x) for x in lines[-MAX_LINES:]],
+                             scroll_end=self.follow and None)
+        return True
+
+    def set_stream(self, state: str) -> None:
+        self.stream = state
+        self._title()
+
+    def run_started(self, item_id: str, run_id: str, host: str | None) -> None:
+        """A new run of the shown item: switch to it with an empty log."""
+        if item_id == self.item_id and run_id != self.run_id:
+            self.show_run(item_id, {"id": run_id, "host": host, "state": "running"}, [])
+
+    def host_state(self, host: str, state: str) -> None:
+        """The shown run's host changed state (reconnecting / unreachable / connected)."""
+        if host != self.host or self.stream not in ("following", "reconnecting", "unreachable"):
+            return
+        self.set_stream({"connected": "following"}.get(state, state))
+
+    # -- rendering -----------------------------------------------------------------------
+    def _title(self) -> None:
+        t = Text(no_wrap=True, overflow="ellipsis")
+        if self.run_id is None:
+            t.append(f"{self.item_id}: no run yet" if self.item_id else "no run selected",
+                     style="bright_black")
+        else:
+            t.append(self.run_id, style="bold")
+            if self.host:
+                t.append(f" @{self.host}", style="cyan")
+            label = {"reconnecting": "reconnecting…", "unreachable": "host unreachable"}.get(
+                self.stream, self.stream)
+            t.append(f"  {label}", style=STATE_STYLE.get(self.stream, ""))
+        t.append("  follow " + ("on" if self.follow else "off"),
+                 style="green" if self.follow else "bright_black")
+        if self.query_text:
+            where = (f"{self.match_index + 1}/{len(self.matches)}" if self.matches
+                     else "no match")
+            t.append(f"  /{self.query_text} {where}", style="bold cyan")
+        self.query_one("#log-title", Static).update(t, layout=False)
+
+    # -- keys ----------------------------------------------------------------------------
+    def action_toggle_follow(self) -> None:
+        self.follow = not self.follow
+        self.log.auto_scroll = self.follow
+        if self.follow:
+            self.log.scroll_end(animate=False)
+        self._title()
+
+    def action_search(self) -> None:
+        box = self.query_one("#log-search", Input)
+        box.display = True
+        box.focus()
+
+    def action_close_search(self) -> None:
+        box = self.query_one("#log-search", Input)
+        box.display = False
+        self.query_text, self.matches, self.match_index = "", [], -1
+        self.log.focus()
+        self._title()
+
+    @on(Input.Submitted, "#log-search")
+    def _search(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.find(event.value)
+        self.log.focus()
+
+    def find(self, text: str) -> None:
+        """Find ``text`` (case-insensitive); stop following and jump to the last match."""
+        self.query_text = text
+        needle = text.lower()
+        self.matches = [i for i, line in enumerate(self.log.lines) if needle and
+                        needle in line.lower()]
+        self.match_index = len(self.matches) - 1 if self.matches else -1
+        if self.matches and self.follow:
+            self.action_toggle_follow()
+        self._jump()
+
+    def action_next_match(self, step: int) -> None:
+        if self.matches:
+            self.match_index = (self.match_index + step) % len(self.matches)
+            self._jump()
+
+    def _jump(self) -> None:
+        if self.match_index >= 0:
+            y = self.matches[self.match_index]
+            self.log.scroll_to(y=max(0, y - self.log.size.height // 2), animate=False)
+        self._title()

@@ -1,0 +1,233 @@
+"""The plan pane: the items as a todo list (status glyph, id, priority, needs, content).
+
+Attributes down: the app sets statuses (:meth:`PlanPane.set_status`) and live runs.
+Messages up: :class:`PlanPane.ItemSelected` when the highlight moves,
+:class:`PlanPane.RunRequested` on enter, :class:`PlanPane.MarkRequested` for ``d`` / ``s`` /
+``u``, :class:`PlanPane.PinToggled` for ``p``. The pane never calls the runner.
+
+``/`` opens a filter: words match id, content, status, priority, kind and host
+(case-insensitive, all words must match); escape clears it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.console import Group
+from rich.padding import Padding
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.message import Message
+from textual.widgets import Input, OptionList, Static
+from textual.widgets.option_list import Option
+
+from core.plan import Item, Plan
+
+GLYPHS = {"pending": "○", "in_progress": "◐", "done": "●", "failed": "✗", "skipped": "⊘"}
+STATUS_STYLE = {"pending": "bright_black", "in_progress": "bold yellow", "done": "green",
+                "failed": "bold red", "skipped": "dim"}
+PRIORITY = {"high": ("▲", "red"), "medium": ("■", "yellow"), "low": ("▼", "blue")}
+
+
+def status_text(status: str) -> Text:
+    """``● done`` in the status colour."""
+    return Text(f"{GLYPHS.get(status, '?')} {status}", style=STATUS_STYLE.get(status, ""))
+
+
+def item_prompt(item: Item, status: str, *, live: bool = False, pinned: bool = False) -> Group:
+    """Glyph, id, priority, needs; then the content, wrapped under the id."""
+    mark, pcolor = PRIORITY.get(item.priority, ("·", ""))
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append(GLYPHS.get(status, "?"), style=STATUS_STYLE.get(status, ""))
+    t.append(" ")
+    t.append(item.id, style="bold")
+    t.append(f" {mark}", style=pcolor)
+    if item.manual:
+        t.append(" ✎", style="magenta")
+    if live:
+        t.append(" ▶", style="bold yellow")
+    if pinned:
+        t.append(" ⌖", style="cyan")
+    if item.needs:
+        t.append("  ⇠ " + ",".join(item.needs), style="bright_black")
+    content = Text(item.content, style="dim" if status in ("done", "skipped") else "")
+    return Group(t, Padding(content, (0, 0, 0, 2)))
+
+
+def matches(item: Item, status: str, words: list[str]) -> bool:
+    hay = " ".join([item.id, item.content, status, item.priority,
+                    item.action.kind if item.action else "manual",
+                    (item.action.host or "") if item.action else ""]).lower()
+    return all(w in hay for w in words)
+
+
+class PlanList(OptionList):
+    """The option list of items (one option per item, its id as option id)."""
+
+
+class PlanPane(Vertical):
+    """Filter box plus item list."""
+
+    ALLOW_MAXIMIZE = True
+    BINDINGS = [
+        Binding("slash", "filter", "Filter"),
+        Binding("escape", "clear_filter", "Clear filter", show=False),
+        Binding("d", "mark('done')", "Done"),
+        Binding("s", "mark('skipped')", "Skip"),
+        Binding("u", "mark('pending')", "Reset", show=False),
+        Binding("p", "pin", "Pin curve", show=False),
+    ]
+
+    @dataclass
+    class ItemSelected(Message):
+        item_id: str
+
+    @dataclass
+    class RunRequested(Message):
+        item_id: str
+
+    @dataclass
+    class MarkRequested(Message):
+        item_id: str
+        status: str
+
+    @dataclass
+    class PinToggled(Message):
+        item_id: str
+
+    def __init__(self, plan: Plan, statuses: dict[str, str], *, id: str | None = None):
+        super().__init__(id=id)
+        self.plan = plan
+        self.statuses = dict(statuses)
+        self.live: set[str] = set()
+        self.pinned: set[str] = set()
+        self.filter_text = ""
+        self._shown: list[str] = []
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="plan-summary")
+        yield Input(placeholder="filter: words in id, content, status, host…", id="plan-filter")
+        yield PlanList(id="plan-options")
+
+    def on_mount(self) -> None:
+        self.query_one("#plan-filter").display = False
+        self._rebuild()
+
+    # -- attributes down -----------------------------------------------------------------
+    @property
+    def options(self) -> PlanList:
+        return self.query_one(PlanList)
+
+    @property
+    def selected(self) -> str | None:
+        opt = self.options.highlighted_option
+        return opt.id if opt else None
+
+    @property
+    def shown(self) -> list[str]:
+        """Ids of the items the filter lets through, in plan order."""
+        return list(self._shown)
+
+    def set_status(self, item_id: str, status: str) -> None:
+        self.statuses[item_id] = status
+        self._refresh_item(item_id)
+        self._summary()
+
+    def set_live(self, item_id: str, live: bool) -> None:
+        (self.live.add if live else self.live.discard)(item_id)
+        self._refresh_item(item_id)
+
+    def set_pinned(self, item_id: str, pinned: bool) -> None:
+        (self.pinned.add if pinned else self.pinned.discard)(item_id)
+        self._refresh_item(item_id)
+
+    def set_filter(self, text: str) -> None:
+        self.filter_text = text
+        self._rebuild()
+
+    def select(self, item_id: str) -> None:
+        if item_id in self._shown:
+            self.options.highlighted = self._shown.index(item_id)
+
+    # -- rendering -----------------------------------------------------------------------
+    def _prompt(self, item: Item) -> Group:
+        return item_prompt(item, self.statuses.get(item.id, "pending"), live=item.id in self.live,
+                           pinned=item.id in self.pinned)
+
+    def _refresh_item(self, item_id: str) -> None:
+        if item_id in self._shown:
+            self.options.replace_option_prompt(item_id, self._prompt(self.plan.item(item_id)))
+
+    def _rebuild(self) -> None:
+        words = self.filter_text.lower().split()
+        keep = self.selected
+        items = [it for it in self.plan.items
+                 if matches(it, self.statuses.get(it.id, "pending"), words)]
+        self._shown = [it.id for it in items]
+        ol = self.options
+        ol.set_options([Option(self._prompt(it), id=it.id) for it in items])
+        if keep in self._shown:
+            ol.highlighted = self._shown.index(keep)
+        elif items:
+            ol.highlighted = 0
+        self._summary()
+
+    def _summary(self) -> None:
+        counts: dict[str, int] = {}
+        for it in self.plan.items:
+            s = self.statuses.get(it.id, "pending")
+            counts[s] = counts.get(s, 0) + 1
+        t = Text()
+        for s in GLYPHS:
+            if counts.get(s):
+                t.append(f"{GLYPHS[s]} {counts[s]}  ", style=STATUS_STYLE[s])
+        if self.filter_text:
+            t.append(f"/{self.filter_text} ({len(self._shown)}/{len(self.plan.items)})",
+                     style="bold cyan")
+        self.query_one("#plan-summary", Static).update(t, layout=False)
+
+    # -- messages up ---------------------------------------------------------------------
+    @on(OptionList.OptionHighlighted, "#plan-options")
+    def _highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        event.stop()
+        if event.option_id:
+            self.post_message(self.ItemSelected(event.option_id))
+
+    @on(OptionList.OptionSelected, "#plan-options")
+    def _chosen(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        if event.option_id:
+            self.post_message(self.RunRequested(event.option_id))
+
+    @on(Input.Changed, "#plan-filter")
+    def _filter_changed(self, event: Input.Changed) -> None:
+        event.stop()
+        self.set_filter(event.value)
+
+    @on(Input.Submitted, "#plan-filter")
+    def _filter_done(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.options.focus()
+
+    def action_filter(self) -> None:
+        box = self.query_one("#plan-filter", Input)
+        box.display = True
+        box.focus()
+
+    def action_clear_filter(self) -> None:
+        box = self.query_one("#plan-filter", Input)
+        box.value = ""
+        box.display = False
+        self.set_filter("")
+        self.options.focus()
+
+    def action_mark(self, status: str) -> None:
+        if self.selected:
+            self.post_message(self.MarkRequested(self.selected, status))
+
+    def action_pin(self) -> None:
+        if self.selected:
+            self.post_message(self.PinToggled(self.selected))

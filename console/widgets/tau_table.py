@@ -1,0 +1,264 @@
+"""The tau comparison pane: prompt x drafter vs baseline, sortable, and per-position bars.
+
+The app sets a :class:`core.compare.Comparison` (:meth:`TauPane.set_comparison`). The table
+lists each drafter's overall figures (``Σ macro``, ``Σ pooled``) first, then one row per
+prompt x drafter: tau, delta and % of its baseline. Entries whose settings differ from their
+baseline's are flagged (⚠ and the differing keys) on every row, never blended.
+
+Keys: ``o`` sorts by the next column (``O`` reverses; clicking a header sorts by it),
+``space`` marks a drafter for the per-position chart. The chart shows the marked drafters,
+or the cursor row's drafter and its baseline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import DataTable, Static
+
+from core.compare import Comparison, fmt_delta, fmt_pct, fmt_tau, mismatch_note
+
+COLUMNS = {"prompt": 8, "drafter": 12, "tau": 5, "Δ": 6, "% base": 6, "note": 9}
+"""Columns and their fixed widths (fixed: a table's look never depends on when it idles)."""
+SORTABLE = ("prompt", "drafter", "tau", "Δ", "% base")
+BAR_COLORS = ("cyan", "magenta", "green", "yellow", "blue", "red")
+_EIGHTHS = " ▁▂▃▄▅▆▇█"
+
+
+@dataclass
+class _Row:
+    key: str
+    group: int
+    """0 for overall rows, 1 for per-prompt rows (groups stay apart when sorting)."""
+    prompt: str
+    drafter: str
+    role: str
+    tau: float | None
+    delta: float | None
+    pct: float | None
+    mismatch: tuple[str, ...]
+
+    def sort_value(self, column: str):
+        v = {"prompt": self.prompt, "drafter": self.drafter, "tau": self.tau, "Δ": self.delta,
+             "% base": self.pct}[column]
+        if isinstance(v, str):
+            return (0, v.lower())
+        return (0, v) if v is not None else (1, 0.0)
+
+
+def rows_of(c: Comparison) -> list[_Row]:
+    rows = []
+    for o in c.overall:
+        rows.append(_Row(f"macro\0{o.drafter}", 0, "Σ macro", o.drafter, o.role, o.macro,
+                         o.delta_macro, o.pct_macro, o.mismatch))
+        rows.append(_Row(f"pooled\0{o.drafter}", 0, "Σ pooled", o.drafter, o.role, o.pooled,
+                         o.delta_pooled, o.pct_pooled, o.mismatch))
+    for x in c.cells:
+        rows.append(_Row(f"{x.prompt_id}\0{x.drafter}", 1, x.prompt_id, x.drafter, x.role,
+                         x.tau, x.delta, x.pct_of_baseline, x.mismatch))
+    return rows
+
+
+def bars(values: tuple[float, ...], height: int = 3) -> list[str]:
+    """Vertical bars (one column per value in 0..1), ``height`` rows, top row first."""
+    levels = height * 8
+    cols = [round(max(0.0, min(1.0, v)) * levels) for v in values]
+    out = []
+    for row in range(height - 1, -1, -1):
+        out.append("".join(_EIGHTHS[max(0, min(8, c - row * 8))] for c in cols))
+    return out
+
+
+class AcceptanceBars(Static):
+    """Per-position acceptance of a few drafters as small bar charts."""
+
+    def set_drafters(self, entries: list[tuple[str, tuple[float, ...]]]) -> None:
+        t = Text(no_wrap=True, overflow="ellipsis")
+        t.append("p_k acceptance\n", style="bold")
+        if not entries:
+            t.append("no eval results", style="bright_black")
+        for i, (label, pp) in enumerate(entries):
+            color = BAR_COLORS[i % len(BAR_COLORS)]
+            t.append(f"{label}\n", style=color)
+            wide = len(pp) <= 12
+            vals = tuple(v for p in pp for v in ((p, 0.0) if wide else (p,)))
+            for line in bars(vals, height=2):
+                t.append(line + "\n", style=color)
+            axis = "".join(f"{k + 1:<2}" if wide else str((k + 1) % 10) for k in range(len(pp)))
+            t.append(axis.rstrip() + "\n", style="bright_black")
+        self.update(t)
+
+
+class TauPane(Vertical):
+    """Title, table and per-position chart."""
+
+    ALLOW_MAXIMIZE = True
+    BINDINGS = [Binding("o", "sort(1)", "Sort"),
+                Binding("O", "reverse", "Reverse", show=False),
+                Binding("space", "toggle_mark", "Mark drafter", show=False)]
+
+    def __init__(self, *, id: str | None = None):
+        super().__init__(id=id)
+        self.comparison: Comparison | None = None
+        self.sort_column: str | None = None
+        """None: the comparison's own order (overall rows, then prompt by prompt)."""
+        self.reverse = True
+        self.marked: list[str] = []
+        self._rows: list[_Row] = []
+
+    def compose(self) -> ComposeResult:
+        yield Static("no eval results yet", id="tau-title")
+        with Horizontal(id="tau-body"):
+            yield DataTable(id="tau-table", cursor_type="row", zebra_stripes=True)
+            yield AcceptanceBars(id="tau-bars")
+
+    def on_mount(self) -> None:
+        table = self.table
+        for col, width in COLUMNS.items():
+            table.add_column(col, key=col, width=width)
+
+    @property
+    def table(self) -> DataTable:
+        return self.query_one("#tau-table", DataTable)
+
+    @property
+    def ordered_rows(self) -> list[_Row]:
+        return list(self._rows)
+
+    # -- attributes down -----------------------------------------------------------------
+    def set_comparison(self, c: Comparison) -> None:
+        self.comparison = c
+        self.marked = [d for d in self.marked if d in {x.label for x in c.drafters}]
+        self._fill()
+
+    def sort_by(self, column: str, reverse: bool | None = None) -> None:
+        if column not in SORTABLE:
+            raise ValueError(f"cannot sort by {column!r}; one of {', '.join(SORTABLE)}")
+        self.sort_column = column
+        if reverse is not None:
+            self.reverse = reverse
+        self._fill()
+
+    # -- rendering -----------------------------------------------------------------------
+    def _fill(self) -> None:
+        c = self.comparison
+        table = self.table
+        current = self._current_key()
+        if c is None:
+            return
+        col = self.sort_column
+        rows = rows_of(c)
+        if col is None:
+            order = {p: i for i, p in enumerate(c.prompts)}
+            rows.sort(key=lambda r: (r.group, order.get(r.prompt, 0) if r.group else 0))
+        else:
+            rows = self._sorted(rows, col)
+        self._rows = rows
+        table.clear()
+        for r in rows:
+            if r.mismatch:
+                note = Text("⚠ " + ",".join(r.mismatch), style="bold yellow")
+            else:
+                note = Text("baseline" if r.role == "baseline" else "", style="italic")
+            name_style = "italic" if r.role == "baseline" else ("yellow" if r.mismatch else "")
+            delta_style = "green" if (r.delta or 0) > 0 else ("red" if (r.delta or 0) < 0 else "")
+            table.add_row(
+                Text(r.prompt, style="bold" if r.group == 0 else ""),
+                Text(r.drafter + (" ⚠" if r.mismatch else ""), style=name_style),
+                Text(fmt_tau(r.tau), justify="right"),
+                Text(fmt_delta(r.delta), justify="right", style=delta_style),
+                Text(fmt_pct(r.pct), justify="right"), note, key=r.key)
+        if current and current in {r.key for r in rows}:
+            table.move_cursor(row=[r.key for r in rows].index(current), animate=False)
+        self._title()
+        self._chart()
+
+    def _sorted(self, rows: list[_Row], col: str) -> list[_Row]:
+        present = [r for r in rows if r.sort_value(col)[0] == 0]
+        present.sort(key=lambda r: r.sort_value(col)[1], reverse=self.reverse)
+        rows = present + [r for r in rows if r.sort_value(col)[0] == 1]  # missing values last
+        rows.sort(key=lambda r: r.group)  # stable: overall rows stay on top
+        return rows
+
+    def _current_key(self) -> str | None:
+        if not self._rows:
+            return None
+        i = self.table.cursor_row
+        return self._rows[i].key if 0 <= i < len(self._rows) else None
+
+    def _current_row(self) -> _Row | None:
+        key = self._current_key()
+        return next((r for r in self._rows if r.key == key), None)
+
+    def _title(self) -> None:
+        c = self.comparison
+        t = Text(no_wrap=True, overflow="ellipsis")
+        if c is None or not c.drafters:
+            t.append("no eval results yet", style="bright_black")
+        else:
+            arrow = "↓" if self.reverse else "↑"
+            t.append(f"{len(c.drafters)} drafters × {len(c.prompts)} prompts", style="bold")
+            order = f"{self.sort_column} {arrow}" if self.sort_column else "by prompt"
+            t.append(f"  sort {order} (o)", style="bright_black")
+            row = self._current_row()
+            note = mismatch_note(c.drafter(row.drafter)) if row else ""
+            if note:
+                t.append(f"  {note}", style="bold yellow")
+            elif c.flagged:
+                t.append(f"  ⚠ {len(c.flagged)} not comparable", style="bold yellow")
+        self.query_one("#tau-title", Static).update(t, layout=False)
+
+    def _chart(self) -> None:
+        c = self.comparison
+        if c is None:
+            return
+        labels = list(self.marked)
+        if not labels:
+            row = self._current_row()
+            if row:
+                labels = [row.drafter]
+                base = c.drafter(row.drafter).baseline
+                if base:
+                    labels.append(base)
+            elif c.drafters:
+                labels = [c.drafters[0].label]
+        self.query_one("#tau-bars", AcceptanceBars).set_drafters(
+            [(lb, c.drafter(lb).per_position) for lb in labels])
+
+    # -- keys and events -----------------------------------------------------------------
+    @on(DataTable.RowHighlighted, "#tau-table")
+    def _row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        event.stop()
+        if self._current_row() is not None:
+            self._title()
+            self._chart()
+
+    @on(DataTable.HeaderSelected, "#tau-table")
+    def _header(self, event: DataTable.HeaderSelected) -> None:
+        event.stop()
+        col = str(event.column_key.value)
+        if col in SORTABLE:
+            self.sort_by(col, reverse=not self.reverse if col == self.sort_column else None)
+
+    def action_sort(self, step: int) -> None:
+        i = SORTABLE.index(self.sort_column) if self.sort_column in SORTABLE else -1
+        self.sort_by(SORTABLE[(i + step) % len(SORTABLE)])
+
+    def action_reverse(self) -> None:
+        self.reverse = not self.reverse
+        self._fill()
+
+    def action_toggle_mark(self) -> None:
+        row = self._current_row()
+        if row is None:
+            return
+        if row.drafter in self.marked:
+            self.marked.remove(row.drafter)
+        else:
+            self.marked.append(row.drafter)
+        self._chart()

@@ -1,0 +1,653 @@
+"""A tiny code model: a small Qwen3 target trained for about a minute on Python's own sources.
+
+The demo campaign needs a target whose greedy continuations have structure a drafter can
+learn (a random target's argmax is noise). Nothing may be downloaded, so the model is trained
+here, on CPU, on real text that ships with every Python: the standard library's ``.py`` files::
+
+    python -m core.ml.codemodel OUT_DIR [--seconds 60] [--vocab-size 2048] [--seed 0] [--max-files N]
+
+writes ``OUT_DIR`` as an ordinary transformers model directory (``config.json``,
+``model.safetensors``, tokenizer files with a chat template, a greedy ``generation_config.json``)
+plus ``OUT_DIR/codemodel.json`` (corpus stats, loss curve, validation loss, sample
+continuations, provenance). It loads with :func:`core.ml.target.load_target` and with
+``AutoModelForCausalLM`` / ``AutoTokenizer.from_pretrained``. A second run with the same
+settings finds the finished directory and exits at once (``--force`` retrains).
+
+Choices, and why:
+
+* **Corpus.** ``sysconfig.get_paths()["stdlib"]``, without test suites, ``site-packages``,
+  ``encodings`` (mostly code-page tables) and files over :data:`MAX_FILE_BYTES`. Files are
+  ordered by a hash of their relative path (deterministic, but spread over the whole library,
+  so a byte cap keeps a mix of modules rather than the alphabetically first ones) and taken
+  up to ``--max-bytes`` / ``--max-files``. Every :data:`VAL_EVERY`-th file is held out for the
+  validation loss. The corpus depends on the interpreter version, which is recorded.
+* **Chat examples.** Demo prompts go through the chat template ("Write a Python function
+  fizzbuzz(n)" as a user turn). A model that never saw ``<|im_start|>`` would answer such a
+  prompt from untrained embeddings, so a quarter of the training windows
+  (:data:`CHAT_FRACTION`) come from chat-formatted examples built from the same files with
+  :mod:`ast`: user "Write a Python function name(args)" (sometimes with the docstring's first
+  line), assistant = that function's source, then ``<|im_end|>``. The model thus learns to
+  answer with a ``def`` and to stop.
+* **Tokenizer.** ByteLevel BPE trained offline with ``tokenizers`` on the training files
+  (lossless: ``decode(encode(x)) == x`` for any text). Special tokens as in
+  :mod:`core.ml.tiny`: ``<|endoftext|>`` 0 (pad, document separator), ``<|im_start|>`` 1,
+  ``<|im_end|>`` 2 (eos), ``<|MASK|>`` 3 (the DFlash drafter's mask token), and the same
+  ChatML-like template.
+* **Model.** ``Qwen3ForCausalLM``: hidden 128, 4 layers, 4 query / 2 KV heads of 32, MLP 384,
+  RoPE theta 10k, untied input/output embeddings (like the large Qwen3 targets; untied keeps
+  ``lm_head.weight`` a tensor of its own in the safetensors file), about 1.3 M parameters at
+  vocab 2048. Four layers is the minimum for DFlash feature taps at distinct depths
+  (e.g. layers 0 and 2 of 4), and at this size a 2-core CPU does ~20-50 AdamW steps per
+  second-ish batch budget, enough to go from ln(V) ~ 7.6 nats to ~3 nats in a minute.
+* **Training.** AdamW (betas 0.9/0.95, weight decay 0.1 on matrices), batches of random
+  windows (:data:`BATCH_SIZE` x :data:`SEQ_LEN`), gradient clipping at 1. The budget is wall
+  time (``--seconds``), so the schedule is a function of elapsed time: linear warm-up over the
+  first 5 %, then cosine decay to 10 % of the peak. Windows and initialisation depend only on
+  ``--seed``; the number of steps depends on the machine's speed.
+* **Saving.** Everything is written to a temp directory beside ``OUT_DIR`` and renamed into
+  place, so ``OUT_DIR`` is either absent, the previous model, or the complete new one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import math
+import os
+import shutil
+import sys
+import sysconfig
+import textwrap
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from core.ml.runio import UsageError, atomic_write_json, emit, provenance, read_json, run_main, say
+from core.ml.tiny import CHAT_TEMPLATE, SPECIALS
+
+FORMAT = "specdeck-codemodel-v1"
+"""Version of the ``codemodel.json`` layout and of the recipe (part of the reuse key)."""
+
+DEFAULT_SECONDS = 60.0
+DEFAULT_VOCAB = 2048
+DEFAULT_MAX_BYTES = 4_000_000
+"""Corpus cap (training + validation files): ~1.2 M tokens, more than a minute of CPU sees."""
+
+MAX_FILE_BYTES = 160_000
+"""Larger stdlib files are mostly data (``pydoc_data/topics.py``, tables) or outliers."""
+
+SKIP_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "encodings"})
+VAL_EVERY = 20
+"""Every 20th selected file (in hash order) is held out for validation (5 %)."""
+
+SEQ_LEN = 256
+BATCH_SIZE = 8
+PEAK_LR = 3e-3
+CHAT_FRACTION = 0.25
+"""Share of training windows drawn from the chat-formatted function examples."""
+
+VAL_WINDOWS = 24
+SAMPLE_PROMPTS = (
+    "Write a Python function fizzbuzz(n)",
+    "Write a Python function is_prime(n) that returns True if n is a prime number.",
+)
+SAMPLE_TOKENS = 64
+EOS, PAD = "<|im_end|>", "<|endoftext|>"
+MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+               "generation_config.json", "codemodel.json")
+
+
+# ----------------------------------------------------------------------------- corpus
+
+
+@dataclass
+class Corpus:
+    """Python source files from the standard library, split into training and validation.
+
+    Attributes:
+        root: the stdlib directory the files were read from.
+        train: ``(relative path, text)`` of the training files.
+        val: ``(relative path, text)`` of the held-out files.
+        skipped: counts of files left out, by reason.
+    """
+
+    root: Path
+    train: list[tuple[str, str]] = field(default_factory=list)
+    val: list[tuple[str, str]] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    def stats(self) -> dict[str, Any]:
+        """File and byte counts, plus a digest of the selected files (identifies the corpus)."""
+        digest = hashlib.sha256()
+        for rel, text in self.train + self.val:
+            digest.update(rel.encode() + b"\0" + text.encode("utf-8", "surrogatepass") + b"\0")
+        return {
+            "stdlib": str(self.root),
+            "python": sys.version.split()[0],
+            "train_files": len(self.train),
+            "val_files": len(self.val),
+            "train_bytes": sum(len(t.encode("utf-8", "surrogatepass")) for _, t in self.train),
+            "val_bytes": sum(len(t.encode("utf-8", "surrogatepass")) for _, t in self.val),
+            "val_paths": [rel for rel, _ in self.val],
+            "skipped": dict(self.skipped),
+            "sha256": digest.hexdigest(),
+        }
+
+
+def stdlib_dir() -> Path:
+    """The running interpreter's standard library directory.
+
+    Raises:
+        UsageError: when it cannot be found (e.g. a zipped stdlib).
+    """
+    root = Path(sysconfig.get_paths()["stdlib"])
+    if not (root / "os.py").is_file():
+        raise UsageError(f"standard library sources not found at {root} (is it zipped or stripped?)")
+    return root
+
+
+def collect_corpus(max_bytes: int = DEFAULT_MAX_BYTES, max_files: int | None = None,
+                   root: Path | None = None) -> Corpus:
+    """Read stdlib ``.py`` files in a deterministic, library-wide order.
+
+    Args:
+        max_bytes: stop adding files once this many bytes are selected.
+        max_files: stop after this many files (None: no limit).
+        root: the directory to read (default :func:`stdlib_dir`).
+
+    Returns:
+        A :class:`Corpus`; every :data:`VAL_EVERY`-th selected file (starting with the first)
+        is held out, so there is at least one validation file.
+
+    Raises:
+        UsageError: fewer than two usable files.
+    """
+    root = root or stdlib_dir()
+    candidates: list[tuple[str, Path]] = []
+    skipped = {"test_or_data_dir": 0, "too_large": 0, "not_utf8": 0}
+    for dirpath, dirnames, filenames in os.walk(root):
+        kept = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("test"))
+        skipped["test_or_data_dir"] += len(dirnames) - len(kept)
+        dirnames[:] = kept
+        for name in filenames:
+            if name.endswith(".py") and not name.startswith("test_"):
+                path = Path(dirpath) / name
+                candidates.append((path.relative_to(root).as_posix(), path))
+    # Hash order: deterministic for a given stdlib, yet spread over all packages.
+    candidates.sort(key=lambda c: hashlib.sha256(c[0].encode()).hexdigest())
+    corpus = Corpus(root=root, skipped=skipped)
+    total = 0
+    for rel, path in candidates:
+        if (max_files is not None and len(corpus.train) + len(corpus.val) >= max_files) or total >= max_bytes:
+            break
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES or size == 0:
+            skipped["too_large"] += size > 0
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            skipped["not_utf8"] += 1
+            continue
+        n = len(corpus.train) + len(corpus.val)
+        (corpus.val if n % VAL_EVERY == 0 else corpus.train).append((rel, text))
+        total += size
+    if not corpus.train or not corpus.val:
+        raise UsageError(f"too few usable .py files under {root} (need at least 2, check --max-files)")
+    return corpus
+
+
+def chat_examples(files: Iterable[tuple[str, str]], min_chars: int = 120, max_chars: int = 1500) -> list[list[dict[str, str]]]:
+    """Chat conversations "write function X" -> X's source, from module- and class-level functions.
+
+    Args:
+        files: ``(relative path, source)`` pairs.
+        min_chars / max_chars: keep functions whose dedented source has this many characters.
+
+    Returns:
+        Conversations (lists of ``{"role", "content"}``), in file order. Private functions
+        (leading underscore) and files that do not parse are skipped. The prompt wording is
+        picked from the function name's hash, so it is deterministic.
+    """
+    out: list[list[dict[str, str]]] = []
+    for _, source in files:
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            continue
+        lines = source.splitlines(keepends=True)  # (ast.get_source_segment re-splits per call: quadratic)
+        nodes = list(tree.body)
+        nodes += [n for c in tree.body if isinstance(c, ast.ClassDef) for n in c.body]
+        for node in nodes:
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name.startswith("_"):
+                continue
+            first = lines[node.lineno - 1]
+            if first[:node.col_offset].strip() or node.end_lineno is None:
+                continue  # e.g. "class A: def f(): ..." on one line
+            code = textwrap.dedent("".join(lines[node.lineno - 1:node.end_lineno])).rstrip()
+            if not min_chars <= len(code) <= max_chars:
+                continue
+            args = ast.unparse(node.args)
+            doc = (ast.get_docstring(node) or "").strip().split("\n")[0].strip()
+            pick = int(hashlib.sha256(node.name.encode()).hexdigest(), 16) % 3
+            if pick == 0 and doc:
+                prompt = f"Write a Python function {node.name}({args}). {doc}"
+            elif pick == 1:
+                prompt = f"Implement {node.name}({args}) in Python."
+            else:
+                prompt = f"Write a Python function {node.name}({args})"
+            out.append([{"role": "user", "content": prompt}, {"role": "assistant", "content": code}])
+    return out
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+
+def train_tokenizer(texts: Sequence[str], vocab_size: int = DEFAULT_VOCAB) -> Any:
+    """Train a ByteLevel BPE tokenizer on ``texts`` and wrap it for transformers.
+
+    Args:
+        texts: training documents (the stdlib training files).
+        vocab_size: target vocabulary size, special tokens included (the trainer may stop
+            earlier on a small corpus).
+
+    Returns:
+        A ``PreTrainedTokenizerFast`` with the chat template, eos ``<|im_end|>`` (id 2) and pad
+        ``<|endoftext|>`` (id 0); no BOS, no automatic special tokens, no space clean-up, so
+        decoding inverts encoding exactly.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(texts, trainer, length=len(texts))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=EOS, pad_token=PAD, bos_token=None, chat_template=CHAT_TEMPLATE,
+        clean_up_tokenization_spaces=False, model_max_length=2048,
+    )
+
+
+def token_stream(tokenizer: Any, docs: Sequence[str], sep_id: int) -> torch.Tensor:
+    """Encode ``docs`` and concatenate them, each followed by ``sep_id``: -> [n_tokens] int64."""
+    encs = tokenizer.backend_tokenizer.encode_batch(list(docs), add_special_tokens=False)
+    ids: list[int] = []
+    for enc in encs:
+        ids.extend(enc.ids)
+        ids.append(sep_id)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def render_chats(tokenizer: Any, chats: Sequence[list[dict[str, str]]]) -> list[str]:
+    """Chat conversations as text through the tokenizer's own template (train = inference format)."""
+    return [tokenizer.apply_chat_template(c, tokenize=False) for c in chats]
+
+
+# ----------------------------------------------------------------------------- model
+
+
+def code_model_config(vocab_size: int = DEFAULT_VOCAB, **overrides: Any) -> Any:
+    """The tiny code model's ``Qwen3Config`` (see the module docstring for the sizes)."""
+    from transformers import Qwen3Config
+
+    fields: dict[str, Any] = dict(
+        vocab_size=vocab_size, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=2048,
+        rope_parameters={"rope_type": "default", "rope_theta": 10_000.0}, rms_norm_eps=1e-6,
+        tie_word_embeddings=False, bos_token_id=None, eos_token_id=SPECIALS.index(EOS),
+        pad_token_id=SPECIALS.index(PAD), initializer_range=0.02,
+    )
+    fields.update(overrides)
+    return Qwen3Config(**fields)
+
+
+def build_code_model(vocab_size: int = DEFAULT_VOCAB, seed: int = 0, **overrides: Any) -> Any:
+    """A freshly initialised float32 ``Qwen3ForCausalLM`` (SDPA attention, greedy generation config)."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(code_model_config(vocab_size, **overrides), attn_implementation="sdpa").float()
+    model.generation_config = GenerationConfig(
+        do_sample=False, eos_token_id=SPECIALS.index(EOS), pad_token_id=SPECIALS.index(PAD), max_new_tokens=256,
+    )
+    return model
+
+
+def sample_windows(stream: torch.Tensor, n: int, seq_len: int, gen: torch.Generator) -> torch.Tensor:
+    """``n`` random windows of ``seq_len`` tokens from ``stream``: -> [n, seq_len]."""
+    if stream.numel() <= seq_len:
+        reps = seq_len // max(stream.numel(), 1) + 2
+        stream = stream.repeat(reps)
+    starts = torch.randint(0, stream.numel() - seq_len, (n,), generator=gen)
+    return torch.stack([stream[s:s + seq_len] for s in starts.tolist()])
+
+
+@torch.no_grad()
+def eval_loss(model: Any, windows: torch.Tensor, batch: int = 8) -> float:
+    """Mean next-token cross-entropy (nats) of ``model`` over ``windows`` [n, S]."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for i in range(0, windows.shape[0], batch):
+        x = windows[i:i + batch]
+        logits = model(input_ids=x).logits[:, :-1]  # [b, S-1, V]
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), x[:, 1:].reshape(-1), reduction="sum")
+        total += float(ce)
+        count += x[:, 1:].numel()
+    model.train(was_training)
+    return total / max(count, 1)
+
+
+def lr_at(frac: float, peak: float = PEAK_LR, warmup: float = 0.05, floor: float = 0.1) -> float:
+    """Learning rate at fraction ``frac`` of the budget: linear warm-up, then cosine to ``floor * peak``."""
+    frac = min(max(frac, 0.0), 1.0)
+    if frac < warmup:
+        return peak * max(frac / warmup, 0.02)
+    cos = 0.5 * (1 + math.cos(math.pi * (frac - warmup) / (1 - warmup)))
+    return peak * (floor + (1 - floor) * cos)
+
+
+@dataclass
+class TrainLog:
+    """What training did: step count, losses and the loss curve (one point per progress line)."""
+
+    steps: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    losses: list[float] = field(default_factory=list)
+    curve: list[dict[str, float]] = field(default_factory=list)
+
+    @property
+    def initial_loss(self) -> float:
+        """Loss of the first batch (before any update)."""
+        return self.losses[0]
+
+    @property
+    def final_loss(self) -> float:
+        """Mean training loss over the last 10 % of steps (at least the last 5)."""
+        tail = self.losses[-max(5, len(self.losses) // 10):]
+        return sum(tail) / len(tail)
+
+
+def train(model: Any, code: torch.Tensor, chat: torch.Tensor, seconds: float, seed: int = 0,
+          batch_size: int = BATCH_SIZE, seq_len: int = SEQ_LEN, peak_lr: float = PEAK_LR, min_steps: int = 5,
+          max_steps: int | None = None) -> TrainLog:
+    """Train ``model`` in place on random windows for ``seconds`` of wall time.
+
+    Args:
+        model: the causal LM (float32, CPU).
+        code: token stream of the training files.
+        chat: token stream of the chat examples (may be empty).
+        seconds: wall-time budget of the loop (at least ``min_steps`` steps run regardless).
+        seed: seeds the window sampler.
+        batch_size / seq_len: windows per step and tokens per window.
+        peak_lr: learning rate after warm-up.
+        min_steps: steps to run even if the budget is exhausted earlier.
+        max_steps: stop after this many steps; the schedule then follows steps instead of
+            time, which makes a run fully deterministic (for experiments and tests).
+
+    Returns:
+        A :class:`TrainLog`. Progress lines (``task="codemodel"``, unit ``steps``, with the
+        estimated total, tokens/s, ETA and the mean loss since the previous line) go to stdout
+        about 30 times over the budget.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=peak_lr, betas=(0.9, 0.95))
+    n_chat = int(round(batch_size * CHAT_FRACTION)) if chat.numel() > seq_len else 0
+    log = TrainLog()
+    model.train()
+    every = min(max(seconds / 30, 0.5), 5.0)
+    t0 = time.perf_counter()
+    next_emit, since = t0 + every, []
+    while True:
+        elapsed = time.perf_counter() - t0
+        if (elapsed >= seconds and log.steps >= min_steps) or (max_steps is not None and log.steps >= max_steps):
+            break
+        progress = log.steps / max_steps if max_steps else elapsed / seconds
+        for g in opt.param_groups:
+            g["lr"] = lr_at(progress, peak_lr)
+        x = sample_windows(code, batch_size - n_chat, seq_len + 1, gen)
+        if n_chat:
+            x = torch.cat([x, sample_windows(chat, n_chat, seq_len + 1, gen)])
+        logits = model(input_ids=x[:, :-1]).logits  # [b, S, V]
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        log.steps += 1
+        log.tokens += x[:, 1:].numel()
+        log.losses.append(float(loss.detach()))
+        since.append(log.losses[-1])
+        now = time.perf_counter()
+        if now >= next_emit or (now - t0 >= seconds and log.steps >= min_steps):
+            el = now - t0
+            if max_steps:
+                est, eta = max_steps, (max_steps - log.steps) * el / log.steps
+            else:
+                est, eta = max(log.steps, round(log.steps * seconds / el)), max(seconds - el, 0.0)
+            mean = sum(since) / len(since)
+            log.curve.append({"step": log.steps, "t": round(el, 2), "loss": round(mean, 4),
+                              "lr": round(opt.param_groups[0]["lr"], 6)})
+            emit("progress", task="codemodel", done=log.steps, total=est, unit="steps",
+                 tokens_per_s=round(log.tokens / el, 1), eta_s=round(eta, 1), loss=round(mean, 4))
+            next_emit, since = now + every, []
+    log.seconds = time.perf_counter() - t0
+    model.eval()
+    return log
+
+
+# ----------------------------------------------------------------------------- samples
+
+
+def distinct_ratio(tokens: Sequence[int]) -> float:
+    """Distinct tokens / tokens (1.0 = no repeats; a model stuck on one token -> 1/len)."""
+    return len(set(tokens)) / len(tokens) if tokens else 0.0
+
+
+def greedy_samples(model: Any, tokenizer: Any, prompts: Sequence[str] = SAMPLE_PROMPTS,
+                   max_new_tokens: int = SAMPLE_TOKENS) -> list[dict[str, Any]]:
+    """Greedy continuations of chat-formatted ``prompts``, with their distinct-token ratio.
+
+    Returns:
+        One dict per prompt: ``prompt``, ``continuation`` (decoded text), ``tokens`` (count),
+        ``distinct_ratio`` and ``stopped`` (ended on ``<|im_end|>``).
+    """
+    from core.ml.generate import greedy_generate
+
+    eos = tokenizer.convert_tokens_to_ids(EOS)
+    rows = []
+    for text in prompts:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=True)["input_ids"]
+        with torch.no_grad():
+            res = greedy_generate(model, ids, max_new_tokens, stop_ids=[eos])
+        toks = [t for t in res.tokens if t != eos]
+        rows.append({"prompt": text, "continuation": tokenizer.decode(toks), "tokens": len(res.tokens),
+                     "distinct_ratio": round(distinct_ratio(toks), 3), "stopped": bool(res.stopped)})
+    return rows
+
+
+# ----------------------------------------------------------------------------- directory
+
+
+def settings_key(seconds: float, vocab_size: int, seed: int, max_files: int | None, max_bytes: int) -> dict[str, Any]:
+    """The settings that identify a finished model directory (reuse key)."""
+    return {"format": FORMAT, "seconds": float(seconds), "vocab_size": int(vocab_size), "seed": int(seed),
+            "max_files": max_files, "max_bytes": int(max_bytes), "batch_size": BATCH_SIZE, "seq_len": SEQ_LEN,
+            "python": sys.version.split()[0]}
+
+
+def existing_model(out_dir: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
+    """``codemodel.json`` of ``out_dir`` when it is complete and was built with ``settings``."""
+    if not all((out_dir / f).is_file() for f in MODEL_FILES):
+        return None
+    try:
+        meta = read_json(out_dir / "codemodel.json", "codemodel.json")
+    except UsageError:
+        return None
+    return meta if isinstance(meta, dict) and meta.get("settings") == settings else None
+
+
+def _replace_dir(tmp: Path, out_dir: Path) -> None:
+    """Move ``tmp`` to ``out_dir``; an existing ``out_dir`` is moved aside first, then deleted."""
+    old = None
+    if out_dir.exists():
+        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+        os.replace(out_dir, old)
+    os.replace(tmp, out_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def build_code_model_dir(out_dir: str | Path, seconds: float = DEFAULT_SECONDS, vocab_size: int = DEFAULT_VOCAB,
+                         seed: int = 0, max_files: int | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
+                         force: bool = False, argv: Sequence[str] | None = None) -> tuple[Path, dict[str, Any], bool]:
+    """Build (or reuse) the tiny code model directory.
+
+    Args:
+        out_dir: the model directory to create.
+        seconds: training wall time.
+        vocab_size: tokenizer and model vocabulary size.
+        seed: seeds initialisation and window sampling.
+        max_files / max_bytes: corpus caps.
+        force: retrain even when ``out_dir`` already holds a model with these settings.
+        argv: the command line, for provenance.
+
+    Returns:
+        ``(out_dir, metadata, reused)``: the directory, its ``codemodel.json`` content and
+        whether an existing directory was reused.
+
+    Raises:
+        UsageError: ``out_dir`` is a non-empty directory that is not a code model (refused, so a
+            typo cannot delete someone's files), or too few stdlib files.
+    """
+    out_dir = Path(out_dir)
+    settings = settings_key(seconds, vocab_size, seed, max_files, max_bytes)
+    if not force and (meta := existing_model(out_dir, settings)) is not None:
+        return out_dir, meta, True
+    if out_dir.exists() and (not out_dir.is_dir() or (any(out_dir.iterdir()) and not (out_dir / "codemodel.json").exists())):
+        raise UsageError(f"{out_dir} exists and is not a code model directory; remove it or choose another path")
+    if out_dir.exists():
+        say(f"{out_dir}: settings differ or the directory is incomplete, rebuilding")
+
+    t_start = time.perf_counter()
+    corpus = collect_corpus(max_bytes, max_files)
+    stats = corpus.stats()
+    emit("info", task="codemodel", stage="corpus", files=stats["train_files"] + stats["val_files"],
+         bytes=stats["train_bytes"] + stats["val_bytes"])
+
+    tok = train_tokenizer([t for _, t in corpus.train], vocab_size)
+    sep = SPECIALS.index(PAD)
+    code = token_stream(tok, [t for _, t in corpus.train], sep)
+    val_code = token_stream(tok, [t for _, t in corpus.val], sep)
+    chats, val_chats = chat_examples(corpus.train), chat_examples(corpus.val)
+    chat = token_stream(tok, render_chats(tok, chats), sep)
+    val_chat = token_stream(tok, render_chats(tok, val_chats), sep)
+    stats.update(train_tokens=code.numel(), val_tokens=val_code.numel(), chat_examples=len(chats),
+                 chat_tokens=chat.numel(), val_chat_examples=len(val_chats),
+                 bytes_per_token=round(stats["train_bytes"] / max(code.numel(), 1), 3))
+    emit("info", task="codemodel", stage="tokenizer", vocab_size=len(tok), train_tokens=code.numel(),
+         chat_examples=len(chats), bytes_per_token=stats["bytes_per_token"])
+
+    model = build_code_model(vocab_size, seed)
+    n_params = sum(p.numel() for p in model.parameters())
+    gen = torch.Generator().manual_seed(seed + 1)
+    val_windows = sample_windows(val_code, VAL_WINDOWS, SEQ_LEN, gen)
+    val_chat_windows = sample_windows(val_chat, VAL_WINDOWS // 2, SEQ_LEN, gen) if val_chat.numel() > 1 else None
+    initial_val = eval_loss(model, val_windows)
+    log = train(model, code, chat, seconds, seed)
+    val_loss = eval_loss(model, val_windows)
+    val_chat_loss = eval_loss(model, val_chat_windows) if val_chat_windows is not None else None
+    samples = greedy_samples(model, tok)
+    emit("metric", task="codemodel", initial_train_loss=round(log.initial_loss, 4),
+         final_train_loss=round(log.final_loss, 4), initial_val_loss=round(initial_val, 4), val_loss=round(val_loss, 4),
+         val_chat_loss=None if val_chat_loss is None else round(val_chat_loss, 4),
+         min_distinct_ratio=min(s["distinct_ratio"] for s in samples))
+
+    cfg = model.config
+    meta = {
+        "format": FORMAT,
+        "settings": settings,
+        "corpus": stats,
+        "tokenizer": {"type": "ByteLevel BPE", "vocab_size": len(tok), "specials": {s: i for i, s in enumerate(SPECIALS)},
+                      "eos_token": EOS, "pad_token": PAD, "chat_template": "ChatML-like (core.ml.tiny.CHAT_TEMPLATE)"},
+        "model": {"architecture": "Qwen3ForCausalLM", "parameters": n_params, "vocab_size": cfg.vocab_size,
+                  "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_hidden_layers,
+                  "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
+                  "head_dim": cfg.head_dim, "intermediate_size": cfg.intermediate_size,
+                  "tie_word_embeddings": bool(cfg.tie_word_embeddings)},
+        "training": {"seconds": round(log.seconds, 2), "steps": log.steps, "batch_size": BATCH_SIZE, "seq_len": SEQ_LEN,
+                     "chat_fraction": CHAT_FRACTION, "peak_lr": PEAK_LR, "tokens_seen": log.tokens,
+                     "tokens_per_s": round(log.tokens / max(log.seconds, 1e-9), 1),
+                     "initial_train_loss": round(log.initial_loss, 4), "final_train_loss": round(log.final_loss, 4),
+                     "initial_val_loss": round(initial_val, 4), "val_loss": round(val_loss, 4),
+                     "val_chat_loss": None if val_chat_loss is None else round(val_chat_loss, 4),
+                     "loss_curve": log.curve},
+        "samples": samples,
+        "build_seconds": None,
+        "provenance": provenance(argv, seed=seed, task="codemodel"),
+    }
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        meta["build_seconds"] = round(time.perf_counter() - t_start, 2)
+        atomic_write_json(tmp / "codemodel.json", meta)
+        _replace_dir(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir, meta, False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m core.ml.codemodel",
+                                description="train a tiny Qwen3 code model on the Python standard library (CPU, offline)")
+    p.add_argument("out_dir", help="model directory to write (reused when it already holds these settings)")
+    p.add_argument("--seconds", type=float, default=DEFAULT_SECONDS, help="training wall time (default 60)")
+    p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB, help="BPE vocabulary incl. specials (default 2048)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-files", type=int, default=None, help="use at most this many stdlib files")
+    p.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES, help="corpus size cap in bytes (default 4 MB)")
+    p.add_argument("--force", action="store_true", help="retrain even if OUT_DIR already holds this model")
+    args = p.parse_args(argv)
+    if not args.seconds > 0:
+        raise UsageError("--seconds must be > 0")
+    if not 300 <= args.vocab_size <= 65536:
+        raise UsageError("--vocab-size must be in 300..65536")
+    if args.max_files is not None and args.max_files < 2:
+        raise UsageError("--max-files must be >= 2 (one file is held out for validation)")
+    if args.max_bytes < 10_000:
+        raise UsageError("--max-bytes must be >= 10000")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    full_argv = ["python", "-m", "core.ml.codemodel", *(sys.argv[1:] if argv is None else argv)]
+    out, meta, reused = build_code_model_dir(args.out_dir, args.seconds, args.vocab_size, args.seed, args.max_files,
+                                             args.max_bytes, args.force, full_argv)
+    if reused:
+        say(f"{out}: code model with these settings already exists, reusing it (--force retrains)")
+    tr = meta["training"]
+    emit("result", task="codemodel", path=str(out.resolve()), reused=reused, steps=tr["steps"],
+         final_train_loss=tr["final_train_loss"], val_loss=tr["val_loss"], parameters=meta["model"]["parameters"],
+         vocab_size=meta["tokenizer"]["vocab_size"])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_main(main))

@@ -1,0 +1,200 @@
+"""Compare two eval result files (ours vs a baseline): per-prompt and overall tau.
+
+Pure Python (no torch): the headless core and ``specdeck compare`` use it on a laptop.
+
+    python -m core.ml.compare OURS.json BASELINE.json [--section chain|ddtree|all_anchor]
+                              [--out FILE] [--allow-mismatch]
+
+Two results are comparable only when they measured the same thing: same mode
+(online/offline), method (chain, or DDTree with the same budget), block size, max new tokens,
+target (config fingerprint) and prompts (same ids and same prompts-file hash). Otherwise
+:func:`compare_results` raises :class:`ComparisonError` (the CLI exits 2), unless
+``allow_mismatch`` is set, in which case the differences are listed under ``mismatches`` and
+``ok`` is false; tau is then compared over the prompts both files share.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from core.ml import tau as taulib
+from core.ml.runio import UsageError, atomic_write_json, emit, read_json, run_main, say
+
+SECTIONS = ("chain", "ddtree", "all_anchor")
+
+
+class ComparisonError(ValueError):
+    """The two results measured different things; ``mismatches`` lists how."""
+
+    def __init__(self, mismatches: list[dict[str, Any]]) -> None:
+        self.mismatches = mismatches
+        text = "; ".join(f"{m['field']}: ours={m['ours']!r} baseline={m['baseline']!r}" for m in mismatches)
+        super().__init__(f"results are not comparable ({text})")
+
+
+def load_result(path: str | Path) -> dict[str, Any]:
+    """Read a result.json written by ``core.ml.eval``.
+
+    Raises:
+        UsageError: the file is missing, not JSON, or not an eval result.
+    """
+    data = read_json(path, what="result file")
+    if not isinstance(data, dict) or "per_prompt" not in data:
+        raise UsageError(f"{path} is not a core.ml.eval result (no 'per_prompt')")
+    return data
+
+
+def section_of(result: dict[str, Any], section: str) -> dict[str, Any]:
+    """The figures of one method inside a result: ``chain`` is the top level.
+
+    Raises:
+        UsageError: the result has no such section (e.g. no DDTree run).
+    """
+    if section == "chain":
+        return result
+    sub = result.get(section)
+    if not isinstance(sub, dict) or "per_prompt" not in sub:
+        raise UsageError(f"result has no '{section}' section (run eval with the matching option)")
+    return sub
+
+
+def _identity(result: dict[str, Any], sec: dict[str, Any], section: str) -> dict[str, Any]:
+    target = result.get("target") or {}
+    prompts = result.get("prompts") or {}
+    return {
+        "mode": result.get("mode"),
+        "section": section,
+        "tree_budget": sec.get("budget") if section == "ddtree" else None,
+        "block_size": result.get("block_size"),
+        "max_new_tokens": result.get("max_new_tokens"),
+        "temperature": result.get("temperature", 0),
+        "target": target.get("fingerprint") or target.get("path"),
+        "prompts_sha256": prompts.get("sha256"),
+    }
+
+
+def compare_results(
+    ours: dict[str, Any],
+    baseline: dict[str, Any],
+    section: str = "chain",
+    allow_mismatch: bool = False,
+) -> dict[str, Any]:
+    """Per-prompt and overall tau of ``ours`` against ``baseline``.
+
+    Args:
+        ours: our result.json content.
+        baseline: the baseline result.json content.
+        section: ``chain`` (top level), ``ddtree`` or ``all_anchor``.
+        allow_mismatch: flag instead of refusing results that measured different things.
+
+    Returns:
+        dict with ``ok``, ``section``, ``mismatches``, ``overall`` (macro ``tau`` and
+        ``tau_pooled`` of both over the shared prompts, ``delta`` = ours - baseline and
+        ``ratio`` = ours / baseline, likewise ``delta_pooled``/``ratio_pooled``),
+        ``warnings`` (non-blocking notes),
+        ``per_prompt`` (``id, ours, baseline, delta, ratio``), ``only_in_ours``,
+        ``only_in_baseline`` and the tau ``definition``.
+
+    Raises:
+        ComparisonError: when they differ in mode, method, block size, max new tokens,
+            target or prompts and ``allow_mismatch`` is false.
+    """
+    if section not in SECTIONS:
+        raise UsageError(f"unknown section {section!r}; choose one of {', '.join(SECTIONS)}")
+    sec_o, sec_b = section_of(ours, section), section_of(baseline, section)
+    id_o, id_b = _identity(ours, sec_o, section), _identity(baseline, sec_b, section)
+    mismatches = [
+        {"field": k, "ours": id_o[k], "baseline": id_b[k]} for k in id_o if id_o[k] != id_b[k]
+    ]
+    rows_o = {str(p["id"]): p for p in sec_o["per_prompt"]}
+    rows_b = {str(p["id"]): p for p in sec_b["per_prompt"]}
+    only_o = sorted(set(rows_o) - set(rows_b))
+    only_b = sorted(set(rows_b) - set(rows_o))
+    if only_o or only_b:
+        mismatches.append({"field": "prompt_ids", "ours": only_o, "baseline": only_b})
+    if mismatches and not allow_mismatch:
+        raise ComparisonError(mismatches)
+
+    common = [i for i in rows_o if i in rows_b]
+    per_prompt = []
+    for pid in common:
+        to, tb = rows_o[pid].get("tau"), rows_b[pid].get("tau")
+        per_prompt.append({"id": pid, "ours": to, "baseline": tb, **_delta_ratio(to, tb)})
+    rounds_o = [rows_o[i].get("rounds", []) for i in common]
+    rounds_b = [rows_b[i].get("rounds", []) for i in common]
+    macro_o, macro_b = taulib.macro_tau(rounds_o), taulib.macro_tau(rounds_b)
+    pooled_o, pooled_b = taulib.pooled_tau(rounds_o), taulib.pooled_tau(rounds_b)
+    overall = {
+        "ours": {"tau": macro_o, "tau_pooled": pooled_o},
+        "baseline": {"tau": macro_b, "tau_pooled": pooled_b},
+        **_delta_ratio(macro_o, macro_b),
+        **{f"{k}_pooled": v for k, v in _delta_ratio(pooled_o, pooled_b).items()},
+        "num_prompts": len(common),
+    }
+    warnings = []
+    if ours.get("definition") != baseline.get("definition"):
+        warnings.append("the two results state different tau definitions")
+    if ours.get("drafter", {}).get("fingerprint") and (
+        ours.get("drafter", {}).get("fingerprint") == baseline.get("drafter", {}).get("fingerprint")
+    ):
+        warnings.append("both results used the same drafter weights")
+    return {
+        "ok": not mismatches,
+        "section": section,
+        "mismatches": mismatches,
+        "warnings": warnings,
+        "overall": overall,
+        "per_prompt": per_prompt,
+        "only_in_ours": only_o,
+        "only_in_baseline": only_b,
+        "definition": "delta = ours - baseline; ratio = ours / baseline; " + taulib.DEFINITION,
+    }
+
+
+def _delta_ratio(ours: float | None, base: float | None) -> dict[str, float | None]:
+    if ours is None or base is None:
+        return {"delta": None, "ratio": None}
+    return {"delta": ours - base, "ratio": ours / base if base else None}
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m core.ml.compare", description=__doc__.split("\n\n")[0])
+    p.add_argument("ours", help="our result.json")
+    p.add_argument("baseline", help="the baseline result.json")
+    p.add_argument("--section", default="chain", choices=SECTIONS, help="which figures to compare")
+    p.add_argument("--out", help="write the comparison JSON here (atomic)")
+    p.add_argument("--allow-mismatch", action="store_true",
+                   help="compare anyway when mode/block size/target/prompts differ (flagged)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    ours, base = load_result(args.ours), load_result(args.baseline)
+    try:
+        cmp = compare_results(ours, base, section=args.section, allow_mismatch=args.allow_mismatch)
+    except ComparisonError as exc:
+        raise UsageError(f"{exc}; pass --allow-mismatch to compare anyway") from exc
+    for row in cmp["per_prompt"]:
+        emit("metric", task="compare", **row)
+    o = cmp["overall"]
+    emit("metric", task="compare", id="overall", ours=o["ours"]["tau"], baseline=o["baseline"]["tau"],
+         delta=o["delta"], ratio=o["ratio"], ok=cmp["ok"])
+    for m in cmp["mismatches"]:
+        say(f"warning: {m['field']} differs: ours={m['ours']!r} baseline={m['baseline']!r}")
+    for w in cmp["warnings"]:
+        say(f"warning: {w}")
+    if args.out:
+        atomic_write_json(args.out, cmp)
+        emit("result", task="compare", path=str(Path(args.out).resolve()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_main(main))

@@ -1,0 +1,292 @@
+"""DFlash drafter configuration: reads both published config layouts (spec §2.5, §8 item 1).
+
+Pure Python (no torch), so a config can be inspected without loading weights.
+
+Layouts accepted:
+
+* **z-lab** (``architectures: ["DFlashDraftModel"]``, ``model_type: "qwen3"``): Qwen3Config
+  fields at the top level plus ``dflash_config: {mask_token_id, target_layer_ids}``;
+  ``block_size`` at the top level (Qwen3/LLaMA drafters) or inside ``dflash_config``
+  (Qwen3.5+ drafters).
+* **speculators** (``speculators_model_type: "dflash"``): the layer fields live in
+  ``transformer_layer_config``; ``aux_hidden_state_layer_ids`` are HF ``hidden_states``
+  indices, i.e. z-lab ids + 1 (we subtract 1); ``mask_token_id``/``block_size`` at the top.
+
+We always save the z-lab layout (:meth:`DFlashConfig.to_dict`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ZLAB_ARCH = "DFlashDraftModel"
+LAYER_FULL = "full_attention"
+LAYER_SLIDING = "sliding_attention"
+
+
+def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """Default tapped target layers when a config has none (z-lab ``build_target_layer_ids``).
+
+    One draft layer: ``[N // 2]``; otherwise ``round(1 + i * (N - 4) / (L - 1))`` for
+    ``i = 0..L-1`` (evenly spaced from 1 to N-3). Qwen3-8B (N=36, L=5): ``[1, 9, 17, 25, 33]``.
+    Note: Python's ``round`` (banker's rounding), as in z-lab.
+    """
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    return [int(round(start + i * (end - start) / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+
+
+@dataclass
+class DFlashConfig:
+    """Everything the drafter needs; names follow Qwen3Config where they exist.
+
+    Attributes:
+        hidden_size: H, must equal the target's hidden size.
+        num_hidden_layers: L, number of draft layers.
+        num_attention_heads: query heads.
+        num_key_value_heads: key/value heads (GQA).
+        head_dim: per-head size (default H / heads).
+        intermediate_size: MLP width.
+        vocab_size: the target's vocabulary size (embeddings/LM head come from the target).
+        block_size: B, tokens per draft block (B-1 draft tokens per round).
+        mask_token_id: id filling the B-1 masked block slots.
+        target_layer_ids: 0-based target decoder layers tapped; feature = hidden_states[id+1].
+        num_target_layers: N, used only for the default ``target_layer_ids``.
+        rms_norm_eps: RMSNorm epsilon.
+        max_position_embeddings: kept for the record and RoPE scaling.
+        rope_theta: RoPE base.
+        rope_scaling: None/default, or a dict with ``rope_type`` in linear, yarn, llama3.
+        layer_types: per draft layer, ``full_attention`` or ``sliding_attention``.
+        sliding_window: W for sliding layers: a block anchored at a sees context a-W..a-1.
+        sliding_window_causal_block: sliding layers attend causally inside the block
+            (speculators' default for SWA); z-lab drafters are bidirectional (False).
+        attention_bias: bias on q/k/v/o projections (False in every published drafter).
+        hidden_act: must be ``silu``.
+        source_format: ``zlab`` or ``speculators``: the layout the config was read from.
+        extra: other top-level keys of a z-lab config, written back unchanged on save.
+    """
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    vocab_size: int
+    block_size: int
+    mask_token_id: int
+    target_layer_ids: list[int]
+    head_dim: int | None = None
+    num_target_layers: int | None = None
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 40960
+    rope_theta: float = 1_000_000.0
+    rope_scaling: dict[str, Any] | None = None
+    layer_types: list[str] | None = None
+    sliding_window: int | None = None
+    sliding_window_causal_block: bool = False
+    attention_bias: bool = False
+    hidden_act: str = "silu"
+    source_format: str = "zlab"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.layer_types is None:
+            self.layer_types = [LAYER_FULL] * self.num_hidden_layers
+        self.target_layer_ids = [int(i) for i in self.target_layer_ids]
+        self.validate()
+
+    # ------------------------------------------------------------------ derived
+
+    @property
+    def num_taps(self) -> int:
+        """K: number of tapped target layers (fc input is K * H)."""
+        return len(self.target_layer_ids)
+
+    @property
+    def feature_dim(self) -> int:
+        """Width of the concatenated target features (K * H)."""
+        return self.num_taps * self.hidden_size
+
+    def validate(self) -> None:
+        """Check invariants; raises ValueError naming the field."""
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
+        bad = set(self.layer_types) - {LAYER_FULL, LAYER_SLIDING}
+        if bad:
+            raise ValueError(f"unsupported layer_types {sorted(bad)}")
+        if LAYER_SLIDING in self.layer_types and not self.sliding_window:
+            raise ValueError("sliding_attention layers need a sliding_window")
+        if self.hidden_act != "silu":
+            raise ValueError(f"hidden_act {self.hidden_act!r} unsupported (DFlash drafters use silu)")
+        if not self.target_layer_ids:
+            raise ValueError("target_layer_ids is empty")
+        if self.num_target_layers is not None and max(self.target_layer_ids) >= self.num_target_layers:
+            raise ValueError(f"target_layer_ids {self.target_layer_ids} exceed num_target_layers {self.num_target_layers}")
+
+    # ------------------------------------------------------------------ reading
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any]) -> DFlashConfig:
+        """Parse a z-lab or speculators ``config.json`` dict.
+
+        Raises:
+            ValueError: a required field is missing or inconsistent (message names it).
+        """
+        if cfg.get("speculators_model_type") is not None:
+            return cls._from_speculators(cfg)
+        return cls._from_zlab(cfg)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> DFlashConfig:
+        """Read ``path`` (a ``config.json`` or a directory containing one)."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
+
+    @classmethod
+    def _from_zlab(cls, cfg: dict[str, Any]) -> DFlashConfig:
+        dflash = cfg.get("dflash_config") or {}
+        block_size = cfg.get("block_size") or dflash.get("block_size")
+        if block_size is None:
+            raise ValueError("config has no block_size (checked top level and dflash_config)")
+        mask = dflash.get("mask_token_id", cfg.get("mask_token_id"))
+        if mask is None:
+            raise ValueError("config has no dflash_config.mask_token_id")
+        n_layers = _req(cfg, "num_hidden_layers")
+        ids = dflash.get("target_layer_ids")
+        if ids is None:
+            if cfg.get("num_target_layers") is None:
+                raise ValueError("config has neither dflash_config.target_layer_ids nor num_target_layers")
+            ids = build_target_layer_ids(int(cfg["num_target_layers"]), int(n_layers))
+        known = {f.name for f in dataclasses.fields(cls)} | {"dflash_config", "rope_parameters", "use_sliding_window"}
+        extra = {k: v for k, v in cfg.items() if k not in known}
+        return cls(
+            **_layer_fields(cfg),
+            block_size=int(block_size),
+            mask_token_id=int(mask),
+            target_layer_ids=list(ids),
+            num_target_layers=cfg.get("num_target_layers"),
+            sliding_window_causal_block=bool(cfg.get("sliding_window_causal_block", False)),
+            source_format="zlab",
+            extra=extra,
+        )
+
+    @classmethod
+    def _from_speculators(cls, cfg: dict[str, Any]) -> DFlashConfig:
+        kind = cfg.get("speculators_model_type")
+        if kind != "dflash":
+            raise ValueError(f"speculators_model_type is {kind!r}, expected 'dflash'")
+        layer_cfg = cfg.get("transformer_layer_config")
+        if not isinstance(layer_cfg, dict):
+            raise ValueError("speculators config has no transformer_layer_config")
+        aux = cfg.get("aux_hidden_state_layer_ids")
+        if not aux:
+            raise ValueError("speculators config has no aux_hidden_state_layer_ids")
+        if cfg.get("mask_token_id") is None:
+            raise ValueError("speculators config has no mask_token_id")
+        fields = _layer_fields(layer_cfg)
+        return cls(
+            **fields,
+            block_size=int(cfg.get("block_size") or 8),
+            mask_token_id=int(cfg["mask_token_id"]),
+            target_layer_ids=[int(i) - 1 for i in aux],  # HF hidden_states index -> decoder layer id
+            num_target_layers=None,
+            sliding_window_causal_block=not bool(cfg.get("sliding_window_non_causal", False)),
+            source_format="speculators",
+        )
+
+    # ------------------------------------------------------------------ writing
+
+    def to_dict(self) -> dict[str, Any]:
+        """The z-lab ``config.json`` layout (spec §2.5 / §8 item 12)."""
+        out: dict[str, Any] = dict(self.extra)
+        out.update(
+            {
+                "architectures": [ZLAB_ARCH],
+                "model_type": "qwen3",
+                "block_size": self.block_size,
+                "dflash_config": {"mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids)},
+                "num_target_layers": self.num_target_layers,
+                "hidden_size": self.hidden_size,
+                "num_hidden_layers": self.num_hidden_layers,
+                "num_attention_heads": self.num_attention_heads,
+                "num_key_value_heads": self.num_key_value_heads,
+                "head_dim": self.head_dim,
+                "intermediate_size": self.intermediate_size,
+                "vocab_size": self.vocab_size,
+                "rms_norm_eps": self.rms_norm_eps,
+                "max_position_embeddings": self.max_position_embeddings,
+                "rope_theta": self.rope_theta,
+                "rope_scaling": self.rope_scaling,
+                "layer_types": list(self.layer_types),
+                "sliding_window": self.sliding_window,
+                "use_sliding_window": LAYER_SLIDING in self.layer_types,
+                "attention_bias": self.attention_bias,
+                "hidden_act": self.hidden_act,
+            }
+        )
+        if self.sliding_window_causal_block:
+            out["sliding_window_causal_block"] = True
+        out.setdefault("tie_word_embeddings", False)
+        if out.get("num_target_layers") is None:
+            out.pop("num_target_layers")
+        return out
+
+    def fingerprint(self) -> str:
+        """Short sha256 of the canonical z-lab dict (identifies the architecture)."""
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _req(cfg: dict[str, Any], key: str) -> Any:
+    if cfg.get(key) is None:
+        raise ValueError(f"config has no {key}")
+    return cfg[key]
+
+
+def _layer_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3Config-style fields shared by both layouts."""
+    rope_params = cfg.get("rope_parameters") or {}
+    theta = cfg.get("rope_theta", rope_params.get("rope_theta"))
+    scaling = cfg.get("rope_scaling")
+    if scaling is None and rope_params.get("rope_type", "default") != "default":
+        scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
+    n_layers = int(_req(cfg, "num_hidden_layers"))
+    layer_types = cfg.get("layer_types")
+    window = cfg.get("sliding_window")
+    if layer_types is None:
+        if cfg.get("use_sliding_window") and window:
+            max_window = int(cfg.get("max_window_layers", n_layers))
+            layer_types = [LAYER_SLIDING if i >= max_window else LAYER_FULL for i in range(n_layers)]
+        else:
+            layer_types = [LAYER_FULL] * n_layers
+    return {
+        "hidden_size": int(_req(cfg, "hidden_size")),
+        "num_hidden_layers": n_layers,
+        "num_attention_heads": int(_req(cfg, "num_attention_heads")),
+        "num_key_value_heads": int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"]),
+        "head_dim": cfg.get("head_dim"),
+        "intermediate_size": int(_req(cfg, "intermediate_size")),
+        "vocab_size": int(_req(cfg, "vocab_size")),
+        "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-6)),
+        "max_position_embeddings": int(cfg.get("max_position_embeddings") or 40960),
+        "rope_theta": float(theta if theta is not None else 1_000_000.0),
+        "rope_scaling": scaling,
+        "layer_types": list(layer_types),
+        "sliding_window": int(window) if window and LAYER_SLIDING in layer_types else window,
+        "attention_bias": bool(cfg.get("attention_bias", False)),
+        "hidden_act": cfg.get("hidden_act", "silu"),
+    }

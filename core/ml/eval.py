@@ -1,0 +1,274 @@
+"""``python -m core.ml.eval``: acceptance length (tau) of a DFlash drafter -> result.json.
+
+    python -m core.ml.eval --target DIR --drafter DIR --prompts FILE.jsonl --out result.json
+        [--mode online|offline] [--cache DIR] [--tree-budget K] [--block-size B]
+        [--max-new-tokens N] [--device auto|cpu|cuda] [--dtype auto|float32|bfloat16|float16]
+        [--limit N] [--ignore-eos] [--speedup] [--rows-per-pass R] [--seed S]
+
+online: chain speculative decoding (spec §3) per prompt, greedy; with ``--tree-budget K`` also
+DDTree with K nodes (spec §5); with ``--speedup`` also a block-size-1 run through the same
+harness (speedup = mean TPOT(B=1) / mean TPOT(run)).
+offline: tau from an extract cache (``--cache``, from ``core.ml.extract``), batched over all
+anchors of a sequence (spec §6): trajectory (top-level figures, comparable with online) and
+all-anchor (``all_anchor``); with ``--tree-budget`` also DDTree offline (``ddtree``).
+
+stdout: JSON lines (progress per prompt, one metric line per method, then
+``{"event": "result", "path": ...}``); result.json and provenance.json are written atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from core.ml import tau as taulib
+from core.ml.runio import Progress, UsageError, emit, provenance, run_main, say, write_result
+
+KIND = "specdeck-eval-v1"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m core.ml.eval", description="measure drafter acceptance length (tau)")
+    p.add_argument("--target", required=True, help="target model directory")
+    p.add_argument("--drafter", required=True, help="drafter directory (config.json + model.safetensors)")
+    p.add_argument("--prompts", required=True, help="JSONL prompts ({id, prompt} or {id, input_ids})")
+    p.add_argument("--out", required=True, help="result.json path (provenance.json is written beside it)")
+    p.add_argument("--mode", choices=["online", "offline"], default="online")
+    p.add_argument("--cache", help="feature cache from core.ml.extract (offline mode)")
+    p.add_argument("--tree-budget", type=int, help="also run DDTree with this many draft nodes")
+    p.add_argument("--block-size", type=int, help="block size B (default: the drafter's; may be smaller)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--limit", type=int, help="only the first N prompts")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS (online)")
+    p.add_argument("--speedup", action="store_true", help="also time a block-size-1 run (online)")
+    p.add_argument("--rows-per-pass", type=int, help="offline: block rows (anchors x B) per drafter pass "
+                   "(default 512 on CPU, 4096 on CUDA)")
+    p.add_argument("--no-chat-template", action="store_true")
+    p.add_argument("--enable-thinking", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def validate(args: argparse.Namespace) -> None:
+    """Cheap input checks before anything heavy is loaded (UsageError names the argument)."""
+    if not (Path(args.target) / "config.json").is_file():
+        raise UsageError(f"--target {args.target}: no config.json there")
+    if not (Path(args.drafter) / "config.json").is_file():
+        raise UsageError(f"--drafter {args.drafter}: no config.json there")
+    if not Path(args.prompts).is_file():
+        raise UsageError(f"--prompts {args.prompts}: file not found")
+    if args.mode == "offline":
+        if not args.cache:
+            raise UsageError("--mode offline needs --cache DIR (made by python -m core.ml.extract)")
+        if not (Path(args.cache) / "manifest.json").is_file():
+            raise UsageError(f"--cache {args.cache}: no manifest.json (run python -m core.ml.extract first)")
+    if args.tree_budget is not None and args.tree_budget < 0:
+        raise UsageError("--tree-budget must be >= 0")
+    if args.max_new_tokens < 1:
+        raise UsageError("--max-new-tokens must be >= 1")
+
+
+def _summary(rows: list[dict[str, Any]], block_size: int) -> dict[str, Any]:
+    return taulib.summarize([r["rounds"] for r in rows], block_size)
+
+
+def _timing(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    tokens = sum(len(r["tokens"]) for r in rows)
+    decode = sum(r.get("decode_s", 0.0) for r in rows)
+    tpots = [r["decode_s"] / len(r["tokens"]) for r in rows if r.get("tokens") and r.get("decode_s")]
+    return {
+        "prefill_s": sum(r.get("prefill_s", 0.0) for r in rows), "decode_s": decode,
+        "draft_s": sum(r.get("draft_s", 0.0) for r in rows), "verify_s": sum(r.get("verify_s", 0.0) for r in rows),
+        "tokens": tokens, "tokens_per_s": tokens / decode if decode else None,
+        "mean_tpot_s": sum(tpots) / len(tpots) if tpots else None,
+    }
+
+
+def run_online(args, target, tokenizer, drafter, prompts, block_size) -> dict[str, Any]:
+    from core.ml.generate import DFlashProposer, chain_generate, ddtree_generate
+    from core.ml.prompts import encode
+    from core.ml.target import TargetRunner, stop_token_ids
+
+    stops = [] if args.ignore_eos else stop_token_ids(target, tokenizer)
+    vocab = target.config.get_text_config().vocab_size
+    runner = TargetRunner(target, drafter.target_layer_ids)
+    proposer = DFlashProposer(drafter, target)
+    plain = TargetRunner(target, None) if args.speedup else None
+    chain_rows, tree_rows, ar_rows = [], [], []
+    progress = Progress("eval", len(prompts), "prompts")
+    mask = drafter.mask_token_id
+    for p in prompts:
+        ids = encode(p, tokenizer, vocab, not args.no_chat_template, args.enable_thinking)
+        r = chain_generate(proposer, runner, ids, args.max_new_tokens, block_size, mask, stops)
+        chain_rows.append(_row(p.id, r))
+        extra: dict[str, Any] = {"tau": r.tau}
+        if args.tree_budget is not None:
+            t = ddtree_generate(proposer, runner, ids, args.max_new_tokens, block_size, mask, args.tree_budget, stops)
+            if t.tokens != r.tokens:
+                say(f"warning: prompt {p.id}: DDTree and chain outputs differ (float noise in the target's argmax?)")
+            tree_rows.append(_row(p.id, t) | {"mean_tree_nodes": t.extra["mean_tree_nodes"]})
+            extra["tau_ddtree"] = t.tau
+        if plain is not None:
+            ar_rows.append(_row(p.id, chain_generate(None, plain, ids, args.max_new_tokens, 1, mask, stops)))
+        progress.step(tokens=len(r.tokens), id=p.id, **extra)
+    runner.close()
+    result = {**_summary(chain_rows, block_size), "per_prompt": chain_rows, "timing": _timing(chain_rows)}
+    if tree_rows:
+        result["ddtree"] = {"budget": args.tree_budget, **_summary(tree_rows, block_size),
+                            "per_prompt": tree_rows, "timing": _timing(tree_rows)}
+    if ar_rows:
+        ar_tpot = _timing(ar_rows)["mean_tpot_s"]
+        sp = {"baseline_mean_tpot_s": ar_tpot, "definition": "mean TPOT of the block-size-1 run / mean TPOT of the run"}
+        for name, rows in (("chain", chain_rows), ("ddtree", tree_rows)):
+            tpot = _timing(rows)["mean_tpot_s"] if rows else None
+            sp[name] = ar_tpot / tpot if ar_tpot and tpot else None
+        result["speedup"] = sp
+    return result
+
+
+def _row(pid: str, r: Any) -> dict[str, Any]:
+    return {"id": pid, "tau": r.tau, "rounds": r.rounds, "tokens": r.tokens, "prompt_len": r.prompt_len,
+            "stopped": r.stopped, "prefill_s": r.prefill_s, "decode_s": r.decode_s,
+            "draft_s": r.draft_s, "verify_s": r.verify_s}
+
+
+def run_offline(args, target, drafter, prompts, block_size) -> dict[str, Any]:
+    from core.ml import featstore
+    from core.ml.extract import target_fingerprint
+    from core.ml.offline import sequence_streaks
+
+    root = Path(args.cache)
+    manifest = featstore.load_manifest(root)
+    if manifest["target"]["fingerprint"] != target_fingerprint(args.target):
+        raise UsageError(f"--cache {root} was extracted from another target ({manifest['target']['path']})")
+    if list(manifest["layer_ids"]) != drafter.target_layer_ids:
+        raise UsageError(f"--cache {root} holds layers {manifest['layer_ids']}, the drafter taps {drafter.target_layer_ids}")
+    missing = [p.id for p in prompts if p.id not in manifest["entries"]]
+    if missing:
+        raise UsageError(f"--cache {root} has no features for prompts {missing[:5]}; run core.ml.extract on this prompts file")
+    embed, head = target.get_input_embeddings(), target.get_output_embeddings()
+    traj_rows, all_rows, tree_traj_rows = [], [], []
+    progress = Progress("eval", len(prompts), "prompts")
+    for p in prompts:
+        seq = featstore.read_entry(root, p.id, manifest["entries"][p.id])
+        rows = args.rows_per_pass or (4096 if drafter.fc.weight.device.type == "cuda" else 512)
+        st = sequence_streaks(drafter, embed, head, seq, block_size, args.tree_budget, rows)
+        _, rounds = st.trajectory(args.max_new_tokens)
+        tokens = seq.generated[: args.max_new_tokens]
+        traj_rows.append({"id": p.id, "tau": taulib.mean_tau(rounds), "rounds": rounds, "tokens": tokens,
+                          "prompt_len": seq.prompt_len})
+        ar = st.all_anchor_rounds()
+        all_rows.append({"id": p.id, "tau": taulib.mean_tau(ar), "rounds": ar, "num_anchors": len(ar)})
+        extra: dict[str, Any] = {"tau": traj_rows[-1]["tau"]}
+        if args.tree_budget is not None:
+            _, trounds = st.trajectory(args.max_new_tokens, tree=True)
+            tree_traj_rows.append({"id": p.id, "tau": taulib.mean_tau(trounds), "rounds": trounds, "tokens": tokens,
+                                   "all_anchor_tau": taulib.mean_tau(st.all_anchor_rounds(tree=True))})
+            extra["tau_ddtree"] = tree_traj_rows[-1]["tau"]
+        progress.step(tokens=len(seq.generated), id=p.id, **extra)
+    result = {**_summary(traj_rows, block_size), "per_prompt": traj_rows, "offline_variant": "trajectory",
+              "all_anchor": {**_summary(all_rows, block_size), "per_prompt": all_rows},
+              "cache": {"path": str(root.resolve()), "dtype": manifest.get("dtype"),
+                        "settings": manifest.get("settings")}}
+    if tree_traj_rows:
+        result["ddtree"] = {"budget": args.tree_budget, **_summary(tree_traj_rows, block_size), "per_prompt": tree_traj_rows}
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    validate(args)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from core.ml.prompts import read_prompts
+
+    prompts = read_prompts(args.prompts, args.limit)
+
+    import torch
+
+    torch.manual_seed(args.seed)
+    with torch.no_grad():
+        return _main(args, prompts)
+
+
+def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
+    import torch
+
+    from core.ml.drafter import load_drafter
+    from core.ml.extract import target_fingerprint
+    from core.ml.prompts import file_sha256
+    from core.ml.target import load_target, load_tokenizer, resolve_device, resolve_dtype
+
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    try:
+        drafter = load_drafter(args.drafter, device=device, dtype=dtype)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--drafter {args.drafter}: {exc}") from exc
+    cfg = drafter.config
+    block_size = args.block_size or cfg.block_size
+    if not 1 <= block_size <= cfg.block_size:
+        raise UsageError(f"--block-size {block_size}: must be 1..{cfg.block_size} (the drafter's trained block size)")
+    say(f"loading target {args.target} on {device} ({dtype})")
+    target = load_target(args.target, device, dtype)
+    tcfg = target.config.get_text_config()
+    if tcfg.hidden_size != cfg.hidden_size:
+        raise UsageError(f"drafter hidden_size {cfg.hidden_size} != target hidden_size {tcfg.hidden_size}: wrong target?")
+    if max(cfg.target_layer_ids) >= tcfg.num_hidden_layers:
+        raise UsageError(f"drafter taps layers {cfg.target_layer_ids} but the target has {tcfg.num_hidden_layers}")
+    if cfg.mask_token_id >= tcfg.vocab_size:
+        raise UsageError(f"drafter mask_token_id {cfg.mask_token_id} outside the target vocabulary {tcfg.vocab_size}")
+    tokenizer = load_tokenizer(args.target)
+    if args.mode == "online":
+        figures = run_online(args, target, tokenizer, drafter, prompts, block_size)
+    else:
+        figures = run_offline(args, target, drafter, prompts, block_size)
+    definition = taulib.DEFINITION if args.mode == "online" else taulib.DEFINITION + " " + taulib.OFFLINE_DEFINITION
+    result = {
+        "kind": KIND,
+        "definition": definition,
+        "mode": args.mode,
+        "method": "chain",
+        "temperature": 0,
+        "block_size": block_size,
+        "max_new_tokens": args.max_new_tokens,
+        "target": {"path": str(Path(args.target).resolve()), "model_type": target.config.model_type,
+                   "fingerprint": target_fingerprint(args.target), "num_layers": tcfg.num_hidden_layers},
+        "drafter": {"path": str(Path(args.drafter).resolve()), "fingerprint": _file_sha256(Path(args.drafter) / "model.safetensors")
+                    if (Path(args.drafter) / "model.safetensors").is_file() else None,
+                    "block_size": cfg.block_size, "target_layer_ids": cfg.target_layer_ids,
+                    "mask_token_id": cfg.mask_token_id, "config_format": cfg.source_format},
+        "prompts": {"file": str(Path(args.prompts).resolve()), "sha256": file_sha256(args.prompts),
+                    "count": len(prompts), "ids": [p.id for p in prompts]},
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        **figures,
+    }
+    emit("metric", task="eval", method="chain", mode=args.mode, tau=result["tau"], tau_pooled=result["tau_pooled"],
+         num_rounds=result["num_rounds"])
+    if "ddtree" in result:
+        emit("metric", task="eval", method="ddtree", budget=args.tree_budget, mode=args.mode,
+             tau=result["ddtree"]["tau"], tau_pooled=result["ddtree"]["tau_pooled"])
+    if "all_anchor" in result:
+        emit("metric", task="eval", method="all_anchor", mode=args.mode, tau=result["all_anchor"]["tau"],
+             tau_pooled=result["all_anchor"]["tau_pooled"])
+    out = write_result(args.out, result, provenance(seed=args.seed, task="eval"))
+    emit("result", task="eval", path=str(out.resolve()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_main(main))

@@ -1,0 +1,222 @@
+"""Online speculative decoding with a DFlash drafter: chain (spec §3) and DDTree (spec §5).
+
+Greedy (temperature 0) only: drafts are argmax, the target's argmax decides acceptance, so the
+committed tokens are exactly the target's greedy decoding (lossless; tests check it token for
+token against :func:`greedy_generate`).
+
+One round, chain: block ``[x_s, MASK * (B-1)]`` -> drafter -> B-1 draft tokens -> target
+verifies the B block tokens in one forward -> ``n_acc`` = leading drafts equal to the target's
+argmax -> commit ``block[0..n_acc]`` plus the target's token after them (bonus), record
+``tau_round = n_acc + 1``, feed the accepted positions' features to the drafter next round.
+DDTree replaces the chain by the best-first tree and walks it along the target's argmax.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from core.ml import tau as taulib
+from core.ml.ddtree import build_tree, topk_per_depth
+from core.ml.drafter import DFlashDrafter, DraftCache
+from core.ml.target import TargetRunner, cache_kwarg, new_cache
+
+
+@dataclass
+class GenerationResult:
+    """Outcome of one prompt.
+
+    Attributes:
+        tokens: generated ids (at most ``max_new_tokens``, cut after the first stop token).
+        rounds: per-round acceptance lengths (tau_round = accepted drafts + 1).
+        prompt_len: number of prompt tokens.
+        stopped: a stop token ended generation.
+        prefill_s / decode_s / draft_s / verify_s: wall times in seconds.
+    """
+
+    tokens: list[int]
+    rounds: list[int]
+    prompt_len: int
+    stopped: bool = False
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tau(self) -> float | None:
+        return taulib.mean_tau(self.rounds)
+
+
+class Proposer(Protocol):
+    """Anything that drafts B-1 tokens for a block (the DFlash drafter, or a test oracle)."""
+
+    def reset(self) -> None: ...
+
+    def propose(self, block: Sequence[int], start: int, new_feats: Tensor | None) -> Tensor:
+        """Draft logits [B-1, V] for block ``[x_start, MASK...]`` given the new context rows."""
+        ...
+
+
+class DFlashProposer:
+    """Drafts with a :class:`DFlashDrafter`, the target's embeddings and LM head (spec §3 b).
+
+    The draft cache holds context K/V of every committed position < block start; each call
+    appends the features of the positions committed since the previous call.
+    """
+
+    def __init__(self, drafter: DFlashDrafter, target: nn.Module) -> None:
+        self.drafter = drafter
+        self.embed = target.get_input_embeddings()
+        self.head = target.get_output_embeddings()
+        self.cache = DraftCache()
+
+    def reset(self) -> None:
+        self.cache = DraftCache()
+
+    @torch.no_grad()
+    def propose(self, block: Sequence[int], start: int, new_feats: Tensor | None) -> Tensor:
+        c0 = len(self.cache)
+        assert new_feats is not None and new_feats.shape[1] == start - c0, "context rows out of step"
+        device = self.drafter.fc.weight.device
+        ids = torch.tensor([list(block)], device=self.embed.weight.device)
+        positions = torch.arange(c0, start + len(block), device=device)[None]  # [1, c+q]
+        hidden = self.drafter(self.embed(ids).to(device), new_feats.to(device), positions, cache=self.cache)
+        return self.head(hidden[0, 1:].to(self.head.weight.dtype)).float()  # [B-1, V]
+
+
+def _sync(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _finish(out: list[int], max_new: int, stop_ids: Sequence[int]) -> tuple[list[int], bool]:
+    tokens = out[:max_new]
+    stops = set(stop_ids)
+    for i, t in enumerate(tokens):
+        if t in stops:
+            return tokens[: i + 1], True
+    return tokens, False
+
+
+@torch.no_grad()
+def greedy_generate(model: nn.Module, prompt: Sequence[int], max_new_tokens: int,
+                    stop_ids: Sequence[int] = ()) -> GenerationResult:
+    """Plain greedy decoding, one token per forward (the lossless reference).
+
+    Deliberately independent of :class:`TargetRunner`: a transformers cache, implicit
+    positions, nothing rolled back.
+    """
+    device = next(model.parameters()).device
+    kw = cache_kwarg(model)
+    cache = new_cache(model)
+    t0 = _sync(device)
+    logits = model(torch.tensor([list(prompt)], device=device), **{kw: cache}, use_cache=True).logits
+    t1 = _sync(device)
+    out: list[int] = []
+    stops = set(stop_ids)
+    while True:
+        nxt = int(logits[0, -1].argmax())
+        out.append(nxt)
+        if len(out) >= max_new_tokens or nxt in stops:
+            break
+        logits = model(torch.tensor([[nxt]], device=device), **{kw: cache}, use_cache=True).logits
+    t2 = _sync(device)
+    tokens, stopped = _finish(out, max_new_tokens, stop_ids)
+    return GenerationResult(tokens, [1] * len(tokens), len(prompt), stopped, t1 - t0, t2 - t1)
+
+
+@torch.no_grad()
+def chain_generate(proposer: Proposer | None, runner: TargetRunner, prompt: Sequence[int], max_new_tokens: int,
+                   block_size: int, mask_token_id: int, stop_ids: Sequence[int] = ()) -> GenerationResult:
+    """Chain DFlash speculative decoding (greedy), spec §3.
+
+    Args:
+        proposer: the drafter wrapper (None only with ``block_size == 1``: plain decoding
+            through the same harness, the speed baseline).
+        runner: the target (its taps must match the drafter's ``target_layer_ids``).
+        prompt: prompt ids.
+        max_new_tokens: generation stops once this many tokens are committed.
+        block_size: B (may be smaller than the drafter's trained block size).
+        mask_token_id: id of the masked block slots.
+        stop_ids: stop token ids.
+    """
+    if proposer is not None:
+        proposer.reset()
+    dev = runner.device
+    t0 = _sync(dev)
+    logits, feats = runner.prefill(prompt)
+    out = [int(logits.argmax())]  # out[i] sits at position P + i
+    t1 = _sync(dev)
+    P, start, rounds = len(prompt), len(prompt), []
+    draft_s = verify_s = 0.0
+    stops = set(stop_ids)
+    while start < P + max_new_tokens and not (stops and stops.intersection(out)):
+        x = out[start - P]
+        ta = _sync(dev)
+        if block_size > 1:
+            draft_logits = proposer.propose([x] + [mask_token_id] * (block_size - 1), start, feats)
+            draft = draft_logits.argmax(-1).tolist()
+        else:
+            draft = []
+        tb = _sync(dev)
+        vlogits, vfeats = runner.verify_chain([x] + draft)
+        post = vlogits.argmax(-1).tolist()  # post[i]: target's token after block[i]
+        n_acc = taulib.streak(draft, post[:-1])
+        runner.commit_chain(n_acc + 1)
+        tc = _sync(dev)
+        draft_s, verify_s = draft_s + (tb - ta), verify_s + (tc - tb)
+        out += draft[:n_acc] + [post[n_acc]]
+        rounds.append(n_acc + 1)
+        start += n_acc + 1
+        feats = vfeats[:, : n_acc + 1] if vfeats is not None else None
+    t2 = _sync(dev)
+    tokens, stopped = _finish(out, max_new_tokens, stop_ids)
+    return GenerationResult(tokens, rounds, P, stopped, t1 - t0, t2 - t1, draft_s, verify_s)
+
+
+@torch.no_grad()
+def ddtree_generate(proposer: Proposer, runner: TargetRunner, prompt: Sequence[int], max_new_tokens: int,
+                    block_size: int, mask_token_id: int, budget: int, stop_ids: Sequence[int] = ()) -> GenerationResult:
+    """DDTree speculative decoding (greedy), spec §5: one tree of ``budget`` nodes per round.
+
+    ``tau_round`` = accepted nodes including the root (= accepted drafts + 1), as for chain.
+    """
+    proposer.reset()
+    dev = runner.device
+    t0 = _sync(dev)
+    logits, feats = runner.prefill(prompt)
+    out = [int(logits.argmax())]
+    t1 = _sync(dev)
+    P, start, rounds = len(prompt), len(prompt), []
+    draft_s = verify_s = 0.0
+    stops = set(stop_ids)
+    nodes = 0
+    while start < P + max_new_tokens and not (stops and stops.intersection(out)):
+        x = out[start - P]
+        ta = _sync(dev)
+        draft_logits = proposer.propose([x] + [mask_token_id] * (block_size - 1), start, feats)
+        tree = build_tree(x, topk_per_depth(draft_logits, budget), budget)
+        tb = _sync(dev)
+        vlogits, vfeats = runner.verify_tree(tree.tokens, tree.parents, tree.depths)
+        accepted, bonus = tree.follow(vlogits.argmax(-1).tolist())
+        runner.commit_tree(accepted)
+        tc = _sync(dev)
+        draft_s, verify_s = draft_s + (tb - ta), verify_s + (tc - tb)
+        out += [tree.tokens[i] for i in accepted[1:]] + [bonus]
+        rounds.append(len(accepted))
+        nodes += len(tree) - 1
+        start += len(accepted)
+        feats = vfeats[:, accepted] if vfeats is not None else None
+    t2 = _sync(dev)
+    tokens, stopped = _finish(out, max_new_tokens, stop_ids)
+    res = GenerationResult(tokens, rounds, P, stopped, t1 - t0, t2 - t1, draft_s, verify_s)
+    res.extra["mean_tree_nodes"] = nodes / len(rounds) if rounds else 0.0
+    return res

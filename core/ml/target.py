@@ -1,0 +1,378 @@
+"""The target model during speculative decoding: prefill, verify, and exact cache rollback.
+
+Verification runs the target on tokens that may be rejected, so the cache must be rolled back
+to the accepted prefix after each round. How depends on the cache layers
+(transformers 5.24, see environment.md "Caches in transformers 5.24"):
+
+* ``crop``: every layer is a plain attention ``DynamicLayer`` (Qwen3, Llama, ...): drop or
+  index-select K/V rows. Cheap and exact.
+* ``snapshot``: attention layers plus linear-attention layers (hybrid ``qwen3_5``: conv and
+  recurrent state). A recurrent state cannot be cropped: we clone the linear layers' states at
+  the block start, and after verification restore them, crop the attention rows and re-run the
+  accepted tokens (one extra target forward in rounds that reject something).
+* ``recompute``: any other cache layout: reset and re-run the whole committed sequence.
+
+Draft trees (DDTree) are verified in one forward with a 4-D ancestor mask on attention-only
+targets; hybrid targets cannot take a tree mask in their recurrent layers, so there the tree
+is verified as a batch of root-to-leaf paths (each row an ordinary causal chain, right padded).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from core.ml.features import FeatureTap
+
+try:  # transformers >= 5 layouts
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+    from transformers.cache_utils import LinearAttentionLayer as _LinearLayer
+except ImportError:  # pragma: no cover - older transformers
+    from transformers import DynamicCache
+
+    DynamicLayer = _LinearLayer = None  # type: ignore[assignment,misc]
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``auto``/None -> cuda when available else cpu."""
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """``auto``/None -> bfloat16 on CUDA, float32 on CPU; else the named dtype."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r} (float32, bfloat16, float16, auto)") from None
+
+
+def load_target(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> nn.Module:
+    """Load a local causal LM directory with SDPA attention (never touches a hub)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # stderr is for our messages; stdout stays JSON lines
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=dtype, attn_implementation="sdpa", local_files_only=True
+    )
+    return model.to(device).eval()
+
+
+def load_tokenizer(path: str | Path) -> Any | None:
+    """The target directory's tokenizer, or None when it has none."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def stop_token_ids(model: nn.Module, tokenizer: Any | None = None) -> list[int]:
+    """EOS ids from the generation config, model config and tokenizer."""
+    ids: set[int] = set()
+    for src in (getattr(model, "generation_config", None), getattr(model, "config", None), tokenizer):
+        eos = getattr(src, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, (list, tuple)):
+            ids.update(int(e) for e in eos)
+    return sorted(ids)
+
+
+def cache_kwarg(model: nn.Module) -> str:
+    """Name of the cache argument of ``model.forward`` (``cache`` in 5.24, else ``past_key_values``)."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def new_cache(model: nn.Module) -> Any:
+    """A fresh ``DynamicCache`` laid out for ``model`` (hybrid-aware)."""
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # pragma: no cover - old signature
+        return DynamicCache()
+
+
+class TargetRunner:
+    """Stateful target for one generation: committed ids, cache and feature taps.
+
+    Args:
+        model: a transformers causal LM (eval mode).
+        layer_ids: tapped decoder layers for drafter features (None: no features).
+    """
+
+    def __init__(self, model: nn.Module, layer_ids: Sequence[int] | None = None) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.tap = FeatureTap(model, layer_ids) if layer_ids else None
+        self._cache_kw = cache_kwarg(model)
+        self._keep_kw = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.reset()
+
+    # ------------------------------------------------------------------ state
+
+    def reset(self) -> None:
+        """Drop the cache and the committed ids."""
+        self.cache = new_cache(self.model)
+        self.ids: list[int] = []  # tokens whose K/V (or state) are in the cache
+        self._pending: dict[str, Any] | None = None
+        self.strategy = self._strategy()
+
+    def _strategy(self) -> str:
+        layers = getattr(self.cache, "layers", None)
+        if not layers or DynamicLayer is None:
+            return "recompute" if layers is not None else "crop"
+        kinds = {type(layer) for layer in layers}
+        if kinds <= {DynamicLayer}:
+            return "crop"
+        if kinds <= {DynamicLayer, _LinearLayer}:
+            return "snapshot"
+        return "recompute"
+
+    @property
+    def length(self) -> int:
+        """Number of committed tokens in the cache."""
+        return len(self.ids)
+
+    def close(self) -> None:
+        if self.tap is not None:
+            self.tap.close()
+
+    # ------------------------------------------------------------------ forward
+
+    def _forward(self, ids: Tensor, positions: Tensor, mask: Tensor | None = None,
+                 last_only: bool = False) -> tuple[Tensor, Tensor | None]:
+        # ids/positions: [b, n] -> logits [b, n or 1, V] (float32), feats [b, n, K*H] | None
+        kwargs: dict[str, Any] = {self._cache_kw: self.cache, "use_cache": True, "position_ids": positions}
+        if mask is not None:
+            kwargs["attention_mask"] = mask
+        if last_only and self._keep_kw:
+            kwargs["logits_to_keep"] = 1
+        need_hs = self.tap is not None and self.tap.needs_hidden_states
+        if need_hs:
+            kwargs["output_hidden_states"] = True
+        out = self.model(ids, **kwargs)
+        feats = self.tap.pop_from(getattr(out, "hidden_states", None)) if self.tap is not None else None
+        logits = out.logits[:, -1:] if last_only else out.logits
+        return logits.float(), feats
+
+    def _positions(self, n: int, batch: int = 1) -> Tensor:
+        return torch.arange(self.length, self.length + n, device=self.device).expand(batch, n)
+
+    @torch.no_grad()
+    def prefill(self, input_ids: Sequence[int]) -> tuple[Tensor, Tensor | None]:
+        """Run the prompt. Returns (logits of the last position [V], features [1, P, K*H])."""
+        self.reset()
+        ids = torch.tensor([list(input_ids)], device=self.device)
+        logits, feats = self._forward(ids, self._positions(ids.shape[1]), last_only=True)
+        self.ids = list(input_ids)
+        return logits[0, -1], feats
+
+    @torch.no_grad()
+    def verify_chain(self, block: Sequence[int]) -> tuple[Tensor, Tensor | None]:
+        """Feed ``block`` after the committed tokens; call :meth:`commit_chain` next.
+
+        Returns:
+            logits [n, V] (float32) and features [1, n, K*H] of the block positions.
+        """
+        snap = self._snapshot()
+        ids = torch.tensor([list(block)], device=self.device)
+        logits, feats = self._forward(ids, self._positions(len(block)))
+        self._pending = {"kind": "chain", "tokens": list(block), "snap": snap}
+        return logits[0], feats
+
+    @torch.no_grad()
+    def commit_chain(self, n_keep: int) -> None:
+        """Keep the first ``n_keep`` tokens of the last :meth:`verify_chain` in the cache."""
+        p, self._pending = self._pending, None
+        assert p is not None and p["kind"] == "chain", "commit_chain without verify_chain"
+        tokens = p["tokens"]
+        drop = len(tokens) - n_keep
+        if drop == 0:
+            self.ids += tokens
+        elif self.strategy == "crop":
+            self._crop_attention(drop)
+            self.ids += tokens[:n_keep]
+        elif self.strategy == "snapshot":
+            self._restore(p["snap"], len(tokens))
+            self._rerun(tokens[:n_keep])
+        else:
+            self._recompute(self.ids + tokens[:n_keep])
+
+    @torch.no_grad()
+    def verify_tree(self, tokens: Sequence[int], parents: Sequence[int], depths: Sequence[int]) -> tuple[Tensor, Tensor | None]:
+        """Verify a draft tree (node 0 = root = last committed-but-uncached token).
+
+        Args:
+            tokens: node tokens, ``tokens[0]`` the root.
+            parents: parent index per node (``-1`` for the root; parent < child).
+            depths: depth per node (root 0).
+
+        Returns:
+            logits [n, V] and features [1, n, K*H] per node; call :meth:`commit_tree` next.
+        """
+        n = len(tokens)
+        snap = self._snapshot()
+        if self.strategy == "crop":
+            ids = torch.tensor([list(tokens)], device=self.device)
+            pos = torch.tensor([list(depths)], device=self.device) + self.length
+            mask = tree_attention_mask(parents, self.length, self.model.dtype, self.device)
+            logits, feats = self._forward(ids, pos, mask=mask)
+            logits, feats = logits[0], feats
+        else:
+            logits, feats = self._verify_paths(tokens, parents, snap)
+        self._pending = {"kind": "tree", "tokens": list(tokens), "snap": snap, "n": n}
+        return logits, feats
+
+    @torch.no_grad()
+    def commit_tree(self, accepted: Sequence[int]) -> None:
+        """Keep the root-to-node path ``accepted`` (node indices, starting with 0)."""
+        p, self._pending = self._pending, None
+        assert p is not None and p["kind"] == "tree", "commit_tree without verify_tree"
+        keep_tokens = [p["tokens"][i] for i in accepted]
+        if self.strategy == "crop":
+            past = self.length
+            idx = torch.tensor([*range(past), *(past + i for i in accepted)], device=self.device)
+            for layer in self.cache.layers:
+                if getattr(layer, "keys", None) is not None:
+                    layer.keys = layer.keys.index_select(-2, idx)
+                    layer.values = layer.values.index_select(-2, idx)
+            self.ids += keep_tokens
+        else:
+            self._rerun(keep_tokens)  # path verification left the cache at the committed prefix
+
+    # ------------------------------------------------------------------ rollback helpers
+
+    def _linear_layers(self) -> list[Any]:
+        return [l for l in self.cache.layers if _LinearLayer is not None and isinstance(l, _LinearLayer)]
+
+    def _snapshot(self) -> list[dict[str, Any]] | None:
+        if self.strategy != "snapshot":
+            return None
+        snap = []
+        for layer in self._linear_layers():
+            snap.append({
+                "conv": {i: (t.clone() if t is not None else None) for i, t in layer.conv_states.items()},
+                "rec": {i: (t.clone() if t is not None else None) for i, t in layer.recurrent_states.items()},
+                "has_prev": dict(layer.has_previous_state),
+            })
+        return snap
+
+    def _restore(self, snap: list[dict[str, Any]] | None, n_attention_rows: int) -> None:
+        """Restore linear states from ``snap`` and drop the last attention rows."""
+        for layer, s in zip(self._linear_layers(), snap or []):
+            layer.conv_states = {i: (t.clone() if t is not None else None) for i, t in s["conv"].items()}
+            layer.recurrent_states = {i: (t.clone() if t is not None else None) for i, t in s["rec"].items()}
+            layer.has_previous_state = dict(s["has_prev"])
+        self._crop_attention(n_attention_rows)
+
+    def _crop_attention(self, n: int) -> None:
+        for layer in self.cache.layers:
+            if DynamicLayer is not None and isinstance(layer, DynamicLayer) and getattr(layer, "keys", None) is not None:
+                if n > 0:
+                    layer.keys = layer.keys[..., : layer.keys.shape[-2] - n, :]
+                    layer.values = layer.values[..., : layer.values.shape[-2] - n, :]
+
+    def _rerun(self, tokens: Sequence[int]) -> None:
+        if tokens:
+            ids = torch.tensor([list(tokens)], device=self.device)
+            self._forward(ids, self._positions(len(tokens)), last_only=True)
+            self.ids += list(tokens)
+
+    def _recompute(self, all_ids: list[int]) -> None:
+        self.cache = new_cache(self.model)
+        self.ids = []
+        self._rerun(all_ids)
+
+    def _verify_paths(self, tokens: Sequence[int], parents: Sequence[int], snap: Any) -> tuple[Tensor, Tensor | None]:
+        """Tree verification as a batch of root-to-leaf chains (recurrent-safe)."""
+        n = len(tokens)
+        has_child = [False] * n
+        for i in range(1, n):
+            has_child[parents[i]] = True
+        paths = []
+        for leaf in (i for i in range(n) if not has_child[i]):
+            path, cur = [], leaf
+            while cur != -1:
+                path.append(cur)
+                cur = parents[cur]
+            paths.append(path[::-1])
+        width = max(len(p) for p in paths)
+        rows = torch.tensor([[tokens[i] for i in p] + [tokens[0]] * (width - len(p)) for p in paths], device=self.device)
+        past = self.length
+        if self.strategy == "recompute":
+            # Unknown cache layout: run committed ids + each path from scratch on a scratch cache.
+            saved, saved_ids = self.cache, list(self.ids)
+            self.cache, self.ids = new_cache(self.model), []
+            prefix = torch.tensor([saved_ids], device=self.device)
+            full = torch.cat([prefix.expand(len(paths), -1), rows], dim=1)
+            logits, feats = self._forward(full, torch.arange(past + width, device=self.device).expand(len(paths), -1))
+            logits, feats = logits[:, past:], (feats[:, past:] if feats is not None else None)
+            self.cache, self.ids = saved, saved_ids
+        else:
+            self._expand_batch(len(paths))
+            logits, feats = self._forward(rows, self._positions(width, len(paths)))
+        # node -> (row, col) of its first occurrence
+        where: dict[int, tuple[int, int]] = {}
+        for r, p in enumerate(paths):
+            for c, node in enumerate(p):
+                where.setdefault(node, (r, c))
+        r_idx = torch.tensor([where[i][0] for i in range(n)], device=self.device)
+        c_idx = torch.tensor([where[i][1] for i in range(n)], device=self.device)
+        node_logits = logits[r_idx, c_idx]
+        node_feats = feats[r_idx, c_idx][None] if feats is not None else None
+        if self.strategy == "snapshot":
+            self._select_batch_row0()
+            self._restore(snap, width)
+        assert self.length == past
+        return node_logits, node_feats
+
+    def _expand_batch(self, b: int) -> None:
+        for layer in self.cache.layers:
+            if DynamicLayer is not None and isinstance(layer, DynamicLayer) and getattr(layer, "keys", None) is not None:
+                layer.keys = layer.keys.expand(b, *layer.keys.shape[1:]).contiguous()
+                layer.values = layer.values.expand(b, *layer.values.shape[1:]).contiguous()
+            elif _LinearLayer is not None and isinstance(layer, _LinearLayer):
+                for d in (layer.conv_states, layer.recurrent_states):
+                    for i, t in d.items():
+                        if t is not None:
+                            d[i] = t.expand(b, *t.shape[1:]).contiguous()
+
+    def _select_batch_row0(self) -> None:
+        for layer in self.cache.layers:
+            if DynamicLayer is not None and isinstance(layer, DynamicLayer) and getattr(layer, "keys", None) is not None:
+                layer.keys, layer.values = layer.keys[:1], layer.values[:1]
+            elif _LinearLayer is not None and isinstance(layer, _LinearLayer):
+                for d in (layer.conv_states, layer.recurrent_states):
+                    for i, t in d.items():
+                        if t is not None:
+                            d[i] = t[:1]
+
+
+def tree_attention_mask(parents: Sequence[int], past: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """Additive 4-D mask [1, 1, n, past + n]: 0 for all past columns and for ancestors/self.
+
+    Node i may see node j iff j is i or an ancestor of i (``vis[i] = vis[parent[i]] | {i}``).
+    """
+    n = len(parents)
+    vis = torch.zeros(n, n, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            vis[i] = vis[p]
+        vis[i, i] = True
+    allowed = torch.cat([torch.ones(n, past, dtype=torch.bool), vis], dim=1)
+    mask = torch.zeros(n, past + n, dtype=dtype)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None].to(device)

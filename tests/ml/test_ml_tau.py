@@ -1,0 +1,112 @@
+"""Pure-Python metrics (core.ml.tau) and result comparison (core.ml.compare), hand-computed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from core.ml import tau as T
+from core.ml.compare import ComparisonError, compare_results, main as compare_main
+from core.ml.runio import run_main
+
+# Two prompts, block size 4. Prompt a: rounds 4, 1, 2 (tau 7/3); prompt b: rounds 3, 3 (tau 3).
+ROUNDS = [[4, 1, 2], [3, 3]]
+
+
+def test_streak_counts_leading_matches_only():
+    assert T.streak([5, 6, 7], [5, 6, 7]) == 3
+    assert T.streak([5, 9, 7], [5, 6, 7]) == 1  # a later match does not count
+    assert T.streak([9, 6], [5, 6]) == 0
+    assert T.streak([5, 6, 7], [5, 6]) == 2  # labels cut short truncate the streak
+    assert T.streak([], [1]) == 0
+
+
+def test_macro_vs_pooled_hand_computed():
+    assert T.mean_tau([4, 1, 2]) == pytest.approx(7 / 3)
+    assert T.macro_tau(ROUNDS) == pytest.approx((7 / 3 + 3) / 2)  # 2.6667
+    assert T.pooled_tau(ROUNDS) == pytest.approx(13 / 5)  # 2.6
+    assert T.committed_tokens([4, 1, 2]) == 7
+    assert T.macro_tau([[], [2]]) == 2  # prompts without rounds are skipped
+    assert T.pooled_tau([]) is None
+
+
+def test_position_counts_and_histogram_hand_computed():
+    rounds = [4, 1, 2, 3, 3]  # streaks 3, 0, 1, 2, 2
+    assert T.position_counts(rounds, 4) == [4, 3, 1]  # s>=1: 4 rounds, s>=2: 3, s>=3: 1
+    assert T.histogram(rounds, 4) == [1, 1, 2, 1]
+    with pytest.raises(ValueError):
+        T.histogram([5], 4)
+    with pytest.raises(ValueError):
+        T.position_counts([0], 4)
+
+
+def test_summarize_identity_pooled_equals_one_plus_sum_p():
+    s = T.summarize(ROUNDS, 4)
+    assert s["per_position_counts"] == [4, 3, 1]
+    assert s["per_position_acceptance"] == pytest.approx([0.8, 0.6, 0.2])
+    assert s["tau_pooled"] == pytest.approx(1 + sum(s["per_position_acceptance"]))
+    assert s["histogram"] == {"1": 1, "2": 1, "3": 2, "4": 1}
+    assert (s["num_rounds"], s["num_prompts"], s["committed_tokens"]) == (5, 2, 13)
+
+
+def test_trajectory_walks_streaks():
+    streaks = {10: 2, 11: 0, 12: 0, 13: 1, 14: 5, 15: 0}
+    anchors, rounds = T.trajectory(streaks, 10, 16)
+    assert anchors == [10, 13, 15]  # 10 + 2 + 1 = 13, 13 + 1 + 1 = 15
+    assert rounds == [3, 2, 1]
+    assert T.trajectory(lambda a: 0, 3, 6) == ([3, 4, 5], [1, 1, 1])
+
+
+def _result(rounds, mode="online", block=4, ids=("a", "b"), sha="s1", fp="t1"):
+    per = [{"id": i, "tau": T.mean_tau(r), "rounds": r, "tokens": []} for i, r in zip(ids, rounds)]
+    return {"kind": "specdeck-eval-v1", "definition": T.DEFINITION, "mode": mode, "block_size": block,
+            "max_new_tokens": 64, "target": {"fingerprint": fp}, "prompts": {"sha256": sha},
+            "per_prompt": per, "tau": T.macro_tau(rounds), "drafter": {"fingerprint": "d"}}
+
+
+def test_compare_per_prompt_and_overall():
+    ours, base = _result([[4, 1, 2], [3, 3]]), _result([[2, 2], [1, 1, 2]])
+    cmp = compare_results(ours, base)
+    assert cmp["ok"] and not cmp["mismatches"]
+    a = cmp["per_prompt"][0]
+    assert (a["id"], a["ours"], a["baseline"]) == ("a", pytest.approx(7 / 3), 2.0)
+    assert a["delta"] == pytest.approx(1 / 3) and a["ratio"] == pytest.approx(7 / 6)
+    o = cmp["overall"]
+    assert o["ours"]["tau"] == pytest.approx(8 / 3) and o["baseline"]["tau"] == pytest.approx((2 + 4 / 3) / 2)
+    assert o["delta"] == pytest.approx(8 / 3 - 5 / 3) and o["ratio"] == pytest.approx(8 / 5)
+    assert o["ours"]["tau_pooled"] == pytest.approx(13 / 5) and o["baseline"]["tau_pooled"] == pytest.approx(8 / 5)
+
+
+@pytest.mark.parametrize("change", [
+    {"mode": "offline"}, {"block": 8}, {"fp": "other-target"}, {"sha": "other-prompts"}, {"ids": ("a", "c")},
+])
+def test_compare_refuses_or_flags_mismatches(change):
+    ours = _result([[4, 1, 2], [3, 3]])
+    base = _result([[2, 2], [1, 1, 2]], **change)
+    with pytest.raises(ComparisonError):
+        compare_results(ours, base)
+    flagged = compare_results(ours, base, allow_mismatch=True)
+    assert not flagged["ok"] and flagged["mismatches"]
+
+
+def test_compare_cli_exit_codes(tmp_path, capsys):
+    a, b, c = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
+    a.write_text(json.dumps(_result([[4, 1, 2], [3, 3]])))
+    b.write_text(json.dumps(_result([[2, 2], [1, 1, 2]])))
+    c.write_text(json.dumps(_result([[2, 2], [1, 1, 2]], block=8)))
+    assert run_main(compare_main, [str(a), str(b), "--out", str(tmp_path / "cmp.json")]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert lines[-1] == {"event": "result", "task": "compare", "path": str((tmp_path / "cmp.json").resolve())}
+    assert all("event" in x for x in lines)
+    assert run_main(compare_main, [str(a), str(c)]) == 2
+    assert "block_size" in capsys.readouterr().err
+    assert run_main(compare_main, [str(a), str(tmp_path / "missing.json")]) == 2
+
+
+def test_pure_modules_do_not_import_torch():
+    code = ("import sys, core.ml, core.ml.tau, core.ml.compare, core.ml.runio, core.ml.drafter_config;"
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,146 @@
+"""The event bridge batches floods; the log pane stays bounded, follows, searches, sanitizes."""
+
+from __future__ import annotations
+
+import asyncio
+
+from console import messages as m
+from console.bridge import EventBridge
+from console.widgets.log_pane import MAX_LINES, LogPane
+from console.widgets.plan_list import PlanPane
+from core import events as ev
+from tests.ui.conftest import build, settle
+
+
+async def test_bridge_batches_log_lines_and_flushes_before_the_end():
+    posted: list = []
+    bridge = EventBridge(flush_interval=0.01, max_pending=1000)
+    bridge.bind(posted.append)
+    for i in range(300):  # 300 chunks of 10 lines, two runs interleaved
+        bridge(ev.LogLinesReceived("a", "ra", [f"a{i}-{k}" for k in range(10)]))
+        bridge(ev.LogLinesReceived("b", "rb", [f"b{i}-{k}" for k in range(10)]))
+    bridge(ev.RunEnded("a", "ra", "succeeded", 0))
+    assert [type(x).__name__ for x in posted] == ["LogLinesArrived", "RunEnded"]
+    first = posted[0]
+    assert first.run_id == "ra" and len(first.lines) == 1000 and first.dropped == 2000
+    assert first.lines[-1] == "a299-9"  # the newest lines are kept
+    flushed = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.02, flushed.set)  # after the flush window
+    await flushed.wait()
+    rest = posted[2:]
+    assert len(rest) == 1 and rest[0].run_id == "rb" and rest[0].lines[-1] == "b299-9"
+    assert bridge.lines_seen == 6000
+
+
+async def test_bridge_translates_events():
+    posted: list = []
+    bridge = EventBridge()
+    bridge.bind(posted.append)
+    bridge(ev.StatusChanged("x", "done", "ok"))
+    bridge(ev.HostStateChanged(None, "h", "reconnecting", "reset"))
+    bridge(ev.Notice("x", "x: log stream reconnecting (h: reset)", "warning"))
+    bridge(ev.Notice("x", "x: something else"))
+    for pct in range(10, 60, 10):  # progress floods too: only the latest per flush is posted
+        bridge(ev.Progress("x", f"{pct}%", {"done": pct}))
+    bridge(ev.Progress("y", "1%"))
+    assert [type(x) for x in posted] == [m.ItemStatusChanged, m.HostStateChanged,
+                                         m.LogStreamChanged, m.NoticePosted]
+    assert posted[2].state == "reconnecting"
+    bridge.flush()
+    assert [(x.item_id, x.message) for x in posted[4:]] == [("x", "50%"), ("y", "1%")]
+    # superseded copies of high-rate messages are dropped from the queue
+    assert m.ProgressReported("x", "60%").can_replace(m.ProgressReported("x", "50%"))
+    assert not m.ProgressReported("y", "60%").can_replace(m.ProgressReported("x", "50%"))
+    bridge.unbind()
+    bridge(ev.StatusChanged("x", "failed"))  # after unbind: ignored
+    assert len(posted) == 6
+
+
+async def test_log_pane_bounded_follow_search_and_sanitized(campaign):
+    plan, store = campaign
+    app = build(plan, store)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        pane = app.query_one(LogPane)
+        pane.show_run("train-v5", {"id": "r", "host": "gpu1", "state": "running"}, [])
+        for i in range(12):  # 12 flushes of 1000 lines: more than the pane keeps
+            app.post_message(m.LogLinesArrived("train-v5", "r",
+                                               [f"line {i * 1000 + k}" for k in range(1000)]))
+        app.post_message(m.LogLinesArrived("train-v5", "other", ["not shown"]))
+        app.post_message(m.LogLinesArrived("train-v5", "r", ["\x1b[31mred\x1b[0m \x07bell"]))
+        await pilot.pause()
+        log = pane.log
+        assert log.line_count == MAX_LINES
+        assert log.lines[-1] == "red \ufffdbell"  # no escape sequence reaches the terminal
+        assert "not shown" not in log.lines
+        assert log.lines[-2] == "line 11999" and log.is_vertical_scroll_end
+        log.focus()
+        await pilot.press("f")
+        assert pane.follow is False and log.auto_scroll is False
+        await pilot.press("slash", *"line 1100", "enter")
+        await pilot.pause()
+        assert pane.matches and log.lines[pane.matches[pane.match_index]].startswith("line 1100")
+        first = pane.match_index
+        await pilot.press("n")
+        assert pane.match_index == (first + 1) % len(pane.matches)
+        await pilot.press("escape")
+        assert pane.query_text == "" and not pane.matches
+        await pilot.press("f")
+        assert pane.follow and log.is_vertical_scroll_end
+
+
+async def test_flood_through_a_real_run_is_batched(live_plan):
+    """A run printing 20k lines at once reaches the app in a few batches, not 20k messages."""
+    plan, store = live_plan
+    import dataclasses
+
+    item = plan.item("hello")
+    flood = dataclasses.replace(item.action.params, command="seq 1 20000")
+    plan = dataclasses.replace(plan, items=tuple(
+        dataclasses.replace(it, action=dataclasses.replace(it.action, params=flood))
+        if it.id == "hello" else it for it in plan.items))
+    seen: list = []
+    app = build(plan, store)
+    async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
+        await settle(pilot)
+        app.query_one(PlanPane).select("hello")
+        await pilot.press("enter")
+        await settle(pilot)
+        batches = [x for x in seen if isinstance(x, m.LogLinesArrived)]
+        assert sum(len(x.lines) + x.dropped for x in batches) == 20000
+        assert len(batches) < 50
+        assert app.query_one(LogPane).log.lines[-1] == "20000"
+        assert store.run(batches[0].run_id)["log_lines"] == 20000
+
+
+async def test_selecting_a_streaming_run_shows_each_line_once(campaign):
+    """Lines the bridge still holds are already stored: the pane must not show them twice."""
+    from tests.ui.conftest import T0, add_run
+
+    plan, store = campaign
+    log = "".join(f"line {i}\n" for i in range(1, 11))
+    rid = add_run(store, "cleanup", 1, "running", "gpu1", start=T0, seconds=0, log=log)
+    app = build(plan, store, reconcile=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        app.bridge(ev.LogLinesReceived("cleanup", rid, ["line 9", "line 10"]))  # in flight
+        app.query_one(PlanPane).select("cleanup")
+        await settle(pilot)
+        app.bridge(ev.LogLinesReceived("cleanup", rid, ["line 11"]))
+        app.bridge.flush()
+        await pilot.pause()
+        assert app.query_one(LogPane).log.lines == [f"line {i}" for i in range(1, 12)]
+
+
+def test_gpu_parsing_and_badge():
+    from console.services import parse_gpus
+    from console.widgets.hosts_bar import gpu_text
+
+    out = "0, 45, 10240, 81559\n1, 95, 70000, 81559\nN/A, [Not Supported], 1, 2\n"
+    gpus = parse_gpus(out)
+    assert gpus == [{"index": 0, "util": 45, "mem_used": 10240, "mem_total": 81559},
+                    {"index": 1, "util": 95, "mem_used": 70000, "mem_total": 81559}]
+    assert gpu_text(gpus[:1]).plain == " gpu 45% 10.0/80G"
+    assert gpu_text(gpus).plain == " 2 gpus 70% 78.4/159G"
+    assert parse_gpus("") == [] and parse_gpus("bash: nvidia-smi: command not found") == []

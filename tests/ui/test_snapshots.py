@@ -1,0 +1,54 @@
+"""SVG snapshots of the console at 120x40 (pytest-textual-snapshot).
+
+The campaign state has fixed run ids and times and the clock is UTC, so a rendering depends
+on nothing but the code: no clock, no tmp path (hosts show by name), no GPU sampling.
+Update baselines with ``pytest tests/ui/test_snapshots.py --snapshot-update`` after looking
+at the SVGs.
+"""
+
+from __future__ import annotations
+
+from console.widgets.plan_list import PlanPane
+from tests.ui.conftest import add_run, build, settle, T0
+
+SIZE = (120, 40)
+
+
+def select(item_id: str, *keys: str):
+    async def run_before(pilot) -> None:
+        await settle(pilot)
+        pilot.app.query_one(PlanPane).select(item_id)
+        await settle(pilot)
+        if keys:
+            await pilot.press(*keys)
+            await settle(pilot)
+    return run_before
+
+
+def test_main_screen(snap_compare, campaign, utc):
+    """Plan, the selected training item with its log, its two attempts' loss curves, and the
+    tau table with a flagged drafter (block size 16 against a block-8 baseline)."""
+    plan, store = campaign
+    assert snap_compare(build(plan, store), terminal_size=SIZE, run_before=select("train-v5"))
+
+
+def test_accuracy_curves_and_sorted_tau(snap_compare, campaign, utc):
+    """Per-position accuracy curves (m) and the tau table sorted by tau (o o o)."""
+    plan, store = campaign
+
+    async def run_before(pilot) -> None:
+        await select("train-v5")(pilot)
+        await pilot.press("3", "m", "4", "o", "o", "o")
+        await settle(pilot)
+
+    assert snap_compare(build(plan, store), terminal_size=SIZE, run_before=run_before)
+
+
+def test_stop_confirmation(snap_compare, campaign, utc):
+    """The stop modal names the run, the item, the host and the process group."""
+    plan, store = campaign
+    add_run(store, "cleanup", 1, "running", "gpu1", start=T0 + 9000, seconds=0,
+            log="removing feats/old/shard-0001\n")
+    store.set_status("cleanup", "in_progress")
+    app = build(plan, store, reconcile=False)
+    assert snap_compare(app, terminal_size=SIZE, run_before=select("cleanup", "x"))
