@@ -79,6 +79,7 @@ class SpecdeckApp(App[int]):
     BINDINGS = [
         Binding("r", "run_item", "Run"),
         Binding("R", "run_again", "Run again", show=False),
+        Binding("A", "run_all", "Run all", show=False),
         Binding("x", "stop_run", "Stop"),
         Binding("j", "journal", "Journal"),
         Binding("question_mark", "help", "Help"),
@@ -91,8 +92,10 @@ class SpecdeckApp(App[int]):
     ]
 
     def __init__(self, plan: Plan, runner: Runner, bridge: EventBridge, *,
-                 probe_hosts: bool = True, reconcile: bool = True, gpu_every: float = 15.0):
+                 probe_hosts: bool = True, reconcile: bool = True, gpu_every: float = 15.0,
+                 autorun: bool = False):
         super().__init__()
+        self._autorun = autorun
         self.plan = plan
         self.runner = runner
         self.bridge = bridge
@@ -144,6 +147,8 @@ class SpecdeckApp(App[int]):
                          name="preload-plotext", daemon=True).start()
         self._load_selected()
         self._work(self._open, "session", "session")
+        if self._autorun:
+            self.action_run_all()
         self._work(partial(self.services.load_tau), "tau", "tau", exclusive=True)
         if self._probe_hosts:
             for name in self.plan.hosts:
@@ -399,6 +404,11 @@ class SpecdeckApp(App[int]):
     def action_run_again(self) -> None:
         self.action_run_item(again=True)
 
+    def action_run_all(self) -> None:
+        """Run every item that can run, in dependency order (the plan's `run --all`)."""
+        self.notify("running every item whose needs are done (manual items wait for you)")
+        self._work(self.services.run_all, "run:all", "runs", exclusive=True)
+
     def action_stop_run(self) -> None:
         item_id = self.selected
         live = self.services.live_run(item_id) if item_id else None
@@ -486,7 +496,7 @@ class SpecdeckApp(App[int]):
 
 def make_app(plan: Plan, store, *, hosts=None, probe_hosts: bool = True,
              reconcile: bool = True, gpu_every: float = 15.0,
-             bridge: EventBridge | None = None) -> SpecdeckApp:
+             bridge: EventBridge | None = None, autorun: bool = False) -> SpecdeckApp:
     """The console on ``plan`` with a real Runner over ``store`` (the factory tests use).
 
     Args:
@@ -501,7 +511,7 @@ def make_app(plan: Plan, store, *, hosts=None, probe_hosts: bool = True,
     bridge = bridge or EventBridge()
     runner = Runner(plan, store, emit=bridge, hosts=hosts)
     return SpecdeckApp(plan, runner, bridge, probe_hosts=probe_hosts, reconcile=reconcile,
-                       gpu_every=gpu_every)
+                       gpu_every=gpu_every, autorun=autorun)
 
 
 def keep_going_text(plan: Plan, runs: list[dict]) -> str:
@@ -513,13 +523,15 @@ def keep_going_text(plan: Plan, runs: list[dict]) -> str:
             f"`specdeck attach {where}` follows them; `specdeck ui {where}` shows them.")
 
 
-def run_console(plan: Plan, state: str | None = None) -> int:
-    """Open the console on ``plan`` (state: the store path; default per plan). Returns 0."""
+def run_console(plan: Plan, state: str | None = None, *, autorun: bool = False) -> int:
+    """Open the console on ``plan`` (state: the store path; default per plan). Returns 0.
+
+    ``autorun``: run every runnable item once the console is up (``specdeck demo``)."""
     from core.store import Store, default_state_path
 
     store = Store(state or default_state_path(plan.name))
     try:
-        app = make_app(plan, store)
+        app = make_app(plan, store, autorun=autorun)
         code = app.run()
         text = keep_going_text(plan, app.keep_going)
         if text:

@@ -7,10 +7,10 @@ import sys
 from core import cli
 
 
-def _open_ui(plan, *, state=None) -> int:
+def _open_ui(plan, *, state=None, autorun: bool = False) -> int:
     from console.app import run_console  # Textual loads only when the console opens
 
-    return run_console(plan, state=state)
+    return run_console(plan, state=state, autorun=autorun)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("Run item", "run the selected item (its needs must be done); a failed item runs "
             "again as a new attempt", "run_item", "enter / r", "plan"),
     Command("Run item again", "run the selected item even though it is done", "run_again", "R"),
+    Command("Run all", "run every item whose needs are done, in dependency order", "run_all", "A"),
     Command("Stop run", "stop the selected item's live run (asks first: SIGTERM, grace, SIGKILL)",
             "stop_run", "x"),
     Command("Mark done", "tick a manual item done", "mark('done')", "d", "plan"),

@@ -236,6 +236,10 @@ class Services:
         if item_id in summary["unreachable"]:
             raise HostUnreachable(item.action.host or "?", "see the hosts bar")
 
+    async def run_all(self) -> None:
+        """Every item whose needs are done, in dependency order, until nothing more can run."""
+        await self.runner.run_items(None)
+
     async def stop_run(self, run_id: str, grace_s: float) -> None:
         """Stop a live run (its end reaches the app as RunEnded, like any other end)."""
         await self.runner.stop_run(run_id, grace_s=grace_s)

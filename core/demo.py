@@ -23,7 +23,6 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
-import os
 import sys
 import sysconfig
 import time
@@ -162,8 +161,7 @@ def run_demo(args) -> int:
         from core import cli
 
         if cli._UI_OPENER is not None:
-            os.environ["SPECDECK_AUTORUN"] = "1"
-            return cli._UI_OPENER(plan, state=state)
+            return cli._UI_OPENER(plan, state=state, autorun=True)
     t0 = time.monotonic()
 
     async def go():

@@ -75,7 +75,7 @@ FORMAT = "specdeck-codemodel-v1"
 """Version of the ``codemodel.json`` layout and of the recipe (part of the reuse key)."""
 
 DEFAULT_SECONDS = 60.0
-DEFAULT_VOCAB = 2048
+DEFAULT_VOCAB = 1024
 DEFAULT_MAX_BYTES = 4_000_000
 """Corpus cap (training + validation files): ~1.2 M tokens, more than a minute of CPU sees."""
 
@@ -87,7 +87,7 @@ VAL_EVERY = 20
 """Every 20th selected file (in hash order) is held out for validation (5 %)."""
 
 SEQ_LEN = 256
-BATCH_SIZE = 8
+BATCH_SIZE = 4
 PEAK_LR = 3e-3
 CHAT_FRACTION = 0.25
 """Share of training windows drawn from the chat-formatted function examples."""
@@ -302,8 +302,8 @@ def code_model_config(vocab_size: int = DEFAULT_VOCAB, **overrides: Any) -> Any:
     from transformers import Qwen3Config
 
     fields: dict[str, Any] = dict(
-        vocab_size=vocab_size, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=2048,
+        vocab_size=vocab_size, hidden_size=96, intermediate_size=288, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=24, max_position_embeddings=2048,
         rope_parameters={"rope_type": "default", "rope_theta": 10_000.0}, rms_norm_eps=1e-6,
         tie_word_embeddings=False, bos_token_id=None, eos_token_id=SPECIALS.index(EOS),
         pad_token_id=SPECIALS.index(PAD), initializer_range=0.02,
@@ -381,8 +381,8 @@ class TrainLog:
 
 
 def train(model: Any, code: torch.Tensor, chat: torch.Tensor, seconds: float, seed: int = 0,
-          batch_size: int = BATCH_SIZE, seq_len: int = SEQ_LEN, peak_lr: float = PEAK_LR, min_steps: int = 5,
-          max_steps: int | None = None) -> TrainLog:
+          batch_size: int = BATCH_SIZE, seq_len: int = SEQ_LEN, peak_lr: float = PEAK_LR,
+          chat_fraction: float = CHAT_FRACTION, min_steps: int = 5, max_steps: int | None = None) -> TrainLog:
     """Train ``model`` in place on random windows for ``seconds`` of wall time.
 
     Args:
@@ -393,6 +393,7 @@ def train(model: Any, code: torch.Tensor, chat: torch.Tensor, seconds: float, se
         seed: seeds the window sampler.
         batch_size / seq_len: windows per step and tokens per window.
         peak_lr: learning rate after warm-up.
+        chat_fraction: share of each batch's windows taken from ``chat``.
         min_steps: steps to run even if the budget is exhausted earlier.
         max_steps: stop after this many steps; the schedule then follows steps instead of
             time, which makes a run fully deterministic (for experiments and tests).
@@ -407,7 +408,7 @@ def train(model: Any, code: torch.Tensor, chat: torch.Tensor, seconds: float, se
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=peak_lr, betas=(0.9, 0.95))
-    n_chat = int(round(batch_size * CHAT_FRACTION)) if chat.numel() > seq_len else 0
+    n_chat = int(round(batch_size * chat_fraction)) if chat.numel() > seq_len else 0
     log = TrainLog()
     model.train()
     every = min(max(seconds / 30, 0.5), 5.0)
@@ -485,22 +486,40 @@ def greedy_samples(model: Any, tokenizer: Any, prompts: Sequence[str] = SAMPLE_P
 # ----------------------------------------------------------------------------- directory
 
 
-def settings_key(seconds: float, vocab_size: int, seed: int, max_files: int | None, max_bytes: int) -> dict[str, Any]:
-    """The settings that identify a finished model directory (reuse key)."""
-    return {"format": FORMAT, "seconds": float(seconds), "vocab_size": int(vocab_size), "seed": int(seed),
-            "max_files": max_files, "max_bytes": int(max_bytes), "batch_size": BATCH_SIZE, "seq_len": SEQ_LEN,
-            "python": sys.version.split()[0]}
+@dataclass(frozen=True)
+class Settings:
+    """What a model directory was built with; equal settings mean the directory can be reused."""
+
+    seconds: float = DEFAULT_SECONDS
+    """Training wall-time budget."""
+    vocab_size: int = DEFAULT_VOCAB
+    """BPE vocabulary (special tokens included) and model vocabulary."""
+    seed: int = 0
+    """Seeds initialisation, window sampling and the validation windows."""
+    max_files: int | None = None
+    """Corpus cap in files (None: only ``max_bytes`` applies)."""
+    max_bytes: int = DEFAULT_MAX_BYTES
+    """Corpus cap in bytes."""
+    max_steps: int | None = None
+    """Stop after this many steps (the schedule then follows steps: a deterministic run)."""
+
+    def key(self) -> dict[str, Any]:
+        """The reuse key stored in ``codemodel.json``: these fields plus the recipe constants."""
+        return {"format": FORMAT, "seconds": float(self.seconds), "vocab_size": self.vocab_size, "seed": self.seed,
+                "max_files": self.max_files, "max_bytes": self.max_bytes, "max_steps": self.max_steps,
+                "batch_size": BATCH_SIZE, "seq_len": SEQ_LEN, "peak_lr": PEAK_LR, "chat_fraction": CHAT_FRACTION,
+                "python": sys.version.split()[0]}
 
 
-def existing_model(out_dir: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
-    """``codemodel.json`` of ``out_dir`` when it is complete and was built with ``settings``."""
+def existing_model(out_dir: Path, settings: Settings) -> dict[str, Any] | None:
+    """``codemodel.json`` of ``out_dir`` when the directory is complete and was built with ``settings``."""
     if not all((out_dir / f).is_file() for f in MODEL_FILES):
         return None
     try:
         meta = read_json(out_dir / "codemodel.json", "codemodel.json")
     except UsageError:
         return None
-    return meta if isinstance(meta, dict) and meta.get("settings") == settings else None
+    return meta if isinstance(meta, dict) and meta.get("settings") == settings.key() else None
 
 
 def _replace_dir(tmp: Path, out_dir: Path) -> None:
@@ -514,17 +533,13 @@ def _replace_dir(tmp: Path, out_dir: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def build_code_model_dir(out_dir: str | Path, seconds: float = DEFAULT_SECONDS, vocab_size: int = DEFAULT_VOCAB,
-                         seed: int = 0, max_files: int | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
-                         force: bool = False, argv: Sequence[str] | None = None) -> tuple[Path, dict[str, Any], bool]:
+def build_code_model_dir(out_dir: str | Path, settings: Settings = Settings(), force: bool = False,
+                         argv: Sequence[str] | None = None) -> tuple[Path, dict[str, Any], bool]:
     """Build (or reuse) the tiny code model directory.
 
     Args:
         out_dir: the model directory to create.
-        seconds: training wall time.
-        vocab_size: tokenizer and model vocabulary size.
-        seed: seeds initialisation and window sampling.
-        max_files / max_bytes: corpus caps.
+        settings: corpus caps, vocabulary, seed and training budget.
         force: retrain even when ``out_dir`` already holds a model with these settings.
         argv: the command line, for provenance.
 
@@ -533,25 +548,28 @@ def build_code_model_dir(out_dir: str | Path, seconds: float = DEFAULT_SECONDS, 
         whether an existing directory was reused.
 
     Raises:
-        UsageError: ``out_dir`` is a non-empty directory that is not a code model (refused, so a
-            typo cannot delete someone's files), or too few stdlib files.
+        UsageError: ``out_dir`` is a file, or a non-empty directory without ``codemodel.json``
+            (refused, so a typo cannot replace someone's files); too few stdlib files.
     """
     out_dir = Path(out_dir)
-    settings = settings_key(seconds, vocab_size, seed, max_files, max_bytes)
     if not force and (meta := existing_model(out_dir, settings)) is not None:
         return out_dir, meta, True
     if out_dir.exists() and (not out_dir.is_dir() or (any(out_dir.iterdir()) and not (out_dir / "codemodel.json").exists())):
         raise UsageError(f"{out_dir} exists and is not a code model directory; remove it or choose another path")
     if out_dir.exists():
-        say(f"{out_dir}: settings differ or the directory is incomplete, rebuilding")
+        say(f"{out_dir}: rebuilding (forced, other settings, or incomplete)")
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # stdout is JSON lines, stderr is for our messages
     t_start = time.perf_counter()
-    corpus = collect_corpus(max_bytes, max_files)
+    s = settings
+
+    corpus = collect_corpus(s.max_bytes, s.max_files)
     stats = corpus.stats()
     emit("info", task="codemodel", stage="corpus", files=stats["train_files"] + stats["val_files"],
          bytes=stats["train_bytes"] + stats["val_bytes"])
 
-    tok = train_tokenizer([t for _, t in corpus.train], vocab_size)
+    tok = train_tokenizer([t for _, t in corpus.train], s.vocab_size)
     sep = SPECIALS.index(PAD)
     code = token_stream(tok, [t for _, t in corpus.train], sep)
     val_code = token_stream(tok, [t for _, t in corpus.val], sep)
@@ -562,45 +580,47 @@ def build_code_model_dir(out_dir: str | Path, seconds: float = DEFAULT_SECONDS, 
                  chat_tokens=chat.numel(), val_chat_examples=len(val_chats),
                  bytes_per_token=round(stats["train_bytes"] / max(code.numel(), 1), 3))
     emit("info", task="codemodel", stage="tokenizer", vocab_size=len(tok), train_tokens=code.numel(),
-         chat_examples=len(chats), bytes_per_token=stats["bytes_per_token"])
+         chat_examples=len(chats), bytes_per_token=stats["bytes_per_token"],
+         seconds=round(time.perf_counter() - t_start, 2))
 
-    model = build_code_model(vocab_size, seed)
+    model = build_code_model(s.vocab_size, s.seed)
     n_params = sum(p.numel() for p in model.parameters())
-    gen = torch.Generator().manual_seed(seed + 1)
+    gen = torch.Generator().manual_seed(s.seed + 1)
     val_windows = sample_windows(val_code, VAL_WINDOWS, SEQ_LEN, gen)
-    val_chat_windows = sample_windows(val_chat, VAL_WINDOWS // 2, SEQ_LEN, gen) if val_chat.numel() > 1 else None
+    val_chat_windows = sample_windows(val_chat, VAL_WINDOWS // 2, SEQ_LEN, gen) if val_chats else None
     initial_val = eval_loss(model, val_windows)
-    log = train(model, code, chat, seconds, seed)
+    log = train(model, code, chat, s.seconds, s.seed, max_steps=s.max_steps)
     val_loss = eval_loss(model, val_windows)
     val_chat_loss = eval_loss(model, val_chat_windows) if val_chat_windows is not None else None
     samples = greedy_samples(model, tok)
-    emit("metric", task="codemodel", initial_train_loss=round(log.initial_loss, 4),
-         final_train_loss=round(log.final_loss, 4), initial_val_loss=round(initial_val, 4), val_loss=round(val_loss, 4),
-         val_chat_loss=None if val_chat_loss is None else round(val_chat_loss, 4),
-         min_distinct_ratio=min(s["distinct_ratio"] for s in samples))
+    r4 = lambda x: None if x is None else round(x, 4)  # noqa: E731
+    training = {
+        "seconds": round(log.seconds, 2), "steps": log.steps, "batch_size": BATCH_SIZE, "seq_len": SEQ_LEN,
+        "chat_fraction": CHAT_FRACTION, "peak_lr": PEAK_LR, "tokens_seen": log.tokens,
+        "tokens_per_s": round(log.tokens / max(log.seconds, 1e-9), 1),
+        "initial_train_loss": r4(log.initial_loss), "final_train_loss": r4(log.final_loss),
+        "initial_val_loss": r4(initial_val), "val_loss": r4(val_loss), "val_chat_loss": r4(val_chat_loss),
+        "loss_curve": log.curve,
+    }
+    emit("metric", task="codemodel", **{k: v for k, v in training.items() if k != "loss_curve"},
+         min_distinct_ratio=min(x["distinct_ratio"] for x in samples))
 
     cfg = model.config
     meta = {
         "format": FORMAT,
-        "settings": settings,
+        "settings": s.key(),
         "corpus": stats,
-        "tokenizer": {"type": "ByteLevel BPE", "vocab_size": len(tok), "specials": {s: i for i, s in enumerate(SPECIALS)},
-                      "eos_token": EOS, "pad_token": PAD, "chat_template": "ChatML-like (core.ml.tiny.CHAT_TEMPLATE)"},
+        "tokenizer": {"type": "ByteLevel BPE", "vocab_size": len(tok), "specials": {t: i for i, t in enumerate(SPECIALS)},
+                      "eos_token": EOS, "pad_token": PAD, "chat_template": CHAT_TEMPLATE},
         "model": {"architecture": "Qwen3ForCausalLM", "parameters": n_params, "vocab_size": cfg.vocab_size,
                   "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_hidden_layers,
                   "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
                   "head_dim": cfg.head_dim, "intermediate_size": cfg.intermediate_size,
                   "tie_word_embeddings": bool(cfg.tie_word_embeddings)},
-        "training": {"seconds": round(log.seconds, 2), "steps": log.steps, "batch_size": BATCH_SIZE, "seq_len": SEQ_LEN,
-                     "chat_fraction": CHAT_FRACTION, "peak_lr": PEAK_LR, "tokens_seen": log.tokens,
-                     "tokens_per_s": round(log.tokens / max(log.seconds, 1e-9), 1),
-                     "initial_train_loss": round(log.initial_loss, 4), "final_train_loss": round(log.final_loss, 4),
-                     "initial_val_loss": round(initial_val, 4), "val_loss": round(val_loss, 4),
-                     "val_chat_loss": None if val_chat_loss is None else round(val_chat_loss, 4),
-                     "loss_curve": log.curve},
+        "training": training,
         "samples": samples,
         "build_seconds": None,
-        "provenance": provenance(argv, seed=seed, task="codemodel"),
+        "provenance": provenance(argv, seed=s.seed, task="codemodel"),
     }
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -621,11 +641,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m core.ml.codemodel",
                                 description="train a tiny Qwen3 code model on the Python standard library (CPU, offline)")
     p.add_argument("out_dir", help="model directory to write (reused when it already holds these settings)")
-    p.add_argument("--seconds", type=float, default=DEFAULT_SECONDS, help="training wall time (default 60)")
-    p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB, help="BPE vocabulary incl. specials (default 2048)")
+    p.add_argument("--seconds", type=float, default=DEFAULT_SECONDS, help="training wall time (default %(default)s)")
+    p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB, help="BPE vocabulary incl. specials (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-files", type=int, default=None, help="use at most this many stdlib files")
-    p.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES, help="corpus size cap in bytes (default 4 MB)")
+    p.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES, help="corpus cap in bytes (default %(default)s)")
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="also stop after this many steps; the LR schedule then follows steps (deterministic)")
     p.add_argument("--force", action="store_true", help="retrain even if OUT_DIR already holds this model")
     args = p.parse_args(argv)
     if not args.seconds > 0:
@@ -636,12 +658,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise UsageError("--max-files must be >= 2 (one file is held out for validation)")
     if args.max_bytes < 10_000:
         raise UsageError("--max-bytes must be >= 10000")
+    if args.max_steps is not None and args.max_steps < 1:
+        raise UsageError("--max-steps must be >= 1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    settings = Settings(args.seconds, args.vocab_size, args.seed, args.max_files, args.max_bytes, args.max_steps)
     full_argv = ["python", "-m", "core.ml.codemodel", *(sys.argv[1:] if argv is None else argv)]
-    out, meta, reused = build_code_model_dir(args.out_dir, args.seconds, args.vocab_size, args.seed, args.max_files,
-                                             args.max_bytes, args.force, full_argv)
+    out, meta, reused = build_code_model_dir(args.out_dir, settings, args.force, full_argv)
     if reused:
-        say(f"{out}: code model with these settings already exists, reusing it (--force retrains)")
+        say(f"{out}: a code model with these settings is already there, reusing it (--force retrains)")
     tr = meta["training"]
     emit("result", task="codemodel", path=str(out.resolve()), reused=reused, steps=tr["steps"],
          final_train_loss=tr["final_train_loss"], val_loss=tr["val_loss"], parameters=meta["model"]["parameters"],

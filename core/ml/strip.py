@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import pickle
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -48,9 +49,11 @@ def load_checkpoint(path: Path, trust_pickle: bool) -> Any:
     except pickle.UnpicklingError as exc:
         if trust_pickle:
             raise UsageError(f"{path}: cannot unpickle ({exc})") from exc
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+        detail = next((ln.strip() for ln in text.splitlines() if "Unsupported global" in ln), "")
         raise UsageError(
             f"{path} needs arbitrary unpickling (it pickles objects other than tensors and plain "
-            f"containers). Re-run with --trust-pickle if you trust this file. Detail: {str(exc).splitlines()[0]}"
+            f"containers{': ' + detail if detail else ''}). Re-run with --trust-pickle if you trust this file."
         ) from exc
     except RuntimeError as exc:
         if "mmap" in str(exc) or "zip" in str(exc).lower():
