@@ -20,3 +20,10 @@ def test_every_kind_is_documented():
     doc = (ROOT / "plans" / "README.md").read_text()
     for kind in registry.kinds():
         assert f"### {kind}" in doc, f"plans/README.md lacks a section for {kind}"
+
+
+def test_every_kind_appears_in_a_shipped_plan():
+    from core.plan import load_plan
+
+    used = {it.action.kind for p in PLANS for it in load_plan(p).items if it.action}
+    assert set(registry.kinds()) - {"manual"} <= used, set(registry.kinds()) - used
