@@ -86,18 +86,20 @@ SKIP_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-pack
 VAL_EVERY = 20
 """Every 20th selected file (in hash order) is held out for validation (5 %)."""
 
-SEQ_LEN = 256
-BATCH_SIZE = 4
+SEQ_LEN = 128
+BATCH_SIZE = 8
 PEAK_LR = 3e-3
-CHAT_FRACTION = 0.25
+CHAT_FRACTION = 0.5
 """Share of training windows drawn from the chat-formatted function examples."""
 
-VAL_WINDOWS = 24
+VAL_WINDOWS = 32
 SAMPLE_PROMPTS = (
     "Write a Python function fizzbuzz(n)",
     "Write a Python function is_prime(n) that returns True if n is a prime number.",
 )
 SAMPLE_TOKENS = 64
+MIN_DISTINCT = 0.3
+"""A sample of 16+ tokens with fewer distinct tokens than this is reported as degenerate."""
 EOS, PAD = "<|im_end|>", "<|endoftext|>"
 MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                "generation_config.json", "codemodel.json")
@@ -203,7 +205,7 @@ def collect_corpus(max_bytes: int = DEFAULT_MAX_BYTES, max_files: int | None = N
     return corpus
 
 
-def chat_examples(files: Iterable[tuple[str, str]], min_chars: int = 120, max_chars: int = 1500) -> list[list[dict[str, str]]]:
+def chat_examples(files: Iterable[tuple[str, str]], min_chars: int = 80, max_chars: int = 600) -> list[list[dict[str, str]]]:
     """Chat conversations "write function X" -> X's source, from module- and class-level functions.
 
     Args:
@@ -593,6 +595,10 @@ def build_code_model_dir(out_dir: str | Path, settings: Settings = Settings(), f
     val_loss = eval_loss(model, val_windows)
     val_chat_loss = eval_loss(model, val_chat_windows) if val_chat_windows is not None else None
     samples = greedy_samples(model, tok)
+    degenerate = [x["prompt"] for x in samples if x["tokens"] >= 16 and x["distinct_ratio"] < MIN_DISTINCT]
+    if degenerate:
+        say(f"warning: greedy samples look repetitive (distinct-token ratio < {MIN_DISTINCT}) after {log.steps} steps; "
+            f"a slow or busy machine trains less in {s.seconds:g} s, try a larger --seconds")
     r4 = lambda x: None if x is None else round(x, 4)  # noqa: E731
     training = {
         "seconds": round(log.seconds, 2), "steps": log.steps, "batch_size": BATCH_SIZE, "seq_len": SEQ_LEN,
@@ -619,6 +625,7 @@ def build_code_model_dir(out_dir: str | Path, settings: Settings = Settings(), f
                   "tie_word_embeddings": bool(cfg.tie_word_embeddings)},
         "training": training,
         "samples": samples,
+        "samples_degenerate": bool(degenerate),
         "build_seconds": None,
         "provenance": provenance(argv, seed=s.seed, task="codemodel"),
     }

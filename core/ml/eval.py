@@ -205,8 +205,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
-    import torch
-
     from core.ml.drafter import load_drafter
     from core.ml.extract import target_fingerprint
     from core.ml.prompts import file_sha256

@@ -21,7 +21,6 @@ automatic ``module.`` / ``_orig_mod.`` / ``model.`` prefix); target embeddings/L
 from __future__ import annotations
 
 import argparse
-import os
 import pickle
 import re
 from collections.abc import Sequence
