@@ -109,6 +109,8 @@ class SpecdeckApp(App[int]):
         """Live runs left running when the console quit (run_console prints them)."""
         self._probe_hosts, self._reconcile, self._gpu_every = probe_hosts, reconcile, gpu_every
         self._metrics_runs: set[str] = set()
+        self.tau_step: int | None = None
+        """The training step the tau pane is filtered to (None: every eval result)."""
         self._metrics_dirty = False
         self._started = False
         self._main_screen: Screen | None = None
@@ -149,7 +151,7 @@ class SpecdeckApp(App[int]):
         self._work(self._open, "session", "session")
         if self._autorun:
             self.action_run_all()
-        self._work(partial(self.services.load_tau), "tau", "tau", exclusive=True)
+        self._load_tau()
         if self._probe_hosts:
             for name in self.plan.hosts:
                 self._work(partial(self.services.probe_host, name, gpu=bool(self._gpu_every)),
@@ -214,6 +216,13 @@ class SpecdeckApp(App[int]):
         self._work(partial(self.services.load_metrics, self.selected, list(self.pinned.values())),
                    "metrics", "metrics", exclusive=True)
 
+    def _load_tau(self, *, force: bool = False, step: int | None | bool = False) -> None:
+        """Reload the tau pane (``step``: filter to that step, None: no filter; default:
+        keep the current one)."""
+        step = self.tau_step if step is False else step
+        self._work(partial(self.services.load_tau, force=force, step=step), "tau", "tau",
+                   exclusive=True)
+
     def _refresh_metrics_if_dirty(self) -> None:
         if self._metrics_dirty:
             self._load_metrics()
@@ -257,6 +266,10 @@ class SpecdeckApp(App[int]):
         self.query_one(PlanPane).set_pinned(event.item_id, event.item_id in self.pinned)
         self._load_metrics()
 
+    @on(MetricsPane.TauStepRequested)
+    def _tau_step_requested(self, event: MetricsPane.TauStepRequested) -> None:
+        self._load_tau(force=True, step=event.step)
+
     # -- runner events (bridge) -> widgets -----------------------------------------------
     @on(m.ItemStatusChanged)
     @_until_closed
@@ -291,7 +304,7 @@ class SpecdeckApp(App[int]):
             self.notify(f"{msg.item_id}: run {msg.run_id} {msg.state} ({how})"
                         + (f"\n{msg.error}" if msg.error else ""), title="Run ended",
                         severity="warning" if msg.state == "stopped" else "error")
-        self._work(partial(self.services.load_tau), "tau", "tau", exclusive=True)
+        self._load_tau()
         if msg.run_id in self._metrics_runs:
             self._metrics_dirty = True
 
@@ -370,7 +383,8 @@ class SpecdeckApp(App[int]):
     @on(m.TauLoaded)
     @_until_closed
     def _tau_loaded(self, msg: m.TauLoaded) -> None:
-        self.query_one(TauPane).set_comparison(msg.comparison)
+        self.tau_step = msg.step
+        self.query_one(TauPane).set_comparison(msg.comparison, step=msg.step)
 
     @on(m.GpuSampled)
     @_until_closed
@@ -439,6 +453,11 @@ class SpecdeckApp(App[int]):
     def action_next_metric(self) -> None:
         self.query_one(MetricsPane).action_cycle(1)
 
+    def action_tau_at_step(self) -> None:
+        pane = self.query_one(MetricsPane)
+        pane.focus()
+        pane.action_tau_step()
+
     def action_sort_tau(self) -> None:
         self.query_one(TauPane).action_sort(1)
 
@@ -456,7 +475,7 @@ class SpecdeckApp(App[int]):
         for item_id, status in self.statuses.items():
             self.query_one(PlanPane).set_status(item_id, status)
         self._load_selected()
-        self._work(partial(self.services.load_tau), "tau", "tau", exclusive=True)
+        self._load_tau()
 
     def action_zoom(self) -> None:
         screen = self.screen

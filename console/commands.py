@@ -38,6 +38,9 @@ COMMANDS: tuple[Command, ...] = (
             "f", "log"),
     Command("Next metric", "show the next metric family on the chart", "next_metric", "m",
             "metrics"),
+    Command("Tau at step", "show one training step's tau eval results in the tau table "
+            "(enter: the latest evaluated step; all: every step)", "tau_at_step", "t",
+            "metrics"),
     Command("Sort tau table", "sort the comparison by the next column (O reverses)", "sort_tau",
             "o", "tau"),
     Command("Mark drafter", "add the cursor row's drafter to the per-position chart",

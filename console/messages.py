@@ -140,6 +140,8 @@ class MetricsLoaded(Message):
 class TauLoaded(Message):
     comparison: Any
     """A :class:`core.compare.Comparison`."""
+    step: int | None = None
+    """The training step the comparison is filtered to (None: every eval result)."""
 
 
 @dataclass

@@ -210,14 +210,28 @@ class Services:
                                    for n in names}})
         self.post(m.MetricsLoaded(item_id, out))
 
-    async def load_tau(self, *, force: bool = False) -> None:
-        """The comparison of every eval result in the store (posted only when rows changed)."""
+    async def load_tau(self, *, force: bool = False, step: int | None = None) -> None:
+        """The comparison of every eval result in the store (posted only when rows changed).
+
+        ``step``: only the drafters evaluated at that training step (tau over training,
+        :mod:`core.watch`), with every baseline (as ``specdeck compare --step``); raises
+        :class:`InvalidInput` when nothing was evaluated at that step.
+        """
         rows = self.store.eval_results()
-        signature = (len(rows), max((r["id"] for r in rows), default=0))
+        signature = (len(rows), max((r["id"] for r in rows), default=0), step)
         if signature == self._tau_signature and not force:
             return
+        if step is not None:
+            steps = sorted({r["step"] for r in rows
+                            if r["role"] != "baseline" and r["step"] is not None})
+            if step not in steps:
+                raise InvalidInput(
+                    f"no tau evaluated at step {step}",
+                    hint=(f"evaluated steps: {', '.join(map(str, steps[-12:]))}" if steps
+                          else "no checkpoint has been evaluated yet (watch_eval)"))
+            rows = [r for r in rows if r["role"] == "baseline" or r["step"] == step]
         self._tau_signature = signature
-        self.post(m.TauLoaded(build_comparison(rows)))
+        self.post(m.TauLoaded(build_comparison(rows), step))
 
     async def load_journal(self) -> None:
         events = self.store.events()

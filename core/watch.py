@@ -210,7 +210,7 @@ class Watcher:
             metrics.append((step, f"tau_acc[{k}]", float(v)))
         self.store.add_metrics(self.run_id, metrics)
         ctx = type("C", (), {"run_id": self.run_id, "item": self.item})()
-        rows = _rows(ctx, res, f"{self.item.id}@{step}", "drafter", step)
+        rows = _rows(ctx, res, self.item.id, "drafter", step)  # compare labels it item@step
         if base is not None:
             rows += _rows(ctx, base, "baseline", "baseline", None)
             self.store.add_metrics(self.run_id, [(step, "tau_baseline", float(base["tau"]))])

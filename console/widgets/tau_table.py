@@ -23,7 +23,7 @@ from textual.widgets import DataTable, Static
 
 from core.compare import Comparison, fmt_delta, fmt_pct, fmt_tau, mismatch_note
 
-COLUMNS = {"prompt": 8, "drafter": 12, "tau": 5, "Δ": 6, "% base": 6, "note": 9}
+COLUMNS = {"prompt": 8, "drafter": 15, "tau": 5, "Δ": 6, "% base": 6, "note": 6}
 """Columns and their fixed widths (fixed: a table's look never depends on when it idles)."""
 SORTABLE = ("prompt", "drafter", "tau", "Δ", "% base")
 BAR_COLORS = ("cyan", "magenta", "green", "yellow", "blue", "red")
@@ -109,6 +109,8 @@ class TauPane(Vertical):
         """None: the comparison's own order (overall rows, then prompt by prompt)."""
         self.reverse = True
         self.marked: list[str] = []
+        self.step: int | None = None
+        """The training step the comparison was filtered to (None: all eval results)."""
         self._rows: list[_Row] = []
 
     def compose(self) -> ComposeResult:
@@ -131,8 +133,9 @@ class TauPane(Vertical):
         return list(self._rows)
 
     # -- attributes down -----------------------------------------------------------------
-    def set_comparison(self, c: Comparison) -> None:
+    def set_comparison(self, c: Comparison, *, step: int | None = None) -> None:
         self.comparison = c
+        self.step = step
         self.marked = [d for d in self.marked if d in {x.label for x in c.drafters}]
         self._fill()
 
@@ -203,6 +206,8 @@ class TauPane(Vertical):
         else:
             arrow = "↓" if self.reverse else "↑"
             t.append(f"{len(c.drafters)} drafters × {len(c.prompts)} prompts", style="bold")
+            if self.step is not None:
+                t.append(f" at step {self.step}", style="bold cyan")
             order = f"{self.sort_column} {arrow}" if self.sort_column else "by prompt"
             t.append(f"  sort {order} (o)", style="bright_black")
             row = self._current_row()

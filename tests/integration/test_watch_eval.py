@@ -89,7 +89,7 @@ def test_tau_at_each_checkpoint_and_it_rises(sshd_factory, tiny_models, tmp_path
     assert len(taus) >= 2
     assert taus[-1][1] > taus[0][1] + 0.5, taus  # tau rises over training
     rows = [r for r in s.eval_results("train") if r["step"] == 300]
-    assert rows and all(r["drafter"] == "train@300" for r in rows)
+    assert rows and all(r["drafter"] == "train" for r in rows)
     res = run_cli("compare", plan, "--step", "300", "--json", env=env)
     assert res.returncode == 0 and "train@300" in res.stdout
 

@@ -139,6 +139,30 @@ def populate(store: Store) -> None:
         store.set_status(item, status)
 
 
+WATCH_STEPS = (200, 400, 600, 800, 1000)
+
+
+def add_tau_watch(store: Store, run_id: str = "train-v5-0101-02", *,
+                  steps=WATCH_STEPS, baseline: float = 3.1) -> None:
+    """What core.watch records for a train run: tau at each evaluated step (metrics ``tau``,
+    ``tau_pooled``, ``tau_acc[k]``, ``tau_baseline``) and the eval results (drafter
+    ``<item>@<step>``, ``step``), plus the baseline's results once."""
+    item = run_id.rsplit("-0101", 1)[0]
+    metrics, rows = [], []
+    for i, s in enumerate(steps):
+        tau = round(2.4 + 1.3 * (1 - math.exp(-s / 400.0)), 3)
+        metrics += [(s, "tau", tau), (s, "tau_pooled", round(tau + 0.05, 3)),
+                    (s, "tau_baseline", baseline)]
+        metrics += [(s, f"tau_acc[{k}]", round(0.9 - 0.15 * k + 0.05 * i, 3)) for k in range(3)]
+        for r in eval_rows(run_id, item, "drafter",
+                           [[round(tau) + d for d in (0, 1, -1, 0)]] * 2):
+            r["step"] = s
+            rows.append(r)
+    rows += eval_rows(run_id, "baseline", "baseline", [[3, 3, 4, 2], [3, 4, 3, 3]])
+    store.add_metrics(run_id, metrics)
+    store.add_eval_results(rows)
+
+
 @pytest.fixture
 def utc(monkeypatch):
     monkeypatch.setenv("TZ", "UTC")

@@ -17,7 +17,7 @@ from console.widgets.metrics_pane import MetricsPane
 from console.widgets.plan_list import PlanPane
 from console.widgets.tau_table import TauPane
 from core import jobs
-from tests.ui.conftest import build, process_alive, settle, wait_for
+from tests.ui.conftest import add_tau_watch, build, process_alive, settle, wait_for
 
 
 def of(messages, kind, **match):
@@ -379,3 +379,69 @@ async def test_pinned_curves_stay_overlaid(campaign):
         await pilot.press("p")
         await settle(pilot)
         assert "decide" not in pane.pinned and "decide" not in app.pinned
+
+
+async def test_tau_over_training_and_tau_at_step(campaign):
+    """A watched train run: tau next to the loss, the tau family in the m cycle, and t
+    filtering the tau table to one step (enter: the latest; a step nobody evaluated: an
+    error that keeps the current filter; all: every result again)."""
+    plan, store = campaign
+    add_tau_watch(store)
+    app = build(plan, store)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        app.query_one(PlanPane).select("train-v5")
+        await settle(pilot)
+        pane = app.query_one(MetricsPane)
+        assert pane.family == "loss" and pane.families[:2] == ["loss", "tau"]
+        assert "tau_baseline" not in pane.families
+        assert pane.split and app.query_one("#metrics-tau").display
+        await pilot.press("3", "m")
+        await settle(pilot)
+        assert pane.family == "tau" and not pane.split
+        assert not app.query_one("#metrics-tau").display
+        await pilot.press("M")
+        await settle(pilot)
+        assert pane.family == "loss" and app.query_one("#metrics-tau").display
+
+        tau = app.query_one(TauPane)
+        await pilot.press("t", "enter")
+        await settle(pilot)
+        assert app.tau_step == 1000 and tau.step == 1000
+        steps = {d.step for d in tau.comparison.drafters if d.role != "baseline"}
+        names = {d.label for d in tau.comparison.drafters}
+        assert steps == {1000} and "train-v5@1000" in names
+        assert "v5" not in names and "z-lab-b8" in names  # other steps' drafters out, baselines in
+
+        notes = []
+        app.notify = lambda msg, **kw: notes.append(msg)
+        await pilot.press("t", *"123", "enter")
+        await settle(pilot)
+        assert app.tau_step == 1000 and any("no tau evaluated at step 123" in n for n in notes)
+
+        await pilot.press("t", *"400", "enter")
+        await settle(pilot)
+        assert tau.step == 400 and "train-v5@400" in {d.label for d in tau.comparison.drafters}
+        await pilot.press("t", *"all", "enter")
+        await settle(pilot)
+        assert tau.step is None and "v5" in {d.name for d in tau.comparison.drafters}
+        await app.run_action("tau_at_step")  # the palette command opens the same prompt
+        await pilot.pause()
+        assert app.query_one("#metrics-step").display
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not app.query_one("#metrics-step").display
+
+
+def test_tau_chart_helpers():
+    from console.widgets.metrics_pane import baselines, families, tau_steps
+
+    runs = [{"label": "a#1", "series": {"tau": [(100, 2.0), (200, 2.5)],
+                                        "tau_baseline": [(100, 3.0), (200, 3.1)]}},
+            {"label": "a#2", "series": {"loss": [(1, 1.0)]}}]
+    assert baselines(runs) == [("baseline", 3.1)]
+    assert tau_steps(runs) == [100, 200]
+    assert families({"loss", "tau", "tau_baseline", "tau_acc[0]", "lr"}) == [
+        "loss", "tau", "tau_acc", "lr"]
+    runs[1]["series"]["tau_baseline"] = [(5, 2.9)]
+    assert baselines(runs) == [("baseline a#1", 3.1), ("baseline a#2", 2.9)]

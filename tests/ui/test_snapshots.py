@@ -9,7 +9,7 @@ at the SVGs.
 from __future__ import annotations
 
 from console.widgets.plan_list import PlanPane
-from tests.ui.conftest import add_run, build, settle, T0
+from tests.ui.conftest import add_run, add_tau_watch, build, settle, T0
 
 SIZE = (120, 40)
 
@@ -42,6 +42,16 @@ def test_accuracy_curves_and_sorted_tau(snap_compare, campaign, utc):
         await settle(pilot)
 
     assert snap_compare(build(plan, store), terminal_size=SIZE, run_before=run_before)
+
+
+def test_tau_over_training(snap_compare, campaign, utc):
+    """A train run whose checkpoints were evaluated (watch_eval): the loss and tau against
+    step side by side, the baseline's tau as a line, and the tau table filtered to the latest
+    evaluated step (t, enter)."""
+    plan, store = campaign
+    add_tau_watch(store)
+    assert snap_compare(build(plan, store), terminal_size=SIZE,
+                        run_before=select("train-v5", "3", "t", "enter"))
 
 
 def test_stop_confirmation(snap_compare, campaign, utc):
