@@ -237,3 +237,29 @@ items:
     assert doc["items"][0]["status"] == "failed"
     assert doc["items"][0]["run"]["state"] == "stopped"
     assert doc["items"][0]["run"]["signal"] == "TERM"
+
+
+def test_run_on_a_live_item_attaches_instead_of_starting_a_second_run(tmp_path):
+    plan = write_plan(tmp_path, f"""
+name: att
+hosts:
+  here: {{local: true, workdir: {tmp_path / 'w'}}}
+items:
+  - id: job
+    content: a few seconds of work
+    action: {{kind: shell, host: here, params: {{command: "echo start; sleep 3; echo end"}}}}
+""")
+    state = tmp_path / "s.db"
+    env = {**os.environ, "SPECDECK_STATE": str(state), "PYTHONPATH": str(ROOT)}
+    first = subprocess.Popen([sys.executable, "-m", "core", "run", str(plan), "job"], env=env,
+                             stderr=subprocess.PIPE, text=True)
+    for line in first.stderr:
+        if "│ start" in line:
+            break
+    second = run_cli("run", plan, "job", env={"SPECDECK_STATE": str(state)}, timeout=60)
+    assert second.returncode == 0, second.stderr
+    assert "is live; attaching" in second.stderr and "│ end" in second.stderr
+    assert first.wait(timeout=30) == 0
+    db = sqlite3.connect(state)
+    assert db.execute("SELECT COUNT(*), MAX(state) FROM runs").fetchone() == (1, "succeeded")
+    assert run_cli("logs", plan, "job", env={"SPECDECK_STATE": str(state)}).stdout == "start\nend\n"
