@@ -36,7 +36,7 @@ TRAIN_MODULES = ("textwrap", "shlex", "fnmatch", "glob", "posixpath", "heapq", "
                  "copy", "random", "colorsys", "html/__init__", "ipaddress", "fractions")
 
 
-def training_prompts(n: int = 48) -> list[dict]:
+def training_prompts(n: int = 32) -> list[dict]:
     """Chat-style coding prompts built from standard-library function signatures."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     out, seen = [], set()
@@ -66,7 +66,7 @@ def training_prompts(n: int = 48) -> list[dict]:
 
 def demo_plan(root: Path, quick: bool) -> dict:
     py = sys.executable
-    steps = 120 if quick else 300
+    steps = 120 if quick else 240
     limit = 4 if quick else 8
     hosts = {"train": {"local": True, "workdir": str(root / "hosts" / "train"), "python": py},
              "eval": {"local": True, "workdir": str(root / "hosts" / "eval"), "python": py}}
@@ -78,7 +78,7 @@ def demo_plan(root: Path, quick: bool) -> dict:
          "priority": "high",
          "action": {"kind": "shell", "host": "train", "params": {
              "command": f"{py} -u -m core.ml.codemodel models/code-target --seconds "
-                        f"{20 if quick else 60}",
+                        f"{20 if quick else 45}",
              "creates": "models/code-target/codemodel.json"}}},
         {"id": "relay-target", "content": "Copy the target to the eval host (relay through specdeck)",
          "needs": ["make-target"],
@@ -110,14 +110,15 @@ def demo_plan(root: Path, quick: bool) -> dict:
                       "needs": [f"strip-{name}"],
                       "action": {"kind": "relay", "params": {"src": f"train:drafters/{name}",
                                                              "dst": f"eval:drafters/{name}"}}})
-    for name in ("v4", "v5"):
+    for name in ("v5", "v4"):
+        params = {"drafter": f"drafters/{name}", "target": "models/code-target",
+                  "prompts": "coding", "limit": limit, "max_new_tokens": 48, "tree_budget": 16,
+                  "label": name}
+        if name == "v5":  # the baseline is measured once, with the same settings
+            params.update(baseline="drafters/baseline", baseline_label="baseline")
         items.append({"id": f"eval-{name}", "content": f"Evaluate {name} vs the baseline (chain + DDTree)",
                       "needs": [f"relay-{name}", "relay-baseline", "relay-target"],
-                      "action": {"kind": "eval", "host": "eval", "params": {
-                          "drafter": f"drafters/{name}", "baseline": "drafters/baseline",
-                          "target": "models/code-target", "prompts": "coding",
-                          "limit": limit, "max_new_tokens": 48, "tree_budget": 16,
-                          "label": name, "baseline_label": "baseline"}}})
+                      "action": {"kind": "eval", "host": "eval", "params": params}})
     items.append({"id": "review", "content": "Read the tau table (specdeck compare) and decide",
                   "needs": ["eval-v4", "eval-v5"]})
     return {"name": "demo", "hosts": hosts, "items": items}

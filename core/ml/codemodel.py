@@ -5,6 +5,7 @@ learn (a random target's argmax is noise). Nothing may be downloaded, so the mod
 here, on CPU, on real text that ships with every Python: the standard library's ``.py`` files::
 
     python -m core.ml.codemodel OUT_DIR [--seconds 60] [--vocab-size 2048] [--seed 0] [--max-files N]
+                                        [--max-bytes B] [--max-steps N] [--threads N] [--force]
 
 writes ``OUT_DIR`` as an ordinary transformers model directory (``config.json``,
 ``model.safetensors``, tokenizer files with a chat template, a greedy ``generation_config.json``)
@@ -13,45 +14,58 @@ continuations, provenance). It loads with :func:`core.ml.target.load_target` and
 ``AutoModelForCausalLM`` / ``AutoTokenizer.from_pretrained``. A second run with the same
 settings finds the finished directory and exits at once (``--force`` retrains).
 
-Choices, and why:
+Choices, and why (measured on a 2-core CPU; "steps" are AdamW steps of 8 x 128 tokens):
 
 * **Corpus.** ``sysconfig.get_paths()["stdlib"]``, without test suites, ``site-packages``,
   ``encodings`` (mostly code-page tables) and files over :data:`MAX_FILE_BYTES`. Files are
   ordered by a hash of their relative path (deterministic, but spread over the whole library,
   so a byte cap keeps a mix of modules rather than the alphabetically first ones) and taken
-  up to ``--max-bytes`` / ``--max-files``. Every :data:`VAL_EVERY`-th file is held out for the
-  validation loss. The corpus depends on the interpreter version, which is recorded.
+  up to ``--max-bytes`` (default 4 MB, ~1.2 M tokens: a minute sees about half of it) and
+  ``--max-files``. Every :data:`VAL_EVERY`-th file is held out for the validation loss. The
+  corpus depends on the interpreter version, which is recorded.
 * **Chat examples.** Demo prompts go through the chat template ("Write a Python function
-  fizzbuzz(n)" as a user turn). A model that never saw ``<|im_start|>`` would answer such a
-  prompt from untrained embeddings, so a quarter of the training windows
-  (:data:`CHAT_FRACTION`) come from chat-formatted examples built from the same files with
-  :mod:`ast`: user "Write a Python function name(args)" (sometimes with the docstring's first
-  line), assistant = that function's source, then ``<|im_end|>``. The model thus learns to
-  answer with a ``def`` and to stop.
-* **Tokenizer.** ByteLevel BPE trained offline with ``tokenizers`` on the training files
-  (lossless: ``decode(encode(x)) == x`` for any text). Special tokens as in
-  :mod:`core.ml.tiny`: ``<|endoftext|>`` 0 (pad, document separator), ``<|im_start|>`` 1,
-  ``<|im_end|>`` 2 (eos), ``<|MASK|>`` 3 (the DFlash drafter's mask token), and the same
-  ChatML-like template.
-* **Model.** ``Qwen3ForCausalLM``: hidden 128, 4 layers, 4 query / 2 KV heads of 32, MLP 384,
-  RoPE theta 10k, untied input/output embeddings (like the large Qwen3 targets; untied keeps
-  ``lm_head.weight`` a tensor of its own in the safetensors file), about 1.3 M parameters at
-  vocab 2048. Four layers is the minimum for DFlash feature taps at distinct depths
-  (e.g. layers 0 and 2 of 4), and at this size a 2-core CPU does ~20-50 AdamW steps per
-  second-ish batch budget, enough to go from ln(V) ~ 7.6 nats to ~3 nats in a minute.
-* **Training.** AdamW (betas 0.9/0.95, weight decay 0.1 on matrices), batches of random
+  fizzbuzz(n)" as a user turn). A model that never saw ``<|im_start|>`` answers such a prompt
+  from untrained embeddings, so half of each batch (:data:`CHAT_FRACTION`) comes from
+  chat-formatted examples built with :mod:`ast` from the same training files: user "Write a
+  Python function name(args)" (or "Implement name(args) in Python.", or with the docstring's
+  first line), assistant = that function's source (:data:`CHAT_CHARS` long), then
+  ``<|im_end|>``. The model learns to answer with a ``def`` and to stop; the validation
+  chat loss is reported next to the plain-code one.
+* **Tokenizer.** ByteLevel BPE trained offline with ``tokenizers`` on the training files,
+  2048 tokens by default (3.2 bytes per token on this corpus, vs 2.7 at 1024; greedy samples
+  repeated themselves clearly less at 2048 for the same number of steps). The pre-tokenizer
+  split is GPT-2's with ``_`` counted as a letter (:data:`SPLIT_PATTERN`), so identifiers
+  such as ``__init__`` can become single tokens. Byte-level, hence lossless:
+  ``decode(encode(x)) == x`` for any text. Special tokens as in :mod:`core.ml.tiny`:
+  ``<|endoftext|>`` 0 (pad, document separator), ``<|im_start|>`` 1, ``<|im_end|>`` 2 (eos),
+  ``<|MASK|>`` 3 (the DFlash drafter's mask token), and the same ChatML-like template.
+* **Model.** ``Qwen3ForCausalLM`` (:data:`MODEL_SHAPE`): hidden 96, 4 layers, 4 query / 2 KV
+  heads of 24, MLP 288, RoPE theta 10k, untied input and output embeddings (like the large
+  Qwen3 targets; ``lm_head.weight`` is a tensor of its own in the safetensors file; tied was
+  also worse here), 0.84 M parameters at vocab 2048. Four layers leave DFlash distinct
+  feature taps (e.g. layers 0 and 2). For the same CPU time, hidden 96 for ~850 steps beat
+  hidden 128 for ~600 steps and hidden 64 for ~1200 (validation loss and samples).
+* **Training.** AdamW (peak 3e-3, betas 0.9/0.95, weight decay 0.1 on matrices), random
   windows (:data:`BATCH_SIZE` x :data:`SEQ_LEN`), gradient clipping at 1. The budget is wall
-  time (``--seconds``), so the schedule is a function of elapsed time: linear warm-up over the
-  first 5 %, then cosine decay to 10 % of the peak. Windows and initialisation depend only on
-  ``--seed``; the number of steps depends on the machine's speed.
+  time (``--seconds``), so the learning rate follows elapsed time: linear warm-up over the
+  first 5 %, then cosine decay to 10 % (``--max-steps`` switches it to steps: deterministic).
+  Windows and initialisation depend only on ``--seed``; the number of steps depends on the
+  machine: ~500-650 in 60 s on a 2-core machine with other work on it, more when idle.
+  Quality follows steps: after ~500 the samples look like Python but can fall into loops
+  (``'s', 's', 's'``), after ~1000 they mostly end with ``<|im_end|>`` by themselves.
+  Intra-op threads are tuned while training (:class:`ThreadTuner`) because two threads on
+  a busy 2-core machine are several times slower than one.
 * **Saving.** Everything is written to a temp directory beside ``OUT_DIR`` and renamed into
-  place, so ``OUT_DIR`` is either absent, the previous model, or the complete new one.
+  place, so ``OUT_DIR`` is either absent, the previous model, or the complete new one. The
+  reuse key (:meth:`Settings.key`) holds the CLI settings, the recipe constants and the
+  Python version (the corpus).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import hashlib
 import math
 import os
@@ -60,7 +74,8 @@ import sys
 import sysconfig
 import textwrap
 import time
-from collections.abc import Iterable, Sequence
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,7 +90,7 @@ FORMAT = "specdeck-codemodel-v1"
 """Version of the ``codemodel.json`` layout and of the recipe (part of the reuse key)."""
 
 DEFAULT_SECONDS = 60.0
-DEFAULT_VOCAB = 1024
+DEFAULT_VOCAB = 2048
 DEFAULT_MAX_BYTES = 4_000_000
 """Corpus cap (training + validation files): ~1.2 M tokens, more than a minute of CPU sees."""
 
@@ -91,6 +106,13 @@ BATCH_SIZE = 8
 PEAK_LR = 3e-3
 CHAT_FRACTION = 0.5
 """Share of training windows drawn from the chat-formatted function examples."""
+
+MODEL_SHAPE = {"hidden_size": 96, "intermediate_size": 288, "num_hidden_layers": 4, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "head_dim": 24, "tie_word_embeddings": False}
+"""The Qwen3 sizes (see the module docstring); the vocabulary comes from ``--vocab-size``."""
+
+CHAT_CHARS = (80, 600)
+"""Functions of this many characters (dedented source) become chat examples."""
 
 VAL_WINDOWS = 32
 SAMPLE_PROMPTS = (
@@ -172,10 +194,10 @@ def collect_corpus(max_bytes: int = DEFAULT_MAX_BYTES, max_files: int | None = N
     """
     root = root or stdlib_dir()
     candidates: list[tuple[str, Path]] = []
-    skipped = {"test_or_data_dir": 0, "too_large": 0, "not_utf8": 0}
+    skipped = {"test_or_data_dirs": 0, "empty": 0, "too_large": 0, "not_utf8": 0}
     for dirpath, dirnames, filenames in os.walk(root):
         kept = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("test"))
-        skipped["test_or_data_dir"] += len(dirnames) - len(kept)
+        skipped["test_or_data_dirs"] += len(dirnames) - len(kept)
         dirnames[:] = kept
         for name in filenames:
             if name.endswith(".py") and not name.startswith("test_"):
@@ -189,8 +211,8 @@ def collect_corpus(max_bytes: int = DEFAULT_MAX_BYTES, max_files: int | None = N
         if (max_files is not None and len(corpus.train) + len(corpus.val) >= max_files) or total >= max_bytes:
             break
         size = path.stat().st_size
-        if size > MAX_FILE_BYTES or size == 0:
-            skipped["too_large"] += size > 0
+        if size == 0 or size > MAX_FILE_BYTES:
+            skipped["empty" if size == 0 else "too_large"] += 1
             continue
         try:
             text = path.read_text(encoding="utf-8")
@@ -205,7 +227,8 @@ def collect_corpus(max_bytes: int = DEFAULT_MAX_BYTES, max_files: int | None = N
     return corpus
 
 
-def chat_examples(files: Iterable[tuple[str, str]], min_chars: int = 80, max_chars: int = 600) -> list[list[dict[str, str]]]:
+def chat_examples(files: Iterable[tuple[str, str]], min_chars: int = CHAT_CHARS[0],
+                  max_chars: int = CHAT_CHARS[1]) -> list[list[dict[str, str]]]:
     """Chat conversations "write function X" -> X's source, from module- and class-level functions.
 
     Args:
@@ -220,7 +243,9 @@ def chat_examples(files: Iterable[tuple[str, str]], min_chars: int = 80, max_cha
     out: list[list[dict[str, str]]] = []
     for _, source in files:
         try:
-            tree = ast.parse(source)
+            with warnings.catch_warnings():  # e.g. invalid escape sequences in old modules
+                warnings.simplefilter("ignore")
+                tree = ast.parse(source)
         except (SyntaxError, ValueError):
             continue
         lines = source.splitlines(keepends=True)  # (ast.get_source_segment re-splits per call: quadratic)
@@ -250,6 +275,10 @@ def chat_examples(files: Iterable[tuple[str, str]], min_chars: int = 80, max_cha
 
 # ----------------------------------------------------------------------------- tokenizer
 
+SPLIT_PATTERN = r" ?[\p{L}_][\p{L}\p{N}_]*| ?\p{N}+| ?[^\s\p{L}\p{N}_]+|\s+(?!\S)|\s+"
+"""GPT-2's pre-tokenizer split with ``_`` counted as a letter, so BPE can learn whole Python
+identifiers (``__init__``, ``_name``, ``kwargs``) instead of word / ``_`` / word pieces."""
+
 
 def train_tokenizer(texts: Sequence[str], vocab_size: int = DEFAULT_VOCAB) -> Any:
     """Train a ByteLevel BPE tokenizer on ``texts`` and wrap it for transformers.
@@ -264,11 +293,14 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int = DEFAULT_VOCAB) -> An
         ``<|endoftext|>`` (id 0); no BOS, no automatic special tokens, no space clean-up, so
         decoding inverts encoding exactly.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
@@ -304,11 +336,10 @@ def code_model_config(vocab_size: int = DEFAULT_VOCAB, **overrides: Any) -> Any:
     from transformers import Qwen3Config
 
     fields: dict[str, Any] = dict(
-        vocab_size=vocab_size, hidden_size=96, intermediate_size=288, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=24, max_position_embeddings=2048,
+        vocab_size=vocab_size, **MODEL_SHAPE, max_position_embeddings=2048,
         rope_parameters={"rope_type": "default", "rope_theta": 10_000.0}, rms_norm_eps=1e-6,
-        tie_word_embeddings=False, bos_token_id=None, eos_token_id=SPECIALS.index(EOS),
-        pad_token_id=SPECIALS.index(PAD), initializer_range=0.02,
+        bos_token_id=None, eos_token_id=SPECIALS.index(EOS), pad_token_id=SPECIALS.index(PAD),
+        initializer_range=0.02,
     )
     fields.update(overrides)
     return Qwen3Config(**fields)
@@ -319,7 +350,8 @@ def build_code_model(vocab_size: int = DEFAULT_VOCAB, seed: int = 0, **overrides
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(code_model_config(vocab_size, **overrides), attn_implementation="sdpa").float()
+    cfg = code_model_config(vocab_size, **overrides)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").float()
     model.generation_config = GenerationConfig(
         do_sample=False, eos_token_id=SPECIALS.index(EOS), pad_token_id=SPECIALS.index(PAD), max_new_tokens=256,
     )
@@ -360,6 +392,72 @@ def lr_at(frac: float, peak: float = PEAK_LR, warmup: float = 0.05, floor: float
     return peak * (floor + (1 - floor) * cos)
 
 
+class ThreadTuner:
+    """Chooses between 1 and N intra-op threads by measured step time, re-checked periodically.
+
+    On an idle 2-core machine two threads train this model ~1.6x faster than one; when other
+    processes compete for the cores, the two threads wait on each other at every one of the
+    model's many small ops and throughput collapses (measured: 6x slower than one thread). So
+    the tuner times :attr:`probe_steps` steps with each candidate, keeps the faster for
+    :attr:`hold_s` seconds, and probes again. It only changes speed, never the arithmetic's
+    meaning (float reduction order may differ in the last bits).
+
+    Args:
+        max_threads: the larger candidate (default: torch's current setting).
+        probe_steps: steps timed per candidate (the first step after a switch is not counted).
+        hold_s: seconds to keep the choice before probing again.
+    """
+
+    def __init__(self, max_threads: int | None = None, probe_steps: int = 6, hold_s: float = 15.0) -> None:
+        n = max_threads or torch.get_num_threads()
+        self.candidates = [n, 1] if n > 1 else [1]
+        self.probe_steps, self.hold_s = probe_steps, hold_s
+        self.steps_with: dict[int, int] = {}
+        self._start_probe(self.candidates)
+
+    def _start_probe(self, order: list[int]) -> None:
+        self._queue, self._times, self._skip = list(order), {t: [] for t in order}, True
+        self._hold_until = None
+        torch.set_num_threads(self._queue[0])
+
+    def step_done(self, dt: float, now: float) -> None:
+        """Record one step of ``dt`` seconds that ended at ``now`` (perf_counter)."""
+        cur = torch.get_num_threads()
+        self.steps_with[cur] = self.steps_with.get(cur, 0) + 1
+        if len(self.candidates) == 1:
+            return
+        if self._hold_until is not None:
+            if now >= self._hold_until:
+                self._start_probe([cur] + [c for c in self.candidates if c != cur])
+            return
+        if self._skip:  # thread-pool warm-up after a switch
+            self._skip = False
+            return
+        self._times[cur].append(dt)
+        if len(self._times[cur]) < self.probe_steps:
+            return
+        self._queue.pop(0)
+        if self._queue:
+            self._skip = True
+            torch.set_num_threads(self._queue[0])
+            return
+        best = min(self._times, key=lambda t: sorted(self._times[t])[len(self._times[t]) // 2])
+        torch.set_num_threads(best)
+        self._hold_until = now + self.hold_s
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Run the block with one intra-op thread (evaluation and token-by-token sampling of this
+    tiny model are no faster with two, and far slower with two on a busy machine)."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
 @dataclass
 class TrainLog:
     """What training did: step count, losses and the loss curve (one point per progress line)."""
@@ -369,6 +467,8 @@ class TrainLog:
     seconds: float = 0.0
     losses: list[float] = field(default_factory=list)
     curve: list[dict[str, float]] = field(default_factory=list)
+    threads: dict[int, int] = field(default_factory=dict)
+    """Steps run with each intra-op thread count (see :class:`ThreadTuner`)."""
 
     @property
     def initial_loss(self) -> float:
@@ -384,7 +484,8 @@ class TrainLog:
 
 def train(model: Any, code: torch.Tensor, chat: torch.Tensor, seconds: float, seed: int = 0,
           batch_size: int = BATCH_SIZE, seq_len: int = SEQ_LEN, peak_lr: float = PEAK_LR,
-          chat_fraction: float = CHAT_FRACTION, min_steps: int = 5, max_steps: int | None = None) -> TrainLog:
+          chat_fraction: float = CHAT_FRACTION, min_steps: int = 5, max_steps: int | None = None,
+          threads: int | None = None) -> TrainLog:
     """Train ``model`` in place on random windows for ``seconds`` of wall time.
 
     Args:
@@ -399,6 +500,7 @@ def train(model: Any, code: torch.Tensor, chat: torch.Tensor, seconds: float, se
         min_steps: steps to run even if the budget is exhausted earlier.
         max_steps: stop after this many steps; the schedule then follows steps instead of
             time, which makes a run fully deterministic (for experiments and tests).
+        threads: fixed intra-op thread count; None tunes it (:class:`ThreadTuner`).
 
     Returns:
         A :class:`TrainLog`. Progress lines (``task="codemodel"``, unit ``steps``, with the
@@ -414,41 +516,55 @@ def train(model: Any, code: torch.Tensor, chat: torch.Tensor, seconds: float, se
     log = TrainLog()
     model.train()
     every = min(max(seconds / 30, 0.5), 5.0)
+    saved_threads = torch.get_num_threads()  # restored on exit
+    tuner = ThreadTuner() if threads is None else None
+    if threads is not None:
+        torch.set_num_threads(threads)
     t0 = time.perf_counter()
-    next_emit, since = t0 + every, []
-    while True:
-        elapsed = time.perf_counter() - t0
-        if (elapsed >= seconds and log.steps >= min_steps) or (max_steps is not None and log.steps >= max_steps):
-            break
-        progress = log.steps / max_steps if max_steps else elapsed / seconds
-        for g in opt.param_groups:
-            g["lr"] = lr_at(progress, peak_lr)
-        x = sample_windows(code, batch_size - n_chat, seq_len + 1, gen)
-        if n_chat:
-            x = torch.cat([x, sample_windows(chat, n_chat, seq_len + 1, gen)])
-        logits = model(input_ids=x[:, :-1]).logits  # [b, S, V]
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        log.steps += 1
-        log.tokens += x[:, 1:].numel()
-        log.losses.append(float(loss.detach()))
-        since.append(log.losses[-1])
-        now = time.perf_counter()
-        if now >= next_emit or (now - t0 >= seconds and log.steps >= min_steps):
-            el = now - t0
-            if max_steps:
-                est, eta = max_steps, (max_steps - log.steps) * el / log.steps
-            else:
-                est, eta = max(log.steps, round(log.steps * seconds / el)), max(seconds - el, 0.0)
-            mean = sum(since) / len(since)
-            log.curve.append({"step": log.steps, "t": round(el, 2), "loss": round(mean, 4),
-                              "lr": round(opt.param_groups[0]["lr"], 6)})
-            emit("progress", task="codemodel", done=log.steps, total=est, unit="steps",
-                 tokens_per_s=round(log.tokens / el, 1), eta_s=round(eta, 1), loss=round(mean, 4))
-            next_emit, since = now + every, []
+    next_emit, since, t_step = t0 + every, [], t0
+    try:
+        while True:
+            elapsed = time.perf_counter() - t0
+            if (elapsed >= seconds and log.steps >= min_steps) or (max_steps is not None and log.steps >= max_steps):
+                break
+            progress = log.steps / max_steps if max_steps else elapsed / seconds
+            for g in opt.param_groups:
+                g["lr"] = lr_at(progress, peak_lr)
+            x = sample_windows(code, batch_size - n_chat, seq_len + 1, gen)  # [b, S+1]
+            if n_chat:
+                x = torch.cat([x, sample_windows(chat, n_chat, seq_len + 1, gen)])
+            logits = model(input_ids=x[:, :-1]).logits  # [b, S, V]
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            log.steps += 1
+            log.tokens += x[:, 1:].numel()
+            log.losses.append(float(loss.detach()))
+            since.append(log.losses[-1])
+            now = time.perf_counter()
+            if tuner is not None:
+                tuner.step_done(now - t_step, now)
+            t_step = now
+            if now >= next_emit or (now - t0 >= seconds and log.steps >= min_steps):
+                el = now - t0
+                if max_steps:
+                    est, eta = max_steps, (max_steps - log.steps) * el / log.steps
+                else:
+                    est, eta = max(log.steps, round(log.steps * seconds / el)), max(seconds - el, 0.0)
+                mean = sum(since) / len(since)
+                log.curve.append({"step": log.steps, "t": round(el, 2), "loss": round(mean, 4),
+                                  "lr": round(opt.param_groups[0]["lr"], 6), "threads": torch.get_num_threads()})
+                emit("progress", task="codemodel", done=log.steps, total=est, unit="steps",
+                     tokens_per_s=round(log.tokens / el, 1), eta_s=round(eta, 1), loss=round(mean, 4))
+                next_emit, since = now + every, []
+    finally:
+        if tuner is not None:
+            log.threads = dict(tuner.steps_with)
+        else:
+            log.threads = {torch.get_num_threads(): log.steps}
+        torch.set_num_threads(saved_threads)
     log.seconds = time.perf_counter() - t0
     model.eval()
     return log
@@ -510,7 +626,7 @@ class Settings:
         return {"format": FORMAT, "seconds": float(self.seconds), "vocab_size": self.vocab_size, "seed": self.seed,
                 "max_files": self.max_files, "max_bytes": self.max_bytes, "max_steps": self.max_steps,
                 "batch_size": BATCH_SIZE, "seq_len": SEQ_LEN, "peak_lr": PEAK_LR, "chat_fraction": CHAT_FRACTION,
-                "python": sys.version.split()[0]}
+                "chat_chars": list(CHAT_CHARS), "model": MODEL_SHAPE, "python": sys.version.split()[0]}
 
 
 def existing_model(out_dir: Path, settings: Settings) -> dict[str, Any] | None:
@@ -535,8 +651,51 @@ def _replace_dir(tmp: Path, out_dir: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+@dataclass
+class Data:
+    """Tokenizer and token streams for one build (see :func:`prepare_data`)."""
+
+    tokenizer: Any
+    code: torch.Tensor
+    """Training files, each followed by ``<|endoftext|>``: [n] int64."""
+    chat: torch.Tensor
+    """Chat examples from the training files, same layout."""
+    val_code: torch.Tensor
+    val_chat: torch.Tensor
+    stats: dict[str, Any]
+    """Corpus statistics for ``codemodel.json``."""
+
+
+def prepare_data(settings: Settings) -> Data:
+    """Collect the corpus, train the tokenizer and encode the code and chat streams."""
+    t0 = time.perf_counter()
+    corpus = collect_corpus(settings.max_bytes, settings.max_files)
+    stats = corpus.stats()
+    emit("info", task="codemodel", stage="corpus", files=stats["train_files"] + stats["val_files"],
+         bytes=stats["train_bytes"] + stats["val_bytes"])
+    train_texts = [t for _, t in corpus.train]
+    tok = train_tokenizer(train_texts, settings.vocab_size)
+    sep = SPECIALS.index(PAD)
+    chats, val_chats = chat_examples(corpus.train), chat_examples(corpus.val)
+    data = Data(tokenizer=tok, code=token_stream(tok, train_texts, sep),
+                chat=token_stream(tok, render_chats(tok, chats), sep),
+                val_code=token_stream(tok, [t for _, t in corpus.val], sep),
+                val_chat=token_stream(tok, render_chats(tok, val_chats), sep), stats=stats)
+    stats.update(train_tokens=data.code.numel(), val_tokens=data.val_code.numel(), chat_examples=len(chats),
+                 chat_tokens=data.chat.numel(), val_chat_examples=len(val_chats),
+                 bytes_per_token=round(stats["train_bytes"] / max(data.code.numel(), 1), 3))
+    emit("info", task="codemodel", stage="tokenizer", vocab_size=len(tok), train_tokens=data.code.numel(),
+         chat_examples=len(chats), bytes_per_token=stats["bytes_per_token"], seconds=round(time.perf_counter() - t0, 2))
+    return data
+
+
+def _r4(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
 def build_code_model_dir(out_dir: str | Path, settings: Settings = Settings(), force: bool = False,
-                         argv: Sequence[str] | None = None) -> tuple[Path, dict[str, Any], bool]:
+                         argv: Sequence[str] | None = None,
+                         threads: int | None = None) -> tuple[Path, dict[str, Any], bool]:
     """Build (or reuse) the tiny code model directory.
 
     Args:
@@ -544,6 +703,8 @@ def build_code_model_dir(out_dir: str | Path, settings: Settings = Settings(), f
         settings: corpus caps, vocabulary, seed and training budget.
         force: retrain even when ``out_dir`` already holds a model with these settings.
         argv: the command line, for provenance.
+        threads: intra-op threads for training (None: tuned, see :class:`ThreadTuner`); speed
+            only, so not part of the reuse key.
 
     Returns:
         ``(out_dir, metadata, reused)``: the directory, its ``codemodel.json`` content and
@@ -556,56 +717,38 @@ def build_code_model_dir(out_dir: str | Path, settings: Settings = Settings(), f
     out_dir = Path(out_dir)
     if not force and (meta := existing_model(out_dir, settings)) is not None:
         return out_dir, meta, True
-    if out_dir.exists() and (not out_dir.is_dir() or (any(out_dir.iterdir()) and not (out_dir / "codemodel.json").exists())):
-        raise UsageError(f"{out_dir} exists and is not a code model directory; remove it or choose another path")
     if out_dir.exists():
+        if not out_dir.is_dir() or (any(out_dir.iterdir()) and not (out_dir / "codemodel.json").exists()):
+            raise UsageError(f"{out_dir} exists and is not a code model directory; remove it or choose another path")
         say(f"{out_dir}: rebuilding (forced, other settings, or incomplete)")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # stdout is JSON lines, stderr is for our messages
     t_start = time.perf_counter()
     s = settings
-
-    corpus = collect_corpus(s.max_bytes, s.max_files)
-    stats = corpus.stats()
-    emit("info", task="codemodel", stage="corpus", files=stats["train_files"] + stats["val_files"],
-         bytes=stats["train_bytes"] + stats["val_bytes"])
-
-    tok = train_tokenizer([t for _, t in corpus.train], s.vocab_size)
-    sep = SPECIALS.index(PAD)
-    code = token_stream(tok, [t for _, t in corpus.train], sep)
-    val_code = token_stream(tok, [t for _, t in corpus.val], sep)
-    chats, val_chats = chat_examples(corpus.train), chat_examples(corpus.val)
-    chat = token_stream(tok, render_chats(tok, chats), sep)
-    val_chat = token_stream(tok, render_chats(tok, val_chats), sep)
-    stats.update(train_tokens=code.numel(), val_tokens=val_code.numel(), chat_examples=len(chats),
-                 chat_tokens=chat.numel(), val_chat_examples=len(val_chats),
-                 bytes_per_token=round(stats["train_bytes"] / max(code.numel(), 1), 3))
-    emit("info", task="codemodel", stage="tokenizer", vocab_size=len(tok), train_tokens=code.numel(),
-         chat_examples=len(chats), bytes_per_token=stats["bytes_per_token"],
-         seconds=round(time.perf_counter() - t_start, 2))
+    data = prepare_data(s)
 
     model = build_code_model(s.vocab_size, s.seed)
-    n_params = sum(p.numel() for p in model.parameters())
     gen = torch.Generator().manual_seed(s.seed + 1)
-    val_windows = sample_windows(val_code, VAL_WINDOWS, SEQ_LEN, gen)
-    val_chat_windows = sample_windows(val_chat, VAL_WINDOWS // 2, SEQ_LEN, gen) if val_chats else None
-    initial_val = eval_loss(model, val_windows)
-    log = train(model, code, chat, s.seconds, s.seed, max_steps=s.max_steps)
-    val_loss = eval_loss(model, val_windows)
-    val_chat_loss = eval_loss(model, val_chat_windows) if val_chat_windows is not None else None
-    samples = greedy_samples(model, tok)
+    val_windows = sample_windows(data.val_code, VAL_WINDOWS, SEQ_LEN, gen)
+    val_chat_windows = sample_windows(data.val_chat, VAL_WINDOWS // 2, SEQ_LEN, gen) if data.val_chat.numel() else None
+    with one_thread():
+        initial_val = eval_loss(model, val_windows)
+    log = train(model, data.code, data.chat, s.seconds, s.seed, max_steps=s.max_steps, threads=threads)
+    with one_thread():
+        val_loss = eval_loss(model, val_windows)
+        val_chat_loss = eval_loss(model, val_chat_windows) if val_chat_windows is not None else None
+        samples = greedy_samples(model, data.tokenizer)
     degenerate = [x["prompt"] for x in samples if x["tokens"] >= 16 and x["distinct_ratio"] < MIN_DISTINCT]
     if degenerate:
-        say(f"warning: greedy samples look repetitive (distinct-token ratio < {MIN_DISTINCT}) after {log.steps} steps; "
-            f"a slow or busy machine trains less in {s.seconds:g} s, try a larger --seconds")
-    r4 = lambda x: None if x is None else round(x, 4)  # noqa: E731
+        say(f"warning: greedy samples repeat themselves (distinct-token ratio < {MIN_DISTINCT}) after {log.steps} "
+            f"steps; a slow or busy machine trains less in {s.seconds:g} s, try a larger --seconds")
     training = {
         "seconds": round(log.seconds, 2), "steps": log.steps, "batch_size": BATCH_SIZE, "seq_len": SEQ_LEN,
         "chat_fraction": CHAT_FRACTION, "peak_lr": PEAK_LR, "tokens_seen": log.tokens,
-        "tokens_per_s": round(log.tokens / max(log.seconds, 1e-9), 1),
-        "initial_train_loss": r4(log.initial_loss), "final_train_loss": r4(log.final_loss),
-        "initial_val_loss": r4(initial_val), "val_loss": r4(val_loss), "val_chat_loss": r4(val_chat_loss),
+        "tokens_per_s": round(log.tokens / max(log.seconds, 1e-9), 1), "steps_per_thread_count": log.threads,
+        "initial_train_loss": _r4(log.initial_loss), "final_train_loss": _r4(log.final_loss),
+        "initial_val_loss": _r4(initial_val), "val_loss": _r4(val_loss), "val_chat_loss": _r4(val_chat_loss),
         "loss_curve": log.curve,
     }
     emit("metric", task="codemodel", **{k: v for k, v in training.items() if k != "loss_curve"},
@@ -615,14 +758,15 @@ def build_code_model_dir(out_dir: str | Path, settings: Settings = Settings(), f
     meta = {
         "format": FORMAT,
         "settings": s.key(),
-        "corpus": stats,
-        "tokenizer": {"type": "ByteLevel BPE", "vocab_size": len(tok), "specials": {t: i for i, t in enumerate(SPECIALS)},
-                      "eos_token": EOS, "pad_token": PAD, "chat_template": CHAT_TEMPLATE},
-        "model": {"architecture": "Qwen3ForCausalLM", "parameters": n_params, "vocab_size": cfg.vocab_size,
-                  "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_hidden_layers,
-                  "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
-                  "head_dim": cfg.head_dim, "intermediate_size": cfg.intermediate_size,
-                  "tie_word_embeddings": bool(cfg.tie_word_embeddings)},
+        "corpus": data.stats,
+        "tokenizer": {"type": "ByteLevel BPE", "vocab_size": len(data.tokenizer), "split_pattern": SPLIT_PATTERN,
+                      "specials": {t: i for i, t in enumerate(SPECIALS)}, "eos_token": EOS, "pad_token": PAD,
+                      "chat_template": CHAT_TEMPLATE},
+        "model": {"architecture": "Qwen3ForCausalLM", "parameters": sum(p.numel() for p in model.parameters()),
+                  "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+                  "num_hidden_layers": cfg.num_hidden_layers, "num_attention_heads": cfg.num_attention_heads,
+                  "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
+                  "intermediate_size": cfg.intermediate_size, "tie_word_embeddings": bool(cfg.tie_word_embeddings)},
         "training": training,
         "samples": samples,
         "samples_degenerate": bool(degenerate),
@@ -635,7 +779,7 @@ def build_code_model_dir(out_dir: str | Path, settings: Settings = Settings(), f
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
+        data.tokenizer.save_pretrained(tmp)
         meta["build_seconds"] = round(time.perf_counter() - t_start, 2)
         atomic_write_json(tmp / "codemodel.json", meta)
         _replace_dir(tmp, out_dir)
@@ -645,16 +789,21 @@ def build_code_model_dir(out_dir: str | Path, settings: Settings = Settings(), f
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m core.ml.codemodel",
-                                description="train a tiny Qwen3 code model on the Python standard library (CPU, offline)")
+    p = argparse.ArgumentParser(
+        prog="python -m core.ml.codemodel",
+        description="train a tiny Qwen3 code model on the Python standard library (CPU, offline)")
     p.add_argument("out_dir", help="model directory to write (reused when it already holds these settings)")
     p.add_argument("--seconds", type=float, default=DEFAULT_SECONDS, help="training wall time (default %(default)s)")
-    p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB, help="BPE vocabulary incl. specials (default %(default)s)")
+    p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB,
+                   help="BPE vocabulary incl. special tokens (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-files", type=int, default=None, help="use at most this many stdlib files")
-    p.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES, help="corpus cap in bytes (default %(default)s)")
+    p.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES,
+                   help="corpus cap in bytes (default %(default)s)")
     p.add_argument("--max-steps", type=int, default=None,
                    help="also stop after this many steps; the LR schedule then follows steps (deterministic)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="training threads (default 0: switch between 1 and all by measured speed)")
     p.add_argument("--force", action="store_true", help="retrain even if OUT_DIR already holds this model")
     args = p.parse_args(argv)
     if not args.seconds > 0:
@@ -665,12 +814,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise UsageError("--max-files must be >= 2 (one file is held out for validation)")
     if args.max_bytes < 10_000:
         raise UsageError("--max-bytes must be >= 10000")
+    if args.threads < 0:
+        raise UsageError("--threads must be >= 0")
     if args.max_steps is not None and args.max_steps < 1:
         raise UsageError("--max-steps must be >= 1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     settings = Settings(args.seconds, args.vocab_size, args.seed, args.max_files, args.max_bytes, args.max_steps)
     full_argv = ["python", "-m", "core.ml.codemodel", *(sys.argv[1:] if argv is None else argv)]
-    out, meta, reused = build_code_model_dir(args.out_dir, settings, args.force, full_argv)
+    out, meta, reused = build_code_model_dir(args.out_dir, settings, args.force, full_argv, args.threads or None)
     if reused:
         say(f"{out}: a code model with these settings is already there, reusing it (--force retrains)")
     tr = meta["training"]
