@@ -68,8 +68,13 @@ def demo_plan(root: Path, quick: bool) -> dict:
     py = sys.executable
     steps = 120 if quick else 240
     limit = 4 if quick else 8
-    hosts = {"train": {"local": True, "workdir": str(root / "hosts" / "train"), "python": py},
-             "eval": {"local": True, "workdir": str(root / "hosts" / "eval"), "python": py}}
+    # OMP_WAIT_POLICY=PASSIVE: torch's OpenMP threads stop spinning while they wait, which
+    # keeps two concurrent CPU jobs on a 2-core machine from stalling each other.
+    env = {"OMP_WAIT_POLICY": "PASSIVE"}
+    hosts = {"train": {"local": True, "workdir": str(root / "hosts" / "train"), "python": py,
+                       "env": env},
+             "eval": {"local": True, "workdir": str(root / "hosts" / "eval"), "python": py,
+                      "env": env}}
     over = {"target": "models/code-target", "data.features": "features/train",
             "train.max_steps": steps, "train.checkpoint_every": steps // 2,
             "train.log_every": 10, "drafter.target_layer_ids": [0, 2]}

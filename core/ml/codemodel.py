@@ -20,7 +20,7 @@ Choices, and why (measured on a 2-core CPU; "steps" are AdamW steps of 8 x 128 t
   ``encodings`` (mostly code-page tables) and files over :data:`MAX_FILE_BYTES`. Files are
   ordered by a hash of their relative path (deterministic, but spread over the whole library,
   so a byte cap keeps a mix of modules rather than the alphabetically first ones) and taken
-  up to ``--max-bytes`` (default 4 MB, ~1.2 M tokens: a minute sees about half of it) and
+  up to ``--max-bytes`` (default 4 MB, ~1.2 M tokens: a minute of training sees a fifth) and
   ``--max-files``. Every :data:`VAL_EVERY`-th file is held out for the validation loss. The
   corpus depends on the interpreter version, which is recorded.
 * **Chat examples.** Demo prompts go through the chat template ("Write a Python function
@@ -30,10 +30,11 @@ Choices, and why (measured on a 2-core CPU; "steps" are AdamW steps of 8 x 128 t
   Python function name(args)" (or "Implement name(args) in Python.", or with the docstring's
   first line), assistant = that function's source (:data:`CHAT_CHARS` long), then
   ``<|im_end|>``. The model learns to answer with a ``def`` and to stop; the validation
-  chat loss is reported next to the plain-code one.
+  chat loss is reported next to the plain-code one. (Answers keep their docstrings: code-only
+  answers made the samples loop more. Short functions give several examples per window.)
 * **Tokenizer.** ByteLevel BPE trained offline with ``tokenizers`` on the training files,
-  2048 tokens by default (3.2 bytes per token on this corpus, vs 2.7 at 1024; greedy samples
-  repeated themselves clearly less at 2048 for the same number of steps). The pre-tokenizer
+  2048 tokens by default (3.2 bytes per token on this corpus, vs 2.7 at 1024; in our runs the
+  greedy samples repeated themselves less at 2048 for the same number of steps). The pre-tokenizer
   split is GPT-2's with ``_`` counted as a letter (:data:`SPLIT_PATTERN`), so identifiers
   such as ``__init__`` can become single tokens. Byte-level, hence lossless:
   ``decode(encode(x)) == x`` for any text. Special tokens as in :mod:`core.ml.tiny`:
@@ -92,7 +93,7 @@ FORMAT = "specdeck-codemodel-v1"
 DEFAULT_SECONDS = 60.0
 DEFAULT_VOCAB = 2048
 DEFAULT_MAX_BYTES = 4_000_000
-"""Corpus cap (training + validation files): ~1.2 M tokens, more than a minute of CPU sees."""
+"""Corpus cap (training + validation files): ~1.2 M tokens at vocab 2048."""
 
 MAX_FILE_BYTES = 160_000
 """Larger stdlib files are mostly data (``pydoc_data/topics.py``, tables) or outliers."""
@@ -393,57 +394,66 @@ def lr_at(frac: float, peak: float = PEAK_LR, warmup: float = 0.05, floor: float
 
 
 class ThreadTuner:
-    """Chooses between 1 and N intra-op threads by measured step time, re-checked periodically.
+    """Switches between 1 and N intra-op threads by measured step time while training.
 
-    On an idle 2-core machine two threads train this model ~1.6x faster than one; when other
-    processes compete for the cores, the two threads wait on each other at every one of the
-    model's many small ops and throughput collapses (measured: 6x slower than one thread). So
-    the tuner times :attr:`probe_steps` steps with each candidate, keeps the faster for
-    :attr:`hold_s` seconds, and probes again. It only changes speed, never the arithmetic's
-    meaning (float reduction order may differ in the last bits).
+    On an idle 2-core machine two threads train this model ~1.6x faster than one. When other
+    processes hold the cores, two threads wait for each other at every one of the model's
+    many small ops; measured here: single steps of 4-5 s instead of 0.1 s (``OMP_WAIT_POLICY=
+    PASSIVE`` avoids that, but it must be set before torch is loaded). So training starts with
+    one thread, which never stalls, and periodically tries the other setting for
+    :attr:`probe_steps` steps: it keeps it if its median step is faster, and gives up at once
+    when one step takes more than :attr:`abort_factor` times the current median. After a
+    failed try the wait before the next one doubles (up to :attr:`max_hold_s`), so a busy
+    machine pays for few slow steps. Only speed changes (float reduction order may differ in
+    the last bits).
 
     Args:
         max_threads: the larger candidate (default: torch's current setting).
-        probe_steps: steps timed per candidate (the first step after a switch is not counted).
-        hold_s: seconds to keep the choice before probing again.
+        probe_steps: steps timed per setting before comparing.
+        hold_s: seconds between tries after a successful one.
+        max_hold_s: the longest wait between tries.
+        abort_factor: a try stops when one of its steps is this many times slower.
     """
 
-    def __init__(self, max_threads: int | None = None, probe_steps: int = 6, hold_s: float = 15.0) -> None:
-        n = max_threads or torch.get_num_threads()
-        self.candidates = [n, 1] if n > 1 else [1]
-        self.probe_steps, self.hold_s = probe_steps, hold_s
+    def __init__(self, max_threads: int | None = None, probe_steps: int = 4, hold_s: float = 10.0,
+                 max_hold_s: float = 80.0, abort_factor: float = 2.0) -> None:
+        self.many = max_threads or torch.get_num_threads()
+        self.probe_steps, self.abort_factor = probe_steps, abort_factor
+        self.hold_s, self.max_hold_s = hold_s, max_hold_s
         self.steps_with: dict[int, int] = {}
-        self._start_probe(self.candidates)
-
-    def _start_probe(self, order: list[int]) -> None:
-        self._queue, self._times, self._skip = list(order), {t: [] for t in order}, True
-        self._hold_until = None
-        torch.set_num_threads(self._queue[0])
+        """Steps run with each thread count."""
+        self._recent: list[float] = []  # step times with the current setting
+        self._probe: list[float] | None = None  # step times while trying the other setting
+        self._baseline = 0.0
+        self._hold, self._next_try = hold_s, 0.0
+        torch.set_num_threads(1)
 
     def step_done(self, dt: float, now: float) -> None:
-        """Record one step of ``dt`` seconds that ended at ``now`` (perf_counter)."""
+        """Record one step of ``dt`` seconds that ended at ``now`` (``time.perf_counter``)."""
         cur = torch.get_num_threads()
         self.steps_with[cur] = self.steps_with.get(cur, 0) + 1
-        if len(self.candidates) == 1:
+        if self.many <= 1:
             return
-        if self._hold_until is not None:
-            if now >= self._hold_until:
-                self._start_probe([cur] + [c for c in self.candidates if c != cur])
+        if self._probe is None:  # running steadily
+            self._recent = (self._recent + [dt])[-self.probe_steps:]
+            if now >= self._next_try and len(self._recent) == self.probe_steps:
+                self._baseline, self._probe = _median(self._recent), []
+                torch.set_num_threads(1 if cur > 1 else self.many)
             return
-        if self._skip:  # thread-pool warm-up after a switch
-            self._skip = False
+        self._probe.append(dt)
+        too_slow = dt > self.abort_factor * self._baseline
+        if not too_slow and len(self._probe) < self.probe_steps:
             return
-        self._times[cur].append(dt)
-        if len(self._times[cur]) < self.probe_steps:
-            return
-        self._queue.pop(0)
-        if self._queue:
-            self._skip = True
-            torch.set_num_threads(self._queue[0])
-            return
-        best = min(self._times, key=lambda t: sorted(self._times[t])[len(self._times[t]) // 2])
-        torch.set_num_threads(best)
-        self._hold_until = now + self.hold_s
+        if not too_slow and _median(self._probe) < self._baseline:  # keep the new setting
+            self._recent, self._hold = self._probe[-self.probe_steps:], self.hold_s
+        else:  # go back, and wait longer before the next try
+            torch.set_num_threads(1 if cur > 1 else self.many)
+            self._recent, self._hold = [], min(2 * self._hold, self.max_hold_s)
+        self._probe, self._next_try = None, now + self._hold
+
+
+def _median(xs: Sequence[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
 
 
 @contextlib.contextmanager
