@@ -256,13 +256,19 @@ async def follow(host: Host, store, run_id: str, capsule: str, *,
     ended: CapsuleState | None = None
     last_inspect = 0.0
     degraded = False
+    seen: int | None = None
+    """What this follower has shown: another follower (a second specdeck) may store ahead of
+    it; storing stays exactly-once through the store's offset check, showing is per viewer."""
     while True:
         if stop is not None and stop.is_set():
             return CapsuleState("running")
         try:
-            run = store.run(run_id)
-            offset = run["log_offset"]
-            data = await host.read_from(log, offset, CHUNK)
+            stored = store.run(run_id)["log_offset"]
+            if seen is None or stored < seen:
+                # (stored < seen: a racing follower stored a shorter piece than ours; go back
+                # so the store never keeps a gap — this viewer may see those lines twice)
+                seen = stored
+            data = await host.read_from(log, seen, CHUNK)
             if degraded:
                 degraded = False
                 if on_state:
@@ -274,16 +280,20 @@ async def follow(host: Host, store, run_id: str, capsule: str, *,
                 cut = len(data)  # the run is over: the torn last line is final
             if cut:
                 piece = data[:cut]
-                metrics: list[tuple[int, str, float]] = []
-                artefacts = []
-                for line in piece.splitlines():
-                    art = parse_artefact(line)
-                    if art is not None:
-                        artefacts.append(art)
-                        continue
-                    metrics.extend(parse_metrics(line, pattern))
-                if store.append_log(run_id, offset, piece, metrics, artefacts) and on_lines:
+                if seen + len(piece) > stored >= seen:
+                    new = piece[stored - seen:]  # starts on a stored boundary
+                    metrics: list[tuple[int, str, float]] = []
+                    artefacts = []
+                    for line in new.splitlines():
+                        art = parse_artefact(line)
+                        if art is not None:
+                            artefacts.append(art)
+                            continue
+                        metrics.extend(parse_metrics(line, pattern))
+                    store.append_log(run_id, stored, new, metrics, artefacts)
+                if on_lines:
                     on_lines(piece.decode("utf-8", "replace").splitlines())
+                seen += len(piece)
                 if len(data) >= CHUNK:
                     continue
             if ended is not None:
