@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+
 
 from core.errors import InvalidInput, PlanError, SpecdeckError
 from core.events import (Event, HostStateChanged, LogLinesReceived, LogStreamChanged, Notice,
@@ -191,8 +191,6 @@ def cmd_attach(args) -> int:
         ran = await runner.attach([args.item] if args.item else None)
         if not ran:
             _err("no live runs" + (f" for {args.item}" if args.item else ""))
-        st = runner.statuses()
-        return any(st[r.rsplit("-", 3)[0]] == "failed" for r in ran if False)
 
     asyncio.run(_with_runner(plan, args, go))
     return 0
@@ -216,8 +214,6 @@ def cmd_mark(args) -> int:
 def cmd_logs(args) -> int:
     plan = load_plan(args.plan)
     plan.item(args.item)
-    from core.store import Store  # noqa: F401
-
     async def go(runner):
         store = runner.store
         run = store.latest_run(args.item)

@@ -31,7 +31,7 @@ import shlex
 import signal as _signal
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable
 
 from core.actions.base import Launch, Outcome
 from core.errors import HostUnreachable
@@ -322,6 +322,3 @@ def outcome_of(state: CapsuleState, *, stopped: bool = False, capsule: str = "",
         return Outcome(st, state.exit_code, state.signal, capsule, run_id)
     return Outcome("lost", None, None, capsule, run_id)
 
-
-def env_for(host: Host, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    return {**host.env, **dict(extra or {})}

@@ -12,7 +12,6 @@ Positions come from composing the YAML node tree ourselves (:class:`_Located`) i
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import shlex

@@ -109,7 +109,6 @@ class Runner:
         self.poll = poll
         self.owner = owner_token()
         self._connect_locks: dict[str, asyncio.Lock] = {}
-        self._followers: dict[str, asyncio.Task] = {}
         self._stopping: set[str] = set()
         self._host_states: dict[str, HostState] = {}
         for h in self.hosts.values():
@@ -147,8 +146,6 @@ class Runner:
         return h
 
     async def close(self) -> None:
-        for t in list(self._followers.values()):
-            t.cancel()
         for h in self.hosts.values():
             try:
                 await h.close()
@@ -192,7 +189,6 @@ class Runner:
         "waiting", "manual"}`` lists of item ids.
         """
         targets = self.plan.order(ids)
-        target_ids = {it.id for it in targets}
         summary: dict[str, list[str]] = {k: [] for k in
                                          ("done", "failed", "unreachable", "waiting", "manual")}
         pending = list(targets)
@@ -390,7 +386,7 @@ class Runner:
             except SpecdeckError:
                 continue  # the item left the plan; keep its history untouched
             try:
-                now = await self._reconcile_run(run, follow=follow)
+                await self._reconcile_run(run, follow=follow)
             except HostUnreachable as e:
                 changes.append({"run": run["id"], "item": run["item_id"], "was": run["state"],
                                 "now": "unknown", "reason": str(e)})
@@ -463,12 +459,8 @@ class Runner:
             st = await jobs.stop(host, run["capsule"], grace_s=grace_s)
         if st.state == "running":
             raise SpecdeckError(f"run {run_id} on {run['host']} did not stop after SIGKILL")
-        # The follower (if any) finishes it; otherwise finish here.
-        await asyncio.sleep(0)
-        run = self.store.run(run_id)
-        if run["state"] in ("starting", "running"):
-            task = self._followers.get(run_id)
-            if task is None:
-                await self._finish(item, action, host, run_id, st)
+        # Finish it here; a follower (this process's or another's) finishing it too is a
+        # no-op, since ending a run is idempotent in the store.
+        await self._finish(item, action, host, run_id, st)
         run = self.store.run(run_id)
         return Outcome(run["state"], run["exit_code"], run["signal"], run["capsule"] or "", run_id)

@@ -32,7 +32,7 @@ import yaml
 from core import jobs
 from core.actions.base import Action, CheckResult, Launch, register
 from core.actions.mlbase import host_python, ml_failure
-from core.errors import ActionFailed
+
 
 CKPT = re.compile(r"^step_(\d+)\.pt$")
 PATH_KEYS = ("target", "out_dir", "data.features", "data.file", "drafter.init")
@@ -162,18 +162,9 @@ class Train(Action):
             for k, v in self.params.overrides.items():
                 deep_set(doc, k, v)
             # the uploaded file lives in the capsule: make its paths absolute on the host
-            for key in PATH_KEYS:
-                cur = doc
-                *parents, leaf = key.split(".")
-                for part in parents:
-                    cur = cur.get(part) if isinstance(cur, dict) else None
-                if isinstance(cur, dict) and isinstance(cur.get(leaf), str):
-                    rel = key.split(".")[0] != "out_dir" and key not in self.params.overrides
-                    base = str((ctx.plan.dir / self.params.config).parent) if rel and host.name in (
-                        n for n, sp in ctx.plan.hosts.items() if sp.local) else None
-                    val = cur[leaf]
-                    cur[leaf] = (str(Path(base, val).resolve()) if base and not val.startswith(("/", "~"))
-                                 else host.path(val))
+            local = ctx.plan.hosts[ctx.item.action.host].local
+            _absolute_paths(doc, host, (ctx.plan.dir / self.params.config).parent if local else None,
+                            set(self.params.overrides))
             await host.write_file(f"{self._capsule}/train.yaml",
                                   yaml.safe_dump(doc, sort_keys=False).encode())
         self._resume_from = None
@@ -292,7 +283,6 @@ class Train(Action):
 
     async def finish(self, ctx, outcome) -> dict:
         host = ctx.host
-        run = ctx.store.run(ctx.run_id)
         outdir = await self._find_out(ctx, outcome)
         # the checkpoint list is complete even when specdeck missed a log line
         found = []
@@ -314,7 +304,6 @@ class Train(Action):
             return result
         if outcome.state != "succeeded":
             raise await ml_failure(ctx, outcome, f"train ({self.params.launcher})")
-        del run
         return result
 
     async def _find_out(self, ctx, outcome) -> str | None:
@@ -324,6 +313,24 @@ class Train(Action):
         if arts:
             return posixpath.dirname(arts[-1]["path"])
         return posixpath.join(outcome.capsule or jobs.capsule_path(ctx.host, ctx.run_id), "out")
+
+
+def _absolute_paths(doc: dict, host, config_dir: Path | None, overridden: set[str]) -> None:
+    """Rewrite the config's PATH_KEYS as absolute host paths: values from ``overrides`` are
+    relative to the host's workdir; values written in the config file are relative to that
+    file when the host is local (``config_dir``), else to the host's workdir too."""
+    for key in PATH_KEYS:
+        *parents, leaf = key.split(".")
+        cur = doc
+        for part in parents:
+            cur = cur.get(part) if isinstance(cur, dict) else None
+        if not isinstance(cur, dict) or not isinstance(cur.get(leaf), str):
+            continue
+        val = cur[leaf]
+        if config_dir is not None and key not in overridden and not val.startswith(("/", "~")):
+            cur[leaf] = str((config_dir / val).resolve())
+        else:
+            cur[leaf] = host.path(val)
 
 
 def _address(spec) -> str:

@@ -102,3 +102,14 @@ async def ssh_host(sshd: SshdServer, tmp_path: Path):
     yield host
     await host.close()
 
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """A tiny random Qwen3 target, drafter and prompts on disk (``python -m core.ml.tiny``)."""
+    import subprocess
+    import sys
+
+    root = tmp_path_factory.mktemp("tiny")
+    subprocess.run([sys.executable, "-m", "core.ml.tiny", str(root), "--fit-steps", "0"],
+                   check=True, capture_output=True, cwd=Path(__file__).resolve().parents[2])
+    return root

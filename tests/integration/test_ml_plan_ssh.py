@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -17,13 +16,6 @@ from tests.conftest import ROOT, run_cli
 pytestmark = [pytest.mark.integration, pytest.mark.ml, pytest.mark.slow]
 PY = sys.executable
 
-
-@pytest.fixture(scope="module")
-def tiny_models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    subprocess.run([PY, "-m", "core.ml.tiny", str(root), "--fit-steps", "0"], check=True,
-                   capture_output=True, cwd=ROOT)
-    return root
 
 
 def test_extract_train_strip_relay_eval_compare_diff(sshd_factory, tiny_models, tmp_path):

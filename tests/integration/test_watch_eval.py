@@ -19,13 +19,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.ml, pytest.mark.slow]
 PY = sys.executable
 
 
-@pytest.fixture(scope="module")
-def tiny_models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    subprocess.run([PY, "-m", "core.ml.tiny", str(root), "--fit-steps", "0"], check=True,
-                   capture_output=True, cwd=ROOT)
-    return root
-
 
 def make_plan(tmp_path, tiny, gpu, ev, steps=300):
     train_wd, eval_wd = tmp_path / "kpro6", tmp_path / "ct129"
