@@ -62,7 +62,9 @@ class Printer:
                  + (f" ({ev.reason})" if ev.reason else ""))
         elif isinstance(ev, Progress):
             now = time.monotonic()
-            if now - self._last_progress.get(ev.item_id or "", 0) >= 0.5 or ev.fields.get("final"):
+            # Phase lines (no figures) always print; meter updates at most twice a second.
+            if (not ev.fields or ev.fields.get("final")
+                    or now - self._last_progress.get(ev.item_id or "", 0) >= 0.5):
                 self._last_progress[ev.item_id or ""] = now
                 _err(f"[{ts}] {ev.item_id}: {ev.message}")
         elif isinstance(ev, HostStateChanged):

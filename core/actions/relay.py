@@ -7,17 +7,28 @@ destination, with a bounded queue between them, so the rate approaches the slowe
 memory stays at ``queue depth x chunk size``.
 
 Resumable by construction: the destination is written as ``DST.part`` and appended to; a
-rerun after a cut, a crash or a kill of specdeck resumes from the length of ``.part``. At
-the end both hosts hash their copy (in parallel) and the hashes (and ``sha256`` when the plan
-gives one) must agree before ``.part`` is renamed atomically onto ``DST``. The verified hash
-is recorded beside the file as ``DST.sha256`` so that ``check()`` can answer "already done"
-without re-reading a 17 GB file. A directory relays file by file with a manifest.
+rerun after a cut, a crash or a kill of specdeck resumes from the length of ``.part``.
+
+Two data paths, one protocol. Big files go through OpenSSH's own ``ssh`` client, one
+process per endpoint running ``dd`` on the host, with a thread in specdeck moving the bytes
+between their pipes (:mod:`core.hosts.bulk`): the ciphers run in C and the thread does one
+copy and the stream hash. Small files, and hosts the ``ssh`` client cannot log in to with
+our settings, use the asyncssh connection already open (a reader task and a writer task
+with a bounded queue). Either way the source hashes its file during the copy and a fresh
+copy is hashed as it streams through specdeck; the two must agree (and match ``sha256`` when
+the plan gives one) before ``.part`` is renamed atomically onto ``DST``. A resumed copy is
+hashed whole on both hosts (its prefix came from an earlier run). The verified hash is recorded beside the file as ``DST.sha256`` so
+that ``check()`` can answer "already done" without re-reading a 17 GB file. A directory
+relays file by file with a manifest.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import json
+import os
 import posixpath
 import re
 import shlex
@@ -26,9 +37,12 @@ from dataclasses import dataclass
 
 from core.actions.base import Action, CheckResult, register
 from core.errors import ActionFailed, HostUnreachable
+from core.hosts import bulk
 
 CHUNK = 1 << 20
 DEPTH = 16
+BULK_MIN = 32 << 20
+"""Files with at least this much left to send take the descriptor path (ssh clients)."""
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)(i?[bB])?(/s)?\s*$")
 
 
@@ -103,6 +117,15 @@ class _Meter:
             if ahead > 0:
                 await asyncio.sleep(ahead)
                 now = time.monotonic()
+        if now - self.last >= 0.5:
+            self.last = now
+            self.report(now)
+
+    def set_sent(self, sent: int) -> None:
+        """Progress from the bulk thread's byte count (it does its own pacing)."""
+        self.done += sent - self.sent
+        self.sent = sent
+        now = time.monotonic()
         if now - self.last >= 0.5:
             self.last = now
             self.report(now)
@@ -228,41 +251,131 @@ class Relay(Action):
         if offset:
             ctx.progress(f"{label}: resuming at {human(offset)} of {human(size)}")
         meter = _Meter(ctx, size, offset, limit, label)
-        # The source hashes its file while the bytes flow (it reads from page cache), so
-        # only the destination's hash is left once the transfer ends.
+        # The source hashes its file while the bytes flow (from its page cache). A fresh copy
+        # is also hashed as it streams through specdeck, which is what the destination's dd
+        # received (SSH's MAC) and wrote (dd exits 0, sizes agree, fsync'ed): comparing the
+        # two catches a source that changed while it was copied, with no pass over the
+        # destination afterwards. A resumed copy hashes the destination's whole file too,
+        # since an earlier run wrote its .part prefix.
+        stream = hashlib.sha256() if offset == 0 else None
         src_hash = asyncio.create_task(src.sha256(sp))
         try:
             if offset < size:
-                await _pump(src, sp, dst, part, offset, meter)
+                why = await _bulk_unavailable(src, dst, size - offset)
+                if why is None:
+                    await _pump_bulk(ctx, src, sp, dst, part, offset, meter, stream, label)
+                else:
+                    ctx.progress(f"{label}: data path: asyncssh channels ({why})")
+                    await _pump(src, sp, dst, part, offset, meter, stream)
             elif pst is None:
                 await dst.write_file(part, b"")
-        except BaseException:
+            meter.report(final=True)
+            got = await dst.stat(part)
+            if got is None or got.size != size:
+                raise ActionFailed(
+                    f"relay: {label}: wrote {got.size if got else 0} bytes of {size}",
+                    hint="run the item again; it resumes from the .part file")
+            if stream is not None:
+                ctx.progress(f"{label}: verifying sha256: {src.name}'s file against the stream")
+                h_src, h_dst = await src_hash, stream.hexdigest()
+            else:
+                ctx.progress(f"{label}: verifying sha256 on {src.name} and {dst.name}")
+                h_src, h_dst = await asyncio.gather(src_hash, dst.sha256(part))
+        finally:
             src_hash.cancel()
-            raise
-        meter.report(final=True)
-        got = await dst.stat(part)
-        if got is None or got.size != size:
-            src_hash.cancel()
-            raise ActionFailed(f"relay: {label}: wrote {got.size if got else 0} bytes of {size}",
-                               hint="run the item again; it resumes from the .part file")
-        ctx.progress(f"{label}: verifying sha256 on {src.name} and {dst.name}")
-        h_src, h_dst = await asyncio.gather(src_hash, dst.sha256(part))
         if h_src != h_dst or (expected and expected.lower() != h_src):
-            want = expected or h_src
+            rm = f"rm {shlex.quote(dst.path(part))}"
+            if expected and expected.lower() != h_src:
+                hint = "the source differs from the plan's sha256: check which checkpoint you meant"
+            elif stream is not None:
+                hint = (f"the source changed while it was copied (is something still writing "
+                        f"it?): once it is complete, remove the partial copy ({rm}) and run "
+                        "the item again")
+            else:
+                hint = f"the partial copy is corrupt: remove it ({rm}) and run the item again"
+            what = "the stream from it" if stream is not None else f"{dst.name}:{part}"
             raise ActionFailed(
-                f"relay: {label}: sha256 mismatch: {src.name} has {h_src}, "
-                f"{dst.name}:{part} has {h_dst}" + (f", plan expects {expected}" if expected else "")
-                + "; nothing was renamed",
-                hint=f"the partial copy is corrupt: remove it (rm {shlex.quote(dst.path(part))}) "
-                     "and run the item again" if h_dst != want else
-                     "the source differs from the plan's sha256: check which checkpoint you meant")
+                f"relay: {label}: sha256 mismatch: {src.name} has {h_src}, {what} has {h_dst}"
+                + (f", plan expects {expected}" if expected else "") + "; nothing was renamed",
+                hint=hint)
         await dst.rename(part, dp)
         await dst.write_file(dp + ".sha256", f"{h_src} {size}\n".encode())
         return {"size": size, "sha256": h_src, "resumed_from": offset,
                 "bytes_sent": meter.sent}
 
 
-async def _pump(src, sp, dst, part, offset, meter: _Meter) -> None:
+async def _bulk_unavailable(src, dst, left: int) -> str | None:
+    """None when the bytes can take the descriptor path (:mod:`core.hosts.bulk`), else why
+    they go through asyncssh channels. ``SPECDECK_RELAY_PATH`` = ``bulk`` / ``asyncssh``
+    forces a path (tests, benchmarks); by default files under BULK_MIN stay on the open
+    connection, as two ssh logins would cost more than they save."""
+    forced = os.environ.get("SPECDECK_RELAY_PATH", "auto")
+    if forced == "asyncssh":
+        return "SPECDECK_RELAY_PATH=asyncssh"
+    if forced != "bulk" and left < BULK_MIN:
+        return f"{human(left)} to send, under {human(BULK_MIN)}"
+    for host, why in zip((src, dst), await asyncio.gather(src.bulk_ready(), dst.bulk_ready())):
+        if why is not None:
+            return f"{host.name}: {why}"
+    return None
+
+
+async def _pump_bulk(ctx, src, sp, dst, part, offset, meter: _Meter, stream, label) -> None:
+    """Move the bytes in a thread between two descriptor ends (ssh client processes or
+    local files); this loop only reports progress and handles cancellation."""
+    reader = await src.open_bulk(sp, offset=offset)
+    try:
+        writer = await dst.open_bulk(part, write=True)
+    except BaseException:
+        await reader.close_quietly()
+        raise
+    ctx.progress(f"{label}: data path: {src.name} ({reader.describe}) -> specdeck -> "
+                 f"{dst.name} ({writer.describe})")
+    sent = [0]
+    stopping = [False]
+    t0 = time.monotonic()
+
+    def pace(total: int) -> None:
+        if meter.limit:
+            ahead = total / meter.limit - (time.monotonic() - t0)
+            if ahead > 0:
+                time.sleep(ahead)
+
+    update = stream.update if stream is not None else (lambda b: None)
+    job = asyncio.ensure_future(asyncio.to_thread(
+        bulk.pump, reader, writer, chunk=CHUNK, update=update, sent=sent,
+        stop=lambda: stopping[0], pace=pace))
+    try:
+        while not job.done():
+            await asyncio.wait({job}, timeout=0.5)
+            meter.set_sent(sent[0])
+        failed = job.exception()
+    except BaseException:  # cancelled (a stop, ctrl-c): unblock the thread, then leave
+        stopping[0] = True
+        reader.abort()
+        writer.abort()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(asyncio.shield(job), 10)
+        await reader.close_quietly()
+        await writer.close_quietly()
+        raise
+    if failed is not None:
+        # The writer broke (dd died, connection lost): stop the reader, report the writer.
+        reader.abort()
+        try:
+            await writer.finish()
+        finally:
+            await reader.close_quietly()
+        raise ActionFailed(f"relay: {label}: writing to {dst.name} failed: {failed}")
+    # The reader hit EOF: either the end of the file or a lost source (its exit says which).
+    # The writer is finished either way, so what did land is flushed for a resume.
+    try:
+        await reader.finish()
+    finally:
+        await writer.finish()
+
+
+async def _pump(src, sp, dst, part, offset, meter: _Meter, stream=None) -> None:
     """Reader and writer in parallel with a bounded queue between them."""
     q: asyncio.Queue = asyncio.Queue(maxsize=DEPTH)
     writer = await dst.open_writer(part, append=True)
@@ -280,6 +393,8 @@ async def _pump(src, sp, dst, part, offset, meter: _Meter) -> None:
             chunk = await q.get()
             if chunk is None:
                 break
+            if stream is not None:
+                stream.update(chunk)
             await writer.write(chunk)
             await meter.add(len(chunk))
     except BaseException:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Mapping, Sequence
 
 from core.errors import RemoteCommandFailed
+from core.hosts.bulk import BulkStream
 
 
 @dataclass(frozen=True)
@@ -211,6 +212,17 @@ class Host(ABC):
     @abstractmethod
     async def open_writer(self, path: str, *, append: bool) -> AsyncWriter:
         """A sink writing to ``path`` (appending when ``append``), parent dirs created."""
+
+    async def bulk_ready(self) -> str | None:
+        """None when :meth:`open_bulk` gives descriptors here, else why not (for the log)."""
+        return "this host offers asyncio streams only"
+
+    async def open_bulk(self, path: str, *, offset: int = 0, write: bool = False
+                        ) -> "BulkStream | None":
+        """A file descriptor end for the relay's fast path (see :mod:`core.hosts.bulk`):
+        ``path`` read from ``offset``, or appended to when ``write``. None: this host only
+        offers the asyncio streams above (the relay then uses those)."""
+        return None
 
     @abstractmethod
     async def disk_free(self, path: str) -> int:

@@ -8,6 +8,7 @@ import shutil
 import signal as _signal
 from typing import AsyncIterator, Mapping, Sequence
 
+from core.hosts.bulk import BulkStream, FileBulk
 from core.hosts.base import AsyncWriter, CommandResult, FileStat, Host, HostState, to_command
 
 
@@ -139,6 +140,13 @@ class LocalHost(Host):
         p = self.path(path)
         os.makedirs(os.path.dirname(p), exist_ok=True)
         return _LocalWriter(open(p, "ab" if append else "wb"))
+
+    async def bulk_ready(self) -> str | None:
+        return None
+
+    async def open_bulk(self, path: str, *, offset: int = 0, write: bool = False
+                        ) -> BulkStream | None:
+        return FileBulk(self.path(path), offset=offset, write=write)
 
     async def disk_free(self, path: str) -> int:
         p = self.path(path)

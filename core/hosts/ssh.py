@@ -83,6 +83,7 @@ import asyncssh
 
 from core.errors import HostKeyRejected, HostUnreachable, InvalidInput
 from core.hosts.base import AsyncWriter, CommandResult, FileStat, Host, HostState, to_command
+from core.hosts.bulk import BulkStream, ProcessBulk
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _PID_START = b"\x1fspecdeck-pid="
@@ -267,6 +268,11 @@ class SSHHost(Host):
         self._background: set[asyncio.Task] = set()
         self._where = target
         """``target`` as resolved by the config (``user@host:port``), for messages."""
+        self._opts: asyncssh.SSHClientConnectionOptions | None = None
+        self._openssh: tuple[list[str], str] | None = None
+        """(argv prefix, cipher) of an OpenSSH client that logged in like we did, once probed."""
+        self._openssh_why: str | None = None
+        """Why the OpenSSH client cannot be used (then bulk streams stay on asyncssh)."""
 
     # -- connection ----------------------------------------------------------------------
     @property
@@ -375,6 +381,7 @@ class SSHHost(Host):
         self._last_error = None
         self._attempts_ok += 1
         self._conn = conn
+        self._opts = opts
         self._sftp = self._sftp_conn = None
         return conn
 
@@ -882,6 +889,115 @@ class SSHHost(Host):
             self._slots.release()
             raise
         return _DDWriter(self, proc, p)
+
+    # -- bulk streams through the OpenSSH client ----------------------------------------
+    def _openssh_command(self) -> tuple[list[str], str] | str:
+        """The ``ssh`` argv (up to the destination) that reaches this host with the settings
+        our connection used, and the cipher it asks for; or why there is none.
+
+        Same config file, same known_hosts files with ``StrictHostKeyChecking=yes`` (an
+        unknown or changed key fails, it is never added), the same identity files plus the
+        agent, ``BatchMode`` (never a prompt). OpenSSH expands ``~`` from the password
+        database, not ``$HOME``, so every path is passed expanded.
+        """
+        import shutil
+
+        ssh = shutil.which("ssh")
+        if ssh is None:
+            return "no OpenSSH client (ssh) on this machine"
+        opts = self._opts
+        if opts is None:
+            return "not connected"
+        config = Path("~", ".ssh", "config").expanduser()
+        known = [os.path.expanduser(str(p)) for p in self._known_hosts_files(opts)]
+        keys = [os.path.expanduser(str(k)) for k in (opts.config.get("IdentityFile") or ())]
+        if not keys:
+            keys = [str(Path("~", ".ssh", n).expanduser())
+                    for n in ("id_ed25519", "id_ecdsa", "id_rsa")]
+        keys = [k for k in keys if os.path.exists(k)]
+        paths = [str(config), *known, *keys]
+        if any(re.search(r"[\s\"'\\]", p) for p in paths):
+            return "a config, key or known_hosts path holds a space or a quote"
+        argv = [ssh, "-F", str(config) if config.exists() else os.devnull,
+                "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                "-o", "UserKnownHostsFile=" + (" ".join(known) or os.devnull),
+                "-o", f"ConnectTimeout={max(1, int(self.connect_timeout))}",
+                "-o", f"ServerAliveInterval={max(1, int(self.keepalive_interval))}",
+                "-o", "ServerAliveCountMax=3", "-o", "LogLevel=ERROR",
+                "-o", "ControlMaster=no", "-o", "ControlPath=none",
+                "-o", "ForwardAgent=no", "-o", "ClearAllForwardings=yes", "-T"]
+        cipher = "config's"
+        if not opts.config.get("Ciphers"):
+            argv += ["-o", "Ciphers=^" + _CIPHERS.lstrip("^")]
+            cipher = "aes128-gcm"
+        for k in keys:
+            argv += ["-i", k]
+        if self._t_port:
+            argv += ["-p", str(self._t_port)]
+        if self._t_user:
+            argv += ["-l", self._t_user]
+        return [*argv, "--", self._t_host], cipher
+
+    async def bulk_ready(self) -> str | None:
+        return await self.openssh_ready()
+
+    async def openssh_ready(self) -> str | None:
+        """Probe (once) that the OpenSSH client logs in like our connection did; None when it
+        does, else why not (bulk streams then stay on asyncssh)."""
+        await self._connection()
+        if self._openssh is not None or self._openssh_why is not None:
+            return self._openssh_why
+        built = self._openssh_command()
+        if isinstance(built, str):
+            self._openssh_why = built
+            return built
+        argv, cipher = built
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, "exit 0", stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+            _, err = await asyncio.wait_for(proc.communicate(), self.connect_timeout + 5)
+        except (OSError, asyncio.TimeoutError) as exc:
+            self._openssh_why = f"the ssh client did not log in: {exc}"
+            return self._openssh_why
+        if proc.returncode != 0:
+            tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no message"]
+            self._openssh_why = f"the ssh client did not log in ({tail[0]})"
+            return self._openssh_why
+        self._openssh = (argv, cipher)
+        return None
+
+    async def open_bulk(self, path: str, *, offset: int = 0, write: bool = False
+                        ) -> BulkStream | None:
+        """An ``ssh`` client process running ``dd`` on the host (see :mod:`core.hosts.bulk`),
+        or None when :meth:`openssh_ready` says the OpenSSH client cannot be used."""
+        if await self.bulk_ready() is not None:
+            return None
+        assert self._openssh is not None
+        argv, cipher = self._openssh
+        p = self.path(path)
+        q = shlex.quote(p)
+        if write:
+            what = "writing"
+            script = (f"mkdir -p -- {shlex.quote(posixpath.dirname(p))} || exit\n"
+                      f"exec dd of={q} bs=1M iflag=fullblock oflag=append "
+                      f"conv=notrunc,fsync status=none")
+        else:
+            what = "reading"
+            skip = f" iflag=skip_bytes skip={int(offset)}" if offset else ""
+            script = f"[ -e {q} ] || exit {_NO_FILE}\nexec dd if={q} bs=1M{skip} status=none"
+
+        def on_exit(code: int, stderr: bytes) -> Exception | None:
+            if code == 0:
+                return None
+            if code == 255 or code < 0:
+                tail = stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
+                return HostUnreachable(self.name, f"connection to {self._where} lost while "
+                                       f"{what} {p}" + (f": {tail[0]}" if tail else ""))
+            return self._stream_error(code, what, p, stderr)
+
+        return ProcessBulk([*argv, script], write=write, describe=f"openssh {cipher}",
+                           on_exit=on_exit)
 
     async def sha256(self, path: str) -> str:
         """The file's sha256, computed on the host (``sha256sum``)."""

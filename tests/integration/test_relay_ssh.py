@@ -68,6 +68,8 @@ def test_300mb_relay_matches_sha256_and_check_says_done(two_hosts, tmp_path):
     assert hashlib.sha256(out.read_bytes()).hexdigest() == digest
     assert not out.with_name(out.name + ".part").exists()
     assert "MB/s" in res.stderr and "ETA" in res.stderr
+    # a big file takes OpenSSH's client (host keys checked against the same known_hosts)
+    assert "data path: kpro6 (openssh aes128-gcm) -> specdeck -> ct129 (openssh" in res.stderr
     # a second plan run finds it done by check() without sending a byte
     run_cli("mark", plan, "copy", "pending", env=env)
     res = run_cli("run", plan, "copy", env=env)
@@ -134,6 +136,35 @@ async def test_source_sshd_stopped_mid_transfer_then_resume(two_hosts, tmp_path)
     assert result["bytes_sent"] < size - have + 2 * MB
     assert hashlib.sha256((tmp_path / "B" / "big.bin").read_bytes()).hexdigest() == digest
     await runner.close()
+
+
+@pytest.mark.parametrize("path", ["asyncssh", "bulk"])
+def test_both_data_paths_copy_and_resume(two_hosts, tmp_path, path):
+    """The asyncssh fallback and the ssh-client path (forced for a small file) give the same
+    bytes, fresh and resumed from a .part."""
+    a, b = two_hosts
+    digest = make_file(tmp_path / "A" / "w.bin", 40 * MB + 12345)
+    part = tmp_path / "B" / "w.bin.part"
+    part.parent.mkdir(parents=True)
+    part.write_bytes((tmp_path / "A" / "w.bin").read_bytes()[: 7 * MB + 3])
+    plan = relay_plan(tmp_path, a.alias, b.alias, "w.bin", "w.bin")
+    env = {"SPECDECK_STATE": str(tmp_path / "s.db"), "SPECDECK_RELAY_PATH": path}
+    res = run_cli("run", plan, "copy", env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert ("asyncssh channels" in res.stderr) == (path == "asyncssh")
+    assert ("(openssh aes128-gcm)" in res.stderr) == (path == "bulk")
+    assert "resuming at" in res.stderr
+    result = last_result(tmp_path / "s.db")
+    assert result["resumed_from"] == 7 * MB + 3
+    assert result["bytes_sent"] == 33 * MB + 12345 - 3
+    assert hashlib.sha256((tmp_path / "B" / "w.bin").read_bytes()).hexdigest() == digest
+    (tmp_path / "B" / "w.bin").unlink()
+    (tmp_path / "B" / "w.bin.sha256").unlink()
+    run_cli("mark", plan, "copy", "pending", env=env)
+    res = run_cli("run", plan, "copy", env=env, timeout=120)  # fresh: the stream's hash
+    assert res.returncode == 0, res.stderr
+    assert "'s file against the stream" in res.stderr
+    assert hashlib.sha256((tmp_path / "B" / "w.bin").read_bytes()).hexdigest() == digest
 
 
 def test_flipped_byte_in_part_prefix_is_caught(two_hosts, tmp_path):

@@ -1,0 +1,117 @@
+"""relay between two local hosts: both data paths, cancel + resume, pacing, a changing source.
+
+The SSH versions of these (two real sshd hosts) are in tests/integration/test_relay_ssh.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import time
+
+import pytest
+
+from core.actions.relay import Relay, RelayParams
+from core.errors import ActionFailed
+from core.hosts.local import LocalHost
+
+MB = 1 << 20
+
+
+class Ctx:
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def progress(self, message: str, **fields) -> None:
+        self.lines.append(message)
+
+
+def make(path, size: int) -> str:
+    data = os.urandom(size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return hashlib.sha256(data).hexdigest()
+
+
+async def relay(tmp_path, size, *, src_host=None, bwlimit=None):
+    a = src_host or LocalHost("a", workdir=str(tmp_path / "A"))
+    b = LocalHost("b", workdir=str(tmp_path / "B"))
+    ctx = Ctx()
+    r = Relay(RelayParams(src="a:f.bin", dst="b:out/f.bin", bwlimit=bwlimit))
+    from core.actions.relay import parse_rate
+
+    res = await r._one(ctx, a, "f.bin", b, "out/f.bin", size, None, parse_rate(bwlimit))
+    return res, ctx
+
+
+@pytest.mark.parametrize("path", ["bulk", "asyncssh"])
+async def test_both_paths_copy_verify_and_record(tmp_path, monkeypatch, path):
+    monkeypatch.setenv("SPECDECK_RELAY_PATH", path)
+    digest = make(tmp_path / "A" / "f.bin", 5 * MB + 17)
+    res, ctx = await relay(tmp_path, 5 * MB + 17)
+    out = tmp_path / "B" / "out" / "f.bin"
+    assert hashlib.sha256(out.read_bytes()).hexdigest() == digest == res["sha256"]
+    assert res["bytes_sent"] == 5 * MB + 17 and res["resumed_from"] == 0
+    assert (tmp_path / "B" / "out" / "f.bin.sha256").read_text() == f"{digest} {5 * MB + 17}\n"
+    assert not (tmp_path / "B" / "out" / "f.bin.part").exists()
+    want = ("a (local file) -> specdeck -> b (local file)" if path == "bulk"
+            else "asyncssh channels (SPECDECK_RELAY_PATH=asyncssh)")
+    assert any(want in line for line in ctx.lines), ctx.lines
+
+
+async def test_small_file_stays_on_the_open_connection_by_default(tmp_path, monkeypatch):
+    monkeypatch.delenv("SPECDECK_RELAY_PATH", raising=False)
+    make(tmp_path / "A" / "f.bin", MB)
+    _, ctx = await relay(tmp_path, MB)
+    assert any("asyncssh channels (1.0 MB to send, under 33.6 MB)" in line
+               for line in ctx.lines), ctx.lines
+
+
+async def test_cancel_leaves_a_part_that_the_next_run_resumes(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDECK_RELAY_PATH", "bulk")
+    size = 24 * MB
+    digest = make(tmp_path / "A" / "f.bin", size)
+    part = tmp_path / "B" / "out" / "f.bin.part"
+    task = asyncio.create_task(relay(tmp_path, size, bwlimit="16M"))
+    while not (part.exists() and part.stat().st_size >= 4 * MB):
+        await asyncio.sleep(0.02)
+        assert not task.done()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    have = part.stat().st_size
+    assert 4 * MB <= have < size
+    res, ctx = await relay(tmp_path, size)
+    assert res["resumed_from"] == have and res["bytes_sent"] == size - have
+    assert any("verifying sha256 on a and b" in line for line in ctx.lines)
+    assert hashlib.sha256((tmp_path / "B" / "out" / "f.bin").read_bytes()).hexdigest() == digest
+
+
+async def test_bwlimit_paces_the_bulk_thread(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDECK_RELAY_PATH", "bulk")
+    make(tmp_path / "A" / "f.bin", 12 * MB)
+    t0 = time.monotonic()
+    await relay(tmp_path, 12 * MB, bwlimit="24M")
+    # 12 MiB at 24 MiB/s: the pacing sleeps until 0.5 s minus one chunk's worth
+    assert time.monotonic() - t0 >= 0.45
+
+
+class ChangingSource(LocalHost):
+    """A source whose file is rewritten while it is copied: its own hash, taken during the
+    copy, sees other bytes than the stream did."""
+
+    async def sha256(self, path: str) -> str:
+        return hashlib.sha256(b"the trainer rewrote it").hexdigest()
+
+
+async def test_source_changed_during_copy_is_caught_and_nothing_renamed(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDECK_RELAY_PATH", "bulk")
+    make(tmp_path / "A" / "f.bin", 2 * MB)
+    src = ChangingSource("a", workdir=str(tmp_path / "A"))
+    with pytest.raises(ActionFailed) as err:
+        await relay(tmp_path, 2 * MB, src_host=src)
+    assert "sha256 mismatch" in str(err.value) and "nothing was renamed" in str(err.value)
+    assert "changed while it was copied" in err.value.hint and "rm " in err.value.hint
+    assert not (tmp_path / "B" / "out" / "f.bin").exists()
+    assert (tmp_path / "B" / "out" / "f.bin.part").exists()
