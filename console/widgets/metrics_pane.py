@@ -1,7 +1,9 @@
 """Training curves of one or more runs, overlaid (textual-plotext).
 
-The plot widget (and plotext, a fifth of the console's import time) is mounted when the first
-curves arrive, not before the first frame.
+The plot widgets (and plotext, a fifth of the console's import time) are not in the first
+frame: plotext is imported in a thread right after it, and the charts are mounted hidden, so
+that the first curves of a run cost a repaint, not a mount, a layout and an import on the UI
+thread in the middle of a log flood (that was the console's worst frame, 55-70 ms).
 
 The app sets :attr:`MetricsPane.runs` (``[{run_id, label, series: {name: [(step, value)]}}]``,
 loaded from the store by a worker, each series already thinned). Metric names group into
@@ -22,7 +24,7 @@ from __future__ import annotations
 import re
 
 from rich.text import Text
-from textual import on
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -144,6 +146,18 @@ class MetricsPane(Vertical):
 
     def on_mount(self) -> None:
         self.query_one("#metrics-step").display = False
+        self.call_after_refresh(self._prepare_charts)
+
+    @work(thread=True, exclusive=True, group="metrics-import")
+    def _prepare_charts(self) -> None:
+        """Import plotext off the UI thread, then mount the (hidden) charts on it."""
+        import textual_plotext  # noqa: F401 - warms the module cache
+
+        self.app.call_from_thread(self._premount)
+
+    def _premount(self) -> None:
+        if not self._charts and self.is_mounted:
+            self._plot(shown=False)
 
     @property
     def split(self) -> bool:
@@ -216,49 +230,51 @@ class MetricsPane(Vertical):
         self.post_message(self.TauStepRequested(step))
 
     # -- rendering -----------------------------------------------------------------------
-    def _plot(self, id: str = "metrics-plot"):
+    def _plot(self, id: str = "metrics-plot", *, shown: bool = True):
         if self._charts:
+            box = self._charts["box"]
+            if shown and not box.display:
+                box.display = True
             return self._charts[id]
         from textual_plotext import PlotextPlot  # deferred: see the module docstring
 
         # both charts at once (mounting is deferred: a second lookup would miss the first)
         main, side = PlotextPlot(id="metrics-plot"), PlotextPlot(id="metrics-tau")
         side.display = False
-        self.mount(Horizontal(main, side, id="metrics-charts"), before="#metrics-step")
-        self._charts = {"metrics-plot": main, "metrics-tau": side}
+        box = Horizontal(main, side, id="metrics-charts")
+        box.display = shown  # premounted hidden: nothing on screen changes until curves come
+        self.mount(box, before="#metrics-step")
+        self._charts = {"metrics-plot": main, "metrics-tau": side, "box": box}
         return self._charts[id]
 
     def _draw(self) -> None:
-        if self.family is None and not self._charts:
+        if self.family is None:
             self.query_one("#metrics-title", Static).update(Text(
                 "no curves: this item's runs logged no metrics (p pins a run's curves)",
                 style="bright_black", no_wrap=True, overflow="ellipsis"))
+            if self._charts:  # nothing to draw: hide the charts (they keep their place)
+                self._charts["metrics-plot"].display = False
+                self._charts["metrics-tau"].display = False
             return
         plot = self._plot()
         plt = plot.plt
         plt.clear_data()
         plt.clear_figure()
-        split = self.split
-        self._draw_side(split)
+        self._draw_side(self.split)
         title = Text(no_wrap=True, overflow="ellipsis")
-        if self.family is None:
-            title.append("no curves: this item's runs logged no metrics (p pins a run's "
-                         "curves)", style="bright_black")
+        for f in self.families:
+            title.append(f" {f} ", style="reverse bold" if f == self.family else "bright_black")
+        title.append("  m: next", style="bright_black")
+        if has_tau(self.runs):
+            title.append("  t: tau at step", style="bright_black")
+        if self.family == TAU:
+            draw_tau(plt, self.runs)
         else:
-            fams = self.families
-            for f in fams:
-                title.append(f" {f} ", style="reverse bold" if f == self.family else "bright_black")
-            title.append("  m: next", style="bright_black")
-            if has_tau(self.runs):
-                title.append("  t: tau at step", style="bright_black")
-            if self.family == TAU:
-                draw_tau(plt, self.runs)
-            else:
-                for label, xs, ys in curves(self.runs, self.family):
-                    plt.plot(xs, ys, label=label, marker="braille")
-                plt.xlabel("step")
+            for label, xs, ys in curves(self.runs, self.family):
+                plt.plot(xs, ys, label=label, marker="braille")
+            plt.xlabel("step")
         self.query_one("#metrics-title", Static).update(title, layout=False)
-        plot.display = self.family is not None
+        plot.display = True
         plot.refresh()
 
     def _draw_side(self, show: bool) -> None:

@@ -265,7 +265,8 @@ class Relay(Action):
                 if why is None:
                     await _pump_bulk(ctx, src, sp, dst, part, offset, meter, stream, label)
                 else:
-                    ctx.progress(f"{label}: data path: asyncssh channels ({why})")
+                    ctx.progress(f"{label}: data path: {src.name} -> specdeck -> {dst.name} "
+                                 f"in-process streams ({why})")
                     await _pump(src, sp, dst, part, offset, meter, stream)
             elif pst is None:
                 await dst.write_file(part, b"")
@@ -306,7 +307,8 @@ class Relay(Action):
 
 async def _bulk_unavailable(src, dst, left: int) -> str | None:
     """None when the bytes can take the descriptor path (:mod:`core.hosts.bulk`), else why
-    they go through asyncssh channels. ``SPECDECK_RELAY_PATH`` = ``bulk`` / ``asyncssh``
+    they go through the in-process asyncio streams (asyncssh channels for an SSH host).
+    ``SPECDECK_RELAY_PATH`` = ``bulk`` / ``asyncssh``
     forces a path (tests, benchmarks); by default files under BULK_MIN stay on the open
     connection, as two ssh logins would cost more than they save."""
     forced = os.environ.get("SPECDECK_RELAY_PATH", "auto")
@@ -342,9 +344,9 @@ async def _pump_bulk(ctx, src, sp, dst, part, offset, meter: _Meter, stream, lab
                 time.sleep(ahead)
 
     update = stream.update if stream is not None else (lambda b: None)
-    job = asyncio.ensure_future(asyncio.to_thread(
-        bulk.pump, reader, writer, chunk=CHUNK, update=update, sent=sent,
-        stop=lambda: stopping[0], pace=pace))
+    job = bulk.in_background_thread(lambda: bulk.pump(
+        reader, writer, chunk=CHUNK, update=update, sent=sent, stop=lambda: stopping[0],
+        pace=pace))
     try:
         while not job.done():
             await asyncio.wait({job}, timeout=0.5)

@@ -20,8 +20,59 @@ import fcntl
 import os
 import subprocess
 import tempfile
+import threading
 from abc import ABC, abstractmethod
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypeVar
+
+T = TypeVar("T")
+
+background_nice = 0
+"""Niceness for the bulk work this process starts on this machine (the pump thread, the
+``ssh`` clients, a local file's hash). 0 in the CLI, where the copy should take the CPU it
+can get; the console raises it (:func:`set_background_nice`) so that a relay at full speed
+on a busy laptop never starves the UI thread: CFS gives a nice-10 task about a tenth of the
+share of a nice-0 one when both want the CPU, and the whole CPU when the UI is idle."""
+
+
+def set_background_nice(n: int) -> None:
+    """Run this process's later bulk work at niceness ``n`` (the console calls this)."""
+    global background_nice
+    background_nice = max(0, min(19, int(n)))
+
+
+def niced(argv: Sequence[str]) -> list[str]:
+    """``argv`` under ``nice`` when a background niceness is set."""
+    return ["nice", "-n", str(background_nice), *argv] if background_nice else list(argv)
+
+
+def in_background_thread(fn: Callable[[], T]) -> "asyncio.Future[T]":
+    """Run ``fn`` in a thread of its own at the background niceness; a future for its result.
+
+    Not the loop's executor: a pool thread is reused by other work, and an unprivileged
+    process cannot lower a thread's niceness back once raised.
+    """
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[T] = loop.create_future()
+
+    def settle(ok: bool, value) -> None:
+        if not fut.done():
+            (fut.set_result if ok else fut.set_exception)(value)
+
+    def main() -> None:
+        if background_nice:
+            with contextlib.suppress(OSError, AttributeError):
+                # Linux: a thread has its own nice value, addressed by its native id.
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), background_nice)
+        try:
+            outcome = (True, fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+            outcome = (False, exc)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=main, name="specdeck-bulk", daemon=True).start()
+    return fut
+
 
 _F_SETPIPE_SZ = 1031
 """fcntl command to resize a pipe (Linux): 1 MiB pipes halve the wakeups of 64 KiB ones."""
@@ -93,7 +144,7 @@ class ProcessBulk(BulkStream):
         self._on_exit = on_exit
         self._err = tempfile.TemporaryFile()  # a file, so a chatty stderr never blocks
         self._proc = subprocess.Popen(
-            list(argv), stdin=subprocess.PIPE if write else subprocess.DEVNULL,
+            niced(argv), stdin=subprocess.PIPE if write else subprocess.DEVNULL,
             stdout=subprocess.DEVNULL if write else subprocess.PIPE, stderr=self._err,
             env=env, start_new_session=True)
         pipe = self._proc.stdin if write else self._proc.stdout
@@ -128,7 +179,7 @@ class ProcessBulk(BulkStream):
 
 def pump(src: BulkStream, dst: BulkStream, *, chunk: int, update: Callable[[bytes], None],
          sent: list[int], stop: Callable[[], bool], pace: Callable[[int], None]) -> None:
-    """Copy ``src.fd`` to ``dst.fd`` until EOF (runs in a thread).
+    """Copy ``src.fd`` to ``dst.fd`` until EOF (in :func:`in_background_thread`).
 
     ``update`` sees every chunk (the stream hash), ``sent[0]`` counts bytes written (read
     by the event loop for progress), ``pace(total)`` sleeps for a bandwidth cap, ``stop()``

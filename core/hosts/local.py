@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import shutil
 import signal as _signal
 from typing import AsyncIterator, Mapping, Sequence
 
+from core.hosts import bulk
 from core.hosts.bulk import BulkStream, FileBulk
 from core.hosts.base import AsyncWriter, CommandResult, FileStat, Host, HostState, to_command
 
@@ -143,6 +145,19 @@ class LocalHost(Host):
 
     async def bulk_ready(self) -> str | None:
         return None
+
+    async def sha256(self, path: str) -> str:
+        """Hashed in a worker thread (hashlib, SHA extensions), at the bulk work's niceness."""
+        p = self.path(path)
+
+        def digest() -> str:
+            h = hashlib.sha256()
+            with open(p, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+            return h.hexdigest()
+
+        return await bulk.in_background_thread(digest)
 
     async def open_bulk(self, path: str, *, offset: int = 0, write: bool = False
                         ) -> BulkStream | None:

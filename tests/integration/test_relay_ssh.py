@@ -151,7 +151,8 @@ def test_both_data_paths_copy_and_resume(two_hosts, tmp_path, path):
     env = {"SPECDECK_STATE": str(tmp_path / "s.db"), "SPECDECK_RELAY_PATH": path}
     res = run_cli("run", plan, "copy", env=env, timeout=120)
     assert res.returncode == 0, res.stderr
-    assert ("asyncssh channels" in res.stderr) == (path == "asyncssh")
+    assert ("in-process streams (SPECDECK_RELAY_PATH=asyncssh)" in res.stderr) == (
+        path == "asyncssh")
     assert ("(openssh aes128-gcm)" in res.stderr) == (path == "bulk")
     assert "resuming at" in res.stderr
     result = last_result(tmp_path / "s.db")

@@ -56,7 +56,7 @@ async def test_both_paths_copy_verify_and_record(tmp_path, monkeypatch, path):
     assert (tmp_path / "B" / "out" / "f.bin.sha256").read_text() == f"{digest} {5 * MB + 17}\n"
     assert not (tmp_path / "B" / "out" / "f.bin.part").exists()
     want = ("a (local file) -> specdeck -> b (local file)" if path == "bulk"
-            else "asyncssh channels (SPECDECK_RELAY_PATH=asyncssh)")
+            else "a -> specdeck -> b in-process streams (SPECDECK_RELAY_PATH=asyncssh)")
     assert any(want in line for line in ctx.lines), ctx.lines
 
 
@@ -64,7 +64,7 @@ async def test_small_file_stays_on_the_open_connection_by_default(tmp_path, monk
     monkeypatch.delenv("SPECDECK_RELAY_PATH", raising=False)
     make(tmp_path / "A" / "f.bin", MB)
     _, ctx = await relay(tmp_path, MB)
-    assert any("asyncssh channels (1.0 MB to send, under 33.6 MB)" in line
+    assert any("in-process streams (1.0 MB to send, under 33.6 MB)" in line
                for line in ctx.lines), ctx.lines
 
 
