@@ -306,6 +306,9 @@ class SpecdeckApp(App[int]):
     @_until_closed
     def _run_ended(self, msg: m.RunEnded) -> None:
         self.query_one(PlanPane).set_live(msg.item_id, False)
+        # the last progress line ("verifying ...") would read as still going; the run's
+        # log keeps the whole history
+        self.query_one(ItemDetail).set_progress(msg.item_id, "")
         pane = self.query_one(LogPane)
         if pane.run_id == msg.run_id:
             pane.set_stream(msg.state)

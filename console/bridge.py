@@ -84,6 +84,9 @@ class EventBridge:
             return
         if isinstance(event, ev.RunEnded):
             self.flush(event.run_id)
+            last = self._progress.pop(event.item_id, None)  # before the end, not after it
+            if last is not None:
+                self._post(m.ProgressReported(last.item_id, last.message, dict(last.fields)))
         msg = self.translate(event)
         if msg is not None:
             self._post(msg)

@@ -45,7 +45,7 @@ class Printer:
     def __call__(self, ev: Event) -> None:
         ts = time.strftime("%H:%M:%S")
         if isinstance(ev, LogLinesReceived):
-            if not self.quiet:
+            if not self.quiet and not ev.from_progress:
                 for line in ev.lines:
                     _err(f"  {ev.item_id} │ {sanitize(line)}")
         elif isinstance(ev, RunStarted):

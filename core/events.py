@@ -42,6 +42,9 @@ class RunEnded(Event):
 class LogLinesReceived(Event):
     run_id: str
     lines: list[str] = field(default_factory=list)
+    from_progress: bool = False
+    """The lines are an in-process action's progress, already reported as Progress events
+    (the CLI, which prints those, skips them; the console's log pane shows them)."""
 
 
 @dataclass(frozen=True)

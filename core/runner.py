@@ -80,6 +80,30 @@ class _Context(ActionContext):
 
     def progress(self, message: str, **fields: Any) -> None:
         self.runner.emit(Progress(self.item.id, message, fields))
+        if self.in_process and self.run_id:
+            self._journal(message, fields)
+
+    in_process = False
+    """Set for actions that run inside specdeck (relay, venv...): their progress is also
+    their run's log, as a detached run's output is."""
+    _logged_at = 0.0
+    LOG_METER_EVERY = 10.0
+    """Seconds between meter lines (bytes, rate, ETA) kept in the log; phase lines (no
+    figures) and final ones are always kept."""
+
+    def _journal(self, message: str, fields: dict) -> None:
+        now = time.time()
+        if fields and not fields.get("final") and now - self._logged_at < self.LOG_METER_EVERY:
+            return
+        if fields:
+            self._logged_at = now
+        line = f"[{time.strftime('%H:%M:%S', time.localtime(now))}] {message}"
+        store = self.runner.store
+        run = store.run(self.run_id)
+        if run is not None and store.append_log(self.run_id, run["log_offset"] or 0,
+                                                (line + "\n").encode()):
+            self.runner.emit(LogLinesReceived(self.item.id, self.run_id, [line],
+                                              from_progress=True))
 
     def services(self) -> "Runner":
         return self.runner
@@ -110,6 +134,8 @@ class Runner:
         self.owner = owner_token()
         self._connect_locks: dict[str, asyncio.Lock] = {}
         self._stopping: set[str] = set()
+        self._in_process: dict[str, asyncio.Future] = {}
+        """run id -> the task running an in-process action (a relay...) in this process."""
         self._host_states: dict[str, HostState] = {}
         for h in self.hosts.values():
             h.on_status(self._host_status_changed)
@@ -289,16 +315,27 @@ class Runner:
 
     async def _run_in_process(self, item: Item, action: Action, ctx: _Context, run_id: str) -> str:
         self.store.update_run(run_id, state="running", pid=os.getpid())
+        ctx.in_process = True
         self.emit(RunStarted(item.id, run_id, item.action.host, os.getpid()))
+        # Its own task, so that stop_run can cancel the action alone (the caller carries on)
+        # while a cancellation of the caller (Ctrl-C, quitting) still interrupts it.
+        work = asyncio.ensure_future(action.run(ctx))
+        self._in_process[run_id] = work
         try:
-            result = await action.run(ctx)
+            result = await work
         except ActionFailed as e:
             return self._end(item, run_id, "failed", error=str(e))
         except HostUnreachable as e:
             return self._end(item, run_id, "failed", error=str(e))
         except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if run_id in self._stopping and not (me and me.cancelling()):
+                return self._end(item, run_id, "stopped", error="stopped by the operator")
+            work.cancel()
             self._end(item, run_id, "interrupted", error="specdeck stopped during the run")
             raise
+        finally:
+            self._in_process.pop(run_id, None)
         return self._end(item, run_id, "succeeded", result=result, exit_code=0)
 
     def _end(self, item: Item, run_id: str, state: str, *, error: str | None = None,
@@ -437,6 +474,26 @@ class Runner:
                                    regex=getattr(action, "metrics_regex", lambda: None)())
         return await self._finish(item, action, host, run["id"], st)
 
+    async def _stop_in_process(self, item: Item, run: dict, grace_s: float) -> Outcome:
+        """Cancel an in-process action (a relay keeps its .part: a rerun resumes)."""
+        run_id = run["id"]
+        work = self._in_process.get(run_id)
+        if work is None:
+            raise SpecdeckError(
+                f"run {run_id} runs inside another specdeck (pid {run['pid']}, "
+                f"{run['owner']})", hint="stop that specdeck (Ctrl-C or q in its console)")
+        self._stopping.add(run_id)
+        self.store.journal("stop_requested", f"stop {run_id} (in-process)", item_id=item.id,
+                           run_id=run_id)
+        work.cancel()
+        deadline = time.monotonic() + max(grace_s, 1.0)
+        while self.store.run(run_id)["state"] in ("starting", "running"):
+            if time.monotonic() > deadline:
+                raise SpecdeckError(f"run {run_id} did not end {grace_s:g} s after its cancel")
+            await asyncio.sleep(0.05)
+        run = self.store.run(run_id)
+        return Outcome(run["state"], run["exit_code"], run["signal"], run["capsule"] or "", run_id)
+
     async def stop_run(self, run_id: str, *, grace_s: float = 30.0) -> Outcome:
         """Stop a live run: SIGTERM to its group, ``grace_s``, SIGKILL. Ends it as stopped."""
         run = self.store.run(run_id)
@@ -445,8 +502,7 @@ class Runner:
         item = self.plan.item(run["item_id"])
         action = self.action(item)
         if action is not None and not action.detached:
-            raise SpecdeckError(f"run {run_id} runs inside specdeck pid {run['pid']}; "
-                                "stop that specdeck (Ctrl-C) to stop it")
+            return await self._stop_in_process(item, run, grace_s)
         self._stopping.add(run_id)
         self.store.update_run(run_id, error="stop requested")
         self.store.journal("stop_requested", f"stop {run_id} (grace {grace_s}s)",

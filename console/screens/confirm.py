@@ -49,6 +49,11 @@ class ConfirmModal(ModalScreen[bool]):
 
 def stop_text(run: dict, grace_s: float) -> str:
     """What stopping ``run`` kills, and where."""
+    if not run.get("host"):  # an in-process action (relay, venv...) of this specdeck
+        return (f"Stop run {run['id']} of item {run['item_id']}, running inside this "
+                f"specdeck (pid {run.get('pid') or '?'})?\n\nIts work is cancelled now and "
+                "its ssh clients killed; a relay keeps its .part file, so running the item "
+                "again resumes it. The item becomes failed (stopped).")
     return (f"Stop run {run['id']} of item {run['item_id']} on host {run['host']}?\n\n"
             f"SIGTERM to its process group (pid {run.get('pid') or '?'}) on {run['host']}, "
             f"{grace_s:g} s grace, then SIGKILL. The item becomes failed (stopped); it can "

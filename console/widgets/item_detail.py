@@ -112,7 +112,7 @@ class ItemDetail(VerticalScroll):
         if not text:
             line.display = False
             return
-        line.update(Text("▸ " + sanitize(text, max_len=200), style="cyan", no_wrap=True,
+        line.update(Text("▸ " + sanitize(text, max_len=200), style="cyan",
                          overflow="ellipsis"), layout=False)
         line.display = True
 
@@ -142,7 +142,9 @@ class ItemDetail(VerticalScroll):
                 grid.add_row("note", note)
         else:
             grid.add_row("action", Text.assemble((item.action.kind, "bold"), " on ",
-                                                 (item.action.host or "–", "cyan")))
+                                                 (item.action.host, "cyan"))
+                         if item.action.host else
+                         Text.assemble((item.action.kind, "bold"), " in specdeck"))
             for k, v in params_summary(item).items():
                 if v in (None, [], (), {}, ""):
                     continue
@@ -170,7 +172,8 @@ class ItemDetail(VerticalScroll):
         else:
             grid.add_row("runs", Text("none yet", style="bright_black"))
         if self.live:
-            grid.add_row("live", Text(f"{self.live['id']} on {self.live['host']} "
+            where = f"on {self.live['host']}" if self.live.get("host") else "in specdeck"
+            grid.add_row("live", Text(f"{self.live['id']} {where} "
                                       f"(pid {self.live.get('pid') or '?'})", style="yellow"))
         body = Group(head, Text(sanitize(item.content), style="italic"), grid)
         self.query_one("#detail-body", Static).update(body)

@@ -136,8 +136,10 @@ class _Meter:
         left = self.total - self.done
         eta = left / rate if rate > 0 else None
         pct = 100.0 * self.done / self.total if self.total else 100.0
-        msg = (f"{self.label}: {human(self.done)} / {human(self.total)} ({pct:.1f}%), "
-               f"{human(rate)}/s" + (f", ETA {eta:.0f}s" if eta is not None and not final else ""))
+        # figures first: a narrow pane cuts the end of the line, and the name matters least
+        msg = (f"{pct:.1f}% {human(self.done)} / {human(self.total)}, {human(rate)}/s"
+               + (f", ETA {eta:.0f}s" if eta is not None and not final else "")
+               + f" · {self.label}")
         self.ctx.progress(msg, bytes=self.done, total=self.total, rate=rate, eta_s=eta,
                           final=final)
 
@@ -262,12 +264,16 @@ class Relay(Action):
         try:
             if offset < size:
                 why = await _bulk_unavailable(src, dst, size - offset)
-                if why is None:
-                    await _pump_bulk(ctx, src, sp, dst, part, offset, meter, stream, label)
-                else:
-                    ctx.progress(f"{label}: data path: {src.name} -> specdeck -> {dst.name} "
-                                 f"in-process streams ({why})")
-                    await _pump(src, sp, dst, part, offset, meter, stream)
+                try:
+                    if why is None:
+                        await _pump_bulk(ctx, src, sp, dst, part, offset, meter, stream, label)
+                    else:
+                        ctx.progress(f"{label}: data path: {src.name} -> specdeck -> "
+                                     f"{dst.name} in-process streams ({why})")
+                        await _pump(src, sp, dst, part, offset, meter, stream)
+                except BaseException:  # cut, stopped or failed: where it got to, for the log
+                    meter.report(final=True)
+                    raise
             elif pst is None:
                 await dst.write_file(part, b"")
             meter.report(final=True)
@@ -358,6 +364,7 @@ async def _pump_bulk(ctx, src, sp, dst, part, offset, meter: _Meter, stream, lab
         writer.abort()
         with contextlib.suppress(BaseException):
             await asyncio.wait_for(asyncio.shield(job), 10)
+        meter.sent, meter.done = sent[0], meter.done + sent[0] - meter.sent
         await reader.close_quietly()
         await writer.close_quietly()
         raise

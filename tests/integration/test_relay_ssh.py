@@ -87,7 +87,7 @@ def test_kill_mid_transfer_then_rerun_resumes_from_part(two_hosts, tmp_path):
                             stderr=subprocess.PIPE, text=True)
     part = tmp_path / "B" / "big.bin.part"
     for line in proc.stderr:
-        if "%)" in line and part.exists() and part.stat().st_size > size // 3:
+        if "MB/s" in line and part.exists() and part.stat().st_size > size // 3:
             break
     proc.kill()
     proc.wait()

@@ -115,3 +115,51 @@ async def test_source_changed_during_copy_is_caught_and_nothing_renamed(tmp_path
     assert "changed while it was copied" in err.value.hint and "rm " in err.value.hint
     assert not (tmp_path / "B" / "out" / "f.bin").exists()
     assert (tmp_path / "B" / "out" / "f.bin.part").exists()
+
+
+async def test_stop_run_cancels_an_in_process_relay_and_the_rerun_resumes(tmp_path, monkeypatch):
+    """The console's stop (x) on a relay it runs: cancelled at once, state stopped, the .part
+    kept, and the progress lines were the run's log."""
+    from core.plan import parse_plan
+    from core.runner import Runner
+    from core.store import Store
+
+    monkeypatch.setenv("SPECDECK_RELAY_PATH", "bulk")
+    size = 24 * MB
+    digest = make(tmp_path / "A" / "f.bin", size)
+    plan = parse_plan(f"""
+name: stopper
+hosts:
+  a: {{local: true, workdir: {tmp_path / 'A'}}}
+  b: {{local: true, workdir: {tmp_path / 'B'}}}
+items:
+  - {{id: copy, content: relay, action: {{kind: relay, params: {{src: "a:f.bin", dst: "b:f.bin", bwlimit: 16M}}}}}}
+""")
+    store = Store(tmp_path / "s.db")
+    runner = Runner(plan, store)
+    task = asyncio.create_task(runner.run_item(plan.item("copy")))
+    part = tmp_path / "B" / "f.bin.part"
+    while not (part.exists() and part.stat().st_size >= 4 * MB):
+        await asyncio.sleep(0.02)
+    live = store.live_run("copy")
+    out = await runner.stop_run(live["id"], grace_s=5)
+    assert out.state == "stopped"
+    assert await task == "failed"  # the caller carries on: no CancelledError
+    run = store.run(live["id"])
+    assert run["state"] == "stopped" and run["error"] == "stopped by the operator"
+    log = store.log_bytes(live["id"]).decode()
+    assert "data path: a (local file) -> specdeck -> b (local file)" in log
+    assert "MB/s" in log  # the first meter line
+    have = part.stat().st_size
+    assert 4 * MB <= have < size
+    runner2 = Runner(plan, store)
+    monkeypatch.setenv("SPECDECK_RELAY_PATH", "auto")
+    store.set_status("copy", "pending")
+    assert await runner2.run_item(plan.item("copy")) == "done"
+    res = store.latest_run("copy")
+    import json
+
+    assert json.loads(res["result"])["resumed_from"] == have
+    assert hashlib.sha256((tmp_path / "B" / "f.bin").read_bytes()).hexdigest() == digest
+    await runner.close()
+    await runner2.close()
