@@ -260,7 +260,9 @@ class Relay(Action):
         # destination afterwards. A resumed copy hashes the destination's whole file too,
         # since an earlier run wrote its .part prefix.
         stream = hashlib.sha256() if offset == 0 else None
-        src_hash = asyncio.create_task(src.sha256(sp))
+        # With the plan's sha256 a fresh copy's stream is checked against that alone.
+        by_plan = stream is not None and expected is not None
+        src_hash = asyncio.create_task(_noop() if by_plan else src.sha256(sp))
         try:
             if offset < size:
                 why = await _bulk_unavailable(src, dst, size - offset)
@@ -282,7 +284,10 @@ class Relay(Action):
                 raise ActionFailed(
                     f"relay: {label}: wrote {got.size if got else 0} bytes of {size}",
                     hint="run the item again; it resumes from the .part file")
-            if stream is not None:
+            if by_plan:
+                ctx.progress(f"{label}: verifying sha256: the stream against the plan's")
+                h_src = h_dst = stream.hexdigest()
+            elif stream is not None:
                 ctx.progress(f"{label}: verifying sha256: {src.name}'s file against the stream")
                 h_src, h_dst = await src_hash, stream.hexdigest()
             else:
@@ -309,6 +314,10 @@ class Relay(Action):
         await dst.write_file(dp + ".sha256", f"{h_src} {size}\n".encode())
         return {"size": size, "sha256": h_src, "resumed_from": offset,
                 "bytes_sent": meter.sent}
+
+
+async def _noop() -> None:
+    return None
 
 
 async def _bulk_unavailable(src, dst, left: int) -> str | None:

@@ -163,3 +163,23 @@ items:
     assert hashlib.sha256((tmp_path / "B" / "f.bin").read_bytes()).hexdigest() == digest
     await runner.close()
     await runner2.close()
+
+
+@pytest.mark.parametrize("path", ["bulk", "asyncssh"])
+async def test_plan_sha256_is_the_reference_for_a_fresh_copy(tmp_path, monkeypatch, path):
+    monkeypatch.setenv("SPECDECK_RELAY_PATH", path)
+    digest = make(tmp_path / "A" / "f.bin", 3 * MB)
+    a = LocalHost("a", workdir=str(tmp_path / "A"))
+    b = LocalHost("b", workdir=str(tmp_path / "B"))
+    ctx = Ctx()
+    ok = await Relay(RelayParams(src="a:f.bin", dst="b:g.bin", sha256=digest.upper()))._one(
+        ctx, a, "f.bin", b, "g.bin", 3 * MB, digest.upper(), None)
+    assert ok["sha256"] == digest
+    assert any("the stream against the plan's" in line for line in ctx.lines)
+    wrong = "0" * 64
+    with pytest.raises(ActionFailed) as err:
+        await Relay(RelayParams(src="a:f.bin", dst="b:h.bin", sha256=wrong))._one(
+            Ctx(), a, "f.bin", b, "h.bin", 3 * MB, wrong, None)
+    assert f"plan expects {wrong}" in str(err.value) and "nothing was renamed" in str(err.value)
+    assert "check which checkpoint you meant" in err.value.hint
+    assert not (tmp_path / "B" / "h.bin").exists()
