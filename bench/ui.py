@@ -2,7 +2,7 @@
 
     python bench/ui.py [--items 200] [--runs 2000] [--points 1000000] [--rate 10000]
                        [--seconds 5] [--repeat 3] [--flood-repeat 3] [--no-relay]
-                       [--dir DIR] [--keep]
+                       [--ssh-relay] [--dir DIR] [--keep]
 
 1. **First frame.** Builds a plan of ``--items`` items on a local host and a state file with
    ``--runs`` runs (logs, a journal, statuses), ``--points`` metric points (spread over the
@@ -19,7 +19,9 @@
 and output). When
    this build has the ``relay`` action, a local relay at full speed runs at the same time.
    The same ticker's worst gap over a few idle seconds first is printed as a baseline
-   (what the machine's scheduler alone costs). Goal: worst gap < 100 ms.
+   (what the machine's scheduler alone costs). Goal: worst gap < 100 ms. ``--ssh-relay``
+   adds one flood per relay data path with the relay between two real sshd hosts on
+   loopback (whose sshd processes then share this machine's CPUs with the console).
 
 Prints one JSON line per measurement and a summary with the goals.
 """
@@ -215,7 +217,8 @@ def first_frame(plan_path: Path, db: Path, repeat: int) -> list[dict]:
 
 
 # -- 2. flood -------------------------------------------------------------------------------
-async def flood(root: Path, rate: int, seconds: float, *, relay: bool = True) -> dict:
+async def flood(root: Path, rate: int, seconds: float, *, relay: bool = True,
+                ssh: tuple[str, str] | None = None) -> dict:
     from console import messages as m
     from console.app import make_app
     from console.widgets.plan_list import PlanPane
@@ -239,8 +242,14 @@ async def flood(root: Path, rate: int, seconds: float, *, relay: bool = True) ->
                 for _ in range(512):
                     f.write(os.urandom(1 << 20))
         shutil.rmtree(root / "flood-dst", ignore_errors=True)
-        text += ["  - id: relay", "    content: relay 512 MiB a -> b at full speed",
-                 "    action: {kind: relay, params: {src: \"a:blob.bin\", dst: \"b:blob.bin\"}}"]
+        src, dst = "a", "b"
+        if ssh:  # two real sshd hosts on loopback; the relay goes through this console
+            text[3:3] = [f"  sa: {{ssh: {ssh[0]}, workdir: {here}}}",
+                         f"  sb: {{ssh: {ssh[1]}, workdir: {root}/flood-dst}}"]
+            src, dst = "sa", "sb"
+        text += ["  - id: relay", f"    content: relay 512 MiB {src} -> {dst} at full speed",
+                 f"    action: {{kind: relay, params: {{src: \"{src}:blob.bin\", "
+                 f"dst: \"{dst}:blob.bin\"}}}}"]
     (root / "flood.yaml").write_text("\n".join(text) + "\n")
     plan = load_plan(root / "flood.yaml")
     db = root / "flood.db"
@@ -335,6 +344,9 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the dataset folder")
     ap.add_argument("--no-relay", action="store_true", help="flood without a relay alongside")
     ap.add_argument("--flood-repeat", type=int, default=3, help="floods to run (median reported)")
+    ap.add_argument("--ssh-relay", action="store_true",
+                    help="also one flood per relay data path with the relay between two real "
+                         "sshd hosts (ssh client path, then the asyncssh fallback)")
     args = ap.parse_args()
     log({"cpus": os.cpu_count(), "loadavg": [round(x, 2) for x in os.getloadavg()]})
     root = Path(args.dir or tempfile.mkdtemp(prefix="specdeck-bench-ui-")).resolve()
@@ -347,6 +359,20 @@ def main() -> int:
             floods.append(asyncio.run(flood(root, args.rate, args.seconds,
                                             relay=not args.no_relay)))
             log({**floods[-1], "try": i + 1})
+        if args.ssh_relay and not args.no_relay:
+            sys.path.insert(0, str(REPO / "bench"))
+            from _sshd import sshd_hosts
+
+            with sshd_hosts(2) as (servers, _tmp):
+                for path in ("bulk", "asyncssh"):
+                    os.environ["SPECDECK_RELAY_PATH"] = path
+                    rec = asyncio.run(flood(root, args.rate, args.seconds,
+                                            ssh=(servers[0].alias, servers[1].alias)))
+                    os.environ.pop("SPECDECK_RELAY_PATH")
+                    log({**rec, "relay_over": f"ssh ({path} path)"})
+                    print(f"ssh relay ({path} path) alongside the flood: worst frame gap "
+                          f"{rec['worst_frame_gap_ms']} ms, p99 {rec['p99_frame_gap_ms']} ms; "
+                          f"relay: {rec['relay']}", flush=True)
     finally:
         if not args.keep and not args.dir:
             shutil.rmtree(root, ignore_errors=True)

@@ -527,7 +527,7 @@ class SpecdeckApp(App[int]):
         yield from (s for s in super().get_system_commands(screen) if s.title != "Quit")
 
 
-FREEZE_HEAP_AFTER = 3.0
+FREEZE_HEAP_AFTER = 1.0
 """Seconds after the first frame when the start-up heap is frozen (see _freeze_heap)."""
 CONSOLE_BULK_NICE = 10
 """Niceness of the console's bulk work (relay pump threads, ssh clients, local hashing)."""
