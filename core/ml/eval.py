@@ -147,6 +147,8 @@ def _row(pid: str, r: Any) -> dict[str, Any]:
 
 
 def run_offline(args, target, drafter, prompts, block_size) -> dict[str, Any]:
+    import torch
+
     from core.ml import featstore
     from core.ml.extract import target_fingerprint
     from core.ml.offline import sequence_streaks
@@ -155,8 +157,14 @@ def run_offline(args, target, drafter, prompts, block_size) -> dict[str, Any]:
     manifest = featstore.load_manifest(root)
     if manifest["target"]["fingerprint"] != target_fingerprint(args.target):
         raise UsageError(f"--cache {root} was extracted from another target ({manifest['target']['path']})")
-    if list(manifest["layer_ids"]) != drafter.target_layer_ids:
-        raise UsageError(f"--cache {root} holds layers {manifest['layer_ids']}, the drafter taps {drafter.target_layer_ids}")
+    cached, taps = [int(x) for x in manifest["layer_ids"]], list(drafter.target_layer_ids)
+    absent = [t for t in taps if t not in cached]
+    if absent:
+        raise UsageError(f"--cache {root} holds layers {cached}, the drafter taps {taps} "
+                         f"(missing {absent}); extract again with --layers {','.join(map(str, taps))}")
+    # A cache may hold more layers than the drafter taps (a trainer's cache also keeps the
+    # final layer): its features are the layers side by side, so take the drafter's columns.
+    cols = None if cached == taps else [cached.index(t) for t in taps]
     missing = [p.id for p in prompts if p.id not in manifest["entries"]]
     if missing:
         raise UsageError(f"--cache {root} has no features for prompts {missing[:5]}; run core.ml.extract on this prompts file")
@@ -165,6 +173,9 @@ def run_offline(args, target, drafter, prompts, block_size) -> dict[str, Any]:
     progress = Progress("eval", len(prompts), "prompts")
     for p in prompts:
         seq = featstore.read_entry(root, p.id, manifest["entries"][p.id])
+        if cols is not None:
+            h = seq.features.shape[-1] // len(cached)
+            seq.features = torch.cat([seq.features[..., i * h:(i + 1) * h] for i in cols], dim=-1)
         rows = args.rows_per_pass or (4096 if drafter.fc.weight.device.type == "cuda" else 512)
         st = sequence_streaks(drafter, embed, head, seq, block_size, args.tree_budget, rows)
         _, rounds = st.trajectory(args.max_new_tokens)

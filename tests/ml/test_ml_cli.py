@@ -118,6 +118,44 @@ def test_eval_online_and_offline_agree(extracted, tiny_dirs, tmp_path, capsys):
                                    "--allow-mismatch"]) == 0
 
 
+def test_offline_eval_reads_a_wider_cache_and_refuses_a_missing_tap(tiny_dirs, tmp_path, capsys):
+    """A trainer's cache holds the drafter's taps plus the final layer, in another order:
+    offline eval takes the drafter's columns (same rounds as a taps-only cache) and names the
+    layers a narrower cache lacks."""
+    from core.ml.drafter import load_drafter
+
+    taps = list(load_drafter(tiny_dirs["drafter"]).target_layer_ids)
+    n_layers = json.loads((tiny_dirs["target"] / "config.json").read_text())["num_hidden_layers"]
+    wide = sorted({*taps, n_layers - 1}, reverse=True)  # reversed: columns must be picked
+    assert wide != taps
+    results = {}
+    for name, layers in (("taps", taps), ("wide", wide)):
+        cache = tmp_path / name
+        assert run_main(extract_mod.main, [
+            "--target", str(tiny_dirs["target"]), "--prompts", str(tiny_dirs["prompts"]), "--layers",
+            ",".join(map(str, layers)), "--out", str(cache), "--max-new-tokens", str(N + B - 1),
+            "--ignore-eos"]) == 0
+        out = tmp_path / f"{name}.json"
+        assert run_main(eval_mod.main, [
+            "--target", str(tiny_dirs["target"]), "--drafter", str(tiny_dirs["drafter"]), "--prompts",
+            str(tiny_dirs["prompts"]), "--max-new-tokens", str(N), "--ignore-eos", "--mode", "offline",
+            "--cache", str(cache), "--out", str(out)]) == 0
+        results[name] = json.loads(out.read_text())
+    assert [p["rounds"] for p in results["wide"]["per_prompt"]] == \
+        [p["rounds"] for p in results["taps"]["per_prompt"]]
+    narrow = tmp_path / "narrow"
+    assert run_main(extract_mod.main, [
+        "--target", str(tiny_dirs["target"]), "--prompts", str(tiny_dirs["prompts"]), "--layers",
+        str(taps[0]), "--out", str(narrow), "--max-new-tokens", str(N + B - 1), "--ignore-eos"]) == 0
+    capsys.readouterr()
+    assert run_main(eval_mod.main, [
+        "--target", str(tiny_dirs["target"]), "--drafter", str(tiny_dirs["drafter"]), "--prompts",
+        str(tiny_dirs["prompts"]), "--mode", "offline", "--cache", str(narrow),
+        "--out", str(tmp_path / "n.json")]) == 2
+    err = capsys.readouterr().err
+    assert f"missing {taps[1:]}" in err and "--layers " + ",".join(map(str, taps)) in err
+
+
 @pytest.mark.parametrize("case", ["no-cache", "big-block", "no-drafter", "other-cache", "bad-budget"])
 def test_eval_bad_input_exits_2(tiny_dirs, extracted, tmp_path, capsys, case):
     argv = ["--target", str(tiny_dirs["target"]), "--drafter", str(tiny_dirs["drafter"]),
