@@ -68,6 +68,9 @@ class TrainParams:
     nodes: list[str] = field(default_factory=tuple)
     """torchrun: further plan hosts (the item's host is node 0, the rendezvous)."""
     rdzv_port: int = 29500
+    rdzv_host: str | None = None
+    """torchrun with nodes: the address the other nodes reach node 0 at (default: node 0's
+    HostName as the ssh config resolves it, 127.0.0.1 for the local host)."""
     slurm: SlurmParams = field(default_factory=SlurmParams)
     metrics_regex: str | None = None
     """For text logs: a regex with named groups, ``step`` among them."""
@@ -165,8 +168,8 @@ class Train(Action):
             local = ctx.plan.hosts[ctx.item.action.host].local
             _absolute_paths(doc, host, (ctx.plan.dir / self.params.config).parent if local else None,
                             set(self.params.overrides))
-            await host.write_file(f"{self._capsule}/train.yaml",
-                                  yaml.safe_dump(doc, sort_keys=False).encode())
+            self._train_yaml = yaml.safe_dump(doc, sort_keys=False).encode()
+            await host.write_file(f"{self._capsule}/train.yaml", self._train_yaml)
         self._resume_from = None
         if self.params.resume:
             prev = [r for r in ctx.store.runs_for_item(ctx.item.id) if r["id"] != ctx.run_id]
@@ -183,7 +186,8 @@ class Train(Action):
     def _trainer(self, ctx, module_prefix: list[str]) -> str:
         if self.params.command:
             return self.params.command
-        words = module_prefix + ["-m", "core.ml.train", "--config", f"{self._capsule}/train.yaml",
+        # the config beside the command, in the capsule the command runs in (on every node)
+        words = module_prefix + ["-m", "core.ml.train", "--config", "train.yaml",
                                  "--out", self._outdir]
         if self._resume_from:
             words += ["--resume", self._resume_from]
@@ -214,22 +218,31 @@ class Train(Action):
 
             return await slurm.submit(host, run_id, launch, p.slurm)
         if p.launcher == "torchrun" and p.nodes:
-            master = _address(runner.plan.hosts[runner.plan.item(self._item_id(run_id, runner)).action.host])
-            info = await jobs.start(host, run_id, self._node_launch(launch, 0, master))
+            master = p.rdzv_host or host.address
+            info = await jobs.start(host, run_id, self._node_launch(launch, 0, master, host,
+                                                                    run_id))
             for rank, name in enumerate(p.nodes, start=1):
                 node = await runner.host(name)
-                await jobs.start(node, run_id, self._node_launch(launch, rank, master))
+                # Each node gets its own capsule with the config in it: nothing is assumed
+                # about a filesystem shared with node 0 (the target and features are).
+                if self.params.config:
+                    await node.write_file(f"{jobs.capsule_path(node, run_id)}/train.yaml",
+                                          self._train_yaml)
+                await jobs.start(node, run_id, self._node_launch(launch, rank, master, node,
+                                                                 run_id))
             return info
         return await jobs.start(host, run_id, launch)
 
     def _item_id(self, run_id: str, runner) -> str:
         return runner.store.run(run_id)["item_id"]
 
-    def _node_launch(self, launch: Launch, rank: int, master: str) -> Launch:
+    def _node_launch(self, launch: Launch, rank: int, master: str, node, run_id: str) -> Launch:
         cmd = launch.command
         cmd = re.sub(r"--node_rank \d+", f"--node_rank {rank}", cmd)
-        cmd = re.sub(r"--rdzv_endpoint \S+", f"--rdzv_endpoint {shlex.quote(f'{master}:{self.params.rdzv_port}')}", cmd)
-        return Launch(cmd, env=launch.env, cwd=launch.cwd)
+        endpoint = shlex.quote(f"{master}:{self.params.rdzv_port}")
+        cmd = re.sub(r"--rdzv_endpoint \S+", lambda _: f"--rdzv_endpoint {endpoint}", cmd)
+        return Launch(cmd, env=launch.env, cwd=jobs.capsule_path(node, run_id),
+                      launcher=launch.launcher, metrics_regex=launch.metrics_regex)
 
     async def inspect(self, runner, host, run: dict) -> jobs.CapsuleState:
         if self.params.launcher == "slurm":
@@ -331,14 +344,6 @@ def _absolute_paths(doc: dict, host, config_dir: Path | None, overridden: set[st
             cur[leaf] = str((config_dir / val).resolve())
         else:
             cur[leaf] = host.path(val)
-
-
-def _address(spec) -> str:
-    """How other nodes reach a host: its ssh HostName part, or loopback for a local host."""
-    if spec.local or not spec.ssh:
-        return "127.0.0.1"
-    target = spec.ssh.split("@")[-1]
-    return target.rsplit(":", 1)[0] if target.count(":") == 1 else target
 
 
 __all__ = ["Train", "TrainParams", "Path"]

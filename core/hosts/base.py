@@ -213,6 +213,11 @@ class Host(ABC):
     async def open_writer(self, path: str, *, append: bool) -> AsyncWriter:
         """A sink writing to ``path`` (appending when ``append``), parent dirs created."""
 
+    @property
+    def address(self) -> str:
+        """How other machines reach this host (a torchrun rendezvous on it)."""
+        return "127.0.0.1"
+
     async def bulk_ready(self) -> str | None:
         """None when :meth:`open_bulk` gives descriptors here, else why not (for the log)."""
         return "this host offers asyncio streams only"

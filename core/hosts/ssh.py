@@ -938,6 +938,12 @@ class SSHHost(Host):
             argv += ["-l", self._t_user]
         return [*argv, "--", self._t_host], cipher
 
+    @property
+    def address(self) -> str:
+        """The HostName our ssh config resolves this host to (the target before connecting)."""
+        host = getattr(self._opts, "host", None) if self._opts is not None else None
+        return str(host or self._t_host)
+
     async def bulk_ready(self) -> str | None:
         return await self.openssh_ready()
 

@@ -44,3 +44,56 @@ def test_torchrun_two_cpu_processes_train(tmp_path):
     log = s.log_bytes(run["id"]).decode()
     assert "torch.distributed.run" in (tmp_path / ".specdeck" / "runs" / run["id"] / "cmd.sh").read_text()
     assert '"world_size": 2' in log or "world_size=2" in log or "2 ranks" in log, log[-2000:]
+
+
+@pytest.mark.integration
+def test_torchrun_across_two_ssh_hosts(sshd_factory, tiny_models, tmp_path):
+    """Multi-node torchrun: node 0 is the item's host (the rendezvous, at the HostName the
+    ssh config resolves its alias to), node 1 a second plan host with its own capsule and
+    config copy; one process each, world size 2, gloo."""
+    from tests.integration.sshd import free_port
+
+    n0, n1 = sshd_factory(2)
+    wd0, wd1 = tmp_path / "node0", tmp_path / "node1"
+    (wd0 / "models").mkdir(parents=True)
+    wd1.mkdir()
+    subprocess.run(["cp", "-r", str(tiny_models / "target"), str(wd0 / "models/target")],
+                   check=True)
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "v5.yaml").write_text((ROOT / "plans/train/v5.yaml").read_text())
+    port = free_port("127.0.0.2")
+    plan = tmp_path / "multi.yaml"
+    plan.write_text(json.dumps({
+        "name": "multi",
+        "hosts": {"node0": {"ssh": n0.alias, "workdir": str(wd0), "python": PY},
+                  "node1": {"ssh": n1.alias, "workdir": str(wd1), "python": PY}},
+        "items": [
+            {"id": "feats", "content": "features", "action": {"kind": "extract_hidden",
+             "host": "node0", "params": {"target": "models/target",
+                                         "prompts": "host:" + str(tiny_models / "prompts.jsonl"),
+                                         "layers": [0, 2, 3], "out": "feats",
+                                         "max_new_tokens": 32}}},
+            {"id": "train", "content": "torchrun on two hosts", "needs": ["feats"],
+             "action": {"kind": "train", "host": "node0", "params": {
+                 "config": "train/v5.yaml", "launcher": "torchrun", "nproc_per_node": 1,
+                 "nodes": ["node1"], "rdzv_port": port,
+                 "overrides": {"target": "models/target", "data.features": "feats",
+                               "train.max_steps": 20, "train.checkpoint_every": 10,
+                               "train.log_every": 5}}}}]}))
+    env = {"SPECDECK_STATE": str(tmp_path / "s.db")}
+    res = run_cli("run", plan, "--all", env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    s = Store(tmp_path / "s.db")
+    run = s.latest_run("train")
+    assert run["state"] == "succeeded" and run["launcher"] == "torchrun"
+    assert [a["step"] for a in s.artefacts("train", "checkpoint")] == [10, 20]
+    log = s.log_bytes(run["id"]).decode()
+    assert '"world_size": 2' in log or "world_size=2" in log or "2 ranks" in log, log[-2000:]
+    cmd0 = (wd0 / ".specdeck" / "runs" / run["id"] / "cmd.sh").read_text()
+    node1 = wd1 / ".specdeck" / "runs" / run["id"]
+    cmd1 = (node1 / "cmd.sh").read_text()
+    assert f"--rdzv_endpoint 127.0.0.2:{port}" in cmd0 and f"127.0.0.2:{port}" in cmd1
+    assert "--node_rank 1" in cmd1 and "--nnodes 2" in cmd1
+    assert (node1 / "train.yaml").read_text() == (
+        wd0 / ".specdeck" / "runs" / run["id"] / "train.yaml").read_text()
+    assert (node1 / "exit").read_text().strip() == "exit 0"
