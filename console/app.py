@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import functools
 import gc
-import importlib
 import sys
-import threading
 from functools import partial
 from pathlib import Path
 from typing import Iterable
@@ -153,10 +151,7 @@ class SpecdeckApp(App[int]):
         """After the first frame: load the selected item, recover the session, load tau,
         probe hosts (all in workers, so that the first frame waits for none of them)."""
         self._started = True
-        # Import the chart library off the loop while nothing streams yet (it is deferred
-        # from the first frame, and importing it later would stall a live log).
-        threading.Thread(target=importlib.import_module, args=("textual_plotext",),
-                         name="preload-plotext", daemon=True).start()
+        # (the chart library is imported off the loop by MetricsPane, see its docstring)
         self._load_selected()
         self._work(self._open, "session", "session")
         self.set_timer(FREEZE_HEAP_AFTER, self._freeze_heap)
