@@ -478,6 +478,12 @@ class Runner:
         """Cancel an in-process action (a relay keeps its .part: a rerun resumes)."""
         run_id = run["id"]
         work = self._in_process.get(run_id)
+        if work is None and owner_alive(run["owner"]) is False:
+            # its specdeck died (killed, laptop closed): nothing runs any more
+            self._end(item, run_id, "interrupted", error="the specdeck running it is gone")
+            run = self.store.run(run_id)
+            return Outcome(run["state"], run["exit_code"], run["signal"], run["capsule"] or "",
+                           run_id)
         if work is None:
             raise SpecdeckError(
                 f"run {run_id} runs inside another specdeck (pid {run['pid']}, "

@@ -183,3 +183,32 @@ async def test_plan_sha256_is_the_reference_for_a_fresh_copy(tmp_path, monkeypat
     assert f"plan expects {wrong}" in str(err.value) and "nothing was renamed" in str(err.value)
     assert "check which checkpoint you meant" in err.value.hint
     assert not (tmp_path / "B" / "h.bin").exists()
+
+
+async def test_stopping_an_in_process_run_whose_specdeck_died_ends_it(tmp_path):
+    from core.plan import parse_plan
+    from core.runner import Runner
+    from core.store import Store
+
+    plan = parse_plan(f"""
+name: orphan
+hosts:
+  a: {{local: true, workdir: {tmp_path / 'A'}}}
+items:
+  - {{id: copy, content: relay, action: {{kind: relay, params: {{src: "a:f", dst: "a:g"}}}}}}
+""")
+    store = Store(tmp_path / "s.db")
+    store.claim_run("copy-1", "copy", "relay", None, owner="thishost:1:1")  # another machine
+    store.update_run("copy-1", state="running", pid=1)
+    with pytest.raises(Exception) as err:
+        await Runner(plan, store).stop_run("copy-1", grace_s=1)
+    assert "runs inside another specdeck" in str(err.value)
+    assert store.run("copy-1")["state"] == "running"  # untouched: maybe alive elsewhere
+    store.end_run("copy-1", "interrupted")
+    import socket
+
+    store.claim_run("copy-2", "copy", "relay", None, owner=f"{socket.gethostname()}:999999:1")
+    store.update_run("copy-2", state="running", pid=999999)
+    out = await Runner(plan, store).stop_run("copy-2", grace_s=1)
+    assert out.state == "interrupted"
+    assert store.run("copy-2")["error"] == "the specdeck running it is gone"
