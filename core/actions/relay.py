@@ -99,11 +99,25 @@ def human(n: float) -> str:
     return f"{n:.1f} TB"
 
 
+@dataclass
+class _Overall:
+    """A directory relay's totals, so each file's progress line also tells the whole ETA."""
+
+    total: int
+    done: int = 0
+    """Bytes of the files before the current one (copied, resumed or already verified)."""
+    sent: int = 0
+    """Bytes sent for them in this run (the rate's numerator)."""
+    t0: float = 0.0
+
+
 class _Meter:
     """Bytes, rate and ETA for progress lines, plus the optional bandwidth cap."""
 
-    def __init__(self, ctx, total: int, done: int, limit: float | None, label: str):
+    def __init__(self, ctx, total: int, done: int, limit: float | None, label: str,
+                 overall: _Overall | None = None):
         self.ctx, self.total, self.done, self.limit, self.label = ctx, total, done, limit, label
+        self.overall = overall
         self.sent = 0
         self.t0 = time.monotonic()
         self.last = 0.0
@@ -140,6 +154,13 @@ class _Meter:
         msg = (f"{pct:.1f}% {human(self.done)} / {human(self.total)}, {human(rate)}/s"
                + (f", ETA {eta:.0f}s" if eta is not None and not final else "")
                + f" · {self.label}")
+        o = self.overall
+        if o is not None and o.total:
+            done = o.done + self.done
+            all_rate = (o.sent + self.sent) / max(now - o.t0, 1e-6)
+            msg += f" · all {100.0 * done / o.total:.0f}% of {human(o.total)}"
+            if all_rate > 0 and done < o.total:
+                msg += f", ETA {(o.total - done) / all_rate:.0f}s"
         self.ctx.progress(msg, bytes=self.done, total=self.total, rate=rate, eta_s=eta,
                           final=final)
 
@@ -189,17 +210,25 @@ class Relay(Action):
         return CheckResult.ready()
 
     async def _recorded_ok(self, dst, dp, size: int | None) -> bool:
+        digest = await self._recorded(dst, dp, size)
+        return digest is not None and (self.params.sha256 is None
+                                       or digest == self.params.sha256.lower())
+
+    @staticmethod
+    async def _recorded(dst, dp, size: int | None) -> str | None:
+        """The sha256 recorded beside ``dp`` by a verified relay, when the file is still the
+        size recorded (and ``size``, when given); else None."""
         raw = await dst.read_from(dp + ".sha256", 0, 4096)
         dstat = await dst.stat(dp)
         if not raw or dstat is None:
-            return False
+            return None
         parts = raw.decode(errors="replace").split()
         if len(parts) < 2:
-            return False
+            return None
         digest, rec_size = parts[0], int(parts[1]) if parts[1].isdigit() else -1
         if rec_size != dstat.size or (size is not None and size != dstat.size):
-            return False
-        return self.params.sha256 is None or digest.lower() == self.params.sha256.lower()
+            return None
+        return digest.lower()
 
     async def _dir_done(self, src, sp, dst, dp, files) -> bool:
         listing = await _list_tree(src, sp)
@@ -222,11 +251,20 @@ class Relay(Action):
         total = sum(tree.values())
         await self._preflight(dst, dp, total, label=self.params.dst)
         results = []
+        overall = _Overall(total=total, t0=time.monotonic())
         for i, (rel, size) in enumerate(sorted(tree.items())):
-            ctx.progress(f"file {i + 1}/{len(tree)}: {rel}")
-            results.append(await self._one(ctx, src, posixpath.join(sp, rel), dst,
-                                           posixpath.join(dp, rel), size, None, limit,
-                                           label=rel))
+            target = posixpath.join(dp, rel)
+            digest = await self._recorded(dst, target, size)
+            if digest is not None:  # verified by an earlier run: a rerun skips it
+                ctx.progress(f"file {i + 1}/{len(tree)}: {rel} already there, verified")
+                results.append({"size": size, "sha256": digest, "resumed_from": size,
+                                "bytes_sent": 0})
+            else:
+                ctx.progress(f"file {i + 1}/{len(tree)}: {rel}")
+                results.append(await self._one(ctx, src, posixpath.join(sp, rel), dst, target,
+                                               size, None, limit, label=rel, overall=overall))
+            overall.done += size
+            overall.sent += results[-1]["bytes_sent"]
         manifest = {"src": self.params.src, "files": [
             {"path": rel, "size": r["size"], "sha256": r["sha256"]}
             for rel, r in zip(sorted(tree), results)]}
@@ -242,7 +280,8 @@ class Relay(Action):
                 f"relay: {label} needs {human(need)} but {dst.name} has {human(free)} free",
                 hint=f"free space on {dst.name} (or relay somewhere else), then run it again")
 
-    async def _one(self, ctx, src, sp, dst, dp, size, expected, limit, label=None) -> dict:
+    async def _one(self, ctx, src, sp, dst, dp, size, expected, limit, label=None,
+                   overall: _Overall | None = None) -> dict:
         label = label or posixpath.basename(dp)
         part = dp + ".part"
         pst = await dst.stat(part)
@@ -252,7 +291,7 @@ class Relay(Action):
         await self._preflight(dst, dp, size - offset, label=label)
         if offset:
             ctx.progress(f"{label}: resuming at {human(offset)} of {human(size)}")
-        meter = _Meter(ctx, size, offset, limit, label)
+        meter = _Meter(ctx, size, offset, limit, label, overall)
         # The source hashes its file while the bytes flow (from its page cache). A fresh copy
         # is also hashed as it streams through specdeck, which is what the destination's dd
         # received (SSH's MAC) and wrote (dd exits 0, sizes agree, fsync'ed): comparing the

@@ -212,3 +212,37 @@ items:
     out = await Runner(plan, store).stop_run("copy-2", grace_s=1)
     assert out.state == "interrupted"
     assert store.run("copy-2")["error"] == "the specdeck running it is gone"
+
+
+@pytest.mark.parametrize("path", ["bulk", "asyncssh"])
+async def test_directory_rerun_skips_verified_files_and_tells_the_whole_eta(
+        tmp_path, monkeypatch, path):
+    monkeypatch.setenv("SPECDECK_RELAY_PATH", path)
+    model = tmp_path / "A" / "model"
+    sizes = {"model-00001.safetensors": 3 * MB, "model-00002.safetensors": 2 * MB + 5,
+             "config.json": 300}
+    digests = {name: make(model / name, size) for name, size in sizes.items()}
+    a = LocalHost("a", workdir=str(tmp_path / "A"))
+    b = LocalHost("b", workdir=str(tmp_path / "B"))
+
+    class Ctx2(Ctx):
+        async def connected(self, name):
+            return {"a": a, "b": b}[name]
+
+    relay = Relay(RelayParams(src="a:model", dst="b:model"))
+    ctx = Ctx2()
+    first = await relay.run(ctx)
+    assert first["bytes_sent"] == sum(sizes.values())
+    assert any(" · all " in line and "of 5.2 MB" in line for line in ctx.lines), ctx.lines
+    # a cut during the last file: the manifest and that file are missing
+    out = tmp_path / "B" / "model"
+    (out / ".specdeck-relay.json").unlink()
+    (out / "model-00002.safetensors").unlink()
+    (out / "model-00002.safetensors.sha256").unlink()
+    ctx = Ctx2()
+    again = await relay.run(ctx)
+    assert again["bytes_sent"] == sizes["model-00002.safetensors"]
+    assert sum("already there, verified" in line for line in ctx.lines) == 2
+    for name, digest in digests.items():
+        assert hashlib.sha256((out / name).read_bytes()).hexdigest() == digest
+    assert (await relay.check(ctx)).state == "done"
