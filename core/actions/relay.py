@@ -41,7 +41,7 @@ from core.hosts import bulk
 
 CHUNK = 1 << 20
 DEPTH = 16
-BULK_MIN = 32 << 20
+BULK_MIN = 32_000_000
 """Files with at least this much left to send take the descriptor path (ssh clients)."""
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)(i?[bB])?(/s)?\s*$")
 
@@ -309,8 +309,9 @@ class Relay(Action):
                     if why is None:
                         await _pump_bulk(ctx, src, sp, dst, part, offset, meter, stream, label)
                     else:
-                        ctx.progress(f"{label}: data path: {src.name} -> specdeck -> "
-                                     f"{dst.name} in-process streams ({why})")
+                        if why is not _SMALL:  # a small file's path is not news
+                            ctx.progress(f"{label}: data path: {src.name} -> specdeck -> "
+                                         f"{dst.name} in-process streams ({why})")
                         await _pump(src, sp, dst, part, offset, meter, stream)
                 except BaseException:  # cut, stopped or failed: where it got to, for the log
                     meter.report(final=True)
@@ -355,6 +356,9 @@ class Relay(Action):
                 "bytes_sent": meter.sent}
 
 
+_SMALL = "a small file"
+
+
 async def _noop() -> None:
     return None
 
@@ -369,7 +373,7 @@ async def _bulk_unavailable(src, dst, left: int) -> str | None:
     if forced == "asyncssh":
         return "SPECDECK_RELAY_PATH=asyncssh"
     if forced != "bulk" and left < BULK_MIN:
-        return f"{human(left)} to send, under {human(BULK_MIN)}"
+        return _SMALL
     for host, why in zip((src, dst), await asyncio.gather(src.bulk_ready(), dst.bulk_ready())):
         if why is not None:
             return f"{host.name}: {why}"
