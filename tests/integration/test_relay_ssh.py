@@ -168,6 +168,40 @@ def test_both_data_paths_copy_and_resume(two_hosts, tmp_path, path):
     assert hashlib.sha256((tmp_path / "B" / "w.bin").read_bytes()).hexdigest() == digest
 
 
+async def test_destination_sshd_stopped_mid_transfer_then_resume(two_hosts, tmp_path):
+    """The ssh-client path losing its destination: the item fails naming that host, the
+    source's client is stopped, and the rerun resumes from what landed."""
+    import asyncio
+
+    a, b = two_hosts
+    size = 120 * MB
+    digest = make_file(tmp_path / "A" / "big.bin", size)
+    plan_path = relay_plan(tmp_path, a.alias, b.alias, "big.bin", "big.bin", bwlimit="60M")
+    plan = parse_plan(plan_path.read_text(), str(plan_path), path=plan_path)
+    store = Store(tmp_path / "s.db")
+    part = tmp_path / "B" / "big.bin.part"
+    runner = Runner(plan, store)
+    task = asyncio.create_task(runner.run_item(plan.item("copy")))
+    while not (part.exists() and part.stat().st_size > size // 4):
+        await asyncio.sleep(0.05)
+        assert not task.done()
+    b.stop()
+    status = await asyncio.wait_for(task, 60)
+    assert status == "failed"
+    err = store.latest_run("copy")["error"]
+    assert "unreachable" in err and "ct129" in err, err
+    have = part.stat().st_size
+    await runner.close()
+    b.start()
+    runner = Runner(plan, store)
+    assert await runner.run_item(plan.item("copy")) == "done"
+    result = json.loads(store.latest_run("copy")["result"])
+    assert result["resumed_from"] >= have - 2 * MB
+    assert result["bytes_sent"] < size - have + 2 * MB
+    assert hashlib.sha256((tmp_path / "B" / "big.bin").read_bytes()).hexdigest() == digest
+    await runner.close()
+
+
 def test_flipped_byte_in_part_prefix_is_caught(two_hosts, tmp_path):
     a, b = two_hosts
     src = tmp_path / "A" / "w.bin"
