@@ -45,7 +45,6 @@ from console.widgets.log_pane import LogPane
 from console.widgets.metrics_pane import MetricsPane
 from console.widgets.plan_list import PlanPane
 from console.widgets.tau_table import TauPane
-
 from core.errors import SpecdeckError
 from core.hosts import bulk
 from core.plan import Plan
@@ -151,7 +150,6 @@ class SpecdeckApp(App[int]):
         """After the first frame: load the selected item, recover the session, load tau,
         probe hosts (all in workers, so that the first frame waits for none of them)."""
         self._started = True
-        # (the chart library is imported off the loop by MetricsPane, see its docstring)
         self._load_selected()
         self._work(self._open, "session", "session")
         self.set_timer(FREEZE_HEAP_AFTER, self._freeze_heap)

@@ -123,20 +123,15 @@ class _Meter:
         self.last = 0.0
 
     async def add(self, n: int) -> None:
-        self.sent += n
-        self.done += n
-        now = time.monotonic()
+        """``n`` more bytes sent by the asyncio path (which this paces to the cap)."""
         if self.limit:
-            ahead = self.sent / self.limit - (now - self.t0)
+            ahead = (self.sent + n) / self.limit - (time.monotonic() - self.t0)
             if ahead > 0:
                 await asyncio.sleep(ahead)
-                now = time.monotonic()
-        if now - self.last >= 0.5:
-            self.last = now
-            self.report(now)
+        self.set_sent(self.sent + n)
 
     def set_sent(self, sent: int) -> None:
-        """Progress from the bulk thread's byte count (it does its own pacing)."""
+        """The bytes sent so far; a progress line at most every half second."""
         self.done += sent - self.sent
         self.sent = sent
         now = time.monotonic()

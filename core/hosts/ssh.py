@@ -74,6 +74,7 @@ import posixpath
 import re
 import secrets
 import shlex
+import shutil
 import socket
 import stat as _stat
 from pathlib import Path
@@ -102,6 +103,20 @@ _SESSION_FULL_CODES = (1, 2)
 full (OPEN_ADMINISTRATIVELY_PROHIBITED, or OPEN_CONNECT_FAILED "open failed")."""
 _NO_FILE = 66
 """Exit status our stream commands use for "no such file" (EX_NOINPUT)."""
+
+
+def _dd_reader(path: str, offset: int) -> str:
+    """Shell text streaming ``path`` from ``offset`` to stdout (exit _NO_FILE if missing)."""
+    q = shlex.quote(path)
+    skip = f" iflag=skip_bytes skip={int(offset)}" if offset else ""
+    return f"[ -e {q} ] || exit {_NO_FILE}\nexec dd if={q} bs=1M{skip} status=none"
+
+
+def _dd_writer(path: str, append: bool) -> str:
+    """Shell text writing stdin to ``path`` (appending when ``append``), fsync'ed at EOF."""
+    flags = "oflag=append conv=notrunc,fsync" if append else "conv=fsync"
+    return (f"mkdir -p -- {shlex.quote(posixpath.dirname(path))} || exit\n"
+            f"exec dd of={shlex.quote(path)} bs=1M iflag=fullblock {flags} status=none")
 
 
 def _tilde(path: str) -> str:
@@ -834,10 +849,7 @@ class SSHHost(Host):
         """
         await self._connection()
         p = self.path(path)
-        q = shlex.quote(p)
-        skip = f" iflag=skip_bytes skip={int(offset)}" if offset else ""
-        full = (f"[ -e {q} ] || exit {_NO_FILE}\n"
-                f"exec dd if={q} bs=1M{skip} status=none")
+        full = _dd_reader(p, offset)
         async with self._slots:
             conn = await self._connection()
             with self._translate(f"reading {p}", p):
@@ -876,10 +888,7 @@ class SSHHost(Host):
         """
         await self._connection()
         p = self.path(path)
-        q = shlex.quote(p)
-        flags = "oflag=append conv=notrunc,fsync" if append else "conv=fsync"
-        full = (f"mkdir -p -- {shlex.quote(posixpath.dirname(p))} || exit\n"
-                f"exec dd of={q} bs=1M iflag=fullblock {flags} status=none")
+        full = _dd_writer(p, append)
         await self._slots.acquire()
         try:
             conn = await self._connection()
@@ -900,8 +909,6 @@ class SSHHost(Host):
         agent, ``BatchMode`` (never a prompt). OpenSSH expands ``~`` from the password
         database, not ``$HOME``, so every path is passed expanded.
         """
-        import shutil
-
         ssh = shutil.which("ssh")
         if ssh is None:
             return "no OpenSSH client (ssh) on this machine"
@@ -982,16 +989,8 @@ class SSHHost(Host):
         assert self._openssh is not None
         argv, cipher = self._openssh
         p = self.path(path)
-        q = shlex.quote(p)
-        if write:
-            what = "writing"
-            script = (f"mkdir -p -- {shlex.quote(posixpath.dirname(p))} || exit\n"
-                      f"exec dd of={q} bs=1M iflag=fullblock oflag=append "
-                      f"conv=notrunc,fsync status=none")
-        else:
-            what = "reading"
-            skip = f" iflag=skip_bytes skip={int(offset)}" if offset else ""
-            script = f"[ -e {q} ] || exit {_NO_FILE}\nexec dd if={q} bs=1M{skip} status=none"
+        what = "writing" if write else "reading"
+        script = _dd_writer(p, append=True) if write else _dd_reader(p, offset)
 
         def on_exit(code: int, stderr: bytes) -> Exception | None:
             if code == 0:
