@@ -824,7 +824,14 @@ class SSHHost(Host):
         with self._translate(f"reading {p}", p):
             try:
                 async with sftp.open(p, "rb") as f:
-                    return await f.read(max_bytes, offset)
+                    # asyncssh reads big spans as parallel block requests and pads a block
+                    # that came back short with zeros when a later one has data: on a file
+                    # that grows meanwhile (a live log) that stored NULs in place of output.
+                    # Read only what existed when we looked; those bytes do not change.
+                    size = (await f.stat()).size
+                    if size is None or size <= offset:
+                        return b""
+                    return await f.read(min(max_bytes, size - offset), offset)
             except (asyncssh.SFTPNoSuchFile, asyncssh.SFTPNoSuchPath):
                 return b""
 

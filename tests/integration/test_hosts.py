@@ -214,6 +214,38 @@ async def test_read_from_offsets(host):
     assert await host.read_from("missing.bin", 0, 10) == b""
 
 
+async def test_read_from_a_growing_file_never_invents_bytes(host):
+    """A live log grows while it is read: every read is a prefix of the final file, never
+    padded with NULs (asyncssh's parallel SFTP blocks did that when a block came back short
+    and a later one had data)."""
+    import threading
+
+    path = host.path("grow.log")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    open(path, "wb").close()
+    done = threading.Event()
+
+    def writer() -> None:
+        with open(path, "ab", buffering=0) as f:
+            for i in range(120):
+                f.write(bytes([65 + i % 26]) * (1 << 20))  # big writes, as a 1 MB log line
+                time.sleep(0.001)
+        done.set()
+
+    t = threading.Thread(target=writer)
+    t.start()
+    reads, have = [], 0
+    while not done.is_set():  # as the log follower does: from the end of what it has
+        got = await host.read_from("grow.log", have, 8 << 20)
+        reads.append((have, got))
+        have += len(got)
+    t.join()
+    final = open(path, "rb").read()
+    assert len(reads) > 3
+    for at, got in reads:
+        assert b"\0" not in got and final[at:at + len(got)] == got
+
+
 async def test_stream_writer_and_reader_roundtrip(host):
     data = os.urandom(3 * 1024 * 1024 + 123)
     writer = await host.open_writer("s/big.bin", append=False)
