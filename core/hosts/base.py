@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Mapping, Sequence
 
 from core.errors import RemoteCommandFailed
+from core.hosts import bulk
 from core.hosts.bulk import BulkStream
 
 
@@ -54,6 +55,8 @@ class FileStat:
     size: int
     mtime: float
     is_dir: bool
+    is_link: bool = False
+    """Only from :meth:`Host.lstat` (``stat`` follows links)."""
 
 
 class HostState(str, enum.Enum):
@@ -187,6 +190,19 @@ class Host(ABC):
     async def stat(self, path: str) -> FileStat | None:
         """Size and mtime, or None when the path does not exist."""
 
+    async def lstat(self, path: str) -> FileStat | None:
+        """Like :meth:`stat`, but a symbolic link is reported as one (``is_link``)."""
+        return await self.stat(path)
+
+    async def identity(self, path: str) -> str | None:
+        """``size inode device mtime`` of the file ``path`` resolves to (links followed), in
+        one token; None when it is missing. Any rewrite changes it, so a hash recorded with
+        it stays valid while it is the same (the relay's cheap "unchanged" test)."""
+        q = shlex.quote(self.path(path))
+        res = await self.run(f"find -L {q} -maxdepth 0 -printf '%s %i %D %T@\\n' 2>/dev/null")
+        out = res.stdout.strip()
+        return out if res.ok and out else None
+
     @abstractmethod
     async def listdir(self, path: str) -> list[str]: ...
 
@@ -205,13 +221,16 @@ class Host(ABC):
         """Up to ``max_bytes`` from ``offset`` (b'' at end of file or when it is missing)."""
 
     @abstractmethod
-    def open_reader(self, path: str, offset: int = 0, *, chunk_size: int = 1 << 20
-                    ) -> AsyncIterator[bytes]:
-        """Stream a file's bytes from ``offset`` to its end, in chunks (for relays)."""
+    def open_reader(self, path: str, offset: int = 0, *, chunk_size: int = 1 << 20,
+                    length: int | None = None) -> AsyncIterator[bytes]:
+        """Stream a file's bytes from ``offset`` to its end (or ``length`` of them), in
+        chunks (for relays)."""
 
     @abstractmethod
-    async def open_writer(self, path: str, *, append: bool) -> AsyncWriter:
-        """A sink writing to ``path`` (appending when ``append``), parent dirs created."""
+    async def open_writer(self, path: str, *, append: bool, offset: int | None = None
+                          ) -> AsyncWriter:
+        """A sink writing to ``path`` (appending when ``append``, else at ``offset`` without
+        truncating when given), parent dirs created; never through a symbolic link."""
 
     @property
     def address(self) -> str:
@@ -222,12 +241,27 @@ class Host(ABC):
         """None when :meth:`open_bulk` gives descriptors here, else why not (for the log)."""
         return "this host offers asyncio streams only"
 
-    async def open_bulk(self, path: str, *, offset: int = 0, write: bool = False
-                        ) -> "BulkStream | None":
+    async def open_bulk(self, path: str, *, offset: int = 0, write: bool = False,
+                        length: int | None = None) -> "BulkStream | None":
         """A file descriptor end for the relay's fast path (see :mod:`core.hosts.bulk`):
-        ``path`` read from ``offset``, or appended to when ``write``. None: this host only
-        offers the asyncio streams above (the relay then uses those)."""
+        ``path`` read from ``offset`` (``length`` bytes, or to its end), or appended to
+        when ``write``. None: this host only offers the asyncio streams above (the relay
+        then uses those)."""
         return None
+
+    def _bulk_process(self, script: str, *, write: bool, path: str) -> BulkStream:
+        """A descriptor end running the shell ``script`` on the host (``bulk_ready``)."""
+        raise NotImplementedError
+
+    async def open_bulk_range(self, path: str, journal: str, start: int, end: int,
+                              chunk: int) -> "BulkStream | None":
+        """A sink writing ``[start, end)`` of ``path`` in place, journaling each whole
+        ``chunk`` in ``journal`` (:func:`core.hosts.bulk.range_writer`); None when this
+        host has no descriptor path."""
+        if await self.bulk_ready() is not None:
+            return None
+        script = bulk.range_writer(self.path(path), self.path(journal), start, end, chunk)
+        return self._bulk_process(script, write=True, path=self.path(path))
 
     @abstractmethod
     async def disk_free(self, path: str) -> int:

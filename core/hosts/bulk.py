@@ -16,8 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import os
+import posixpath
+import shlex
+import stat
 import subprocess
 import tempfile
 import threading
@@ -100,15 +104,106 @@ class BulkStream(ABC):
             await self.finish()
 
 
+NO_FILE = 66
+"""Exit status of the stream scripts for "no such file" (EX_NOINPUT)."""
+SYMLINK = 67
+"""Exit status of the writer scripts for "a temporary name is a symbolic link": refused."""
+SHORT = 65
+"""Exit status of the range writer when its input ended before the range did (EX_DATAERR)."""
+
+
+def dd_reader(path: str, offset: int, length: int | None = None) -> str:
+    """Shell text streaming ``path`` from ``offset`` (``length`` bytes, or to its end) to
+    stdout; exits NO_FILE when it is missing. GNU dd, 1 MiB blocks."""
+    q = shlex.quote(path)
+    flags = []
+    if offset:
+        flags.append("skip_bytes")
+    if length is not None:
+        flags.append("count_bytes")
+    opts = (f" iflag={','.join(flags)}" if flags else "") + (f" skip={int(offset)}" if offset else "")
+    opts += f" count={int(length)}" if length is not None else ""
+    return f"[ -e {q} ] || exit {NO_FILE}\nexec dd if={q} bs=1M{opts} status=none"
+
+
+def _refuse_links(*paths: str) -> str:
+    """Shell text exiting SYMLINK when any of ``paths`` is a symbolic link."""
+    qs = " ".join(shlex.quote(p) for p in paths)
+    return (f"for p in {qs}; do if [ -L \"$p\" ]; then printf '%s is a symbolic link: refusing "
+            f"to write through it\\n' \"$p\" >&2; exit {SYMLINK}; fi; done")
+
+
+def dd_writer(path: str, append: bool, offset: int | None = None) -> str:
+    """Shell text writing stdin to ``path`` (appending when ``append``, else at ``offset``
+    without truncating), fsync'ed at EOF. Never through a symbolic link (refused)."""
+    q = shlex.quote(path)
+    if append:
+        flags = "oflag=append,nofollow conv=notrunc,fsync"
+    elif offset is not None:
+        flags = f"oflag=seek_bytes,nofollow seek={int(offset)} conv=notrunc,fsync"
+    else:
+        flags = "oflag=nofollow conv=fsync"
+    return (f"mkdir -p -- {shlex.quote(posixpath.dirname(path))} || exit\n"
+            f"{_refuse_links(path)}\n"
+            f"exec dd of={q} bs=1M iflag=fullblock {flags} status=none")
+
+
+def range_writer(path: str, journal: str, start: int, end: int, chunk: int) -> str:
+    """Shell text writing stdin into ``path`` at ``[start, end)``, ``chunk`` bytes per
+    ``dd``; after each whole chunk lands, its end offset is appended to ``journal`` (the
+    range's resume point). A chunk cut short (the sender stopped) is not journaled, so a
+    resume re-sends at most that one chunk. The file is fsync'ed once the range is whole.
+    Exit SHORT when the input ended before ``end``; SYMLINK when a name is a link."""
+    f, j = shlex.quote(path), shlex.quote(journal)
+    return "\n".join([
+        f"mkdir -p -- {shlex.quote(posixpath.dirname(path))} "
+        f"{shlex.quote(posixpath.dirname(journal))} || exit",
+        _refuse_links(path, journal),
+        f"off={int(start)}; end={int(end)}; c={int(chunk)}",
+        'while [ "$off" -lt "$end" ]; do',
+        '  n=$((end - off)); [ "$n" -gt "$c" ] && n=$c',
+        f'  r=$(LC_ALL=C dd of={f} bs=1M iflag=fullblock,count_bytes count="$n" '
+        'oflag=seek_bytes,nofollow seek="$off" conv=notrunc 2>&1) '
+        "|| { printf '%s\\n' \"$r\" >&2; exit 1; }",
+        '  case "$r" in *"',
+        f'$n bytes"*) ;; *) exit {SHORT};; esac',
+        '  off=$((off + n))',
+        f"  printf '%s\\n' \"$off\" >> {j} || exit 1",
+        "done",
+        f"exec dd if=/dev/null of={f} oflag=nofollow conv=notrunc,fsync status=none",
+    ])
+
+
+def script_error(code: int, stderr: bytes, host: str, what: str, path: str) -> OSError:
+    """The OSError for a stream script (above) that exited ``code``: a missing file, a
+    refused symbolic link, a full disk (ENOSPC, kept so callers can say what to do) or
+    the last lines of its stderr."""
+    text = stderr.decode("utf-8", "replace")
+    tail = "; ".join(text.strip().splitlines()[-3:]) or f"exit status {code}"
+    if code == NO_FILE:
+        return FileNotFoundError(errno.ENOENT, f"no such file on {host}", path)
+    if code == SYMLINK:
+        return OSError(errno.ELOOP, f"{tail} (on {host})", path)
+    if code == SHORT:
+        return OSError(errno.EPIPE, f"{what} {path} on {host}: the stream ended before "
+                       "its range did", path)
+    if "No space left on device" in text:
+        return OSError(errno.ENOSPC, f"{what} {path} on {host}: no space left on device",
+                       path)
+    return OSError(errno.EIO, f"{what} {path} failed on {host}: {tail}", path)
+
+
 class FileBulk(BulkStream):
-    """A local file: read from ``offset``, or appended to and fsync'ed on finish."""
+    """A local file: read from ``offset``, or appended to (never through a symbolic link)
+    and fsync'ed on finish."""
 
     def __init__(self, path: str, *, offset: int = 0, write: bool = False):
         self.path = path
         self.describe = "local file"
         if write:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW,
+                              0o644)
         else:
             self.fd = os.open(path, os.O_RDONLY)
             os.lseek(self.fd, offset, os.SEEK_SET)
@@ -177,24 +272,75 @@ class ProcessBulk(BulkStream):
             os.killpg(self._proc.pid, 9)
 
 
-def pump(src: BulkStream, dst: BulkStream, *, chunk: int, update: Callable[[bytes], None],
-         sent: list[int], stop: Callable[[], bool], pace: Callable[[int], None]) -> None:
-    """Copy ``src.fd`` to ``dst.fd`` until EOF (in :func:`in_background_thread`).
+class Pacer:
+    """A bandwidth cap shared by every stream of a transfer (thread-safe): ``add(n)``
+    counts ``n`` more bytes and sleeps while the total runs ahead of ``limit`` bytes/s."""
 
-    ``update`` sees every chunk (the stream hash), ``sent[0]`` counts bytes written (read
-    by the event loop for progress), ``pace(total)`` sleeps for a bandwidth cap, ``stop()``
-    ends early. A killed peer shows up as EOF or ``BrokenPipeError``; the callers' finish()
-    says which side failed and why.
+    def __init__(self, limit: float | None):
+        self.limit = limit
+        self.total = 0
+        self._lock = threading.Lock()
+        self._t0 = None
+
+    def add(self, n: int) -> None:
+        import time
+
+        with self._lock:
+            now = time.monotonic()
+            if self._t0 is None:
+                self._t0 = now
+            self.total += n
+            ahead = self.total / self.limit - (now - self._t0) if self.limit else 0.0
+        if ahead > 0:
+            time.sleep(ahead)
+
+
+def _is_pipe(fd: int) -> bool:
+    try:
+        return stat.S_ISFIFO(os.fstat(fd).st_mode)
+    except OSError:
+        return False
+
+
+def pump(src: BulkStream, dst: BulkStream, *, chunk: int, update: Callable[[bytes], None] | None,
+         sent: list[int], stop: Callable[[], bool], pace: Callable[[int], None],
+         limit: int | None = None) -> None:
+    """Copy ``src.fd`` to ``dst.fd`` until EOF, or ``limit`` bytes (in
+    :func:`in_background_thread`).
+
+    ``update`` sees every chunk (the stream hash; None: no hash, and between two pipes the
+    kernel moves the bytes with ``splice``, no copy through Python), ``sent[0]`` counts bytes
+    written (read by the event loop for progress), ``pace(n)`` is told of ``n`` more bytes
+    and sleeps for a bandwidth cap, ``stop()`` ends early. A killed peer shows up as EOF or
+    ``BrokenPipeError``; the callers' finish() says which side failed and why.
     """
     rfd, wfd = src.fd, dst.fd
-    while not stop():
-        data = os.read(rfd, chunk)
+    left = limit
+    if update is None and hasattr(os, "splice") and _is_pipe(rfd) and _is_pipe(wfd):
+        while not stop() and left != 0:
+            try:
+                n = os.splice(rfd, wfd, chunk if left is None else min(chunk, left))
+            except OSError as exc:
+                if exc.errno in (errno.EINVAL, errno.ENOSYS) and sent[0] == 0:
+                    break  # no splice here: the copying loop below
+                raise
+            if not n:
+                return
+            sent[0] += n
+            left = None if left is None else left - n
+            pace(n)
+        else:
+            return
+    while not stop() and left != 0:
+        data = os.read(rfd, chunk if left is None else min(chunk, left))
         if not data:
             return
-        update(data)
+        if update is not None:
+            update(data)
         view = memoryview(data)
         while view:
             n = os.write(wfd, view)
             view = view[n:]
         sent[0] += len(data)
-        pace(sent[0])
+        left = None if left is None else left - len(data)
+        pace(len(data))

@@ -10,7 +10,7 @@ import signal as _signal
 from typing import AsyncIterator, Mapping, Sequence
 
 from core.hosts import bulk
-from core.hosts.bulk import BulkStream, FileBulk
+from core.hosts.bulk import BulkStream, FileBulk, ProcessBulk
 from core.hosts.base import AsyncWriter, CommandResult, FileStat, Host, HostState, to_command
 
 
@@ -92,13 +92,20 @@ class LocalHost(Host):
         os.replace(tmp, p)
 
     async def stat(self, path: str) -> FileStat | None:
+        return self._stat(path, os.stat)
+
+    async def lstat(self, path: str) -> FileStat | None:
+        return self._stat(path, os.lstat)
+
+    def _stat(self, path: str, how) -> FileStat | None:
         p = self.path(path)
         try:
-            st = os.stat(p)
+            st = how(p)
         except FileNotFoundError:
             return None
         import stat as _st
-        return FileStat(p, st.st_size, st.st_mtime, _st.S_ISDIR(st.st_mode))
+        return FileStat(p, st.st_size, st.st_mtime, _st.S_ISDIR(st.st_mode),
+                        is_link=_st.S_ISLNK(st.st_mode))
 
     async def listdir(self, path: str) -> list[str]:
         return sorted(os.listdir(self.path(path)))
@@ -127,21 +134,33 @@ class LocalHost(Host):
         except FileNotFoundError:
             return b""
 
-    async def open_reader(self, path: str, offset: int = 0, *, chunk_size: int = 1 << 20
-                          ) -> AsyncIterator[bytes]:
+    async def open_reader(self, path: str, offset: int = 0, *, chunk_size: int = 1 << 20,
+                          length: int | None = None) -> AsyncIterator[bytes]:
         loop = asyncio.get_running_loop()
+        left = length
         with open(self.path(path), "rb") as f:
             f.seek(offset)
-            while True:
-                chunk = await loop.run_in_executor(None, f.read, chunk_size)
+            while left != 0:
+                n = chunk_size if left is None else min(chunk_size, left)
+                chunk = await loop.run_in_executor(None, f.read, n)
                 if not chunk:
                     return
+                left = None if left is None else left - len(chunk)
                 yield chunk
 
-    async def open_writer(self, path: str, *, append: bool) -> AsyncWriter:
+    async def open_writer(self, path: str, *, append: bool, offset: int | None = None
+                          ) -> AsyncWriter:
         p = self.path(path)
         os.makedirs(os.path.dirname(p), exist_ok=True)
-        return _LocalWriter(open(p, "ab" if append else "wb"))
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW  # a link at the name: ELOOP
+        if append:
+            flags |= os.O_APPEND
+        elif offset is None:
+            flags |= os.O_TRUNC
+        fd = os.open(p, flags, 0o644)
+        if offset is not None and not append:
+            os.lseek(fd, offset, os.SEEK_SET)
+        return _LocalWriter(os.fdopen(fd, "wb"))
 
     async def bulk_ready(self) -> str | None:
         return None
@@ -159,9 +178,18 @@ class LocalHost(Host):
 
         return await bulk.in_background_thread(digest)
 
-    async def open_bulk(self, path: str, *, offset: int = 0, write: bool = False
-                        ) -> BulkStream | None:
+    async def open_bulk(self, path: str, *, offset: int = 0, write: bool = False,
+                        length: int | None = None) -> BulkStream | None:
         return FileBulk(self.path(path), offset=offset, write=write)
+
+    def _bulk_process(self, script: str, *, write: bool, path: str) -> BulkStream:
+        what = "writing" if write else "reading"
+
+        def on_exit(code: int, stderr: bytes) -> Exception | None:
+            return None if code == 0 else bulk.script_error(code, stderr, self.name, what, path)
+
+        return ProcessBulk(["bash", "-c", script], write=write, describe="local dd",
+                           on_exit=on_exit)
 
     async def disk_free(self, path: str) -> int:
         p = self.path(path)

@@ -84,6 +84,7 @@ import asyncssh
 
 from core.errors import HostKeyRejected, HostUnreachable, InvalidInput
 from core.hosts.base import AsyncWriter, CommandResult, FileStat, Host, HostState, to_command
+from core.hosts import bulk
 from core.hosts.bulk import BulkStream, ProcessBulk
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -101,22 +102,6 @@ costs), and stay under OpenSSH's 256 KiB limit for a whole packet."""
 _SESSION_FULL_CODES = (1, 2)
 """Channel-open failure codes sshd answers a session with when its MaxSessions table is
 full (OPEN_ADMINISTRATIVELY_PROHIBITED, or OPEN_CONNECT_FAILED "open failed")."""
-_NO_FILE = 66
-"""Exit status our stream commands use for "no such file" (EX_NOINPUT)."""
-
-
-def _dd_reader(path: str, offset: int) -> str:
-    """Shell text streaming ``path`` from ``offset`` to stdout (exit _NO_FILE if missing)."""
-    q = shlex.quote(path)
-    skip = f" iflag=skip_bytes skip={int(offset)}" if offset else ""
-    return f"[ -e {q} ] || exit {_NO_FILE}\nexec dd if={q} bs=1M{skip} status=none"
-
-
-def _dd_writer(path: str, append: bool) -> str:
-    """Shell text writing stdin to ``path`` (appending when ``append``), fsync'ed at EOF."""
-    flags = "oflag=append conv=notrunc,fsync" if append else "conv=fsync"
-    return (f"mkdir -p -- {shlex.quote(posixpath.dirname(path))} || exit\n"
-            f"exec dd of={shlex.quote(path)} bs=1M iflag=fullblock {flags} status=none")
 
 
 def _tilde(path: str) -> str:
@@ -288,6 +273,7 @@ class SSHHost(Host):
         """(argv prefix, cipher) of an OpenSSH client that logged in like we did, once probed."""
         self._openssh_why: str | None = None
         """Why the OpenSSH client cannot be used (then bulk streams stay on asyncssh)."""
+        self._probe: asyncio.Future | None = None
 
     # -- connection ----------------------------------------------------------------------
     @property
@@ -766,15 +752,23 @@ class SSHHost(Host):
 
     async def stat(self, path: str) -> FileStat | None:
         """Size, mtime (whole seconds: SFTP v3) and kind, or None when missing."""
+        return await self._stat(path, follow=True)
+
+    async def lstat(self, path: str) -> FileStat | None:
+        """Like :meth:`stat`, but a symbolic link is reported as one (never followed)."""
+        return await self._stat(path, follow=False)
+
+    async def _stat(self, path: str, *, follow: bool) -> FileStat | None:
         sftp = await self._sftp_client()
         p = self.path(path)
         with self._translate(f"stat {p}", p):
             try:
-                attrs = await sftp.stat(p)
+                attrs = await (sftp.stat if follow else sftp.lstat)(p)
             except (asyncssh.SFTPNoSuchFile, asyncssh.SFTPNoSuchPath):
                 return None
-        return FileStat(p, attrs.size or 0, float(attrs.mtime or 0),
-                        _stat.S_ISDIR(attrs.permissions or 0))
+        mode = attrs.permissions or 0
+        return FileStat(p, attrs.size or 0, float(attrs.mtime or 0), _stat.S_ISDIR(mode),
+                        is_link=_stat.S_ISLNK(mode))
 
     async def listdir(self, path: str) -> list[str]:
         sftp = await self._sftp_client()
@@ -837,15 +831,12 @@ class SSHHost(Host):
 
     def _stream_error(self, status: int, what: str, path: str, stderr: bytes) -> OSError:
         """The OSError for a stream command (dd) that exited with ``status``."""
-        if status == _NO_FILE:
-            return FileNotFoundError(errno.ENOENT, f"no such file on {self.name}", path)
-        tail = stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
-        detail = "; ".join(tail) or f"exit status {status}"
-        return OSError(errno.EIO, f"{what} {path} failed on {self.name}: {detail}", path)
+        return bulk.script_error(status, stderr, self.name, what, path)
 
-    async def open_reader(self, path: str, offset: int = 0, *, chunk_size: int = 1 << 20
-                          ) -> AsyncIterator[bytes]:
-        """Stream ``path`` from ``offset`` to its current end, ``chunk_size`` bytes at a time.
+    async def open_reader(self, path: str, offset: int = 0, *, chunk_size: int = 1 << 20,
+                          length: int | None = None) -> AsyncIterator[bytes]:
+        """Stream ``path`` from ``offset`` to its current end (or ``length`` bytes),
+        ``chunk_size`` bytes at a time.
 
         Reads the binary stdout of a remote ``dd`` (1 MiB blocks; ``tail -c +N`` is three
         times slower, with 8 KiB writes), so SSH flow control paces the host to the consumer.
@@ -856,7 +847,7 @@ class SSHHost(Host):
         """
         await self._connection()
         p = self.path(path)
-        full = _dd_reader(p, offset)
+        full = bulk.dd_reader(p, offset, length)
         async with self._slots:
             conn = await self._connection()
             with self._translate(f"reading {p}", p):
@@ -887,15 +878,17 @@ class SSHHost(Host):
                 if not finished:
                     proc.close()  # consumer stopped early: dd dies of SIGPIPE
 
-    async def open_writer(self, path: str, *, append: bool) -> AsyncWriter:
-        """A sink that feeds a remote ``dd`` (``conv=fsync``) creating or appending to ``path``.
+    async def open_writer(self, path: str, *, append: bool, offset: int | None = None
+                          ) -> AsyncWriter:
+        """A sink that feeds a remote ``dd`` (``conv=fsync``) creating or appending to ``path``
+        (or writing at ``offset``); a symbolic link at ``path`` is refused.
 
         ``write`` returns once the data fits in the SSH window (backpressure); ``close``
         waits for ``dd`` and raises ``OSError`` with its stderr unless it exited 0.
         """
         await self._connection()
         p = self.path(path)
-        full = _dd_writer(p, append)
+        full = bulk.dd_writer(p, append, offset)
         await self._slots.acquire()
         try:
             conn = await self._connection()
@@ -967,6 +960,11 @@ class SSHHost(Host):
         await self._connection()
         if self._openssh is not None or self._openssh_why is not None:
             return self._openssh_why
+        if self._probe is None:  # concurrent callers share one probe
+            self._probe = asyncio.ensure_future(self._probe_openssh())
+        return await asyncio.shield(self._probe)
+
+    async def _probe_openssh(self) -> str | None:
         built = self._openssh_command()
         if isinstance(built, str):
             self._openssh_why = built
@@ -987,17 +985,20 @@ class SSHHost(Host):
         self._openssh = (argv, cipher)
         return None
 
-    async def open_bulk(self, path: str, *, offset: int = 0, write: bool = False
-                        ) -> BulkStream | None:
+    async def open_bulk(self, path: str, *, offset: int = 0, write: bool = False,
+                        length: int | None = None) -> BulkStream | None:
         """An ``ssh`` client process running ``dd`` on the host (see :mod:`core.hosts.bulk`),
         or None when :meth:`openssh_ready` says the OpenSSH client cannot be used."""
         if await self.bulk_ready() is not None:
             return None
+        p = self.path(path)
+        script = bulk.dd_writer(p, append=True) if write else bulk.dd_reader(p, offset, length)
+        return self._bulk_process(script, write=write, path=p)
+
+    def _bulk_process(self, script: str, *, write: bool, path: str) -> BulkStream:
         assert self._openssh is not None
         argv, cipher = self._openssh
-        p = self.path(path)
         what = "writing" if write else "reading"
-        script = _dd_writer(p, append=True) if write else _dd_reader(p, offset)
 
         def on_exit(code: int, stderr: bytes) -> Exception | None:
             if code == 0:
@@ -1005,8 +1006,8 @@ class SSHHost(Host):
             if code == 255 or code < 0:
                 tail = stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
                 return HostUnreachable(self.name, f"connection to {self._where} lost while "
-                                       f"{what} {p}" + (f": {tail[0]}" if tail else ""))
-            return self._stream_error(code, what, p, stderr)
+                                       f"{what} {path}" + (f": {tail[0]}" if tail else ""))
+            return self._stream_error(code, what, path, stderr)
 
         return ProcessBulk([*argv, script], write=write, describe=f"openssh {cipher}",
                            on_exit=on_exit)

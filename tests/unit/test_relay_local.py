@@ -53,7 +53,11 @@ async def test_both_paths_copy_verify_and_record(tmp_path, monkeypatch, path):
     out = tmp_path / "B" / "out" / "f.bin"
     assert hashlib.sha256(out.read_bytes()).hexdigest() == digest == res["sha256"]
     assert res["bytes_sent"] == 5 * MB + 17 and res["resumed_from"] == 0
-    assert (tmp_path / "B" / "out" / "f.bin.sha256").read_text() == f"{digest} {5 * MB + 17}\n"
+    record = (tmp_path / "B" / "out" / "f.bin.sha256").read_text().splitlines()
+    st = (tmp_path / "A" / "f.bin").stat()
+    assert record[0] == f"{digest} {5 * MB + 17}"
+    assert record[1] == f"src {st.st_size} {st.st_ino} {st.st_dev} " + record[1].split()[-1]
+    assert record[2].startswith(f"dst {5 * MB + 17} ")
     assert not (tmp_path / "B" / "out" / "f.bin.part").exists()
     want = ("a (local file) -> specdeck -> b (local file)" if path == "bulk"
             else "a -> specdeck -> b in-process streams (SPECDECK_RELAY_PATH=asyncssh)")
@@ -84,7 +88,7 @@ async def test_cancel_leaves_a_part_that_the_next_run_resumes(tmp_path, monkeypa
     assert 4 * MB <= have < size
     res, ctx = await relay(tmp_path, size)
     assert res["resumed_from"] == have and res["bytes_sent"] == size - have
-    assert any("verifying sha256 on a and b" in line for line in ctx.lines)
+    assert any("verifying sha256 of b's whole file against a" in line for line in ctx.lines)
     assert hashlib.sha256((tmp_path / "B" / "out" / "f.bin").read_bytes()).hexdigest() == digest
 
 
@@ -97,24 +101,31 @@ async def test_bwlimit_paces_the_bulk_thread(tmp_path, monkeypatch):
     assert time.monotonic() - t0 >= 0.45
 
 
-class ChangingSource(LocalHost):
-    """A source whose file is rewritten while it is copied: its own hash, taken during the
-    copy, sees other bytes than the stream did."""
-
-    async def sha256(self, path: str) -> str:
-        return hashlib.sha256(b"the trainer rewrote it").hexdigest()
-
-
 async def test_source_changed_during_copy_is_caught_and_nothing_renamed(tmp_path, monkeypatch):
+    """The trainer rewrites the checkpoint (same size, new bytes) while it is copied: the
+    stream's hash agrees with itself, so the source's identity (inode, mtime) taken before
+    and after is what catches it; nothing is renamed, and the rerun starts over."""
     monkeypatch.setenv("SPECDECK_RELAY_PATH", "bulk")
-    make(tmp_path / "A" / "f.bin", 2 * MB)
-    src = ChangingSource("a", workdir=str(tmp_path / "A"))
+    size = 24 * MB
+    make(tmp_path / "A" / "f.bin", size)
+    part = tmp_path / "B" / "out" / "f.bin.part"
+    task = asyncio.create_task(relay(tmp_path, size, bwlimit="16M"))
+    while not (part.exists() and part.stat().st_size >= 2 * MB):
+        await asyncio.sleep(0.02)
+    with (tmp_path / "A" / "f.bin").open("r+b") as f:  # in place: same inode, same size
+        f.write(os.urandom(MB))
     with pytest.raises(ActionFailed) as err:
-        await relay(tmp_path, 2 * MB, src_host=src)
-    assert "sha256 mismatch" in str(err.value) and "nothing was renamed" in str(err.value)
-    assert "changed while it was copied" in err.value.hint and "rm " in err.value.hint
+        await task
+    assert "changed while it was copied" in str(err.value), err.value
+    assert "nothing was renamed" in str(err.value)
+    assert "is something still writing it?" in err.value.hint and "rm " in err.value.hint
     assert not (tmp_path / "B" / "out" / "f.bin").exists()
-    assert (tmp_path / "B" / "out" / "f.bin.part").exists()
+    assert part.exists()
+    res, ctx = await relay(tmp_path, size)  # the partial copy of the old bytes is dropped
+    assert res["resumed_from"] == 0 and res["bytes_sent"] == size
+    assert any("source changed since the partial copy" in line for line in ctx.lines)
+    assert (hashlib.sha256((tmp_path / "B" / "out" / "f.bin").read_bytes()).hexdigest()
+            == hashlib.sha256((tmp_path / "A" / "f.bin").read_bytes()).hexdigest())
 
 
 async def test_stop_run_cancels_an_in_process_relay_and_the_rerun_resumes(tmp_path, monkeypatch):
@@ -236,9 +247,11 @@ async def test_directory_rerun_skips_verified_files_and_tells_the_whole_eta(
     assert any(" · all " in line and "of 5.2 MB" in line for line in ctx.lines), ctx.lines
     # a cut during the last file: the manifest and that file are missing
     out = tmp_path / "B" / "model"
-    (out / ".specdeck-relay.json").unlink()
+    book = tmp_path / "B" / "model.specdeck-relay"
+    assert sorted(p.name for p in out.iterdir()) == sorted(sizes)  # only the user's files
+    (book / "manifest.json").unlink()
     (out / "model-00002.safetensors").unlink()
-    (out / "model-00002.safetensors.sha256").unlink()
+    (book / "sums" / "model-00002.safetensors").unlink()
     ctx = Ctx2()
     again = await relay.run(ctx)
     assert again["bytes_sent"] == sizes["model-00002.safetensors"]
