@@ -168,7 +168,7 @@ def test_both_data_paths_copy_and_resume(two_hosts, tmp_path, path):
     run_cli("mark", plan, "copy", "pending", env=env)
     res = run_cli("run", plan, "copy", env=env, timeout=120)  # fresh: the stream's hash
     assert res.returncode == 0, res.stderr
-    assert "'s file against the stream" in res.stderr
+    assert "verified: sha256 of the bytes kpro6 sent" in res.stderr
     assert hashlib.sha256((tmp_path / "B" / "w.bin").read_bytes()).hexdigest() == digest
 
 
@@ -205,7 +205,8 @@ def test_model_directory_relays_file_by_file_with_manifest(two_hosts, tmp_path):
     out = tmp_path / "B" / "models" / "drafter"
     for name, d in digests.items():
         assert hashlib.sha256((out / name).read_bytes()).hexdigest() == d
-    manifest = json.loads((out / ".specdeck-relay.json").read_text())
+    manifest = json.loads((tmp_path / "B" / "models" / "drafter.specdeck-relay"
+                           / "manifest.json").read_text())
     assert {f["path"]: f["sha256"] for f in manifest["files"]} == digests
     run_cli("mark", plan, "copy", "pending", env=env)
     res = run_cli("run", plan, "copy", env=env)
