@@ -293,9 +293,6 @@ class Relay(Action):
         sh, sp = split_endpoint(self.params.src)
         dh, dp = split_endpoint(self.params.dst)
         src, dst = await asyncio.gather(ctx.connected(sh), ctx.connected(dh))
-        if os.environ.get("SPECDECK_RELAY_PATH") != "asyncssh":
-            for h in (src, dst):
-                _start_probe(h)
         return src, sp, dst, dp
 
     async def check(self, ctx) -> CheckResult:
@@ -504,9 +501,12 @@ class Relay(Action):
                     why = await _bulk_unavailable(src, dst, left)
                     try:
                         if why is None:
-                            await _pump_bulk(ctx, src, sp, dst, book, jobs, mode, meter, stream,
-                                             label)
-                        else:
+                            try:
+                                await _pump_bulk(ctx, src, sp, dst, book, jobs, mode, meter,
+                                                 stream, label)
+                            except bulk.NotReady as exc:  # no byte moved: the other path
+                                why = str(exc)
+                        if why is not None:
                             if why is not _SMALL:  # a small file's path is not news
                                 ctx.progress(f"{label}: data path: {src.name} -> specdeck -> "
                                              f"{dst.name} in-process streams ({why})")
@@ -591,15 +591,6 @@ async def _noop() -> None:
 
 async def _value(v):
     return v
-
-
-def _start_probe(host) -> None:
-    """Start the host's ``ssh`` client probe in the background (its result is cached)."""
-    async def probe() -> None:
-        with contextlib.suppress(Exception):
-            await host.bulk_ready()
-
-    asyncio.ensure_future(probe())
 
 
 def _refuse_destination(src_is_dir: bool, dstat, dst_text: str) -> str | None:
@@ -715,13 +706,17 @@ async def _pump_bulk(ctx, src, sp, dst, book: _Book, jobs, mode: str, meter: _Me
     and failures (one stream failing stops them all: what landed is journaled)."""
     opened = await asyncio.gather(*(_open_pair(src, sp, dst, book, j, mode) for j in jobs),
                                   return_exceptions=True)
-    failed_open = [o for o in opened if isinstance(o, BaseException)]
+    failed = [o for o in opened if isinstance(o, BaseException)]
     pairs = [o for o in opened if not isinstance(o, BaseException)]
-    if failed_open:
+    if not failed:  # every login proven before a byte moves
+        ups = await asyncio.gather(*(e.ready() for p in pairs for e in p),
+                                   return_exceptions=True)
+        failed = [u for u in ups if isinstance(u, BaseException)]
+    if failed:
         for r, w in pairs:
             await r.close_quietly()
             await w.close_quietly()
-        raise failed_open[0]
+        raise next((f for f in failed if isinstance(f, bulk.NotReady)), failed[0])
     r0, w0 = pairs[0]
     ctx.progress(f"{label}: data path: {src.name} ({r0.describe}) -> specdeck -> "
                  f"{dst.name} ({w0.describe})"

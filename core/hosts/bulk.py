@@ -82,12 +82,25 @@ _F_SETPIPE_SZ = 1031
 """fcntl command to resize a pipe (Linux): 1 MiB pipes halve the wakeups of 64 KiB ones."""
 
 
+READY = b"\x1fspecdeck-ready\x1e"
+READY_PRINTF = "printf '\\037specdeck-ready\\036'\n"
+"""First line of a remote stream script: proves the login before any byte moves (what a
+login script prints before it is skipped), so no separate probe login is needed."""
+
+
+class NotReady(Exception):
+    """A stream process never started its script (the ssh client did not log in)."""
+
+
 class BulkStream(ABC):
     """One end of a bulk transfer: ``fd`` is read (a source) or written (a sink)."""
 
     fd: int
     describe: str
     """How the bytes travel, for progress lines (e.g. ``openssh aes128-gcm``)."""
+
+    async def ready(self) -> None:
+        """Wait until the end is up (its script started); raise :class:`NotReady` if not."""
 
     @abstractmethod
     async def finish(self) -> None:
@@ -233,15 +246,20 @@ class ProcessBulk(BulkStream):
 
     def __init__(self, argv: Sequence[str], *, write: bool, describe: str,
                  on_exit: Callable[[int, bytes], Exception | None],
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, ready_marker: bytes | None = None,
+                 not_ready: Callable[[int, bytes], str] | None = None,
+                 ready_timeout: float = 30.0):
         self.describe = describe
         self._write = write
         self._on_exit = on_exit
+        self._marker, self._not_ready, self._ready_timeout = (ready_marker, not_ready,
+                                                              ready_timeout)
         self._err = tempfile.TemporaryFile()  # a file, so a chatty stderr never blocks
+        # A writer's stdout carries only the ready marker (its script writes nothing else).
         self._proc = subprocess.Popen(
             niced(argv), stdin=subprocess.PIPE if write else subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL if write else subprocess.PIPE, stderr=self._err,
-            env=env, start_new_session=True)
+            stdout=subprocess.PIPE if (ready_marker or not write) else subprocess.DEVNULL,
+            stderr=self._err, env=env, start_new_session=True)
         pipe = self._proc.stdin if write else self._proc.stdout
         assert pipe is not None
         self._pipe = pipe
@@ -249,6 +267,46 @@ class ProcessBulk(BulkStream):
         with contextlib.suppress(OSError):
             fcntl.fcntl(self.fd, _F_SETPIPE_SZ, 1 << 20)
         self._finished = False
+
+    async def ready(self) -> None:
+        """Read up to the ready marker on the process's stdout (anything a login script
+        printed before it is dropped); on EOF first, :class:`NotReady` with the reason."""
+        if self._marker is None:
+            return
+        out = self._proc.stdout
+        assert out is not None
+        fd, marker = out.fileno(), self._marker
+
+        def wait_marker() -> bool:
+            seen = b""
+            while not seen.endswith(marker):
+                b = os.read(fd, 1)
+                if not b:
+                    return False
+                seen = (seen + b)[-len(marker):]
+            return True
+
+        try:
+            ok = await asyncio.wait_for(asyncio.to_thread(wait_marker), self._ready_timeout)
+        except asyncio.TimeoutError:
+            self.abort()
+            ok = False
+        if ok:
+            return
+        code = await asyncio.to_thread(self._proc.wait)
+        self._err.seek(0)
+        err = self._err.read()[-8192:]
+        self._finished = True
+        self._close_pipes()
+        self._err.close()
+        raise NotReady(self._not_ready(code, err) if self._not_ready
+                       else f"the stream process exited with status {code}")
+
+    def _close_pipes(self) -> None:
+        for p in (self._proc.stdin, self._proc.stdout):
+            if p is not None:
+                with contextlib.suppress(OSError):
+                    p.close()
 
     async def finish(self) -> None:
         if self._finished:
@@ -258,8 +316,7 @@ class ProcessBulk(BulkStream):
             with contextlib.suppress(OSError):
                 self._pipe.close()  # EOF: the remote dd flushes, fsyncs and exits
         code = await asyncio.to_thread(self._proc.wait)
-        with contextlib.suppress(OSError):
-            self._pipe.close()
+        self._close_pipes()
         self._err.seek(0)
         stderr = self._err.read()[-8192:]
         self._err.close()

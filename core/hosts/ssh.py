@@ -270,10 +270,9 @@ class SSHHost(Host):
         """``target`` as resolved by the config (``user@host:port``), for messages."""
         self._opts: asyncssh.SSHClientConnectionOptions | None = None
         self._openssh: tuple[list[str], str] | None = None
-        """(argv prefix, cipher) of an OpenSSH client that logged in like we did, once probed."""
+        """(argv prefix, cipher) of the OpenSSH client that reaches this host like we do."""
         self._openssh_why: str | None = None
         """Why the OpenSSH client cannot be used (then bulk streams stay on asyncssh)."""
-        self._probe: asyncio.Future | None = None
 
     # -- connection ----------------------------------------------------------------------
     @property
@@ -952,43 +951,21 @@ class SSHHost(Host):
         return str(host or self._t_host)
 
     async def bulk_ready(self) -> str | None:
-        return await self.openssh_ready()
-
-    async def openssh_ready(self) -> str | None:
-        """Probe (once) that the OpenSSH client logs in like our connection did; None when it
-        does, else why not (bulk streams then stay on asyncssh)."""
+        """None when the OpenSSH client can carry bulk streams here (as far as is known: the
+        first data process proves its login, see :meth:`_bulk_process`), else why not."""
         await self._connection()
-        if self._openssh is not None or self._openssh_why is not None:
-            return self._openssh_why
-        if self._probe is None:  # concurrent callers share one probe
-            self._probe = asyncio.ensure_future(self._probe_openssh())
-        return await asyncio.shield(self._probe)
-
-    async def _probe_openssh(self) -> str | None:
-        built = self._openssh_command()
-        if isinstance(built, str):
-            self._openssh_why = built
-            return built
-        argv, cipher = built
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv, "exit 0", stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-            _, err = await asyncio.wait_for(proc.communicate(), self.connect_timeout + 5)
-        except (OSError, asyncio.TimeoutError) as exc:
-            self._openssh_why = f"the ssh client did not log in: {exc}"
-            return self._openssh_why
-        if proc.returncode != 0:
-            tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no message"]
-            self._openssh_why = f"the ssh client did not log in ({tail[0]})"
-            return self._openssh_why
-        self._openssh = (argv, cipher)
-        return None
+        if self._openssh is None and self._openssh_why is None:
+            built = self._openssh_command()
+            if isinstance(built, str):
+                self._openssh_why = built
+            else:
+                self._openssh = built
+        return self._openssh_why
 
     async def open_bulk(self, path: str, *, offset: int = 0, write: bool = False,
                         length: int | None = None) -> BulkStream | None:
         """An ``ssh`` client process running ``dd`` on the host (see :mod:`core.hosts.bulk`),
-        or None when :meth:`openssh_ready` says the OpenSSH client cannot be used."""
+        or None when :meth:`bulk_ready` says the OpenSSH client cannot be used."""
         if await self.bulk_ready() is not None:
             return None
         p = self.path(path)
@@ -1009,8 +986,18 @@ class SSHHost(Host):
                                        f"{what} {path}" + (f": {tail[0]}" if tail else ""))
             return self._stream_error(code, what, path, stderr)
 
-        return ProcessBulk([*argv, script], write=write, describe=f"openssh {cipher}",
-                           on_exit=on_exit)
+        def not_ready(code: int, stderr: bytes) -> str:
+            # No login with our settings (no probe login first: the data process is the
+            # probe). Later relays go straight to the asyncssh streams.
+            tail = stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [
+                f"exit status {code}"]
+            self._openssh_why = f"the ssh client did not log in ({tail[0]})"
+            return f"{self.name}: {self._openssh_why}"
+
+        return ProcessBulk([*argv, bulk.READY_PRINTF + script], write=write,
+                           describe=f"openssh {cipher}", on_exit=on_exit,
+                           ready_marker=bulk.READY, not_ready=not_ready,
+                           ready_timeout=self.connect_timeout + 10)
 
     async def sha256(self, path: str) -> str:
         """The file's sha256, computed on the host (``sha256sum``)."""
