@@ -781,6 +781,8 @@ async def _pump_bulk(ctx, src, sp, dst, book: _Book, jobs, mode: str, meter: _Me
         raise first from None
     if broken:
         exc = broken[0].exception()
+        if isinstance(exc, OSError) and exc.errno not in (errno.EPIPE, errno.ECONNRESET):
+            raise exc  # a local file's own error (a full disk): said as such by _one
         raise ActionFailed(f"relay: {label}: writing to {dst.name} failed: {exc}",
                            hint="run the item again; it resumes from what landed")
     for s, (_, start, end) in zip(sents, jobs):

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
+import re
 import time
 
 import pytest
 
-from core.actions.relay import Relay, RelayParams
+from core.actions.relay import Relay, RelayParams, default_streams, human, parse_rate, split_ranges
 from core.errors import ActionFailed
 from core.hosts.local import LocalHost
 
@@ -259,3 +261,71 @@ async def test_directory_rerun_skips_verified_files_and_tells_the_whole_eta(
     for name, digest in digests.items():
         assert hashlib.sha256((out / name).read_bytes()).hexdigest() == digest
     assert (await relay.check(ctx)).state == "done"
+
+
+async def test_range_streams_copy_verify_and_show_each_stream(tmp_path, monkeypatch):
+    """streams: 4 on a 70 MB file: four range streams (one local dd each) write .part in
+    place, the destination's whole file is hashed against the source's, then renamed; the
+    progress line shows the total and each stream's rate; the journals are cleaned up."""
+    monkeypatch.setenv("SPECDECK_RELAY_PATH", "auto")
+    size = 70 * MB + 5
+    digest = make(tmp_path / "A" / "f.bin", size)
+    a = LocalHost("a", workdir=str(tmp_path / "A"))
+    b = LocalHost("b", workdir=str(tmp_path / "B"))
+    ctx = Ctx()
+    res = await Relay(RelayParams(src="a:f.bin", dst="b:f.bin", streams=4, bwlimit="140M"))._one(
+        ctx, a, "f.bin", b, "f.bin", size, None, parse_rate("140M"), streams=4)
+    assert res["streams"] == 4 and res["bytes_sent"] == size and res["sha256"] == digest
+    assert hashlib.sha256((tmp_path / "B" / "f.bin").read_bytes()).hexdigest() == digest
+    assert any(", 4 range streams" in line and "(local dd)" in line for line in ctx.lines)
+    assert any(re.search(r" · 4 streams( \d+){4} MB/s", line) for line in ctx.lines), ctx.lines
+    assert any("verifying sha256 of b's whole file against a" in line for line in ctx.lines)
+    assert sorted(p.name for p in (tmp_path / "B").iterdir()) == ["f.bin", "f.bin.sha256"]
+
+
+async def test_bwlimit_caps_the_total_of_all_streams(tmp_path, monkeypatch):
+    size = 40 * MB
+    make(tmp_path / "A" / "f.bin", size)
+    a = LocalHost("a", workdir=str(tmp_path / "A"))
+    b = LocalHost("b", workdir=str(tmp_path / "B"))
+    t0 = time.monotonic()
+    await Relay(RelayParams(src="a:f.bin", dst="b:f.bin"))._one(
+        Ctx(), a, "f.bin", b, "f.bin", size, None, parse_rate("40M"), streams=4)
+    # 40 MiB at 40 MiB/s in all: four streams each at the cap would take a quarter of that
+    assert time.monotonic() - t0 >= 0.9
+
+
+async def test_cancelled_range_streams_resume_each_range_from_its_journal(tmp_path, monkeypatch):
+    size = 96 * MB
+    digest = make(tmp_path / "A" / "f.bin", size)
+    a = LocalHost("a", workdir=str(tmp_path / "A"))
+    b = LocalHost("b", workdir=str(tmp_path / "B"))
+    relay = Relay(RelayParams(src="a:f.bin", dst="b:f.bin", streams=3))
+    task = asyncio.create_task(relay._one(Ctx(), a, "f.bin", b, "f.bin", size, None,
+                                          parse_rate("48M"), streams=3))
+    journals = [tmp_path / "B" / f"f.bin.part.r{i}" for i in range(3)]
+    while not all(j.exists() for j in journals):
+        await asyncio.sleep(0.05)
+        assert not task.done()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    ranges = json.loads((tmp_path / "B" / "f.bin.part.ranges").read_text())["ranges"]
+    landed = [int(j.read_text().split()[-1]) - s for j, (s, _) in zip(journals, ranges)]
+    assert all(n > 0 for n in landed) and sum(landed) < size
+    ctx = Ctx()
+    res = await relay._one(ctx, a, "f.bin", b, "f.bin", size, None, None, streams=3)
+    assert res["resumed_from"] == sum(landed) and res["bytes_sent"] == size - sum(landed)
+    assert any(f"resuming at {human(sum(landed))}" in line and "(3 ranges)" in line
+               for line in ctx.lines), ctx.lines
+    assert hashlib.sha256((tmp_path / "B" / "f.bin").read_bytes()).hexdigest() == digest
+
+
+def test_default_streams_follow_the_size_and_the_cpus():
+    assert default_streams(100 * MB, cpus=16) == 1
+    assert default_streams(1_000_000_000, cpus=16) == 2
+    assert default_streams(17_000_000_000, cpus=16) == 8
+    assert default_streams(17_000_000_000, cpus=2) == 1
+    assert split_ranges(70 * MB, 4) == [[0, 16 * MB], [16 * MB, 32 * MB], [32 * MB, 48 * MB],
+                                        [48 * MB, 70 * MB]]
+    assert split_ranges(5, 4) == [[0, 5]]
