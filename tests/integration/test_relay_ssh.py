@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -211,3 +213,94 @@ def test_model_directory_relays_file_by_file_with_manifest(two_hosts, tmp_path):
     run_cli("mark", plan, "copy", "pending", env=env)
     res = run_cli("run", plan, "copy", env=env)
     assert "all 5 files, verified" in res.stderr
+
+
+def _run_and_kill_at_half(tmp_path: Path, plan: Path, state: Path, size: int) -> None:
+    """`specdeck run` in a subprocess, SIGKILLed once its progress passes about half."""
+    env = {**os.environ, "SPECDECK_STATE": str(state), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "core", "run", str(plan), "copy"], env=env,
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:
+        m = re.search(r" (\d+\.\d)% ", line)
+        if m and float(m.group(1)) >= 45:
+            break
+    proc.kill()
+    proc.wait()
+    # the orphaned ssh clients see their pipes close; let the remote writers settle
+    journals = sorted((tmp_path / "B").glob("big.bin.part.r*"))
+    seen = None
+    while seen != (now := [j.read_bytes() for j in journals]):
+        seen = now
+        time.sleep(0.5)
+
+
+def _landed(tmp_path: Path, src: bytes, ranges) -> tuple[list[int], list[int]]:
+    """Per range: the resume point its journal holds, and how far .part really matches."""
+    part = (tmp_path / "B" / "big.bin.part").read_bytes()
+    journaled, really = [], []
+    for i, (s, e) in enumerate(ranges):
+        journal = tmp_path / "B" / f"big.bin.part.r{i}"
+        lines = journal.read_text().split() if journal.exists() else []
+        journaled.append(int(lines[-1]) if lines else s)
+        n = s
+        step = 1 << 16
+        while n < e and part[n:n + step] == src[n:n + step]:
+            n += step
+        while n < e and n < len(part) and part[n] == src[n]:
+            n += 1
+        really.append(min(n, e))
+    return journaled, really
+
+
+def test_four_streams_killed_at_half_resume_every_range(two_hosts, tmp_path):
+    """A 4-stream relay SIGKILLed at about half: the rerun resumes each range from its
+    journal, re-sends at most one journal chunk per range, and the file's sha256 is equal."""
+    from core.actions.relay import JOURNAL_CHUNK
+
+    a, b = two_hosts
+    size = 320 * MB
+    digest = make_file(tmp_path / "A" / "big.bin", size)
+    src = (tmp_path / "A" / "big.bin").read_bytes()
+    plan = relay_plan(tmp_path, a.alias, b.alias, "big.bin", "big.bin", streams=4,
+                      bwlimit="120M")
+    state = tmp_path / "s.db"
+    _run_and_kill_at_half(tmp_path, plan, state, size)
+    ranges = json.loads((tmp_path / "B" / "big.bin.part.ranges").read_text())["ranges"]
+    assert len(ranges) == 4
+    journaled, really = _landed(tmp_path, src, ranges)
+    assert all(j > s for j, (s, _) in zip(journaled, ranges)), (journaled, ranges)
+    assert all(j <= r for j, r in zip(journaled, really))
+    resent = sum(r - j for j, r in zip(journaled, really))
+    assert resent <= 4 * JOURNAL_CHUNK
+    landed = sum(j - s for j, (s, _) in zip(journaled, ranges))
+    assert size * 0.3 < landed < size
+    res = run_cli("run", plan, "copy", env={"SPECDECK_STATE": str(state)}, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "(4 ranges)" in res.stderr and "4 range streams" in res.stderr
+    result = last_result(state)
+    assert result["resumed_from"] == landed and result["bytes_sent"] == size - landed
+    assert hashlib.sha256((tmp_path / "B" / "big.bin").read_bytes()).hexdigest() == digest
+    assert sorted(p.name for p in (tmp_path / "B").iterdir()) == ["big.bin", "big.bin.sha256"]
+
+
+def test_a_range_corrupted_on_the_destination_is_caught_by_the_final_hash(two_hosts, tmp_path):
+    a, b = two_hosts
+    size = 192 * MB
+    make_file(tmp_path / "A" / "big.bin", size)
+    src = (tmp_path / "A" / "big.bin").read_bytes()
+    plan = relay_plan(tmp_path, a.alias, b.alias, "big.bin", "big.bin", streams=4,
+                      bwlimit="60M")
+    state = tmp_path / "s.db"
+    _run_and_kill_at_half(tmp_path, plan, state, size)
+    ranges = json.loads((tmp_path / "B" / "big.bin.part.ranges").read_text())["ranges"]
+    journaled, _ = _landed(tmp_path, src, ranges)
+    s2 = next(s for j, (s, _) in zip(journaled, ranges) if j > s and s > 0)
+    with (tmp_path / "B" / "big.bin.part").open("r+b") as f:  # bit rot in a landed range
+        f.seek(s2 + 1234)
+        f.write(bytes([src[s2 + 1234] ^ 0xFF]))
+    res = run_cli("run", plan, "copy", env={"SPECDECK_STATE": str(state)}, timeout=300)
+    assert res.returncode == 1, res.stderr
+    assert "sha256 mismatch" in res.stderr and "nothing was renamed" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert not (tmp_path / "B" / "big.bin").exists()
+    assert (tmp_path / "B" / "big.bin.part").exists()
