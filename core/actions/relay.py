@@ -772,13 +772,11 @@ async def _pump_bulk(ctx, src, sp, dst, book: _Book, jobs, mode: str, meter: _Me
                 await end.finish()
             except BaseException as exc:  # noqa: BLE001 - collected, the first re-raised
                 errors.append(exc)
-    if errors:
-        first = next((e for e in errors if isinstance(e, HostUnreachable)), None)
-        first = first or next((e for e in errors if isinstance(e, OSError)
-                               and e.errno in (errno.ENOSPC, errno.ELOOP)), errors[0])
-        if not broken:
-            raise first
-        raise first from None
+    if errors:  # the cause first: a full disk or a refused link, then a lost host
+        first = next((e for e in errors if isinstance(e, OSError)
+                      and e.errno in (errno.ENOSPC, errno.ELOOP)), None)
+        first = first or next((e for e in errors if isinstance(e, HostUnreachable)), errors[0])
+        raise first
     if broken:
         exc = broken[0].exception()
         if isinstance(exc, OSError) and exc.errno not in (errno.EPIPE, errno.ECONNRESET):

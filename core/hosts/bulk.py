@@ -267,6 +267,7 @@ class ProcessBulk(BulkStream):
         with contextlib.suppress(OSError):
             fcntl.fcntl(self.fd, _F_SETPIPE_SZ, 1 << 20)
         self._finished = False
+        self._aborted = False
 
     async def ready(self) -> None:
         """Read up to the ready marker on the process's stdout (anything a login script
@@ -317,6 +318,9 @@ class ProcessBulk(BulkStream):
                 self._pipe.close()  # EOF: the remote dd flushes, fsyncs and exits
         code = await asyncio.to_thread(self._proc.wait)
         self._close_pipes()
+        if self._aborted and code == -9:
+            self._err.close()
+            return  # we stopped it (another end failed, or a cancel): not its failure
         self._err.seek(0)
         stderr = self._err.read()[-8192:]
         self._err.close()
@@ -325,6 +329,7 @@ class ProcessBulk(BulkStream):
             raise exc
 
     def abort(self) -> None:
+        self._aborted = True
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._proc.pid, 9)
 
