@@ -495,6 +495,7 @@ class Relay(Action):
                 if mode == "ranges":  # the prefix journals first: the writers append to them
                     await layout_written
                 jobs = [(i, p, e) for i, (p, (_, e)) in enumerate(zip(progress, ranges)) if p < e]
+                sent_digest = None
                 if mode == "append" and not jobs and pst is None:
                     await dst.write_file(book.part, b"")  # an empty file
                 if jobs:
@@ -502,8 +503,8 @@ class Relay(Action):
                     try:
                         if why is None:
                             try:
-                                await _pump_bulk(ctx, src, sp, dst, book, jobs, mode, meter,
-                                                 stream, label)
+                                sent_digest = await _pump_bulk(ctx, src, sp, dst, book, jobs,
+                                                               mode, meter, stream, label)
                             except bulk.NotReady as exc:  # no byte moved: the other path
                                 why = str(exc)
                         if why is not None:
@@ -535,7 +536,7 @@ class Relay(Action):
                                  if reference else
                                  f"{label}: verified: sha256 of the bytes {src.name} sent, "
                                  "which the destination wrote")
-                    h_src = h_dst = stream.hexdigest()
+                    h_src = h_dst = sent_digest or stream.hexdigest()
                 else:
                     src_what = "the plan's sha256" if reference else src.name
                     ctx.progress(f"{label}: verifying sha256 of {dst.name}'s whole file "
@@ -700,10 +701,11 @@ async def _open_pair(src, sp, dst, book: _Book, job, mode: str):
 
 
 async def _pump_bulk(ctx, src, sp, dst, book: _Book, jobs, mode: str, meter: _Meter, stream,
-                     label) -> None:
+                     label) -> str | None:
     """Move each stream's bytes in a thread of its own between two descriptor ends (ssh
     client processes or local files); this loop reports progress and handles cancellation
-    and failures (one stream failing stops them all: what landed is journaled)."""
+    and failures (one stream failing stops them all: what landed is journaled). Returns
+    the sha256 a lone source computed of what it sent (else ``stream`` saw the bytes)."""
     opened = await asyncio.gather(*(_open_pair(src, sp, dst, book, j, mode) for j in jobs),
                                   return_exceptions=True)
     failed = [o for o in opened if isinstance(o, BaseException)]
@@ -724,7 +726,9 @@ async def _pump_bulk(ctx, src, sp, dst, book: _Book, jobs, mode: str, meter: _Me
     sents = [[0] for _ in pairs]
     stopping = [False]
     pacer = bulk.Pacer(meter.limit)
-    update = stream.update if stream is not None else None
+    # A source that hashes what it sends (mode h) leaves the pump nothing to read: splice.
+    hashed_at_source = len(pairs) == 1 and r0.mode == "h"
+    update = stream.update if stream is not None and not hashed_at_source else None
     threads = [bulk.in_background_thread(
         lambda r=r, w=w, s=s, j=j: bulk.pump(
             r, w, chunk=CHUNK, update=update, sent=s, stop=lambda: stopping[0],
@@ -789,6 +793,13 @@ async def _pump_bulk(ctx, src, sp, dst, book: _Book, jobs, mode: str, meter: _Me
                 f"relay: {label}: {src.name} sent {s[0]} bytes of the {end - start} asked "
                 f"for (from byte {start}): is the file being rewritten?",
                 hint="run the item again once the source is complete")
+    if hashed_at_source:
+        sent = r0.sent_sha256()
+        if sent is None or sent[1] != jobs[0][2] - jobs[0][1]:
+            raise ActionFailed(f"relay: {label}: {src.name} did not report the sha256 of "
+                               f"what it sent ({sent})", hint="run the item again")
+        return sent[0]
+    return None
 
 
 async def _pump(src, sp, dst, book: _Book, jobs, mode: str, meter: _Meter, stream=None) -> None:

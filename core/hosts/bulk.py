@@ -20,6 +20,7 @@ import errno
 import fcntl
 import os
 import posixpath
+import re
 import shlex
 import stat
 import subprocess
@@ -82,10 +83,38 @@ _F_SETPIPE_SZ = 1031
 """fcntl command to resize a pipe (Linux): 1 MiB pipes halve the wakeups of 64 KiB ones."""
 
 
-READY = b"\x1fspecdeck-ready\x1e"
-READY_PRINTF = "printf '\\037specdeck-ready\\036'\n"
-"""First line of a remote stream script: proves the login before any byte moves (what a
-login script prints before it is skipped), so no separate probe login is needed."""
+READY = b"\x1fspecdeck-ready"
+"""A stream script's first output, then one mode byte and ``\\036``: it proves the login
+before any byte moves (what a login script printed before it is skipped), so no separate
+probe login is needed. Mode ``h``: the source hashes what it sends (:func:`hashing_reader`)."""
+READY_PRINTF = "printf '\\037specdeck-ready-\\036'\n"
+_SENT = re.compile(rb"\x1fsha256=([0-9a-f]{64}) (\d+)\x1e")
+
+_HASHING_READER = """import hashlib,os,sys
+f=open(sys.argv[1],"rb",buffering=0);n=int(sys.argv[2]);h=hashlib.sha256()
+b=bytearray(1<<20);m=memoryview(b);w=os.write;t=0
+w(1,b"\\x1fspecdeck-readyh\\x1e")
+while n<0 or t<n:
+    k=f.readinto(m if n<0 else m[:min(len(b),n-t)])
+    if not k:break
+    h.update(m[:k]);v=m[:k]
+    while v:v=v[w(1,v):]
+    t+=k
+sys.stderr.write("\\x1fsha256=%s %d\\x1e"%(h.hexdigest(),t))
+"""
+
+
+def hashing_reader(path: str, length: int | None = None) -> str:
+    """Shell text sending ``path`` from its start (``length`` bytes, or to its end) to
+    stdout and its sha256 on stderr at the end, computed from the bytes it sent (one read
+    of the file, no copy more than ``dd``'s). Needs ``python3`` on the host; without it
+    this is :func:`dd_reader` (mode ``-``: the receiver hashes)."""
+    q = shlex.quote(path)
+    n = -1 if length is None else int(length)
+    return (f"[ -e {q} ] || exit {NO_FILE}\n"
+            "if command -v python3 >/dev/null 2>&1; then "
+            f"exec python3 -S -c {shlex.quote(_HASHING_READER)} {q} {n}; fi\n"
+            + READY_PRINTF + dd_reader(path, 0, length).split("\n", 1)[1])
 
 
 class NotReady(Exception):
@@ -99,8 +128,15 @@ class BulkStream(ABC):
     describe: str
     """How the bytes travel, for progress lines (e.g. ``openssh aes128-gcm``)."""
 
+    mode = "-"
+    """``h`` when this source hashes the bytes it sends (:meth:`sent_sha256` after finish)."""
+
     async def ready(self) -> None:
         """Wait until the end is up (its script started); raise :class:`NotReady` if not."""
+
+    def sent_sha256(self) -> tuple[str, int] | None:
+        """(sha256, bytes) of what a hashing source sent, once finished; else None."""
+        return None
 
     @abstractmethod
     async def finish(self) -> None:
@@ -268,6 +304,10 @@ class ProcessBulk(BulkStream):
             fcntl.fcntl(self.fd, _F_SETPIPE_SZ, 1 << 20)
         self._finished = False
         self._aborted = False
+        self._sent: tuple[str, int] | None = None
+
+    def sent_sha256(self) -> tuple[str, int] | None:
+        return self._sent
 
     async def ready(self) -> None:
         """Read up to the ready marker on the process's stdout (anything a login script
@@ -285,6 +325,10 @@ class ProcessBulk(BulkStream):
                 if not b:
                     return False
                 seen = (seen + b)[-len(marker):]
+            tail = os.read(fd, 1) + os.read(fd, 1)  # the mode byte, then \036
+            if len(tail) != 2:
+                return False
+            self.mode = chr(tail[0])
             return True
 
         try:
@@ -324,6 +368,8 @@ class ProcessBulk(BulkStream):
         self._err.seek(0)
         stderr = self._err.read()[-8192:]
         self._err.close()
+        found = _SENT.search(stderr) if code == 0 else None
+        self._sent = (found.group(1).decode(), int(found.group(2))) if found else None
         exc = self._on_exit(code, stderr)
         if exc is not None:
             raise exc

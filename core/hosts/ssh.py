@@ -965,14 +965,22 @@ class SSHHost(Host):
     async def open_bulk(self, path: str, *, offset: int = 0, write: bool = False,
                         length: int | None = None) -> BulkStream | None:
         """An ``ssh`` client process running ``dd`` on the host (see :mod:`core.hosts.bulk`),
-        or None when :meth:`bulk_ready` says the OpenSSH client cannot be used."""
+        or None when :meth:`bulk_ready` says the OpenSSH client cannot be used. A whole
+        file read from its start is hashed on the host as it is sent (the console's CPU
+        then only runs the ciphers, and its pump splices)."""
         if await self.bulk_ready() is not None:
             return None
         p = self.path(path)
-        script = bulk.dd_writer(p, append=True) if write else bulk.dd_reader(p, offset, length)
-        return self._bulk_process(script, write=write, path=p)
+        if write:
+            script = bulk.READY_PRINTF + bulk.dd_writer(p, append=True)
+        elif offset == 0:
+            script = bulk.hashing_reader(p, length)
+        else:
+            script = bulk.READY_PRINTF + bulk.dd_reader(p, offset, length)
+        return self._bulk_process(script, write=write, path=p, marked=True)
 
-    def _bulk_process(self, script: str, *, write: bool, path: str) -> BulkStream:
+    def _bulk_process(self, script: str, *, write: bool, path: str,
+                      marked: bool = False) -> BulkStream:
         assert self._openssh is not None
         argv, cipher = self._openssh
         what = "writing" if write else "reading"
@@ -994,7 +1002,8 @@ class SSHHost(Host):
             self._openssh_why = f"the ssh client did not log in ({tail[0]})"
             return f"{self.name}: {self._openssh_why}"
 
-        return ProcessBulk([*argv, bulk.READY_PRINTF + script], write=write,
+        return ProcessBulk([*argv, script if marked else bulk.READY_PRINTF + script],
+                           write=write,
                            describe=f"openssh {cipher}", on_exit=on_exit,
                            ready_marker=bulk.READY, not_ready=not_ready,
                            ready_timeout=self.connect_timeout + 10)
