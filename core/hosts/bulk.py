@@ -182,19 +182,30 @@ def _refuse_links(*paths: str) -> str:
             f"to write through it\\n' \"$p\" >&2; exit {SYMLINK}; fi; done")
 
 
+def _flusher(path: str) -> str:
+    """Shell text starting a background loop that ``fdatasync``s ``path`` every second
+    while this shell lives (``$fl``): the disk writes the file as it arrives, so the fsync
+    at the end waits for the last second's bytes, not for the whole file's dirty pages."""
+    return ("(while sleep 1 && kill -0 $$ 2>/dev/null; do dd if=/dev/null "
+            f"of={shlex.quote(path)} oflag=append,nofollow conv=notrunc,fdatasync status=none; "
+            "done) </dev/null >/dev/null 2>&1 &\nfl=$!")
+
+
 def dd_writer(path: str, append: bool, offset: int | None = None) -> str:
     """Shell text writing stdin to ``path`` (appending when ``append``, else at ``offset``
     without truncating), fsync'ed at EOF. Never through a symbolic link (refused)."""
     q = shlex.quote(path)
-    if append:
-        flags = "oflag=append,nofollow conv=notrunc,fsync"
-    elif offset is not None:
+    head = (f"mkdir -p -- {shlex.quote(posixpath.dirname(path))} || exit\n"
+            f"{_refuse_links(path)}\n")
+    if append:  # the relay's one-stream path: big files, so flush as they arrive
+        return (head + _flusher(path) + "\n"
+                f"dd of={q} bs=1M iflag=fullblock oflag=append,nofollow conv=notrunc,fsync "
+                'status=none; rc=$?; kill "$fl" 2>/dev/null; exit $rc')
+    if offset is not None:
         flags = f"oflag=seek_bytes,nofollow seek={int(offset)} conv=notrunc,fsync"
     else:
         flags = "oflag=nofollow conv=fsync"
-    return (f"mkdir -p -- {shlex.quote(posixpath.dirname(path))} || exit\n"
-            f"{_refuse_links(path)}\n"
-            f"exec dd of={q} bs=1M iflag=fullblock {flags} status=none")
+    return head + f"exec dd of={q} bs=1M iflag=fullblock {flags} status=none"
 
 
 def range_writer(path: str, journal: str, start: int, end: int, chunk: int) -> str:
@@ -208,6 +219,7 @@ def range_writer(path: str, journal: str, start: int, end: int, chunk: int) -> s
         f"mkdir -p -- {shlex.quote(posixpath.dirname(path))} "
         f"{shlex.quote(posixpath.dirname(journal))} || exit",
         _refuse_links(path, journal),
+        _flusher(path),
         f"off={int(start)}; end={int(end)}; c={int(chunk)}",
         'while [ "$off" -lt "$end" ]; do',
         '  n=$((end - off)); [ "$n" -gt "$c" ] && n=$c',
@@ -219,6 +231,7 @@ def range_writer(path: str, journal: str, start: int, end: int, chunk: int) -> s
         '  off=$((off + n))',
         f"  printf '%s\\n' \"$off\" >> {j} || exit 1",
         "done",
+        'kill "$fl" 2>/dev/null',
         f"exec dd if=/dev/null of={f} oflag=nofollow conv=notrunc,fsync status=none",
     ])
 
