@@ -57,7 +57,7 @@ from core.errors import ActionFailed, HostUnreachable
 from core.hosts import bulk
 
 CHUNK = 1 << 20
-"""Bytes per read/splice in the pump (and per message on the asyncio path)."""
+"""Bytes per message on the asyncio path."""
 DEPTH = 16
 BULK_MIN = 32_000_000
 """Files with at least this much left to send take the descriptor path (ssh clients)."""
@@ -731,7 +731,7 @@ async def _pump_bulk(ctx, src, sp, dst, book: _Book, jobs, mode: str, meter: _Me
     update = stream.update if stream is not None and not hashed_at_source else None
     threads = [bulk.in_background_thread(
         lambda r=r, w=w, s=s, j=j: bulk.pump(
-            r, w, chunk=CHUNK, update=update, sent=s, stop=lambda: stopping[0],
+            r, w, chunk=bulk.BLOCK, update=update, sent=s, stop=lambda: stopping[0],
             pace=pacer.add, limit=j[2] - j[1]))
         for (r, w), s, j in zip(pairs, sents, jobs)]
 

@@ -92,7 +92,7 @@ _SENT = re.compile(rb"\x1fsha256=([0-9a-f]{64}) (\d+)\x1e")
 
 _HASHING_READER = """import hashlib,os,sys
 f=open(sys.argv[1],"rb",buffering=0);n=int(sys.argv[2]);h=hashlib.sha256()
-b=bytearray(1<<20);m=memoryview(b);w=os.write;t=0
+b=bytearray(1<<17);m=memoryview(b);w=os.write;t=0
 w(1,b"\\x1fspecdeck-readyh\\x1e")
 while n<0 or t<n:
     k=f.readinto(m if n<0 else m[:min(len(b),n-t)])
@@ -153,6 +153,11 @@ class BulkStream(ABC):
             await self.finish()
 
 
+BLOCK = 128 << 10
+"""Bytes per read/write of the stream processes (``dd bs``, the pump's reads): a buffer that
+stays in the CPU's L2 cache. 1 MiB buffers cost dd twice the system CPU (measured on this
+project's 2-CPU box: 0.89 s against 0.36 s for 512 MiB through a pipe), as ``cat`` knows."""
+
 NO_FILE = 66
 """Exit status of the stream scripts for "no such file" (EX_NOINPUT)."""
 SYMLINK = 67
@@ -172,7 +177,7 @@ def dd_reader(path: str, offset: int, length: int | None = None) -> str:
         flags.append("count_bytes")
     opts = (f" iflag={','.join(flags)}" if flags else "") + (f" skip={int(offset)}" if offset else "")
     opts += f" count={int(length)}" if length is not None else ""
-    return f"[ -e {q} ] || exit {NO_FILE}\nexec dd if={q} bs=1M{opts} status=none"
+    return f"[ -e {q} ] || exit {NO_FILE}\nexec dd if={q} bs=128K{opts} status=none"
 
 
 def _refuse_links(*paths: str) -> str:
@@ -199,13 +204,13 @@ def dd_writer(path: str, append: bool, offset: int | None = None) -> str:
             f"{_refuse_links(path)}\n")
     if append:  # the relay's one-stream path: big files, so flush as they arrive
         return (head + _flusher(path) + "\n"
-                f"dd of={q} bs=1M iflag=fullblock oflag=append,nofollow conv=notrunc,fsync "
+                f"dd of={q} bs=128K iflag=fullblock oflag=append,nofollow conv=notrunc,fsync "
                 'status=none; rc=$?; kill "$fl" 2>/dev/null; exit $rc')
     if offset is not None:
         flags = f"oflag=seek_bytes,nofollow seek={int(offset)} conv=notrunc,fsync"
     else:
         flags = "oflag=nofollow conv=fsync"
-    return head + f"exec dd of={q} bs=1M iflag=fullblock {flags} status=none"
+    return head + f"exec dd of={q} bs=128K iflag=fullblock {flags} status=none"
 
 
 def range_writer(path: str, journal: str, start: int, end: int, chunk: int) -> str:
@@ -223,7 +228,7 @@ def range_writer(path: str, journal: str, start: int, end: int, chunk: int) -> s
         f"off={int(start)}; end={int(end)}; c={int(chunk)}",
         'while [ "$off" -lt "$end" ]; do',
         '  n=$((end - off)); [ "$n" -gt "$c" ] && n=$c',
-        f'  r=$(LC_ALL=C dd of={f} bs=1M iflag=fullblock,count_bytes count="$n" '
+        f'  r=$(LC_ALL=C dd of={f} bs=128K iflag=fullblock,count_bytes count="$n" '
         'oflag=seek_bytes,nofollow seek="$off" conv=notrunc 2>&1) '
         "|| { printf '%s\\n' \"$r\" >&2; exit 1; }",
         '  case "$r" in *"',
@@ -416,6 +421,10 @@ class Pacer:
             time.sleep(ahead)
 
 
+_SPLICE = 1 << 20
+"""Bytes per splice (page references move, nothing is copied: no cache to fit)."""
+
+
 def _is_pipe(fd: int) -> bool:
     try:
         return stat.S_ISFIFO(os.fstat(fd).st_mode)
@@ -440,7 +449,7 @@ def pump(src: BulkStream, dst: BulkStream, *, chunk: int, update: Callable[[byte
     if update is None and hasattr(os, "splice") and _is_pipe(rfd) and _is_pipe(wfd):
         while not stop() and left != 0:
             try:
-                n = os.splice(rfd, wfd, chunk if left is None else min(chunk, left))
+                n = os.splice(rfd, wfd, _SPLICE if left is None else min(_SPLICE, left))
             except OSError as exc:
                 if exc.errno in (errno.EINVAL, errno.ENOSYS) and sent[0] == 0:
                     break  # no splice here: the copying loop below
