@@ -329,3 +329,30 @@ def test_default_streams_follow_the_size_and_the_cpus():
     assert split_ranges(70 * MB, 4) == [[0, 16 * MB], [16 * MB, 32 * MB], [32 * MB, 48 * MB],
                                         [48 * MB, 70 * MB]]
     assert split_ranges(5, 4) == [[0, 5]]
+
+
+async def test_ranges_left_by_a_cut_resume_on_the_in_process_path(tmp_path, monkeypatch):
+    """A ranges copy cut mid-way, resumed where only the in-process streams are available
+    (SPECDECK_RELAY_PATH=asyncssh): each unfinished range is written in place from its
+    journal, one after the other, and the whole file checks out."""
+    size = 64 * MB
+    digest = make(tmp_path / "A" / "f.bin", size)
+    a = LocalHost("a", workdir=str(tmp_path / "A"))
+    b = LocalHost("b", workdir=str(tmp_path / "B"))
+    relay = Relay(RelayParams(src="a:f.bin", dst="b:f.bin", streams=2))
+    task = asyncio.create_task(relay._one(Ctx(), a, "f.bin", b, "f.bin", size, None,
+                                          parse_rate("32M"), streams=2))
+    journals = [tmp_path / "B" / f"f.bin.part.r{i}" for i in range(2)]
+    while not all(j.exists() for j in journals):
+        await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    ranges = json.loads((tmp_path / "B" / "f.bin.part.ranges").read_text())["ranges"]
+    landed = sum(int(j.read_text().split()[-1]) - s for j, (s, _) in zip(journals, ranges))
+    monkeypatch.setenv("SPECDECK_RELAY_PATH", "asyncssh")
+    ctx = Ctx()
+    res = await relay._one(ctx, a, "f.bin", b, "f.bin", size, None, None, streams=2)
+    assert res["resumed_from"] == landed and res["bytes_sent"] == size - landed
+    assert any("in-process streams (SPECDECK_RELAY_PATH=asyncssh)" in line for line in ctx.lines)
+    assert hashlib.sha256((tmp_path / "B" / "f.bin").read_bytes()).hexdigest() == digest
