@@ -41,12 +41,13 @@ note: on loopback both hosts, both sshd, every ssh client and specdeck share thi
 CPUs. One stream already keeps 2 CPUs busy (4 cipher passes per byte: sshd and ssh on each
 side), so N streams here only add processes and per-stream set-up (2N logins, N journals,
 the destination's whole-file hash after the copy): on 2 CPUs the N-stream ratio measures
-that overhead, not the link. Between real hosts each side's sshd runs on its own machine
-and specdeck's machine carries 2 cipher passes per byte per stream: a single OpenSSH
-stream tops out near one core's AES-GCM + copy rate (about 300-500 MB/s, 2.4-4 Gbps), so
-on a 16-core console with 10 Gbps to each host, 4 streams (8 ssh clients) should approach
-line rate (about 1.1 GB/s), roughly 3x one stream, the remaining limit being the
-destination's disk and its final hash of .part (about 2 GB/s with SHA extensions)."""
+that overhead, not the link. Between real hosts each sshd runs on its own machine and the
+console carries the 2 ssh clients per stream. Measured here, an ssh client spends about
+1.1 CPU-s per GiB with AES-GCM (about 0.57 s per 512 MiB each), so one core caps one stream
+near 0.9 GB/s (about 7 Gbps), below a 10 Gbps link (1.25 GB/s). On a 16-core console 4
+streams (8 clients, 4 cores at line rate) should reach the link, about 1.1-1.2 GB/s, ~1.4x
+one stream; what is left is the destination's disk and its whole-file hash of .part after
+the copy (about 2 GB/s with SHA extensions: ~9 s for a 17 GB checkpoint)."""
 
 
 def make_file(path: Path, size: int) -> None:
