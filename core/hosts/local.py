@@ -83,7 +83,12 @@ class LocalHost(Host):
         p = self.path(path)
         os.makedirs(os.path.dirname(p), exist_ok=True)
         tmp = f"{p}.tmp.{os.getpid()}"
-        with open(tmp, "wb") as f:
+        try:
+            os.unlink(tmp)  # a stale one (or a planted link: removed, never followed)
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

@@ -234,3 +234,22 @@ def test_fault_ssh_client_that_cannot_log_in_falls_back_to_asyncssh(ssh_hosts, t
     assert "in-process streams (kpro6: the ssh client did not log in (Permission denied" in (
         res.stderr) or "in-process streams (ct129: the ssh client did not log in" in res.stderr
     assert sha(tmp_path / "B" / "ckpt.pt") == digest
+
+
+def test_fault_local_record_write_never_follows_a_planted_temporary_link(tmp_path):
+    """The relay's small records (hash, layout, journals) go through write_file's temporary
+    name, predictable on a local host: a link planted there is replaced, not written
+    through."""
+    import asyncio
+
+    from core.hosts.local import LocalHost
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    (tmp_path / "B").mkdir()
+    target = tmp_path / "B" / "ckpt.pt.sha256"
+    Path(f"{target}.tmp.{os.getpid()}").symlink_to(victim)
+    b = LocalHost("b", workdir=str(tmp_path / "B"))
+    asyncio.run(b.write_file("ckpt.pt.sha256", b"record\n"))
+    assert victim.read_text() == "keep"
+    assert target.read_text() == "record\n" and not target.is_symlink()
