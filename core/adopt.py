@@ -50,7 +50,6 @@ if TYPE_CHECKING:
     from core.runner import Runner
 
 HOWS = ("pid", "slurm", "tmux")
-_TICKS = "ticks() { sed 's/.*) //' \"/proc/$1/stat\" 2>/dev/null | cut -d' ' -f20; }"
 _BOOT = "$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo noboot)"
 UNKNOWN_EXIT = ("the adopted run ended; its exit status is unknown (specdeck did not start "
                 "it, so nothing recorded how it ended)")
@@ -189,8 +188,8 @@ async def _probe_pid(runner, host, spec: AdoptSpec, log: str | None) -> dict:
     if pid <= 1:
         raise InvalidInput(f"pid {pid}: not a process that can be adopted")
     res = await host.run(
-        f"{_TICKS}; p={pid}; st=$(sed 's/.*) //' /proc/$p/stat 2>/dev/null) || "
-        f"{{ echo gone; exit 0; }}; "
+        f"p={pid}; st=$(sed 's/.*) //' /proc/$p/stat 2>/dev/null) || {{ echo gone; exit 0; }}; "
+        f"case \"$st\" in Z*) echo gone; exit 0;; esac; "
         f"echo \"ok $(awk '/^Uid:/{{print $2; exit}}' /proc/$p/status) $(id -u) {_BOOT} "
         f"$(echo \"$st\" | cut -d' ' -f3) $(echo \"$st\" | cut -d' ' -f20)\"; "
         f"readlink /proc/$p/fd/1 2>/dev/null || echo; "
@@ -215,7 +214,8 @@ async def _probe_pid(runner, host, spec: AdoptSpec, log: str | None) -> dict:
                                f"{r['item_id']!r}, which specdeck already follows",
                                hint=f"`specdeck attach PLAN {r['item_id']}`")
     if log is None:
-        if stdout_target.startswith("/") and not stdout_target.startswith(("/dev/", "/proc/")):
+        if stdout_target.startswith("/") and not stdout_target.startswith(("/dev/", "/proc/")) \
+                and not stdout_target.endswith(" (deleted)"):
             log = stdout_target
         else:
             raise InvalidInput(f"pid {pid} on {host.name} writes its output to "
@@ -438,9 +438,12 @@ class Adopted:
 
 
 async def _inspect_pid(host, info: dict) -> jobs.CapsuleState:
-    res = await host.run(f"{_TICKS}; echo \"$(ticks {int(info['pid'])}) {_BOOT}\"", check=True)
-    words = res.stdout.split()
-    if len(words) == 2 and words[0] == info["pstart"] and words[1] == info["boot"]:
+    p = int(info["pid"])
+    res = await host.run(f"echo \"$(sed 's/.*) //' /proc/{p}/stat 2>/dev/null | cut -d' ' -f1,20)"
+                         f" {_BOOT}\"", check=True)
+    words = res.stdout.split()  # state, start time, boot id (a zombie has ended)
+    if len(words) == 3 and words[0] != "Z" and words[1] == info["pstart"] \
+            and words[2] == info["boot"]:
         return jobs.CapsuleState("running", pid=info["pid"])
     return jobs.CapsuleState("lost")
 
@@ -470,13 +473,13 @@ def _is_local(host) -> bool:
 async def _ps(host) -> tuple[dict[int, tuple[int, int, str]], set[int]]:
     """The host's process table ``{pid: (ppid, pgid, start)}`` and the asking shell's
     ancestry (never signalled)."""
-    res = await host.run("echo $$; ps -e -o pid=,ppid=,pgid=,lstart=", check=True)
+    res = await host.run("echo $$; ps -e -o pid=,ppid=,pgid=,stat=,lstart=", check=True)
     lines = res.stdout.splitlines()
     table: dict[int, tuple[int, int, str]] = {}
     for ln in lines[1:]:
-        w = ln.split(None, 3)
-        if len(w) == 4 and w[0].isdigit():
-            table[int(w[0])] = (int(w[1]), int(w[2]), w[3].strip())
+        w = ln.split(None, 4)
+        if len(w) == 5 and w[0].isdigit() and not w[3].startswith("Z"):  # zombies have ended
+            table[int(w[0])] = (int(w[1]), int(w[2]), w[4].strip())
     mine: set[int] = set()
     cur = int(lines[0]) if lines and lines[0].strip().isdigit() else 0
     if _is_local(host):
