@@ -102,6 +102,21 @@ def parse_spec(raw: Any) -> tuple[AdoptSpec | None, list[tuple[tuple, str]]]:
                      from_start=bool(raw.get("from_start"))), []
 
 
+def spec_from_text(what: str, log: str = "", from_start: bool = False) -> AdoptSpec:
+    """``pid 123`` / ``123`` / ``slurm 456`` / ``tmux NAME`` (as typed in the console)."""
+    words = what.split()
+    log = log.strip() or None
+    if len(words) == 1 and words[0].isdigit():
+        words = ["pid", words[0]]
+    if len(words) == 2 and words[0] == "pid" and words[1].isdigit():
+        return AdoptSpec(pid=int(words[1]), log=log, from_start=from_start)
+    if len(words) == 2 and words[0] == "slurm" and words[1].isdigit():
+        return AdoptSpec(slurm_job=words[1], log=log, from_start=from_start)
+    if len(words) == 2 and words[0] == "tmux":
+        return AdoptSpec(tmux=words[1], log=log, from_start=from_start)
+    raise ValueError(f"{what.strip() or 'nothing'!r}: say pid 12345, slurm 678 or tmux SESSION")
+
+
 # -- never twice -------------------------------------------------------------------------
 def adopt_hint(plan, item_id: str) -> str:
     where = str(plan.path) if plan.path else plan.name
