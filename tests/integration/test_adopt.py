@@ -314,3 +314,38 @@ async def test_stop_while_starting_ends_what_the_start_creates(tmp_path, monkeyp
     finally:
         await runner.close()
         store.close()
+
+
+async def test_adopted_train_item_records_metrics_and_checkpoints(tmp_path):
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    script = wd / "trainer.sh"
+    script.write_text(
+        "sleep 0.5\n"
+        "for s in $(seq 1 20); do echo \"{\\\"step\\\": $s, \\\"loss\\\": $s.5}\"; "
+        "if [ $((s % 10)) = 0 ]; then echo \"{\\\"event\\\": \\\"checkpoint\\\", "
+        "\\\"step\\\": $s, \\\"path\\\": \\\"$PWD/out/step_$s.pt\\\"}\"; fi; sleep 0.05; done\n")
+    proc = subprocess.Popen(["bash", str(script)], cwd=wd, stdout=open(wd / "train.log", "wb"),
+                            start_new_session=True)
+    plan = wd.parent / "t.yaml"
+    plan.write_text(json.dumps({
+        "name": "t", "hosts": {"gpu": {"local": True, "workdir": str(wd)}},
+        "items": [{"id": "train-v4", "content": "v4", "status": "in_progress",
+                   "action": {"kind": "train", "host": "gpu", "params": {
+                       "command": "false", "out": "out"}}}]}))
+    runner, store = await _runner(plan, tmp_path)
+    try:
+        task = asyncio.create_task(adopt_item(runner, runner.plan.item("train-v4"),
+                                              AdoptSpec(pid=proc.pid, log=str(wd / "train.log"))))
+        while proc.poll() is None:  # reaped as it ends (a zombie has ended too)
+            await asyncio.sleep(0.05)
+        await asyncio.wait_for(task, 30)
+        run = store.latest_run("train-v4")
+        assert [s for s, _ in store.metric_series(run["id"], "loss")] == list(range(1, 21))
+        assert [a["step"] for a in store.artefacts("train-v4", "checkpoint")] == [10, 20]
+        assert run["state"] == "lost" and "exit status is unknown" in run["error"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        await runner.close()
+        store.close()
