@@ -40,7 +40,7 @@ import secrets
 import shlex
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from core import jobs
 from core.errors import ActionFailed, InvalidInput
@@ -138,6 +138,13 @@ def unadopted(runner: "Runner", item: "Item") -> str | None:
             return (f"{item.id}: nothing to stop until {target.id} is adopted (in_progress "
                     f"with no run specdeck knows): {adopt_hint(runner.plan, target.id)}")
     return None
+
+
+def adopting(item: "Item", running: Iterable["Item"]) -> bool:
+    """``item`` stops an item that is being adopted from its plan's ``adopt:`` right now."""
+    if item.action is None or item.action.kind != "stop" or item.action.params is None:
+        return False
+    return any(r.id == item.action.params.item and r.adopt is not None for r in running)
 
 
 # -- probing what is adopted -------------------------------------------------------------

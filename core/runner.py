@@ -226,6 +226,7 @@ class Runner:
         running: dict[asyncio.Task, Item] = {}
         while pending or running:
             st = self.statuses()
+            deferred = False
             for it in list(pending):
                 if st[it.id] in ("done", "skipped"):
                     pending.remove(it)
@@ -240,6 +241,9 @@ class Runner:
                     continue
                 needs = [n for n in it.needs if st[n] not in ("done", "skipped")]
                 why = None if needs else adopt.unadopted(self, it)
+                if why and adopt.adopting(it, running.values()):
+                    deferred = True  # a stop whose target is being adopted right now
+                    continue
                 if why:  # started outside specdeck: never launched twice
                     pending.remove(it)
                     summary["unadopted"].append(it.id)
@@ -259,7 +263,8 @@ class Runner:
                 for it in pending:
                     summary["waiting"].append(it.id)
                 break
-            done, _ = await asyncio.wait(list(running), return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(list(running), return_when=asyncio.FIRST_COMPLETED,
+                                         timeout=0.2 if deferred else None)
             for t in done:
                 it = running.pop(t)
                 try:

@@ -349,3 +349,25 @@ async def test_adopted_train_item_records_metrics_and_checkpoints(tmp_path):
             proc.kill()
         await runner.close()
         store.close()
+
+
+def test_run_all_adopts_from_the_plan_and_its_stop_item_stops_it(tmp_path):
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    proc = subprocess.Popen(["bash", "-c", NUMBERED], stdout=open(wd / "v4.log", "wb"),
+                            start_new_session=True)
+    (wd / "v4.pid").write_text(str(proc.pid))
+    plan = _plan(tmp_path, {"local": True, "workdir": str(wd)},
+                 adopt={"pid_file": "v4.pid", "log": "v4.log"})
+    env = {"SPECDECK_STATE": str(tmp_path / "s.db")}
+    try:
+        res = run_cli("run", plan, "--all", env=env, timeout=60)
+        proc.wait(10)  # stopped by stop-v4, once adopted: not a second copy, nothing lost
+        doc = json.loads(run_cli("status", plan, "--json", env=env).stdout)
+        got = {i["id"]: (i["status"], (i["run"] or {}).get("state")) for i in doc["items"]}
+        assert got == {"train-v4": ("failed", "stopped"), "eval-v4": ("pending", None),
+                       "stop-v4": ("done", "succeeded")}, res.stderr
+        assert not (wd / "LAUNCHED").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
