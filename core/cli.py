@@ -268,7 +268,8 @@ def cmd_stop(args) -> int:
             _err(f"{args.item}: no live run")
             return 0
         what = (f"run {live['id']} of item {args.item!r} on host {live['host']!r} "
-                f"(process group {live['pid']})")
+                + (f"(adopted {json.loads(live['adopt'])['what']}: its process tree)"
+                   if live.get("adopt") else f"(process group {live['pid']})"))
         if not args.yes:
             if not sys.stdin.isatty():
                 raise InvalidInput(f"refusing to stop {what} without confirmation",
