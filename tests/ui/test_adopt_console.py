@@ -59,6 +59,8 @@ async def test_run_all_skips_then_adopt_from_the_item_pane_and_stop(tmp_path):
             await settle(pilot)
             assert store.runs_for_item("train-v4") == [] and store.runs_for_item("slow") == []
             assert not (tmp_path / "wd" / "LAUNCHED").exists()
+            assert any(isinstance(x, m.NoticePosted) and "specdeck adopt" in x.message
+                       and x.item_id == "train-v4" for x in seen)
 
             await pilot.press("a")
             await pilot.pause()
