@@ -596,8 +596,9 @@ def register_cli(add) -> None:
     g.add_argument("--pid", type=int, help="a process (nohup torchrun...) on the item's host")
     g.add_argument("--slurm-job", metavar="ID", help="a Slurm job id (the host is the login node)")
     g.add_argument("--tmux", metavar="SESSION", help="a tmux session on the item's host")
-    sp.add_argument("--log", help="the file its output goes to (default: the PID's stdout "
-                    "file, the job's StdOut, the tmux pane from now on)")
+    sp.add_argument("--log", help="the file its output goes to, on the host (relative: to "
+                    "its workdir; to here for a local host); default: the PID's stdout file, "
+                    "the job's StdOut, the tmux pane from now on")
     sp.add_argument("--from-start", action="store_true",
                     help="store the log from the file's start, not from now")
     sp.add_argument("--host", help="the plan host it runs on (default: the item's)")
