@@ -253,6 +253,9 @@ async def _probe_slurm(runner, host, spec: AdoptSpec, log: str | None) -> dict:
     if not job or not job.isdigit():
         raise InvalidInput(f"Slurm job id {job!r}: a job id is digits")
     res = await host.run(f"scontrol -o show job {shlex.quote(job)}")
+    if res.exit_status == 127:
+        raise InvalidInput(f"{host.name} has no scontrol: is it the cluster's login node?",
+                           hint="--host names the plan host Slurm answers on")
     fields = dict(w.split("=", 1) for w in res.stdout.split() if "=" in w) if res.ok else {}
     if not fields.get("JobState"):
         acct = await host.run(f"sacct -n -P -X -j {shlex.quote(job)} -o State 2>/dev/null; "

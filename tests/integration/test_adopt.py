@@ -135,6 +135,8 @@ def _scenario(ssh_home, sshd, tmp_path, remote, log, pid, child) -> None:
     written = _numbers(log.read_text())
     first = stored[0]
     assert first > 1 and stored == written[written.index(first):]
+    print(f"adopted at line {first}; stored {len(stored)} lines {first}..{stored[-1]}, "
+          f"each once; {len(written)} written")
     store = Store(tmp_path / "s.db")
     run = store.latest_run("train-v4")
     info = json.loads(run["adopt"])
