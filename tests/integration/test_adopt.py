@@ -331,10 +331,13 @@ async def test_adopted_train_item_records_metrics_and_checkpoints(tmp_path):
                             start_new_session=True)
     plan = wd.parent / "t.yaml"
     plan.write_text(json.dumps({
-        "name": "t", "hosts": {"gpu": {"local": True, "workdir": str(wd)}},
+        "name": "t", "hosts": {"gpu": {"local": True, "workdir": str(wd)},
+                               "ev": {"local": True, "workdir": str(tmp_path / "ev")}},
         "items": [{"id": "train-v4", "content": "v4", "status": "in_progress",
                    "action": {"kind": "train", "host": "gpu", "params": {
-                       "command": "false", "out": "out"}}}]}))
+                       "command": "false", "out": "out",
+                       "watch_eval": {"host": "ev", "target": "models/target",
+                                      "cache": "feats"}}}}]}))
     runner, store = await _runner(plan, tmp_path)
     try:
         task = asyncio.create_task(adopt_item(runner, runner.plan.item("train-v4"),
@@ -345,6 +348,8 @@ async def test_adopted_train_item_records_metrics_and_checkpoints(tmp_path):
         run = store.latest_run("train-v4")
         assert [s for s, _ in store.metric_series(run["id"], "loss")] == list(range(1, 21))
         assert [a["step"] for a in store.artefacts("train-v4", "checkpoint")] == [10, 20]
+        # watch_eval picked each checkpoint up (the files are not real, so their evals fail)
+        assert {e["step"] for e in store.watch_entries(run["id"])} == {10, 20}
         assert run["state"] == "lost" and "exit status is unknown" in run["error"]
     finally:
         if proc.poll() is None:
