@@ -140,6 +140,13 @@ def unadopted(runner: "Runner", item: "Item") -> str | None:
     return None
 
 
+def from_plan(runner: "Runner", item: "Item") -> bool:
+    """Adopt the run the item's ``adopt:`` names (instead of launching one): while it is
+    in_progress, or before specdeck has run it at all; a rerun after its end launches."""
+    return getattr(item, "adopt", None) is not None and (
+        runner.statuses()[item.id] == "in_progress" or not runner.store.runs_for_item(item.id))
+
+
 def adopting(item: "Item", running: Iterable["Item"]) -> bool:
     """``item`` stops an item that is being adopted from its plan's ``adopt:`` right now."""
     if item.action is None or item.action.kind != "stop" or item.action.params is None:

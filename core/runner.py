@@ -286,12 +286,13 @@ class Runner:
             self.emit(Notice(item.id, f"{item.id}: run {live['id']} is live; attaching"))
             await self.attach_run(live)
             return self.statuses()[item.id]
-        if item.adopt is not None:  # the plan says where its run already is
+        if adopt.from_plan(self, item):  # the plan says where its run already is
             try:
                 return await adopt.adopt_item(self, item, item.adopt)
             except SpecdeckError as e:
                 self.emit(Notice(item.id, f"{item.id}: cannot adopt the run its plan names: "
-                                 f"{e}", "error"))
+                                 f"{e.message} (ended? `specdeck mark PLAN {item.id} done`, or "
+                                 "`pending` to launch it anew)", "error"))
                 return "failed"
         why = adopt.unadopted(self, item)
         if why:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from core.adopt import AdoptSpec, adopt_item
+from core import adopt as adopt_mod
+from core.adopt import AdoptSpec, adopt_item, from_plan
 from core.errors import InvalidInput
 from core.plan import parse_plan
 from core.runner import Runner
@@ -211,6 +212,9 @@ async def test_plan_adopt_field_is_adopted_by_run_and_ends_with_unknown_status(t
         assert (run["state"], run["exit_code"], run["signal"]) == ("lost", None, None)
         assert "exit status is unknown" in run["error"]
         assert _numbers(store.log_bytes(run["id"]).decode()) == list(range(1, 31))
+        # that run has ended: running the item again launches it, it does not re-adopt
+        assert not from_plan(runner, runner.plan.item("train-v4"))
+        assert adopt_mod.unadopted(runner, runner.plan.item("train-v4")) is None
     finally:
         await runner.close()
         store.close()
