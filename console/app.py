@@ -35,6 +35,7 @@ from textual.worker import Worker, WorkerState
 from console import messages as m
 from console.bridge import EventBridge
 from console.commands import COMMANDS, help_sections
+from console.screens.adopt import AdoptModal
 from console.screens.confirm import ConfirmModal, stop_text
 from console.screens.help import HelpScreen
 from console.screens.journal import JournalScreen, meanwhile_summary
@@ -81,6 +82,7 @@ class SpecdeckApp(App[int]):
         Binding("R", "run_again", "Run again", show=False),
         Binding("A", "run_all", "Run all", show=False),
         Binding("x", "stop_run", "Stop"),
+        Binding("a", "adopt", "Adopt", show=False),
         Binding("j", "journal", "Journal"),
         Binding("question_mark", "help", "Help"),
         Binding("z", "zoom", "Zoom"),
@@ -440,6 +442,22 @@ class SpecdeckApp(App[int]):
                          lambda yes: yes and self._work(
                              partial(self.services.stop_run, live["id"], STOP_GRACE_S),
                              f"stop:{live['id']}", "stop"))
+
+    def action_adopt(self) -> None:
+        """Adopt a run started outside specdeck (PID, Slurm job, tmux) as the item's run."""
+        item_id = self.selected
+        if item_id is None:
+            return
+        item = self.plan.item(item_id)
+        if item.manual or self.services.live_run(item_id):
+            self.notify(f"{item_id}: " + ("a manual item has no run to adopt" if item.manual
+                                          else "already has a live run (x stops it)"),
+                        severity="warning")
+            return
+        self.push_screen(AdoptModal(item_id, item.action.host or "?"),
+                         lambda spec: spec and self._work(
+                             partial(self.services.adopt, item_id, spec), f"adopt:{item_id}",
+                             "runs"))
 
     def action_mark(self, status: str) -> None:
         if self.selected:

@@ -25,6 +25,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("Run all", "run every item whose needs are done, in dependency order", "run_all", "A"),
     Command("Stop run", "stop the selected item's live run (asks first: SIGTERM, grace, SIGKILL)",
             "stop_run", "x"),
+    Command("Adopt run", "make a run started outside specdeck (pid, slurm job, tmux session) "
+            "the selected item's run: its log is followed, x stops it", "adopt", "a", "plan"),
     Command("Mark done", "tick a manual item done", "mark('done')", "d", "plan"),
     Command("Skip item", "mark the selected item skipped", "mark('skipped')", "s", "plan"),
     Command("Reset item", "mark the selected item pending again", "mark('pending')", "u", "plan"),

@@ -54,7 +54,8 @@ class Printer:
             _err(f"[{ts}] {ev.item_id}: {verb} run {ev.run_id}{where}"
                  + (f" (pid {ev.pid})" if ev.pid else ""))
         elif isinstance(ev, RunEnded):
-            how = f"signal {ev.signal}" if ev.signal else f"exit {ev.exit_code}"
+            how = (f"signal {ev.signal}" if ev.signal else f"exit {ev.exit_code}"
+                   if ev.exit_code is not None else "exit status unknown")
             _err(f"[{ts}] {ev.item_id}: run {ev.run_id} {ev.state} ({how})"
                  + (f": {ev.error}" if ev.error else ""))
         elif isinstance(ev, StatusChanged):
@@ -178,7 +179,10 @@ def cmd_run(args) -> int:
         for i in summary["failed"]:
             _err(f"failed: {i}  (log: `specdeck logs {args.plan} {i}`)")
         return 1
-    if args.items and summary["waiting"]:
+    if summary["unadopted"]:
+        _err(f"not launched until a run started outside specdeck is adopted: "
+             f"{', '.join(summary['unadopted'])} (`specdeck adopt`, see above)")
+    if args.items and summary["waiting"] and not summary["unadopted"]:
         return 1
     return 0
 
@@ -245,7 +249,8 @@ def cmd_logs(args) -> int:
             flush()
         final = store.run(run["id"])
         if final["state"] not in ("starting", "running"):
-            how = f"signal {final['signal']}" if final["signal"] else f"exit {final['exit_code']}"
+            how = (f"signal {final['signal']}" if final["signal"] else f"exit {final['exit_code']}"
+                   if final["exit_code"] is not None else "exit status unknown")
             _err(f"[run {final['id']} {final['state']} ({how})]")
 
     asyncio.run(_with_runner(plan, args, go, emit=lambda e: None))
@@ -263,7 +268,8 @@ def cmd_stop(args) -> int:
             _err(f"{args.item}: no live run")
             return 0
         what = (f"run {live['id']} of item {args.item!r} on host {live['host']!r} "
-                f"(process group {live['pid']})")
+                + (f"(adopted {json.loads(live['adopt'])['what']}: its process tree)"
+                   if live.get("adopt") else f"(process group {live['pid']})"))
         if not args.yes:
             if not sys.stdin.isatty():
                 raise InvalidInput(f"refusing to stop {what} without confirmation",
@@ -276,7 +282,8 @@ def cmd_stop(args) -> int:
         outcome = await runner.stop_run(live["id"], grace_s=args.grace)
         _err(f"{args.item}: run {live['id']} {outcome.state}"
              + (f" (signal {outcome.signal})" if outcome.signal else
-                f" (exit {outcome.exit_code})"))
+                f" (exit {outcome.exit_code})" if outcome.exit_code is not None else
+                " (exit status unknown)"))
         return 0
 
     return asyncio.run(_with_runner(plan, args, go))

@@ -85,6 +85,9 @@ def cmd_diff(args) -> int:
 
 
 def register(add) -> None:
+    from core.adopt import register_cli
+
+    register_cli(add)
     sp = add("compare", cmd_compare, "the tau table: prompt x drafter vs baseline")
     sp.add_argument("plan")
     sp.add_argument("--item", help="only this eval item's results")

@@ -263,12 +263,13 @@ async def follow(host: Host, store, run_id: str, capsule: str, *,
         if stop is not None and stop.is_set():
             return CapsuleState("running")
         try:
-            stored = store.run(run_id)["log_offset"]
+            row = store.run(run_id)
+            stored, base = row["log_offset"], row.get("log_base") or 0
             if seen is None or stored < seen:
                 # (stored < seen: a racing follower stored a shorter piece than ours; go back
                 # so the store never keeps a gap — this viewer may see those lines twice)
                 seen = stored
-            data = await host.read_from(log, seen, CHUNK)
+            data = await host.read_from(log, base + seen, CHUNK)
             if degraded:
                 degraded = False
                 if on_state:

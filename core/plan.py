@@ -82,6 +82,8 @@ class Item:
     needs: tuple[str, ...] = ()
     action: ActionSpec | None = None
     line: int = 0
+    adopt: Any = None
+    """Where its run already is (:class:`core.adopt.AdoptSpec`): ``run`` adopts it."""
 
     @property
     def manual(self) -> bool:
@@ -352,8 +354,8 @@ def parse_plan(text: str, filename: str = "<plan>", *, path: Path | None = None)
             continue
         iid = it.get("id")
         label = iid if isinstance(iid, str) else f"#{i + 1}"
-        _check_keys(v, it, ip, ("id", "content", "priority", "status", "needs", "action"),
-                    item=label)
+        _check_keys(v, it, ip, ("id", "content", "priority", "status", "needs", "action",
+                                "adopt"), item=label)
         if not isinstance(iid, str) or not SLUG.match(iid):
             v.error(ip + ("id",), f"id must be a slug (letters, digits, _ . -), got {iid!r}",
                     item=label, field_path=("id",))
@@ -386,10 +388,11 @@ def parse_plan(text: str, filename: str = "<plan>", *, path: Path | None = None)
         if raw_action is not None:
             action = _parse_action(v, raw_action, ip + ("action",), label, hosts, raw_hosts,
                                    variables, registry)
+        adopt = _parse_adopt(v, it.get("adopt"), ip + ("adopt",), label, action, variables)
         items.append(Item(label, content if isinstance(content, str) else "",
                           prio if prio in PRIORITIES else "medium",
                           status if status in STATUSES else None, tuple(needs), action,
-                          loc.mark(ip)[0]))
+                          loc.mark(ip)[0], adopt))
 
     ids = {it.id for it in items}
     for i, it in enumerate(items):
@@ -454,6 +457,21 @@ def _parse_action(v, raw, ap, label, hosts, raw_hosts, variables, registry) -> A
                     field_path=("action", "params") + e.path,
                     key="unknown field" in e.message)
     return ActionSpec(kind, host, params, raw_params if isinstance(raw_params, dict) else {})
+
+
+def _parse_adopt(v, raw, ap, label, action, variables):
+    if raw is None:
+        return None
+    from core.actions import registry
+    from core.adopt import parse_spec
+
+    errors: list[tuple[tuple, str]] = []
+    spec, problems = parse_spec(_interpolate(raw, variables, False, errors, ()))
+    if action is None or not registry.get(action.kind).detached:
+        problems.append(((), "adopt needs a detached action (shell, train, eval...)"))
+    for p, msg in errors + problems:
+        v.error(ap + p, msg, item=label, field_path=("adopt",) + p, key=bool(p))
+    return spec
 
 
 def _check_cycles(v: _Validator, items: list[Item]) -> None:

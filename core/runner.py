@@ -22,7 +22,7 @@ import socket
 import time
 from typing import Any, Callable, Iterable
 
-from core import jobs
+from core import adopt, jobs
 from core.actions import registry
 from core.actions.base import Action, ActionContext, CheckResult, Outcome
 from core.errors import ActionFailed, HostUnreachable, SpecdeckError
@@ -187,6 +187,10 @@ class Runner:
             return None
         return registry.get(item.action.kind)(item.action.params)
 
+    def run_action(self, item: Item, run: dict | None) -> Action | None:
+        """The action a run goes through (an adopted run's: :class:`core.adopt.Adopted`)."""
+        return adopt.wrap(self.action(item), run)
+
     def _set_status(self, item_id: str, status: str, reason: str = "",
                     run_id: str | None = None) -> None:
         self.store.set_status(item_id, status, reason=reason, run_id=run_id)
@@ -216,11 +220,13 @@ class Runner:
         """
         targets = self.plan.order(ids)
         summary: dict[str, list[str]] = {k: [] for k in
-                                         ("done", "failed", "unreachable", "waiting", "manual")}
+                                         ("done", "failed", "unreachable", "waiting", "manual",
+                                          "unadopted")}
         pending = list(targets)
         running: dict[asyncio.Task, Item] = {}
         while pending or running:
             st = self.statuses()
+            deferred = False
             for it in list(pending):
                 if st[it.id] in ("done", "skipped"):
                     pending.remove(it)
@@ -234,6 +240,15 @@ class Runner:
                     summary["manual"].append(it.id)
                     continue
                 needs = [n for n in it.needs if st[n] not in ("done", "skipped")]
+                why = None if needs else adopt.unadopted(self, it)
+                if why and adopt.adopting(it, running.values()):
+                    deferred = True  # a stop whose target is being adopted right now
+                    continue
+                if why:  # started outside specdeck: never launched twice
+                    pending.remove(it)
+                    summary["unadopted"].append(it.id)
+                    self.emit(Notice(it.id, why, "warning"))
+                    continue
                 if not needs:
                     pending.remove(it)
                     running[asyncio.create_task(self.run_item(it))] = it
@@ -248,7 +263,8 @@ class Runner:
                 for it in pending:
                     summary["waiting"].append(it.id)
                 break
-            done, _ = await asyncio.wait(list(running), return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(list(running), return_when=asyncio.FIRST_COMPLETED,
+                                         timeout=0.2 if deferred else None)
             for t in done:
                 it = running.pop(t)
                 try:
@@ -269,6 +285,18 @@ class Runner:
         if live is not None:
             self.emit(Notice(item.id, f"{item.id}: run {live['id']} is live; attaching"))
             await self.attach_run(live)
+            return self.statuses()[item.id]
+        if adopt.from_plan(self, item):  # the plan says where its run already is
+            try:
+                return await adopt.adopt_item(self, item, item.adopt)
+            except SpecdeckError as e:
+                self.emit(Notice(item.id, f"{item.id}: cannot adopt the run its plan names: "
+                                 f"{e.message} (ended? `specdeck mark PLAN {item.id} done`, or "
+                                 "`pending` to launch it anew)", "error"))
+                return "failed"
+        why = adopt.unadopted(self, item)
+        if why:
+            self.emit(Notice(item.id, why, "warning"))
             return self.statuses()[item.id]
         host = await self.host(item.action.host) if item.action.host else None
         ctx = _Context(self, item, host, None)
@@ -294,7 +322,10 @@ class Runner:
         if not action.detached:
             return await self._run_in_process(item, action, ctx, run_id)
         try:
-            await action.prepare(ctx)
+            if not self._stop_requested(run_id):
+                await action.prepare(ctx)
+            if self._stop_requested(run_id):  # a stop while starting: nothing is created
+                return self._end(item, run_id, "stopped", error="stopped before it was launched")
             launch = action.command(ctx)
             launched = await self._launch(host, run_id, launch, action)
         except ActionFailed as e:
@@ -306,6 +337,25 @@ class Runner:
                               job_id=launched.get("job_id"))
         self.emit(RunStarted(item.id, run_id, item.action.host, launched.get("pid")))
         return await self._follow_and_finish(item, action, host, self.store.run(run_id))
+
+    def _stop_requested(self, run_id: str) -> bool:
+        """A stop arrived (from this process or another) while the run was starting."""
+        return run_id in self._stopping or self.store.run(run_id).get("error") == "stop requested"
+
+    async def _launched(self, run: dict, grace_s: float) -> dict:
+        """Wait until a starting run is launched (or not) by whoever is starting it; a
+        launcher that died meanwhile is reconciled. The stop then ends what it created."""
+        deadline = time.monotonic() + max(120.0, grace_s)
+        while run["state"] == "starting":
+            if run["owner"] != self.owner and owner_alive(run["owner"]) is False:
+                await self._reconcile_run(run, follow=False)
+            elif time.monotonic() > deadline:
+                raise SpecdeckError(f"run {run['id']} is still starting; stop it again once "
+                                    "it runs")
+            else:
+                await asyncio.sleep(0.05)
+            run = self.store.run(run["id"])
+        return run
 
     async def _launch(self, host: Host, run_id: str, launch, action: Action) -> dict:
         launcher = getattr(action, "launch", None)
@@ -395,7 +445,7 @@ class Runner:
     async def attach_run(self, run: dict) -> str:
         """Follow a live run until it ends, then finish it."""
         item = self.plan.item(run["item_id"])
-        action = self.action(item)
+        action = self.run_action(item, run)
         if run["state"] == "starting" or not run.get("capsule"):
             return await self._reconcile_run(run, follow=True)
         host = await self.host(run["host"])
@@ -439,7 +489,7 @@ class Runner:
 
     async def _reconcile_run(self, run: dict, *, follow: bool) -> str:
         item = self.plan.item(run["item_id"])
-        action = self.action(item)
+        action = self.run_action(item, run)
         if action is None:
             return self._end(item, run["id"], "interrupted", error="item is no longer an action")
         if not action.detached:
@@ -506,13 +556,19 @@ class Runner:
         if run is None or run["state"] not in ("starting", "running"):
             raise SpecdeckError(f"run {run_id} is not live")
         item = self.plan.item(run["item_id"])
-        action = self.action(item)
+        action = self.run_action(item, run)
         if action is not None and not action.detached:
             return await self._stop_in_process(item, run, grace_s)
         self._stopping.add(run_id)
         self.store.update_run(run_id, error="stop requested")
         self.store.journal("stop_requested", f"stop {run_id} (grace {grace_s}s)",
                            item_id=item.id, run_id=run_id, host=run["host"])
+        if run["state"] == "starting":  # never mark lost what its start is creating
+            run = await self._launched(run, grace_s)
+            if run["state"] not in ("starting", "running"):
+                return Outcome(run["state"], run["exit_code"], run["signal"],
+                               run["capsule"] or "", run_id)
+            action = self.run_action(item, run)
         host = await self.host(run["host"])
         stopper = getattr(action, "stop", None)
         if stopper is not None:

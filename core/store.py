@@ -77,6 +77,14 @@ def m002_watch_evals(db: Database) -> None:
     db["watch_evals"].create_index(["run_id", "step"], unique=True)
 
 
+@migrations()
+def m003_adopted_runs(db: Database) -> None:
+    # adopt: how an adopted run is found (JSON, core.adopt); log_base: the byte of the
+    # followed file where the stored log starts (an adopted log is followed from there).
+    db["runs"].add_column("adopt", str)
+    db["runs"].add_column("log_base", int, not_null_default=0)
+
+
 def default_state_path(plan_name: str) -> Path:
     """``$SPECDECK_STATE``, else ``$XDG_STATE_HOME/specdeck/<plan>.db``."""
     env = os.environ.get("SPECDECK_STATE")

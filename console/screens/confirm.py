@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -54,6 +56,12 @@ def stop_text(run: dict, grace_s: float) -> str:
                 f"specdeck (pid {run.get('pid') or '?'})?\n\nIts work is cancelled now and "
                 "its ssh clients killed; a relay keeps its .part file, so running the item "
                 "again resumes it. The item becomes failed (stopped).")
+    if run.get("adopt"):  # started outside specdeck, adopted (core.adopt)
+        what = json.loads(run["adopt"])["what"]
+        return (f"Stop run {run['id']} of item {run['item_id']} on host {run['host']}: the "
+                f"adopted {what}?\n\nSIGTERM to its process tree (scancel for a Slurm job, "
+                f"the session for tmux), {grace_s:g} s grace, then SIGKILL. The item becomes "
+                "failed (stopped).")
     return (f"Stop run {run['id']} of item {run['item_id']} on host {run['host']}?\n\n"
             f"SIGTERM to its process group (pid {run.get('pid') or '?'}) on {run['host']}, "
             f"{grace_s:g} s grace, then SIGKILL. The item becomes failed (stopped); it can "

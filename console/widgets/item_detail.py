@@ -171,6 +171,9 @@ class ItemDetail(VerticalScroll):
                                       style="bright_black"))
         else:
             grid.add_row("runs", Text("none yet", style="bright_black"))
+        if self.status == "in_progress" and not self.live and not item.manual:
+            grid.add_row("live", Text("no run specdeck knows (started outside it?): "
+                                      "a adopts it; it is never launched twice", style="yellow"))
         if self.live:
             where = f"on {self.live['host']}" if self.live.get("host") else "in specdeck"
             grid.add_row("live", Text(f"{self.live['id']} {where} "

@@ -261,12 +261,15 @@ class Train(Action):
                     st = other
         return st
 
-    async def follow(self, runner, host, run: dict, on_lines) -> jobs.CapsuleState:
-        """Follow the log; with ``watch_eval``, evaluate checkpoints alongside (and drain)."""
+    async def follow(self, runner, host, run: dict, on_lines, *, log_path: str | None = None,
+                     inspector=None) -> jobs.CapsuleState:
+        """Follow the log; with ``watch_eval``, evaluate checkpoints alongside (and drain).
+        ``log_path`` / ``inspector``: another log and end test (an adopted run's)."""
         def follow_log():
             return jobs.follow(host, runner.store, run["id"], run["capsule"], on_lines=on_lines,
                                regex=self.params.metrics_regex, poll=runner.poll,
-                               inspector=lambda: self.inspect(runner, host, run))
+                               inspector=inspector or (lambda: self.inspect(runner, host, run)),
+                               log_path=log_path)
 
         spec = self.params.watch_eval
         if spec is None or not getattr(runner, "watch", True):
