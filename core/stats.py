@@ -44,6 +44,8 @@ PERMUTATIONS = 5000
 """Random sign patterns of the permutation test when exact enumeration is too long."""
 EXACT_MAX = 22
 """Up to this many prompts the sign-flip test counts all 2^n sign patterns exactly."""
+MIN_PROMPTS = 6
+"""The fewest prompts with which the two-sided sign-flip test can reach p < 0.05 (2/64)."""
 DETECT = 0.1
 """The tau difference a "how many prompts" estimate is for."""
 POWER = 0.8
@@ -198,15 +200,16 @@ def sign_flip_p(diffs: Sequence[float], *, rng: random.Random | None = None,
     return (hits + 1) / (permutations + 1)
 
 
-def prompts_to_detect(sd: float, effect: float = DETECT, *, alpha: float = ALPHA,
+def prompts_to_detect(sd: float | None, effect: float = DETECT, *, alpha: float = ALPHA,
                       power: float = POWER) -> int | None:
     """About how many prompts a paired test needs to detect a mean difference ``effect``
     when per-prompt differences spread with standard deviation ``sd`` (the normal formula
     with Guenther's small-sample correction ``+ z^2 / 2``)."""
-    if effect <= 0 or sd != sd:
+    if effect <= 0 or sd is None or sd != sd:
         return None
     za, zb = _N.inv_cdf(1 - alpha / 2), _N.inv_cdf(power)
-    return max(2, math.ceil(((za + zb) * sd / effect) ** 2 + za * za / 2))
+    # under MIN_PROMPTS no sign pattern is rare enough: 2 / 2^n >= alpha
+    return max(MIN_PROMPTS, math.ceil(((za + zb) * sd / effect) ** 2 + za * za / 2))
 
 
 @dataclass(frozen=True)
@@ -223,6 +226,8 @@ class Paired:
     """The difference the prompts estimate is for."""
     prompts_needed: int | None
     """About how many prompts would detect ``detect`` (None when unknown)."""
+    sd: float | None = None
+    """Standard deviation of the per-prompt differences (None under 2 prompts)."""
     test: str = TEST
 
     def text(self, a: str, b: str) -> str:
@@ -238,6 +243,9 @@ class Paired:
             return f"{a} is {self.verdict} than {b} ({figures})"
         need = (f"about {self.prompts_needed} prompts would detect {self.detect:+.2g}"
                 if self.prompts_needed else "more prompts are needed to tell")
+        seen = prompts_to_detect(self.sd, abs(self.delta)) if self.sd is not None else None
+        if seen and abs(self.delta) > self.detect and seen > self.prompts:
+            need += f" (about {seen} would detect {self.delta:+.2f}, the size seen)"
         return f"{a} vs {b}: no detectable difference ({figures}): {need}"
 
 
@@ -267,8 +275,9 @@ def paired(a: Sequence[float], b: Sequence[float], *, name: str = "pair",
             verdict = BETTER
         elif ci[1] < 0:
             verdict = WORSE
-    sd = stdev(diffs) if n >= 2 else float("nan")
-    return Paired(n, delta, ci, p, verdict, detect, prompts_to_detect(sd, detect))
+    sd = stdev(diffs) if n >= 2 else None
+    return Paired(n, delta, ci, p, verdict, detect,
+                  prompts_to_detect(sd, detect) if sd is not None else None, sd)
 
 
 __all__ = ["LEVEL", "SEED", "BOOTSTRAP", "PERMUTATIONS", "DETECT", "TEST", "VERDICTS", "BETTER",
