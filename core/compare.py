@@ -546,13 +546,7 @@ def mismatch_note(d: Drafter) -> str:
     return "⚠ " + ", ".join(parts) + f" vs {d.baseline}"
 
 
-def fmt_ci(ci: tuple[float, float] | None, signed: bool = False) -> str:
-    """``"2.31..2.70"`` (``"+0.18..+0.66"`` when ``signed``), ``"–"`` for None."""
-    if ci is None:
-        return "–"
-    f = "{:+.2f}" if signed else "{:.2f}"
-    return f.format(ci[0]) + ".." + f.format(ci[1])
-
+fmt_ci = stats.fmt_ci
 
 VERDICT_MARK = {stats.BETTER: "▲ better", stats.WORSE: "▼ worse", stats.NONE: "≈ no difference"}
 """Short verdicts for tables."""

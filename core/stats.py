@@ -235,8 +235,7 @@ class Paired:
         16 prompts, p = 0.003)``."""
         if self.delta is None:
             return f"{a} vs {b}: no shared prompts to compare"
-        ci = (f"95 % CI {self.ci95[0]:+.2f}..{self.ci95[1]:+.2f}" if self.ci95
-              else "no interval from 1 prompt")
+        ci = f"95 % CI {fmt_ci(self.ci95, signed=True)}" if self.ci95 else "no interval"
         p = f", p {fmt_p(self.p_value)}" if self.p_value is not None else ""
         figures = f"{self.delta:+.2f}, {ci}, {self.prompts} prompt{'s' * (self.prompts != 1)}{p}"
         if self.verdict in (BETTER, WORSE):
@@ -247,6 +246,14 @@ class Paired:
         if seen and abs(self.delta) > self.detect and seen > self.prompts:
             need += f" (about {seen} would detect {self.delta:+.2f}, the size seen)"
         return f"{a} vs {b}: no detectable difference ({figures}): {need}"
+
+
+def fmt_ci(ci: tuple[float, float] | None, signed: bool = False) -> str:
+    """``"2.31..2.70"`` (``"+0.18..+0.66"`` when ``signed``), ``"–"`` for None."""
+    if ci is None:
+        return "–"
+    f = "{:+.2f}" if signed else "{:.2f}"
+    return f.format(ci[0]) + ".." + f.format(ci[1])
 
 
 def fmt_p(p: float | None) -> str:
@@ -282,4 +289,4 @@ def paired(a: Sequence[float], b: Sequence[float], *, name: str = "pair",
 
 __all__ = ["LEVEL", "SEED", "BOOTSTRAP", "PERMUTATIONS", "DETECT", "TEST", "VERDICTS", "BETTER",
            "WORSE", "NONE", "Paired", "paired", "mean_ci", "pooled_ci", "sign_flip_p",
-           "prompts_to_detect", "t_quantile", "t_cdf", "expanded_tail", "rng_for", "fmt_p"]
+           "prompts_to_detect", "t_quantile", "t_cdf", "expanded_tail", "rng_for", "fmt_p", "fmt_ci"]
