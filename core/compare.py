@@ -244,11 +244,23 @@ def _pooled(rows: Sequence[Mapping]) -> float | None:
     return total / n if n else None
 
 
+def _row_per_position(row: Mapping) -> list[float]:
+    """The row's p_k; from its rounds when it has none (p_k = share of rounds whose
+    acceptance length is above k, k = 1 .. block size - 1)."""
+    if row.get("per_position"):
+        return list(row["per_position"])
+    rounds = row.get("rounds")
+    if not rounds:
+        return []
+    bs = (row.get("settings") or {}).get("block_size") or max(int(x) for x in rounds)
+    return [sum(1 for x in rounds if int(x) > k) / len(rounds) for k in range(1, int(bs))]
+
+
 def _per_position(rows: Iterable[Mapping]) -> tuple[float, ...]:
     num: list[float] = []
     den: list[float] = []
     for r in rows:
-        pp = r.get("per_position") or []
+        pp = _row_per_position(r)
         rounds = r.get("rounds")
         w = float(len(rounds)) if rounds is not None else 1.0
         for k, p in enumerate(pp):
@@ -652,7 +664,7 @@ def pk_chart(c: Comparison, height: int = 3) -> str:
     return "\n".join(out) + "\n"
 
 
-def to_markdown(c: Comparison, *, pivot: bool = False) -> str:
+def to_markdown(c: Comparison, *, pivot: bool = False, verdicts: bool = True) -> str:
     """The per-prompt table (long: one row per prompt x drafter; ``pivot``: prompts x
     drafters), the overall table with intervals and verdicts, the verdicts in words, the
     per-position acceptance table and chart, and the flags."""
@@ -683,7 +695,7 @@ def to_markdown(c: Comparison, *, pivot: bool = False) -> str:
                    f"{fmt_ci(o.pooled_ci95)} | {o.rounds or '–'} | "
                    f"{fmt_ci(o.delta_macro_ci95, signed=True)} | {p} | "
                    f"{VERDICT_MARK.get(o.verdict, '')} |")
-    lines = verdict_lines(c)
+    lines = verdict_lines(c) if verdicts else []
     if lines:
         out += ["", "Verdicts:"] + [f"- {x}" for x in lines] + ["", f"({method_note(c)})"]
     width = max((len(d.per_position) for d in c.drafters), default=0)

@@ -271,3 +271,10 @@ def test_pivot_csv_and_chart():
     assert macro["verdict"] == o.verdict and macro["against"] == "base"
     pair = [r for r in table if r["scope"] == "pair"][0]
     assert (pair["drafter"], pair["against"]) == ("v5", "v4")
+
+
+def test_per_position_from_rounds_when_rows_have_none():
+    # block 4; rounds [1, 2, 4]: p1 = 2/3 (t > 1), p2 = 1/3, p3 = 1/3
+    c = build_comparison([row("d", "p", [1, 2, 4], None)])
+    assert c.per_position["d"] == pytest.approx((2 / 3, 1 / 3, 1 / 3))
+    assert 1 + sum(c.per_position["d"]) == pytest.approx(c.overall_of("d").pooled)
