@@ -137,23 +137,38 @@ def mean_ci(values: Sequence[float], *, rng: random.Random | None = None,
     return _percentiles(samples, expanded_tail(n, level))
 
 
+EXACT_ROUNDS = 30
+"""Prompts with more rounds resample them through the normal law of their resampled sum."""
+
+
 def pooled_ci(rounds: Sequence[Sequence[float]], *, rng: random.Random | None = None,
               b: int = BOOTSTRAP, level: float = LEVEL) -> tuple[float, float] | None:
     """Interval of the pooled mean over every round of every prompt (two-stage bootstrap:
-    prompts, then rounds within each drawn prompt); None under 2 prompts with rounds."""
+    prompts, then rounds within each drawn prompt); None under 2 prompts with rounds.
+
+    The second stage draws the rounds themselves for prompts of up to
+    :data:`EXACT_ROUNDS` rounds; for longer ones it draws the resampled sum from its normal
+    law (mean ``n * m``, sd ``sqrt(n) * s``), which is what resampling many rounds gives and
+    keeps a table of long evals quick."""
     groups = [[float(x) for x in g] for g in rounds if g]
     n = len(groups)
     if n < 2:
         return None
     rng = rng or rng_for("pooled")
-    choices, rand = rng.choices, rng.random
+    choices, rand, gauss = rng.choices, rng.random, rng.gauss
+    # per prompt: (rounds, count, sum, sd of the resampled sum) or the rounds to draw from
+    stats_ = []
+    for g in groups:
+        m = fmean(g)
+        sd = math.sqrt(sum((x - m) ** 2 for x in g) / len(g) * len(g))
+        stats_.append((g if len(g) <= EXACT_ROUNDS else None, len(g), m * len(g), sd))
     samples = []
     for _ in range(b):
         total = count = 0.0
         for _ in range(n):
-            g = groups[int(rand() * n)]
-            total += sum(choices(g, k=len(g)))
-            count += len(g)
+            g, k, mean_sum, sd = stats_[int(rand() * n)]
+            total += sum(choices(g, k=k)) if g is not None else gauss(mean_sum, sd)
+            count += k
         samples.append(total / count)
     return _percentiles(samples, expanded_tail(n, level))
 

@@ -115,14 +115,15 @@ def test_macro_interval_covers_the_true_mean_at_the_nominal_rate(n_prompts):
     assert abs(cov - stats.LEVEL) <= se_band(stats.LEVEL, trials), cov
 
 
-def test_pooled_interval_covers_the_true_pooled_tau():
+@pytest.mark.parametrize("n_rounds", [12, 60])  # rounds drawn / their sum's normal law
+def test_pooled_interval_covers_the_true_pooled_tau(n_rounds):
     # a fixed number of rounds per prompt: the true pooled tau is the population mean again
     truth = sum(tau_of(a) for a in POP) / len(POP)
     trials = TRIALS
     hits = 0
     for seed in range(trials):
         rng = random.Random(20000 + seed)
-        groups = [draw_rounds(rng, rng.choice(POP), 12) for _ in range(12)]
+        groups = [draw_rounds(rng, rng.choice(POP), n_rounds) for _ in range(12)]
         lo, hi = stats.pooled_ci(groups, rng=stats.rng_for("pooled", seed), b=1000)
         hits += lo <= truth <= hi
     cov = hits / trials
