@@ -24,6 +24,8 @@ def cmd_compare(args) -> int:
     from core.cli import _with_runner
     from core.compare import build_comparison, to_csv, to_json, to_markdown
 
+    if args.detect is not None and not args.detect > 0:
+        raise InvalidInput(f"--detect {args.detect}: a tau difference above 0, e.g. 0.1")
     plan = load_plan(args.plan)
     if args.item:
         plan.item(args.item)
@@ -39,8 +41,6 @@ def cmd_compare(args) -> int:
         raise InvalidInput(f"plan {plan.name!r} has no eval results yet"
                            + (f" for {args.item}" if args.item else ""),
                            hint="run an eval item first (`specdeck run PLAN ITEM`)")
-    if args.detect is not None and not args.detect > 0:
-        raise InvalidInput(f"--detect {args.detect}: a tau difference above 0, e.g. 0.1")
     comp = build_comparison(rows, [tuple(p) for p in args.pair or ()],
                             **({"detect": args.detect} if args.detect is not None else {}))
     if args.json:

@@ -191,6 +191,10 @@ def run_demo(args) -> int:
             run = store.latest_run(WATCHED)
             over = {n: dict(store.metric_series(run["id"], n))
                     for n in ("tau", "tau_ci95_lo", "tau_ci95_hi")} if run else {}
+            if run:  # checkpoints not evaluated: a newer one was waiting, or the eval failed
+                over["not evaluated"] = {e["step"]: e["state"]
+                                         for e in store.watch_entries(run["id"])
+                                         if e["state"] != "done"}
         finally:
             await runner.close()
             store.close()
@@ -241,4 +245,10 @@ def tau_over_training(series: dict[str, dict[int, float]], width: int = 40) -> s
             line[pos(lo[step])], line[pos(hi[step])] = "├", "┤"
         line[pos(tau[step])] = "●"
         out.append(f"  step {step:>5}  tau {tau[step]:.3f}  [{ci:>10}]  {''.join(line)}")
+    missed = series.get("not evaluated") or {}
+    if missed:
+        out.append("  not evaluated: " + ", ".join(f"step {k} ({v})" for k, v in
+                                                   sorted(missed.items()))
+                   + " (a newer checkpoint was waiting: only the newest is evaluated)"
+                   * all(v == "skipped" for v in missed.values()))
     return "\n".join(out) + "\n"
