@@ -35,6 +35,8 @@ MAX_CURVES = 8
 TAU = "tau"
 BASELINE = "tau_baseline"
 """Drawn as the tau chart's reference line, never as a family of its own."""
+TAU_CI = ("tau_ci95_lo", "tau_ci95_hi")
+"""Each tau point's 95 % interval (core.watch): drawn around the tau curve, not a family."""
 BASELINE_COLOR = "gray+"
 _INDEXED = re.compile(r"^(.*)\[(\d+)\]$")
 
@@ -46,7 +48,7 @@ def family_of(name: str) -> str:
 
 def families(names: set[str]) -> list[str]:
     """Families in display order: loss, tau, accuracies, lr, the rest (alphabetical within)."""
-    fams = sorted({family_of(n) for n in names} - {BASELINE})
+    fams = sorted({family_of(n) for n in names} - {BASELINE, *TAU_CI})
 
     def rank(f: str) -> tuple[int, str]:
         lf = f.lower()
@@ -107,6 +109,10 @@ def draw_tau(plt, runs: list[dict]) -> None:
     for label, xs, ys in curves(runs, TAU):
         plt.plot(xs, ys, label=f"tau {label}", marker="braille")
         xs_all += xs
+    for i, name in enumerate(TAU_CI):  # the interval of every point, as two thin lines
+        for label, xs, ys in curves(runs, name):
+            plt.plot(xs, ys, label="95 % CI" if i == 0 else None, marker="·",
+                     color=BASELINE_COLOR)
     if xs_all:
         lo, hi = min(xs_all), max(xs_all)
         for label, value in baselines(runs):

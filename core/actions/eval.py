@@ -158,7 +158,8 @@ def _rows(ctx, res: dict, label: str, role: str, step: int | None) -> list[dict]
                 "target": (res.get("target") or {}).get("fingerprint"),
                 "prompts": (res.get("prompts") or {}).get("sha256"),
                 "max_new_tokens": res.get("max_new_tokens"),
-                "definition": res.get("definition"), "method": "chain", "tree_budget": None}
+                "definition": res.get("definition"), "dtype": res.get("dtype"),
+                "method": "chain", "tree_budget": None}
     out = []
     sections = [(label, settings, res)]
     if isinstance(res.get("ddtree"), dict):

@@ -445,3 +445,23 @@ def test_tau_chart_helpers():
         "loss", "tau", "tau_acc", "lr"]
     runs[1]["series"]["tau_baseline"] = [(5, 2.9)]
     assert baselines(runs) == [("baseline a#1", 3.1), ("baseline a#2", 2.9)]
+
+
+async def test_tau_pane_shows_intervals_and_verdicts(campaign):
+    """Σ macro rows carry the interval and, for drafters, the verdict against the baseline;
+    the line under the title says the cursor row drafter's verdict in words."""
+    plan, store = campaign
+    app = build(plan, store)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        tau = app.query_one(TauPane)
+        macro = {r.drafter: r for r in tau.ordered_rows if r.prompt == "Σ macro"}
+        o = tau.comparison.overall_of("v5")
+        assert macro["v5"].ci == o.macro_ci95 and macro["v5"].verdict == o.verdict
+        assert macro["z-lab-b8"].verdict is None and macro["z-lab-b8"].ci is not None
+        table = tau.query_one("#tau-table")
+        table.focus()
+        table.move_cursor(row=tau.ordered_rows.index(macro["v5"]), animate=False)
+        await settle(pilot)
+        line = str(tau.query_one("#tau-verdict").render())
+        assert line == o.verdict_text and "v5" in line and "95 % CI" in line
