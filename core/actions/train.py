@@ -126,6 +126,10 @@ class Train(Action):
                         deep_set(doc, k, v)
                 except (yaml.YAMLError, ValueError, AttributeError) as e:
                     out.append((("overrides",), str(e)))
+                else:  # the config itself, and its sizes against the target/cache where they are here
+                    from core.actions.fit import trainer_config_problems
+
+                    out += [(("config",), m) for m in trainer_config_problems(plan, item, params, doc)]
         for n in params.nodes:
             if n not in plan.hosts:
                 out.append((("nodes",), f"unknown host {n!r}"))
