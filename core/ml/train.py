@@ -144,7 +144,6 @@ def load_resolved(args: argparse.Namespace) -> tuple[Any, dict[str, Any], Any]:
         UsageError: any config problem (the message names the file and key).
     """
     from core.ml import train_config as tc
-    from core.ml.target import load_tokenizer
 
     if not args.config:
         raise UsageError("--config FILE.yaml is required (see --describe for the knobs)")
@@ -160,8 +159,11 @@ def load_resolved(args: argparse.Namespace) -> tuple[Any, dict[str, Any], Any]:
     if args.print_config and not (Path(cfg.target) / "config.json").is_file():
         target_cfg, tokenizer = None, None
     else:
+        from core.ml.target import load_tokenizer
+
         target_cfg = tc.read_target_config(cfg.target)
-        tokenizer = load_tokenizer(cfg.target) if cfg.drafter.mask_token_id is None else None
+        # --print-config needs the tokenizer only for a null mask_token_id
+        tokenizer = None if args.print_config and cfg.drafter.mask_token_id is not None else load_tokenizer(cfg.target)
     mask_id = None
     if tokenizer is not None:
         tid = tokenizer.convert_tokens_to_ids("<|MASK|>")
