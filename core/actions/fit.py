@@ -47,7 +47,7 @@ def local_path(plan: Any, host: str | None, value: str, base: Path | None = None
     return (base or Path(os.path.expanduser(spec.workdir))) / p
 
 
-def _read(path: Path | None) -> dict[str, Any] | None:
+def read_local_json(path: Path | None) -> dict[str, Any] | None:
     if path is None or not path.is_file():
         return None
     try:
@@ -86,7 +86,7 @@ def train_item_block_size(plan: Any, item_id: str) -> int | None:
         return None
     drafter = doc.get("drafter") or {}
     if drafter.get("init"):
-        init = _read(local_path(plan, item.action.host, config_json_of(drafter["init"])))
+        init = read_local_json(local_path(plan, item.action.host, config_json_of(drafter["init"])))
         return drafter_block_size(init)
     from core.ml.train_config import DrafterSection
 
@@ -129,14 +129,14 @@ def trainer_config_problems(plan: Any, item: Any, params: Any, doc: dict[str, An
     target = here("target", cfg.target)
     if target is None or not (target / "config.json").is_file():
         return []  # a remote host (or no target here yet): the trainer's preflight checks it there
-    init = _read(here("drafter.init", cfg.drafter.init) / "config.json") if cfg.drafter.init else None
+    init = read_local_json(here("drafter.init", cfg.drafter.init) / "config.json") if cfg.drafter.init else None
     try:
         # the tokenizer's <|MASK|> is not read here: a placeholder lets the sizes be checked
         cfg = tc.resolve(cfg, where, tc.read_target_config(target),
                          0 if cfg.drafter.mask_token_id is None else None, init)
     except tc.ConfigError as e:
         return [str(e)]
-    manifest = _read(here("data.features", cfg.data.features) / "manifest.json") if cfg.data.features else None
+    manifest = read_local_json(here("data.features", cfg.data.features) / "manifest.json") if cfg.data.features else None
     return tc.cache_problems(cfg, manifest) if manifest else []
 
 
@@ -147,7 +147,7 @@ def local_block_size(plan: Any, item: Any, ref: str | None) -> int | None:
     m = REF.match(ref)
     if m:
         return train_item_block_size(plan, m.group(1))
-    return drafter_block_size(_read(local_path(plan, item.action.host, config_json_of(ref))))
+    return drafter_block_size(read_local_json(local_path(plan, item.action.host, config_json_of(ref))))
 
 
 async def host_block_size(host: Any, path: str) -> int | None:

@@ -129,3 +129,15 @@ async def test_eval_preflight_on_the_host_refuses_what_validate_could_not_see(ws
     last = store.status_history("ev")[-1]
     assert last["status"] == "failed" and "block size 16 but baseline later with 8" in last["reason"]
     assert "set block_size: 8" in last["reason"]
+
+
+@pytest.mark.parametrize("extra,ok", [({}, False), ({"allow_block_size_mismatch": True}, True),
+                                      ({"block_size": 8}, True)])
+def test_watch_eval_baseline_of_another_block_size_needs_saying_so(ws, extra, ok):
+    item = train_item()
+    item["action"]["params"]["watch_eval"] = {"host": "here", "target": "target", "mode": "online",
+                                              "baseline": "d16", **extra}
+    res = run_cli("validate", write_plan(ws, [item]))
+    assert (res.returncode == 0) == ok, res.stderr
+    if not ok:
+        assert res.returncode == 2 and "block size 8 but baseline d16 with 16" in res.stderr
