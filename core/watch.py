@@ -45,7 +45,7 @@ from typing import Any
 from core import stats
 
 KEYS = {"every", "host", "target", "prompts", "baseline", "mode", "max_prompts", "cache",
-        "block_size", "max_new_tokens", "alerts"}
+        "block_size", "max_new_tokens", "alerts", "allow_block_size_mismatch"}
 
 
 def validate_watch(spec, plan, item) -> list[tuple[tuple, str]]:
