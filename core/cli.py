@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import json
 import os
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -26,7 +27,8 @@ GLYPHS = {"pending": "○", "in_progress": "◐", "done": "●", "failed": "✗"
 
 
 def _err(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    # Messages quote file names, hosts' output and plan text: one sanitizer at the boundary.
+    print(sanitize(msg, max_len=20000, newlines=True), file=sys.stderr, flush=True)
 
 
 def open_store(plan: Plan, state: str | None):
@@ -423,8 +425,11 @@ def main(argv: list[str] | None = None, *, ui_opener=None) -> int:
         _UI_OPENER = ui_opener
     parser = build_parser()
     args = parser.parse_args(argv)
+    from core.faults import terminate_as_interrupt
+
     try:
-        return args.fn(args)
+        with terminate_as_interrupt() as how:
+            return args.fn(args)
     except PlanError as e:
         for issue in e.issues:
             _err(str(issue))
@@ -435,8 +440,23 @@ def main(argv: list[str] | None = None, *, ui_opener=None) -> int:
             _err(f"  hint: {e.hint}")
         return e.exit_status
     except KeyboardInterrupt:
-        _err("interrupted: runs on hosts keep going; `specdeck attach PLAN` follows them again")
-        return 130
+        plan = getattr(args, "plan", None) or "PLAN"
+        _err(f"specdeck: {how.name}: detached runs keep going on their hosts (`specdeck attach "
+             f"{plan}` follows them again); runs inside this specdeck were marked interrupted")
+        return how.exit_status
+    except sqlite3.DatabaseError as e:
+        _err(f"specdeck: state database {getattr(args, 'state', None) or '(default)'}: {e}")
+        _err("  hint: free disk space or fix the file's permissions; pass another --state "
+             "to start afresh")
+        return 2
+    except RecursionError:
+        _err("specdeck: the input is nested too deeply to process")
+        return 2
+    except Exception as e:  # noqa: BLE001 - no traceback ever reaches a user
+        from core.faults import describe_fault
+
+        _err(f"specdeck: {describe_fault(e)}")
+        return 1
 
 
 if __name__ == "__main__":

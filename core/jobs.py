@@ -25,7 +25,6 @@ gap or a duplicated line however often the follower is restarted.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import shlex
 import signal as _signal
@@ -36,6 +35,7 @@ from typing import Callable
 from core.actions.base import Launch, Outcome
 from core.errors import HostUnreachable
 from core.hosts.base import Host
+from core.text import MAX_JSON_DEPTH, json_line
 
 CAPSULES = ".specdeck/runs"
 CHUNK = 4 << 20
@@ -182,10 +182,7 @@ def parse_metrics(line: bytes, regex: re.Pattern | None = None) -> list[tuple[in
     s = line.strip()
     out: list[tuple[int, str, float]] = []
     if s.startswith(b"{") and b'"step"' in s:
-        try:
-            obj = json.loads(s)
-        except ValueError:
-            obj = None
+        obj = json_line(s)
         if isinstance(obj, dict):
             step = obj.get("step")
             if isinstance(step, (int, float)) and not isinstance(step, bool) and step == int(step):
@@ -208,7 +205,9 @@ def parse_metrics(line: bytes, regex: re.Pattern | None = None) -> list[tuple[in
     return out
 
 
-def _flatten(step: int, obj, prefix: str, out: list) -> None:
+def _flatten(step: int, obj, prefix: str, out: list, depth: int = 0) -> None:
+    if depth > MAX_JSON_DEPTH or len(out) > 4096:
+        return
     items = obj.items() if isinstance(obj, dict) else enumerate(obj)
     for k, v in items:
         if prefix == "" and k == "step":
@@ -220,7 +219,7 @@ def _flatten(step: int, obj, prefix: str, out: list) -> None:
             if v == v and abs(v) != float("inf"):
                 out.append((step, name, float(v)))
         elif isinstance(v, (dict, list)) and len(v) <= 256:
-            _flatten(step, v, name, out)
+            _flatten(step, v, name, out, depth + 1)
 
 
 # -- log following -----------------------------------------------------------------------
@@ -229,10 +228,7 @@ def parse_artefact(line: bytes) -> tuple[str, str, int | None] | None:
     s = line.strip()
     if not (s.startswith(b"{") and b'"event"' in s and b'"checkpoint"' in s):
         return None
-    try:
-        obj = json.loads(s)
-    except ValueError:
-        return None
+    obj = json_line(s)
     if isinstance(obj, dict) and obj.get("event") == "checkpoint" and isinstance(obj.get("path"), str):
         step = obj.get("step")
         return ("checkpoint", obj["path"], step if isinstance(step, int) else None)

@@ -26,6 +26,7 @@ from core import jobs
 from core.actions import registry
 from core.actions.base import Action, ActionContext, CheckResult, Outcome
 from core.errors import ActionFailed, HostUnreachable, SpecdeckError
+from core.faults import describe_fault
 from core.events import (Event, HostStateChanged, LogLinesReceived, LogStreamChanged, Notice,
                          Progress, RunEnded, RunStarted, StatusChanged)
 from core.hosts import Host, make_host
@@ -257,8 +258,28 @@ class Runner:
                     self.emit(Notice(it.id, str(e), "error"))
                     summary["unreachable"].append(it.id)
                     continue
+                except Exception as e:  # noqa: BLE001 - any fault ends the item, not the runner
+                    state = self._item_failed(it, e)
                 summary["done" if state == "done" else "failed"].append(it.id)
         return summary
+
+    def _item_failed(self, item: Item, exc: Exception) -> str:
+        """An unexpected fault before or around a run: the item fails with the message, and a
+        run of it left live by this process ends failed."""
+        msg = describe_fault(exc)
+        self.emit(Notice(item.id, f"{item.id}: {msg}", "error"))
+        try:
+            live = self.store.live_run(item.id)
+            if live is not None and live["owner"] == self.owner and live["id"] not in self._in_process:
+                if live.get("capsule"):
+                    msg += (f" (specdeck stopped following it; its command may still run in "
+                            f"{live['capsule']} on {live['host']})")
+                return self._end(item, live["id"], "failed", error=msg)
+            if live is None:
+                self._set_status(item.id, "failed", msg)
+        except Exception:  # noqa: BLE001 - the store itself may be the fault (disk full)
+            pass
+        return "failed"
 
     async def run_item(self, item: Item) -> str:
         """Run one item now (its needs are the caller's business). Returns its final status."""
@@ -297,10 +318,10 @@ class Runner:
             await action.prepare(ctx)
             launch = action.command(ctx)
             launched = await self._launch(host, run_id, launch, action)
-        except ActionFailed as e:
+        except (ActionFailed, HostUnreachable) as e:
             return self._end(item, run_id, "failed", error=str(e))
-        except HostUnreachable as e:
-            return self._end(item, run_id, "failed", error=str(e))
+        except Exception as e:  # noqa: BLE001 - a fault of the host, the disk or a library
+            return self._end(item, run_id, "failed", error=describe_fault(e))
         self.store.update_run(run_id, state="running", pid=launched.get("pid"),
                               pstart=launched.get("pstart"), capsule=launched["capsule"],
                               job_id=launched.get("job_id"))
@@ -323,9 +344,7 @@ class Runner:
         self._in_process[run_id] = work
         try:
             result = await work
-        except ActionFailed as e:
-            return self._end(item, run_id, "failed", error=str(e))
-        except HostUnreachable as e:
+        except (ActionFailed, HostUnreachable) as e:
             return self._end(item, run_id, "failed", error=str(e))
         except asyncio.CancelledError:
             me = asyncio.current_task()
@@ -334,6 +353,8 @@ class Runner:
             work.cancel()
             self._end(item, run_id, "interrupted", error="specdeck stopped during the run")
             raise
+        except Exception as e:  # noqa: BLE001 - a fault of the host, the disk or a library
+            return self._end(item, run_id, "failed", error=describe_fault(e))
         finally:
             self._in_process.pop(run_id, None)
         return self._end(item, run_id, "succeeded", result=result, exit_code=0)
@@ -384,9 +405,10 @@ class Runner:
         ctx = _Context(self, item, host, run_id)
         try:
             result = await action.finish(ctx, outcome)
-        except ActionFailed as e:
+        except Exception as e:  # noqa: BLE001 - ActionFailed, or a fault reading the results
             state = outcome.state if outcome.state != "succeeded" else "failed"
-            return self._end(item, run_id, state, error=str(e), exit_code=outcome.exit_code,
+            msg = str(e) if isinstance(e, ActionFailed) else describe_fault(e)
+            return self._end(item, run_id, state, error=msg, exit_code=outcome.exit_code,
                              signal=outcome.signal)
         return self._end(item, run_id, outcome.state, result=result, exit_code=outcome.exit_code,
                          signal=outcome.signal)
