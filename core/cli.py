@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sqlite3
@@ -296,24 +297,30 @@ def cmd_export(args) -> int:
 
 
 def cmd_import(args) -> int:
+    from core.plan import load_todos, parse_plan
+
     src = Path(args.todos)
-    try:
-        todos = json.loads(src.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InvalidInput(f"{src}: no such file") from None
-    except json.JSONDecodeError as e:
-        raise InvalidInput(f"{src}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
+    todos = load_todos(src)
     out = Path(args.output)
+    if out.is_dir() or args.output.endswith(os.sep):
+        raise InvalidInput(f"{out}: is a directory; name the plan file to write",
+                           hint=f"e.g. -o {out / 'plan.yaml'}")
     if out.exists() and not args.force:
         raise InvalidInput(f"{out}: already exists; not overwritten", hint="pass --force")
+    if out.exists() and not out.is_file():
+        raise InvalidInput(f"{out}: is not a regular file; not overwritten")
     text = todos_to_plan_yaml(todos, args.name or out.stem, str(src))
-    from core.plan import parse_plan
-
     parse_plan(text, str(out))  # what we write must validate
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, out)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, out)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise InvalidInput(f"{out}: cannot write: {e.strerror or e}",
+                           hint="choose a writable path with -o") from None
     _err(f"wrote {out} ({len(todos)} items)")
     return 0
 

@@ -23,6 +23,7 @@ import yaml
 
 from core.errors import InvalidInput, PlanError
 from core.params import ParamError, parse_params, shell_fields
+from core.text import sanitize
 
 STATUSES = ("pending", "in_progress", "done", "failed", "skipped")
 PRIORITIES = ("high", "medium", "low")
@@ -616,6 +617,47 @@ def _slug(text: str) -> str:
     return (s[:40].rstrip("-") or "item")
 
 
+MAX_TODOS_BYTES = 8 << 20
+MAX_TODO_TEXT = 4000
+
+
+def load_todos(path: str | Path) -> Any:
+    """Read a todowrite JSON file (untrusted): bounded size and depth, UTF-8, clear errors."""
+    from core.text import MAX_JSON_DEPTH
+
+    src = Path(path)
+    try:
+        if src.is_dir():
+            raise InvalidInput(f"{src}: is a directory, not a JSON file")
+        with open(src, "rb") as f:
+            raw = f.read(MAX_TODOS_BYTES + 1)
+    except FileNotFoundError:
+        raise InvalidInput(f"{src}: no such file") from None
+    except OSError as e:
+        raise InvalidInput(f"{src}: cannot read: {e.strerror or e}") from None
+    if len(raw) > MAX_TODOS_BYTES:
+        raise InvalidInput(f"{src}: larger than {MAX_TODOS_BYTES >> 20} MiB; not a todo list")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise InvalidInput(f"{src}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+    depth = 0
+    for ch in text if text.count("[") + text.count("{") > MAX_JSON_DEPTH else "":
+        if ch in "[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                raise InvalidInput(f"{src}: JSON nested more than {MAX_JSON_DEPTH} levels deep; "
+                                   "a todo list is a flat list of objects")
+        elif ch in "]}":
+            depth -= 1
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InvalidInput(f"{src}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
+    except (ValueError, RecursionError) as e:
+        raise InvalidInput(f"{src}: invalid JSON: {e}") from None
+
+
 def todos_to_plan_yaml(todos: Any, name: str, source: str = "<todos>") -> str:
     """A todowrite JSON list (``[{content, status, priority}]``) -> plan YAML text."""
     if not isinstance(todos, list):
@@ -632,15 +674,23 @@ def todos_to_plan_yaml(todos: Any, name: str, source: str = "<todos>") -> str:
         content = t.get("content")
         if not isinstance(content, str) or not content.strip():
             raise InvalidInput(f"{where}: field 'content' must be a non-empty string")
+        if len(content) > MAX_TODO_TEXT:
+            raise InvalidInput(f"{where}: field 'content' is {len(content)} characters; "
+                               f"{MAX_TODO_TEXT} at most")
+        # Terminal controls and escape sequences never reach the plan (nor a terminal).
+        content = sanitize(content, max_len=MAX_TODO_TEXT).strip() or "item"
         status = t.get("status", "pending")
-        if status not in _TODO_IN:
+        if not isinstance(status, str) or status not in _TODO_IN:
             raise InvalidInput(f"{where}: field 'status' must be one of "
-                               f"{', '.join(sorted(_TODO_IN))}, got {status!r}")
+                               f"{', '.join(sorted(_TODO_IN))}, got {_short(status)}")
         prio = t.get("priority", "medium")
-        if prio not in PRIORITIES:
+        if not isinstance(prio, str) or prio not in PRIORITIES:
             raise InvalidInput(f"{where}: field 'priority' must be one of "
-                               f"{', '.join(PRIORITIES)}, got {prio!r}")
-        base = _slug(str(t["id"])) if t.get("id") is not None else _slug(content)
+                               f"{', '.join(PRIORITIES)}, got {_short(prio)}")
+        tid = t.get("id")
+        if tid is not None and not isinstance(tid, (str, int)) or isinstance(tid, bool):
+            raise InvalidInput(f"{where}: field 'id' must be a string or a number")
+        base = _slug(str(tid)) if tid is not None else _slug(content)
         iid, n = base, 2
         while iid in used:
             iid, n = f"{base}-{n}", n + 1
