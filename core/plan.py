@@ -321,7 +321,13 @@ def _check_keys(v: _Validator, data: dict, path: tuple, allowed: Iterable[str], 
 
 def _interpolate(value: Any, variables: dict, shell: bool, errors: list[tuple[tuple, str]],
                  path: tuple) -> Any:
-    """Replace ``${name}`` in strings (``$$`` is a literal ``$``); quote when ``shell``."""
+    """Replace ``${name}`` in strings (``$$`` is a literal ``$``). In shell text (``shell``)
+    the value is not spliced: see :mod:`core.shellvars` (it travels in the environment)."""
+    if isinstance(value, str) and shell:
+        from core import shellvars
+
+        return shellvars.splice(value, lambda name: name in variables, lambda name: errors.append(
+            (path, f"undefined variable ${{{name}}} (define it under vars:)")))
     if isinstance(value, str):
         def sub(m: re.Match) -> str:
             if m.group(0) == "$$":

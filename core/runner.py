@@ -16,13 +16,14 @@ ended while nobody watched. It runs on start, before status, and after every rec
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import secrets
 import socket
 import time
 from typing import Any, Callable, Iterable
 
-from core import jobs
+from core import jobs, shellvars
 from core.actions import registry
 from core.actions.base import Action, ActionContext, CheckResult, Outcome
 from core.errors import ActionFailed, HostUnreachable, SpecdeckError
@@ -317,6 +318,9 @@ class Runner:
         try:
             await action.prepare(ctx)
             launch = action.command(ctx)
+            # Plan vars used in shell text are read from the environment (core.shellvars).
+            launch = dataclasses.replace(launch, env={**shellvars.plan_env(self.plan.vars),
+                                                      **dict(launch.env)})
             launched = await self._launch(host, run_id, launch, action)
         except (ActionFailed, HostUnreachable) as e:
             return self._end(item, run_id, "failed", error=str(e))
