@@ -263,7 +263,10 @@ def cmd_stop(args) -> int:
         await runner.reconcile()
         live = runner.store.live_run(args.item)
         if live is None:
-            _err(f"{args.item}: no live run")
+            # a command that exited may have left children running: those end too
+            run, n = await runner.end_leftovers(args.item, grace_s=min(args.grace, 10.0))
+            _err(f"{args.item}: run {run['id']}: ended {n} process(es) it left running" if n
+                 else f"{args.item}: no live run")
             return 0
         what = (f"run {live['id']} of item {args.item!r} on host {live['host']!r} "
                 f"(process group {live['pid']})")

@@ -83,9 +83,11 @@ def capsule_path(host: Host, run_id: str) -> str:
     return host.path(f"{CAPSULES}/{run_id}")
 
 
-def _cmd_script(launch: Launch, host: Host) -> str:
+def _cmd_script(launch: Launch, host: Host, capsule: str | None = None) -> str:
     lines = ["#!/usr/bin/env bash"]
     env = {**host.env, **dict(launch.env)}
+    if capsule:
+        env[MARKER] = capsule  # inherited by every descendant, daemonised ones included
     for k, v in env.items():
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
             raise ValueError(f"bad environment variable name {k!r}")
@@ -99,7 +101,7 @@ async def start(host: Host, run_id: str, launch: Launch, *, timeout: float = 20.
     """Start ``launch`` detached on ``host``; return ``{capsule, pid, pstart}``."""
     d = capsule_path(host, run_id)
     await host.makedirs(host.path(launch.cwd or "."))
-    await host.write_file(f"{d}/cmd.sh", _cmd_script(launch, host).encode(), mode=0o700)
+    await host.write_file(f"{d}/cmd.sh", _cmd_script(launch, host, d).encode(), mode=0o700)
     await host.write_file(f"{d}/wrapper.sh", _WRAPPER.encode(), mode=0o700)
     q = shlex.quote(d)
     # The braces keep the background job's stdio off the channel, so run() returns at once.
@@ -151,11 +153,19 @@ async def signal_group(host: Host, capsule: str, sig: str) -> bool:
 
 async def stop(host: Host, capsule: str, *, grace_s: float = 30.0,
                poll: float = 0.2) -> CapsuleState:
-    """SIGTERM to the process group, ``grace_s`` seconds, then SIGKILL."""
+    """SIGTERM to the run's processes (its group, its session and every process carrying its
+    marker), ``grace_s`` seconds, then SIGKILL; then the same for processes it left behind."""
     st = await inspect(host, capsule)
+    if st.state == "running":
+        st = await _stop_running(host, capsule, grace_s, poll)
     if st.state != "running":
-        return st
+        await end_leftovers(host, capsule, grace_s=min(grace_s, 10.0), poll=poll)
+    return st
+
+
+async def _stop_running(host: Host, capsule: str, grace_s: float, poll: float) -> CapsuleState:
     await signal_group(host, capsule, "TERM")
+    await signal_tree(host, capsule, "TERM")
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         st = await inspect(host, capsule)
@@ -163,12 +173,73 @@ async def stop(host: Host, capsule: str, *, grace_s: float = 30.0,
             return st
         await asyncio.sleep(poll)
     await signal_group(host, capsule, "KILL")
+    await signal_tree(host, capsule, "KILL")
     for _ in range(100):
         st = await inspect(host, capsule)
         if st.state != "running":
             return st
         await asyncio.sleep(poll)
     return st
+
+
+# -- the run's process tree --------------------------------------------------------------
+MARKER = "SPECDECK_CAPSULE"
+"""Exported in ``cmd.sh``: every process the command starts inherits it, so children that
+leave its process group or session (``setsid``, a daemon's double fork) are still found."""
+
+_TREE = r"""D={d}
+read pid rest <"$D/pid" 2>/dev/null || exit 0
+[ -n "$pid" ] || exit 0
+{{ ps -e -o pid=,sid= 2>/dev/null | awk -v s="$pid" '$2 == s {{print $1}}'
+   grep -lzxF "{marker}=$D" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3
+}} | sort -un | grep -vx "$$" | while read p; do
+  a=$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | cut -c1-200)
+  [ -n "$a" ] || [ -d "/proc/$p" ] || continue
+  {action}
+done
+"""
+
+
+async def leftovers(host: Host, capsule: str) -> list[tuple[int, str]]:
+    """Processes of the run still alive (``[(pid, command line)]``): those in the command's
+    session or carrying its marker. Empty for a run that left nothing behind."""
+    res = await host.run(_TREE.format(d=shlex.quote(capsule), marker=MARKER,
+                                      action='echo "$p $a"'))
+    out = []
+    for line in res.stdout.splitlines():
+        pid, _, args = line.partition(" ")
+        if pid.isdigit():
+            out.append((int(pid), args.strip()))
+    return out
+
+
+async def signal_tree(host: Host, capsule: str, sig: str) -> None:
+    """Send ``sig`` to every process of the run (see :func:`leftovers`)."""
+    await host.run(_TREE.format(d=shlex.quote(capsule), marker=MARKER,
+                                action=f'kill -{sig} "$p" 2>/dev/null'))
+
+
+async def end_leftovers(host: Host, capsule: str, *, grace_s: float = 10.0,
+                        poll: float = 0.2) -> int:
+    """SIGTERM what the run left running, ``grace_s``, then SIGKILL; the count found."""
+    found = await leftovers(host, capsule)
+    if not found:
+        return 0
+    await signal_tree(host, capsule, "TERM")
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not await leftovers(host, capsule):
+            return len(found)
+        await asyncio.sleep(poll)
+    await signal_tree(host, capsule, "KILL")
+    return len(found)
+
+
+def describe_leftovers(found: list[tuple[int, str]]) -> str:
+    shown = "; ".join(f"pid {p} {a}" if a else f"pid {p}" for p, a in found[:5])
+    more = f" (and {len(found) - 5} more)" if len(found) > 5 else ""
+    return (f"the command left {len(found)} process{'es' if len(found) != 1 else ''} "
+            f"running: {shown}{more}")
 
 
 # -- metrics from log lines --------------------------------------------------------------

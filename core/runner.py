@@ -406,6 +406,7 @@ class Runner:
             return self.statuses()[item.id]
         stopped = run_id in self._stopping or bool(run.get("error") == "stop requested")
         outcome = jobs.outcome_of(st, stopped=stopped, capsule=run["capsule"] or "", run_id=run_id)
+        left = await self._leftovers(run)
         ctx = _Context(self, item, host, run_id)
         try:
             result = await action.finish(ctx, outcome)
@@ -415,7 +416,36 @@ class Runner:
             return self._end(item, run_id, state, error=msg, exit_code=outcome.exit_code,
                              signal=outcome.signal)
         return self._end(item, run_id, outcome.state, result=result, exit_code=outcome.exit_code,
-                         signal=outcome.signal)
+                         signal=outcome.signal, error=left)
+
+    async def _leftovers(self, run: dict) -> str | None:
+        """Processes a finished run left behind (a background or daemonised child), told."""
+        if not run.get("capsule") or not run.get("host"):
+            return None
+        try:
+            found = await jobs.leftovers(self.hosts[run["host"]], run["capsule"])
+        except Exception:  # noqa: BLE001 - best effort: the run's end is what matters
+            return None
+        if not found:
+            return None
+        msg = (jobs.describe_leftovers(found) + f"; `specdeck stop {self.plan.path or self.plan.name} {run['item_id']}` "
+               "ends them")
+        self.emit(Notice(run["item_id"], f"{run['item_id']}: {msg}", "warning"))
+        self.store.journal("leftovers", msg, item_id=run["item_id"], run_id=run["id"],
+                           host=run["host"])
+        return msg
+
+    async def end_leftovers(self, item_id: str, *, grace_s: float = 10.0) -> tuple[dict | None, int]:
+        """End the processes the item's latest (ended) run left running: (run, count)."""
+        run = self.store.latest_run(item_id)
+        if run is None or not run.get("capsule") or not run.get("host"):
+            return run, 0
+        host = await self.host(run["host"])
+        n = await jobs.end_leftovers(host, run["capsule"], grace_s=grace_s)
+        if n:
+            self.store.journal("leftovers_ended", f"ended {n} leftover process(es)",
+                               item_id=item_id, run_id=run["id"], host=run["host"])
+        return run, n
 
     # -- attach, reconcile, stop ---------------------------------------------------------
     async def attach_run(self, run: dict) -> str:
@@ -474,6 +504,8 @@ class Runner:
                 return self._end(item, run["id"], "interrupted",
                                  error="the specdeck process running it exited; run it again "
                                        "to resume")
+            if follow and run["id"] not in self._in_process:
+                return await self._follow_owned(item, run)
             return self.statuses()[item.id]
         host = await self.host(run["host"])
         capsule = run.get("capsule") or jobs.capsule_path(host, run["id"])
@@ -499,6 +531,31 @@ class Runner:
             st = await jobs.follow(host, self.store, run["id"], capsule, poll=self.poll,
                                    regex=getattr(action, "metrics_regex", lambda: None)())
         return await self._finish(item, action, host, run["id"], st)
+
+    async def _follow_owned(self, item: Item, run: dict) -> str:
+        """Follow an in-process run that another specdeck owns (its relay, its venv): show
+        its log as that process stores it, until it records the end (or dies)."""
+        run_id = run["id"]
+        self.emit(RunStarted(item.id, run_id, run["host"], run.get("pid"), attached=True))
+        shown = self.store.run(run_id)["log_offset"] or 0
+        while True:
+            cur = self.store.run(run_id)
+            if (cur["log_offset"] or 0) > shown:
+                data = self.store.log_bytes(run_id, shown)
+                cut = data.rfind(b"\n") + 1
+                if cut:
+                    self.emit(LogLinesReceived(item.id, run_id,
+                                               data[:cut].decode("utf-8", "replace").splitlines()))
+                    shown += cut
+            if cur["state"] not in ("starting", "running"):
+                self.emit(RunEnded(item.id, run_id, cur["state"], cur["exit_code"],
+                                   cur["signal"], cur["error"]))
+                return self.statuses()[item.id]
+            if owner_alive(cur["owner"]) is False:
+                return self._end(item, run_id, "interrupted",
+                                 error="the specdeck process running it exited; run it again "
+                                       "to resume")
+            await asyncio.sleep(max(self.poll, 0.1))
 
     async def _stop_in_process(self, item: Item, run: dict, grace_s: float) -> Outcome:
         """Cancel an in-process action (a relay keeps its .part: a rerun resumes)."""
@@ -526,6 +583,28 @@ class Runner:
         run = self.store.run(run_id)
         return Outcome(run["state"], run["exit_code"], run["signal"], run["capsule"] or "", run_id)
 
+    DRAIN_TIMEOUT_S = 120.0
+
+    async def _drain(self, item: Item, action: Action, host: Host, run: dict,
+                     st: jobs.CapsuleState) -> None:
+        """Store the rest of an ended run's log (exactly once) before its end is recorded:
+        a run stopped while nobody followed it keeps every line it wrote."""
+        if not run.get("capsule"):
+            return
+
+        async def ended() -> jobs.CapsuleState:
+            return st
+
+        try:
+            await asyncio.wait_for(jobs.follow(
+                host, self.store, run["id"], run["capsule"], poll=self.poll,
+                regex=getattr(action, "metrics_regex", lambda: None)(), inspector=ended),
+                self.DRAIN_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            self.emit(Notice(item.id, f"{item.id}: the end of run {run['id']}'s log could not "
+                             f"be read from {run['host']} (`specdeck logs` has what was stored)",
+                             "warning"))
+
     async def stop_run(self, run_id: str, *, grace_s: float = 30.0) -> Outcome:
         """Stop a live run: SIGTERM to its group, ``grace_s``, SIGKILL. Ends it as stopped."""
         run = self.store.run(run_id)
@@ -547,6 +626,7 @@ class Runner:
             st = await jobs.stop(host, run["capsule"], grace_s=grace_s)
         if st.state == "running":
             raise SpecdeckError(f"run {run_id} on {run['host']} did not stop after SIGKILL")
+        await self._drain(item, action, host, self.store.run(run_id), st)
         # Finish it here; a follower (this process's or another's) finishing it too is a
         # no-op, since ending a run is idempotent in the store.
         await self._finish(item, action, host, run_id, st)
