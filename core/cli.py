@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import sqlite3
 import sys
 import time
@@ -151,11 +152,11 @@ def cmd_status(args) -> int:
             how = (f" signal {run['signal']}" if run["signal"] else
                    (f" exit {run['exit_code']}" if run["exit_code"] is not None else ""))
             r = f"  [{run['state']}{how} #{run['attempt']}]"
-        print(f"  {GLYPHS[st[it.id]]} {st[it.id]:<11} {it.id:<24} {it.priority:<6} "
-              f"{kind}{where:<12} {it.content}{r}")
+        print(sanitize(f"  {GLYPHS[st[it.id]]} {st[it.id]:<11} {it.id:<24} {it.priority:<6} "
+                       f"{kind}{where:<12} {it.content}{r}"))
     for a in alerts[-5:]:
-        print(f"  ALERT {time.strftime('%m-%d %H:%M', time.localtime(a['at']))} "
-              f"{a['item_id']}: {a['message']}")
+        print(sanitize(f"  ALERT {time.strftime('%m-%d %H:%M', time.localtime(a['at']))} "
+                       f"{a['item_id']}: {a['message']}"))
     return 0
 
 
@@ -295,7 +296,9 @@ def cmd_export(args) -> int:
         return runner.statuses()
 
     st = asyncio.run(_with_runner(plan, args, go, emit=lambda e: None))
-    print(json.dumps(plan_to_todos(plan, st), indent=2, ensure_ascii=False))
+    text = json.dumps(plan_to_todos(plan, st), indent=2, ensure_ascii=False)
+    # C1 controls (U+0080-U+009F) stay escaped: still the same JSON, safe on a terminal
+    print(re.sub("[\x7f-\x9f]", lambda m: f"\\u{ord(m.group()):04x}", text))
     return 0
 
 

@@ -21,6 +21,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Static
 
+from core.text import sanitize
 from core.compare import Comparison, fmt_delta, fmt_pct, fmt_tau, mismatch_note
 
 COLUMNS = {"prompt": 8, "drafter": 15, "tau": 5, "Δ": 6, "% base": 6, "note": 6}
@@ -171,8 +172,8 @@ class TauPane(Vertical):
             name_style = "italic" if r.role == "baseline" else ("yellow" if r.mismatch else "")
             delta_style = "green" if (r.delta or 0) > 0 else ("red" if (r.delta or 0) < 0 else "")
             table.add_row(
-                Text(r.prompt, style="bold" if r.group == 0 else ""),
-                Text(r.drafter + (" ⚠" if r.mismatch else ""), style=name_style),
+                Text(sanitize(str(r.prompt), max_len=200), style="bold" if r.group == 0 else ""),
+                Text(sanitize(str(r.drafter), max_len=200) + (" ⚠" if r.mismatch else ""), style=name_style),
                 Text(fmt_tau(r.tau), justify="right"),
                 Text(fmt_delta(r.delta), justify="right", style=delta_style),
                 Text(fmt_pct(r.pct), justify="right"), note, key=r.key)
