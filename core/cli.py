@@ -81,8 +81,10 @@ class Printer:
 
 
 async def _with_runner(plan: Plan, args, fn, *, emit=None):
+    from core.faults import watch_signals_in_loop
     from core.runner import Runner
 
+    watch_signals_in_loop()
     store = open_store(plan, args.state)
     runner = Runner(plan, store, emit=emit or Printer(quiet=getattr(args, "quiet", False)))
     try:
@@ -452,7 +454,7 @@ def main(argv: list[str] | None = None, *, ui_opener=None) -> int:
         if e.hint:
             _err(f"  hint: {e.hint}")
         return e.exit_status
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
         plan = getattr(args, "plan", None) or "PLAN"
         _err(f"specdeck: {how.name}: detached runs keep going on their hosts (`specdeck attach "
              f"{plan}` follows them again); runs inside this specdeck were marked interrupted")

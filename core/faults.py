@@ -6,6 +6,7 @@ its kind, its message and (for OS errors) the path, via :func:`describe_fault`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 from dataclasses import dataclass
@@ -33,11 +34,37 @@ class Interruption:
     exit_status: int = 130
 
 
+_current: Interruption | None = None
+
+
+def watch_signals_in_loop() -> None:
+    """Called first thing in the CLI's event loop: SIGTERM cancels the main task (like
+    Ctrl-C). Registering it with the loop also wakes the loop for every signal, which a plain
+    ``signal.signal`` handler does not when a worker thread (a relay's copy, a child
+    watcher) happens to receive it while the loop sleeps."""
+    how = _current
+    if how is None:
+        return
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+
+    def on_term() -> None:
+        how.name, how.exit_status = "terminated (SIGTERM)", 143
+        if task is not None and not task.done():
+            task.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGTERM, on_term)
+    except (ValueError, RuntimeError, NotImplementedError):
+        pass
+
+
 @contextlib.contextmanager
 def terminate_as_interrupt() -> Iterator[Interruption]:
-    """While inside, SIGTERM does what Ctrl-C does (asyncio cancels the main task, so
+    """While inside, SIGTERM does what Ctrl-C does (the main task is cancelled, so
     in-process runs are marked interrupted and hosts closed), then exit status 143."""
-    how = Interruption()
+    global _current
+    how = _current = Interruption()
 
     def on_term(signum, frame) -> None:
         how.name, how.exit_status = "terminated (SIGTERM)", 143
@@ -50,9 +77,11 @@ def terminate_as_interrupt() -> Iterator[Interruption]:
     try:
         previous = signal.signal(signal.SIGTERM, on_term)
     except ValueError:  # not the main thread (tests calling main() from a worker)
+        _current = None
         yield how
         return
     try:
         yield how
     finally:
+        _current = None
         signal.signal(signal.SIGTERM, previous)

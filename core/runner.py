@@ -250,7 +250,15 @@ class Runner:
                 for it in pending:
                     summary["waiting"].append(it.id)
                 break
-            done, _ = await asyncio.wait(list(running), return_when=asyncio.FIRST_COMPLETED)
+            try:
+                done, _ = await asyncio.wait(list(running), return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                # Ctrl-C / SIGTERM: the item tasks end here, while the store is still open
+                # (in-process runs record "interrupted"; detached ones keep going on hosts).
+                for t in running:
+                    t.cancel()
+                await asyncio.gather(*running, return_exceptions=True)
+                raise
             for t in done:
                 it = running.pop(t)
                 try:
