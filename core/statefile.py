@@ -87,7 +87,10 @@ def _check_new(p: Path) -> None:
 
 
 def _check_schema(path: str, known: list[str], migration_set: str, timeout: float) -> None:
-    uri = "file:" + _uri_path(path) + "?mode=ro"
+    # Without a -wal file beside it (nobody has it open) read it as immutable: a read-only
+    # WAL reader would otherwise create -wal and -shm files next to a file we may refuse.
+    wal = os.path.exists(path + "-wal")
+    uri = "file:" + _uri_path(path) + ("?mode=ro" if wal else "?mode=ro&immutable=1")
     try:
         conn = sqlite3.connect(uri, uri=True, timeout=timeout)
     except sqlite3.Error as e:
@@ -127,8 +130,9 @@ def _sqlite_problem(e: BaseException) -> str:
         return "is locked by another program (it held the lock too long); close it and retry"
     if "not a database" in low or "malformed" in low or "corrupt" in low:
         return f"is damaged or not a database ({msg})"
-    if "full" in low:
-        return "cannot be written: the disk is full; free space and retry"
+    if "full" in low or "disk i/o" in low:
+        return (f"cannot be written ({msg}: a full disk, a file size limit or a failing "
+                "device); free space and retry")
     if "readonly" in low or "read-only" in low:
         return "is read-only; make it writable or pass another --state"
     if "unable to open" in low:
