@@ -80,36 +80,27 @@ def splice(text: str, known: Callable[[str], bool], on_undefined: Callable[[str]
             out.append(text[i:i + 2])
             i += 2
             continue
+        opener = text[i:i + 2]
+        if ctx != "a" and (opener == "$(" or opener == "$'" and ctx != "d"):
+            stack.append("p" if opener == "$(" else "a")
+            if opener == "$(":
+                parens.append(0)
+            out.append(opener)
+            i += 2
+            continue
         if ctx == "a":
             if c == "'":
                 stack.pop()
         elif ctx == "d":
             if c == '"':
                 stack.pop()
-            elif text.startswith("$(", i):
-                stack.append("p")
-                parens.append(0)
-                out.append("$(")
-                i += 2
-                continue
             elif c == "`":
                 stack.append("b")
         else:  # u, p, b: unquoted contexts
             if c == "'":
                 stack.append("s")
-            elif text.startswith("$'", i):
-                stack.append("a")
-                out.append("$'")
-                i += 2
-                continue
             elif c == '"':
                 stack.append("d")
-            elif text.startswith("$(", i):
-                stack.append("p")
-                parens.append(0)
-                out.append("$(")
-                i += 2
-                continue
             elif c == "`" and ctx == "b":
                 stack.pop()
             elif c == "`":

@@ -40,6 +40,19 @@ def local_plan(tmp: Path, items: str, *, name: str = "f", extra_hosts: str = "",
                       f"{extra_hosts}vars: {vars_}\nitems:\n{items}")
 
 
+def relay_plan(tmp: Path, size_mb: int, *, bwlimit: str = "2M", item: str = "copy") -> Path:
+    """A plan relaying ``a:f.bin`` (``size_mb`` MiB of random bytes) to ``b:f.bin``
+    between two local hosts, paced at ``bwlimit``: an in-process run lasting a while."""
+    src = tmp / "a"
+    src.mkdir()
+    (src / "f.bin").write_bytes(os.urandom(1 << 20) * size_mb)
+    return local_plan(tmp, f"""  - id: {item}
+    content: a paced relay
+    action: {{kind: relay, params: {{src: "a:f.bin", dst: "b:f.bin", bwlimit: {bwlimit}}}}}
+""", extra_hosts=f"  a: {{local: true, workdir: {src}}}\n  b: {{local: true, workdir: "
+                  f"{tmp / 'b'}}}\n")
+
+
 def rows(db: Path, sql: str, args=()) -> list[tuple]:
     con = sqlite3.connect(db)
     try:

@@ -4,13 +4,12 @@ inside specdeck (relay) are marked interrupted. Nothing stays starting or runnin
 
 from __future__ import annotations
 
-import os
 import signal
 
 import pytest
 
 from tests.fault.conftest import (cli, local_plan, maybe_rows, no_traceback, pid_alive, popen_cli,
-                                  rows, wait_for)
+                                  relay_plan, rows, wait_for)
 
 
 def _live(db):
@@ -88,15 +87,7 @@ def test_signal_while_following_a_detached_run(tmp_path, kill_later, sig, code, 
 
 
 def test_sigterm_during_an_in_process_relay_marks_it_interrupted(tmp_path):
-    src = tmp_path / "a"
-    src.mkdir()
-    with open(src / "big.bin", "wb") as f:
-        f.write(os.urandom(1 << 20) * 24)
-    plan = local_plan(tmp_path, """  - id: copy
-    content: a slow relay
-    action: {kind: relay, params: {src: "a:big.bin", dst: "b:big.bin", bwlimit: 2M}}
-""", extra_hosts=f"  a: {{local: true, workdir: {src}}}\n  b: {{local: true, workdir: "
-                  f"{tmp_path / 'b'}}}\n")
+    plan = relay_plan(tmp_path, 24)
     db = tmp_path / "s.db"
     p = popen_cli("--state", db, "run", plan, "copy")
     wait_for(lambda: maybe_rows(db, "SELECT 1 FROM runs WHERE state = 'running'"),

@@ -7,7 +7,8 @@ from __future__ import annotations
 import os
 import signal
 
-from tests.fault.conftest import cli, local_plan, maybe_rows, popen_cli, rows, wait_for
+from tests.fault.conftest import (cli, local_plan, maybe_rows, popen_cli, relay_plan, rows,
+                                  wait_for)
 
 
 def test_stop_drains_a_log_nobody_followed(tmp_path, kill_later):
@@ -39,14 +40,8 @@ def test_stop_drains_a_log_nobody_followed(tmp_path, kill_later):
 
 
 def test_second_specdeck_waits_for_an_in_process_relay_and_reports_its_outcome(tmp_path):
+    plan = relay_plan(tmp_path, 20)
     src = tmp_path / "a"
-    src.mkdir()
-    (src / "f.bin").write_bytes(os.urandom(1 << 20) * 20)
-    plan = local_plan(tmp_path, """  - id: copy
-    content: a relay run inside the first specdeck
-    action: {kind: relay, params: {src: "a:f.bin", dst: "b:f.bin", bwlimit: 2M}}
-""", extra_hosts=f"  a: {{local: true, workdir: {src}}}\n  b: {{local: true, workdir: "
-                  f"{tmp_path / 'b'}}}\n")
     db = tmp_path / "s.db"
     first = popen_cli("--state", db, "run", plan, "copy")
     wait_for(lambda: maybe_rows(db, "SELECT 1 FROM runs WHERE state = 'running'"),
