@@ -97,7 +97,7 @@ class SpecdeckApp(App[int]):
         from core.text import sanitize
 
         kwargs.setdefault("markup", False)
-        super().notify(sanitize(str(message), max_len=2000, newlines=True),
+        super().notify(sanitize(str(message), max_len=2000),
                        title=sanitize(str(title), max_len=200), **kwargs)
 
     def __init__(self, plan: Plan, runner: Runner, bridge: EventBridge, *,

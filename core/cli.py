@@ -30,7 +30,7 @@ GLYPHS = {"pending": "○", "in_progress": "◐", "done": "●", "failed": "✗"
 
 def _err(msg: str) -> None:
     # Messages quote file names, hosts' output and plan text: one sanitizer at the boundary.
-    print(sanitize(msg, max_len=20000, newlines=True), file=sys.stderr, flush=True)
+    print(sanitize(msg, max_len=20000), file=sys.stderr, flush=True)
 
 
 def open_store(plan: Plan, state: str | None):
@@ -51,7 +51,7 @@ class Printer:
         if isinstance(ev, LogLinesReceived):
             if not self.quiet and not ev.from_progress:
                 for line in ev.lines:
-                    _err(f"  {ev.item_id} │ {sanitize(line)}")
+                    _err(f"  {ev.item_id} │ {sanitize(line, newlines=False)}")
         elif isinstance(ev, RunStarted):
             verb = "attached to" if ev.attached else "started"
             where = f" on {ev.host}" if ev.host else ""
@@ -154,8 +154,9 @@ def cmd_status(args) -> int:
             how = (f" signal {run['signal']}" if run["signal"] else
                    (f" exit {run['exit_code']}" if run["exit_code"] is not None else ""))
             r = f"  [{run['state']}{how} #{run['attempt']}]"
-        print(sanitize(f"  {GLYPHS[st[it.id]]} {st[it.id]:<11} {it.id:<24} {it.priority:<6} "
-                       f"{kind}{where:<12} {it.content}{r}"))
+        row = (f"  {GLYPHS[st[it.id]]} {st[it.id]:<11} {it.id:<24} {it.priority:<6} "
+               f"{kind}{where:<12} {it.content}{r}")
+        print(sanitize(row, newlines=False))
     for a in alerts[-5:]:
         print(sanitize(f"  ALERT {time.strftime('%m-%d %H:%M', time.localtime(a['at']))} "
                        f"{a['item_id']}: {a['message']}"))
@@ -236,7 +237,7 @@ def cmd_logs(args) -> int:
             if data:
                 text = data.decode("utf-8", "replace")
                 if sys.stdout.isatty():
-                    text = "\n".join(sanitize(x) for x in text.split("\n"))
+                    text = "\n".join(sanitize(x, newlines=False) for x in text.split("\n"))
                 out.write(text.encode())
                 out.flush()
                 printed += len(data)

@@ -24,10 +24,11 @@ _CTRL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _CTRL_NL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 
 
-def sanitize(line: str, *, max_len: int = 4000, newlines: bool = False) -> str:
+def sanitize(line: str, *, max_len: int = 4000, newlines: bool = True) -> str:
     """Drop escape sequences and control characters (C0 and C1); cut very long lines.
 
-    Tabs are kept; a newline is kept only when ``newlines`` (multi-line messages).
+    Tabs and newlines are kept (``newlines=False`` replaces newlines too, for one-line
+    fields).
     """
     if not isinstance(line, str):
         line = str(line)

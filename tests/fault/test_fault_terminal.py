@@ -19,7 +19,7 @@ def test_sanitize_strips_c0_c1_and_sequences():
     assert "owned" not in out and "dcs" not in out
     assert out.startswith("ab") and "i" in out
     assert sanitize("tab\tkept") == "tab\tkept"
-    assert "\n" not in sanitize("one\ntwo") and "\n" in sanitize("one\ntwo", newlines=True)
+    assert "\n" not in sanitize("one\ntwo", newlines=False) and "\n" in sanitize("one\ntwo")
 
 
 def test_log_lines_progress_and_status_are_clean(tmp_path):
