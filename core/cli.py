@@ -1,8 +1,10 @@
 """``specdeck``: the headless CLI. Its commands, output and exit statuses are a contract.
 
-Exit statuses: 0 success; 1 an action failed; 2 invalid input (nothing was written);
-3 a host could not be reached. Diagnostics and progress go to stderr; stdout carries only
-what a script asked for (``status --json``, ``export``, ``logs``).
+Exit statuses: 0 success; 1 an action failed; 2 invalid input (nothing was written; an
+unusable state database too); 3 a host could not be reached; 130 / 143 interrupted by Ctrl-C /
+SIGTERM (detached runs keep going, runs inside specdeck are marked interrupted).
+Diagnostics and progress go to stderr; stdout carries only what a script asked for
+(``status --json``, ``export``, ``logs``).
 """
 
 from __future__ import annotations

@@ -436,7 +436,8 @@ class Runner:
             return None
         if not found:
             return None
-        msg = (jobs.describe_leftovers(found) + f"; `specdeck stop {self.plan.path or self.plan.name} {run['item_id']}` "
+        plan = self.plan.path or self.plan.name
+        msg = (jobs.describe_leftovers(found) + f"; `specdeck stop {plan} {run['item_id']}` "
                "ends them")
         self.emit(Notice(run["item_id"], f"{run['item_id']}: {msg}", "warning"))
         self.store.journal("leftovers", msg, item_id=run["item_id"], run_id=run["id"],
@@ -448,8 +449,13 @@ class Runner:
         run = self.store.latest_run(item_id)
         if run is None or not run.get("capsule") or not run.get("host"):
             return run, 0
-        host = await self.host(run["host"])
-        n = await jobs.end_leftovers(host, run["capsule"], grace_s=grace_s)
+        try:
+            host = await self.host(run["host"])
+            n = await jobs.end_leftovers(host, run["capsule"], grace_s=grace_s)
+        except HostUnreachable as e:
+            self.emit(Notice(item_id, f"{item_id}: could not look for processes run "
+                             f"{run['id']} left behind: {e}", "warning"))
+            return run, 0
         if n:
             self.store.journal("leftovers_ended", f"ended {n} leftover process(es)",
                                item_id=item_id, run_id=run["id"], host=run["host"])
