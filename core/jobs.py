@@ -188,9 +188,14 @@ MARKER = "SPECDECK_CAPSULE"
 leave its process group or session (``setsid``, a daemon's double fork) are still found."""
 
 _TREE = r"""D={d}
-read pid rest <"$D/pid" 2>/dev/null || exit 0
+read pid pstart rest <"$D/pid" 2>/dev/null || exit 0
 [ -n "$pid" ] || exit 0
-{{ ps -e -o pid=,sid= 2>/dev/null | awk -v s="$pid" '$2 == s {{print $1}}'
+# The session id is the command's pid: Linux keeps a pid unused while a session refers to it,
+# so its members are the run's; but a live process with that pid and another start time is
+# a stranger's new session (the command's and every member are gone): only the marker counts.
+cur=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f20)
+sid=$pid; [ -z "$cur" ] || [ "$cur" = "$pstart" ] || sid=none
+{{ ps -e -o pid=,sid= 2>/dev/null | awk -v s="$sid" '$2 == s {{print $1}}'
    grep -lzxF "{marker}=$D" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3
 }} | sort -un | grep -vx "$$" | while read p; do
   a=$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | cut -c1-200)
