@@ -93,6 +93,15 @@ class SpecdeckApp(App[int]):
         Binding("q", "quit", "Quit"),
     ]
 
+    def notify(self, message: str, *, title: str = "", **kwargs) -> None:
+        """Every notification passes the terminal sanitizer (messages quote hosts' output,
+        file names, plan text) and is shown without markup interpretation."""
+        from core.text import sanitize
+
+        kwargs.setdefault("markup", False)
+        super().notify(sanitize(str(message), max_len=2000),
+                       title=sanitize(str(title), max_len=200), **kwargs)
+
     def __init__(self, plan: Plan, runner: Runner, bridge: EventBridge, *,
                  probe_hosts: bool = True, reconcile: bool = True, gpu_every: float = 15.0,
                  autorun: bool = False):

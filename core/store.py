@@ -108,17 +108,41 @@ class Store:
 
     def __init__(self, path: str | Path = ":memory:"):
         self.path = str(path)
-        if self.path != ":memory:":
+        if self.path == ":memory:":
+            self._open()
+            return
+        from core import statefile
+
+        # Inspected read-only first: nothing is created, converted or migrated in a file
+        # that is not a specdeck database this version knows (see core.statefile).
+        statefile.preflight(self.path, [m.name for m in migrations._migrations], migrations.name)
+        created = not os.path.exists(self.path)
+        try:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, timeout=30.0)
+            self._open()
+        except (sqlite3.Error, OSError) as e:
+            with contextlib.suppress(Exception):
+                self.db.close()
+            if created:  # a half-created file (full disk) is not left behind
+                for suffix in ("", "-wal", "-shm", "-journal"):
+                    with contextlib.suppress(OSError):
+                        os.remove(self.path + suffix)
+            raise statefile.open_problem(self.path, e) from None
+
+    def _open(self) -> None:
+        conn = sqlite3.connect(self.path, timeout=self.OPEN_WAIT_S)
         self.db = Database(conn)
         if self.path != ":memory:":
             self.db.enable_wal()
-        self.db.execute("PRAGMA busy_timeout = 30000")
+        self.db.execute(f"PRAGMA busy_timeout = {int(self.OPEN_WAIT_S * 1000)}")
         self.db.execute("PRAGMA synchronous = NORMAL")
         with self._immediate():
             pass
         self._migrate()
+        self.db.execute("PRAGMA busy_timeout = 30000")
+
+    OPEN_WAIT_S = 10.0
+    """How long opening waits for a lock another program holds (then: a clear error)."""
 
     def _migrate(self) -> None:
         # Two processes opening a fresh file at once: serialize the migration.

@@ -24,6 +24,7 @@ from textual.message import Message
 from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import Option
 
+from core.text import sanitize
 from core.plan import Item, Plan
 
 GLYPHS = {"pending": "○", "in_progress": "◐", "done": "●", "failed": "✗", "skipped": "⊘"}
@@ -52,8 +53,8 @@ def item_prompt(item: Item, status: str, *, live: bool = False, pinned: bool = F
     if pinned:
         t.append(" ⌖", style="cyan")
     if item.needs:
-        t.append("  ⇠ " + ",".join(item.needs), style="bright_black")
-    content = Text(item.content, style="dim" if status in ("done", "skipped") else "")
+        t.append("  ⇠ " + sanitize(",".join(item.needs), max_len=200), style="bright_black")
+    content = Text(sanitize(item.content), style="dim" if status in ("done", "skipped") else "")
     return Group(t, Padding(content, (0, 0, 0, 2)))
 
 

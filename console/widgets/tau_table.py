@@ -29,6 +29,7 @@ from textual.widgets import DataTable, Static
 from core.compare import (Comparison, bars, fmt_ci, fmt_delta, fmt_pct, fmt_tau,
                           mismatch_note)
 from core.stats import BETTER, NONE, WORSE
+from core.text import sanitize
 
 COLUMNS = {"prompt": 8, "drafter": 13, "tau": 5, "Δ": 6, "% base": 6, "note": 8, "95% CI": 10}
 """Columns and their fixed widths (fixed: a table's look never depends on when it idles)."""
@@ -177,8 +178,8 @@ class TauPane(Vertical):
             name_style = "italic" if r.role == "baseline" else ("yellow" if r.mismatch else "")
             delta_style = "green" if (r.delta or 0) > 0 else ("red" if (r.delta or 0) < 0 else "")
             table.add_row(
-                Text(r.prompt, style="bold" if r.group == 0 else ""),
-                Text(r.drafter + (" ⚠" if r.mismatch else ""), style=name_style),
+                Text(sanitize(str(r.prompt), max_len=200), style="bold" if r.group == 0 else ""),
+                Text(sanitize(str(r.drafter), max_len=200) + (" ⚠" if r.mismatch else ""), style=name_style),
                 Text(fmt_tau(r.tau), justify="right"),
                 Text(fmt_delta(r.delta), justify="right", style=delta_style),
                 Text(fmt_pct(r.pct), justify="right"), note,
