@@ -21,13 +21,13 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Static
 
+from console.widgets.acceptance_bars import AcceptanceBars
+from console.widgets.vim import table_keys
 from core.compare import Comparison, fmt_delta, fmt_pct, fmt_tau, mismatch_note
 
 COLUMNS = {"prompt": 8, "drafter": 15, "tau": 5, "Δ": 6, "% base": 6, "note": 6}
 """Columns and their fixed widths (fixed: a table's look never depends on when it idles)."""
 SORTABLE = ("prompt", "drafter", "tau", "Δ", "% base")
-BAR_COLORS = ("cyan", "magenta", "green", "yellow", "blue", "red")
-_EIGHTHS = " ▁▂▃▄▅▆▇█"
 
 
 @dataclass
@@ -64,34 +64,8 @@ def rows_of(c: Comparison) -> list[_Row]:
     return rows
 
 
-def bars(values: tuple[float, ...], height: int = 3) -> list[str]:
-    """Vertical bars (one column per value in 0..1), ``height`` rows, top row first."""
-    levels = height * 8
-    cols = [round(max(0.0, min(1.0, v)) * levels) for v in values]
-    out = []
-    for row in range(height - 1, -1, -1):
-        out.append("".join(_EIGHTHS[max(0, min(8, c - row * 8))] for c in cols))
-    return out
-
-
-class AcceptanceBars(Static):
-    """Per-position acceptance of a few drafters as small bar charts."""
-
-    def set_drafters(self, entries: list[tuple[str, tuple[float, ...]]]) -> None:
-        t = Text(no_wrap=True, overflow="ellipsis")
-        t.append("p_k acceptance\n", style="bold")
-        if not entries:
-            t.append("no eval results", style="bright_black")
-        for i, (label, pp) in enumerate(entries):
-            color = BAR_COLORS[i % len(BAR_COLORS)]
-            t.append(f"{label}\n", style=color)
-            wide = len(pp) <= 12
-            vals = tuple(v for p in pp for v in ((p, 0.0) if wide else (p,)))
-            for line in bars(vals, height=2):
-                t.append(line + "\n", style=color)
-            axis = "".join(f"{k + 1:<2}" if wide else str((k + 1) % 10) for k in range(len(pp)))
-            t.append(axis.rstrip() + "\n", style="bright_black")
-        self.update(t)
+class TauTable(DataTable):
+    BINDINGS = table_keys()
 
 
 class TauPane(Vertical):
@@ -116,7 +90,7 @@ class TauPane(Vertical):
     def compose(self) -> ComposeResult:
         yield Static("no eval results yet", id="tau-title")
         with Horizontal(id="tau-body"):
-            yield DataTable(id="tau-table", cursor_type="row", zebra_stripes=True)
+            yield TauTable(id="tau-table", cursor_type="row", zebra_stripes=True)
             yield AcceptanceBars(id="tau-bars")
 
     def on_mount(self) -> None:
