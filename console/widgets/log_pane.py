@@ -112,6 +112,11 @@ class LogPane(Vertical):
     def on_mount(self) -> None:
         self.query_one("#log-search").display = False
 
+    def on_resize(self) -> None:
+        """The layout gave the pane another height: a following log stays at its end."""
+        if self.follow:
+            self.call_after_refresh(self.log.scroll_end, animate=False, immediate=True)
+
     @property
     def log(self) -> Log:
         return self.query_one("#log", Log)

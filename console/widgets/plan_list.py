@@ -115,6 +115,7 @@ class PlanPane(Vertical):
         self.pinned: set[str] = set()
         self.filter_text = ""
         self._shown: list[str] = []
+        self._announced: str | None = None
 
     def compose(self) -> ComposeResult:
         yield Static("", id="plan-summary")
@@ -202,7 +203,9 @@ class PlanPane(Vertical):
     @on(OptionList.OptionHighlighted, "#plan-options")
     def _highlighted(self, event: OptionList.OptionHighlighted) -> None:
         event.stop()
-        if event.option_id:
+        # (redrawing an item's line highlights it again: only a move is news)
+        if event.option_id and event.option_id != self._announced:
+            self._announced = event.option_id
             self.post_message(self.ItemSelected(event.option_id))
 
     @on(OptionList.OptionSelected, "#plan-options")
