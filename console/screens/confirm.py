@@ -103,6 +103,8 @@ def launch_facts(item, params: dict, detached: bool) -> list[tuple[str, str]]:
             nodes = [a.host] + list(params.get("nodes") or [])
             res = (f"{n * len(nodes)} GPU workers: nproc_per_node {n} × {len(nodes)} "
                    f"node{'s' if len(nodes) > 1 else ''} ({', '.join(nodes)})")
+            if params.get("command"):  # the trainer's own command line is not wrapped
+                res += "; your command runs as written (start its workers itself)"
         elif launcher == "slurm":
             sl = params.get("slurm") or {}
             res = "sbatch " + (plain({k: v for k, v in sl.items() if k != "extra"})

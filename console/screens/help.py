@@ -67,12 +67,18 @@ def glyph_sections() -> list[tuple[str, list[tuple[Text, str]]]]:
         for s, (g, c) in CHECK_STYLE.items()]
     runs = [(Text("#N", style="bold"), "attempt number of a run"),
             *[(Text(s, style=c), f"run state {s}") for s, c in RUN_STYLE.items()]]
+    runs += [(Text("▸", style="cyan"), "the latest progress line of the item's live run"),
+             (Text("follow on", style="green"), "log title: the log stays at its newest line "
+              "(f toggles)")]
     hosts = [(Text(g, style=c), f"host {s}") for s, (g, c) in STATE.items()]
     tau = [(Text("⚠", style="bold yellow"), "settings differ from the baseline's: not "
             "comparable (the differing keys follow)"),
            (Text("Σ macro", style="bold"), "mean of the per-prompt tau"),
            (Text("Σ pooled", style="bold"), "tau over every round of every prompt"),
-           (Text("█", style="cyan"), "per-position acceptance p_k (bar and value)")]
+           (Text("█", style="cyan"), "per-position acceptance p_k (bar and value)"),
+           (Text("Δ  % base"), "difference from the baseline's tau, and tau as % of it")]
+    curves = [(Text("━", style="cyan"), "legend: the colour of each curve (run#attempt)"),
+              (Text(" loss ", style="reverse bold"), "the metric family shown (m / M)")]
     return [("Glyphs: items (plan pane)", items), ("Glyphs: check verdicts (item pane)", checks),
             ("Glyphs: runs (item pane, log title)", runs), ("Glyphs: hosts (top bar)", hosts),
-            ("Glyphs: tau pane", tau)]
+            ("Glyphs: tau pane", tau), ("Glyphs: curves", curves)]
