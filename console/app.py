@@ -428,8 +428,10 @@ class SpecdeckApp(App[int]):
     @_until_closed
     def _run_started(self, msg: m.RunStarted) -> None:
         self.query_one(PlanPane).set_live(msg.item_id, True)
-        if self.following and msg.item_id != self.selected and not msg.attached:
-            self.query_one(PlanPane).select(msg.item_id)  # ItemSelected loads its log
+        plan_pane = self.query_one(PlanPane)
+        if (self.following and msg.item_id != self.selected and not msg.attached
+                and msg.item_id in plan_pane.shown):  # (a filter may hide it)
+            plan_pane.select(msg.item_id)  # ItemSelected loads its detail, log and curves
             self.selected = msg.item_id
         self.query_one(LogPane).run_started(msg.item_id, msg.run_id, msg.host)
         if msg.item_id == self.selected:
