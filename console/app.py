@@ -253,6 +253,7 @@ class SpecdeckApp(App[int]):
         else:
             tau.styles.height = "1fr"
         self.screen.set_class(self.compact and not self.zoomed, "-compact")
+        self.query_one(Footer).compact = self.compact  # more keys fit on a narrow footer
         tabs = self.query_one("#tabs", Static)
         tabs.display = self.compact and not self.zoomed
         if tabs.display:
@@ -499,6 +500,8 @@ class SpecdeckApp(App[int]):
     @_until_closed
     def _session_opened(self, msg: m.SessionOpened) -> None:
         self._opening = False
+        if msg.changes:  # reconcile drained logs and ended runs: show the selected item anew
+            self._load_selected()
         self.meanwhile, title, all_ok = meanwhile_summary(msg.changes, msg.meanwhile)
         if self.meanwhile:
             lines = self.meanwhile

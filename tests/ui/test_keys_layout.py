@@ -426,5 +426,8 @@ async def test_unclean_exit_then_reopen_tells_each_change_once(tmp_path):
         assert title == "While the console was closed: 2 succeeded"
         told = [ln.split(":")[0] for ln in text.splitlines()[:-1]]
         assert told == ["long", "by-cli"] and "quick" not in text
+        # reopened on long (live when the store was last seen), its log drained to the end
+        assert app.selected == "long" and app.query_one(LogPane).log.lines[-1] == "bye"
+        assert app.query_one(LogPane).stream == "succeeded"
         await pilot.press("q")
     store.close()
