@@ -196,9 +196,6 @@ class SpecdeckApp(App[int]):
         if pane in ("log", "metrics", "tau"):
             self.beside = pane
 
-    def on_resize(self, event: events.Resize) -> None:
-        self._apply_layout()
-
     def _shows(self, name: str) -> bool:
         """Whether pane ``name`` has something to show (empty curves and tau give way)."""
         if name == "metrics":
@@ -614,6 +611,8 @@ class SpecdeckApp(App[int]):
         if isinstance(event, events.Key) and self.following:
             self._set_following(False)
         await super().on_event(event)
+        if isinstance(event, events.Resize):  # (App._on_resize stops it: no on_resize)
+            self._apply_layout()
 
     def action_stop_run(self) -> None:
         item_id = self.selected

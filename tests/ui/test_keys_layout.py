@@ -274,6 +274,16 @@ async def test_layout_at_80x24_every_pane_reachable_and_log_readable(campaign):
         await pilot.press("z")
         await settle(pilot)
         assert app.zoomed is None and app.query_one("#plan").display
+        # the terminal grows: every pane at once, no tabs; and back
+        await pilot.resize_terminal(140, 45)
+        await settle(pilot)
+        assert not app.compact and not app.query_one("#tabs").display
+        assert all(app.query_one(b).display for b in ("#plan", "#detail", "#logpane",
+                                                      "#metrics", "#tau"))
+        await pilot.resize_terminal(80, 24)
+        await settle(pilot)
+        assert app.compact and app.query_one("#tabs").display
+        assert not app.query_one("#tau").display or not app.query_one("#logpane").display
 
 
 async def test_empty_panes_give_their_rows_away(live_plan):
