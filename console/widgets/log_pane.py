@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from collections import deque
 
 from rich.text import Text
 from textual import on
@@ -103,6 +104,10 @@ class LogPane(Vertical):
         self.matches: list[int] = []
         self.match_index = -1
         self.dropped = 0
+        self._raw: deque[str] = deque(maxlen=MAX_LINES)
+        """The shown run's last lines as written (sanitized), to wrap again on a resize."""
+        self._wrapped_at: int | None = None
+        """The width JSON records were last wrapped to (None: no JSON record shown)."""
 
     def compose(self) -> ComposeResult:
         yield Static("no run selected", id="log-title")
@@ -113,9 +118,20 @@ class LogPane(Vertical):
         self.query_one("#log-search").display = False
 
     def on_resize(self) -> None:
-        """The layout gave the pane another height: a following log stays at its end."""
+        """The layout gave the pane another size: JSON records are wrapped to the new width
+        (after the layout), and a following log stays at its end."""
+        self.call_after_refresh(self._rewrap)
+
+    def _rewrap(self) -> None:
+        if self._wrapped_at is not None and self._wrap_width() != self._wrapped_at:
+            raw = list(self._raw)
+            self._raw.clear()
+            self.log.clear()
+            self.log.write_lines(self._shown_lines(raw, sanitized=True))
+            if self.query_text:
+                self.find(self.query_text)
         if self.follow:
-            self.call_after_refresh(self.log.scroll_end, animate=False, immediate=True)
+            self.log.scroll_end(animate=False, immediate=True)
 
     @property
     def log(self) -> Log:
@@ -131,6 +147,8 @@ class LogPane(Vertical):
                        else (run["state"] if run else "–"))
         self.dropped = 0
         self.matches, self.match_index = [], -1
+        self._raw.clear()
+        self._wrapped_at = None
         log = self.log
         log.clear()
         if lines:
@@ -164,17 +182,24 @@ class LogPane(Vertical):
         self.set_stream({"connected": "following"}.get(state, state))
 
     # -- rendering -----------------------------------------------------------------------
-    def _shown_lines(self, lines: list[str]) -> list[str]:
-        """Sanitized lines; JSON records pretty-printed and wrapped to the pane's width."""
-        width = (self.log.scrollable_content_region.width or 80) - 1
+    def _wrap_width(self) -> int:
+        return (self.log.scrollable_content_region.width or 80) - 1
+
+    def _shown_lines(self, lines: list[str], *, sanitized: bool = False) -> list[str]:
+        """Sanitized lines (kept, see ``_raw``); JSON records pretty-printed and wrapped to
+        the pane's width."""
+        width = self._wrap_width()
+        if not sanitized:
+            lines = [sanitize(x) for x in lines]
+        self._raw.extend(lines)
         out: list[str] = []
         for x in lines:
-            x = sanitize(x)
             pretty = pretty_json(x, width) if x[:1] == "{" else None
             if pretty is None:
                 out.append(x)
             else:
                 out += pretty
+                self._wrapped_at = width
         return out
 
     def _title(self) -> None:

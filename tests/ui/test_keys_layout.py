@@ -441,3 +441,22 @@ async def test_unclean_exit_then_reopen_tells_each_change_once(tmp_path):
         assert app.query_one(LogPane).stream == "succeeded"
         await pilot.press("q")
     store.close()
+
+
+async def test_json_records_wrap_again_when_the_log_gets_wider(campaign):
+    plan, store = campaign
+    app = build(plan, store)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        app.query_one(PlanPane).select("train-v5")
+        await settle(pilot)
+        pane = app.query_one(LogPane)
+        narrow = list(pane.log.lines)
+        assert any(x.startswith("    ") for x in narrow)  # wrapped at 80x24
+        assert narrow[-1] == "saved step_1000"
+        await pilot.press("2", "z")  # the log fills the screen: records take one line each
+        await settle(pilot)
+        wide = list(pane.log.lines)
+        assert len(wide) < len(narrow) and not any(x.startswith("    ") for x in wide)
+        assert wide[-1] == "saved step_1000" and wide[-2].startswith("step 1000 · loss 1.228")
+        assert pane.log.scroll_y == pane.log.max_scroll_y  # still following the end
