@@ -17,7 +17,7 @@ from console.widgets.metrics_pane import MetricsPane, ema, families
 from console.widgets.plan_list import PlanPane
 from core.plan import load_plan, params_summary
 from core.store import Store
-from tests.ui.conftest import ROOT, build, process_alive, settle, wait_for
+from tests.ui.conftest import ROOT, build, pick, process_alive, settle, wait_for
 
 TRAIN = """\
 name: keys
@@ -63,9 +63,7 @@ async def test_r_on_a_train_item_confirms_with_host_and_launcher(tmp_path):
     seen: list = []
     app = build(plan, store)
     async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
-        await settle(pilot)
-        app.query_one(PlanPane).select("train")
-        await settle(pilot)
+        await pick(pilot, "train")
         await pilot.press("r")
         await pilot.pause()
         modal = app.screen
@@ -149,9 +147,7 @@ async def test_vim_motion_moves_the_cursor(campaign):
         assert table.cursor_row == table.row_count - 1
         # and the log scrolls
         await pilot.press("1", "g")
-        await settle(pilot)
-        app.query_one(PlanPane).select("train-v5")
-        await settle(pilot)
+        await pick(pilot, "train-v5")
         await pilot.press("2")
         await settle(pilot)
         log = app.query_one("#log")
@@ -194,9 +190,7 @@ async def test_follow_mode_selects_each_new_run_during_A_until_a_key(tmp_path):
     seen: list = []
     app = build(plan, store)
     async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
-        await settle(pilot)
-        app.query_one(PlanPane).select("d")
-        await settle(pilot)
+        await pick(pilot, "d")
         at = len(seen)
         await pilot.press("A")
         started = await wait_for(seen, m.RunStarted, lambda x: x.item_id == "b", pilot=pilot)
@@ -244,9 +238,7 @@ async def test_layout_at_80x24_every_pane_reachable_and_log_readable(campaign):
     plan, store = campaign
     app = build(plan, store)
     async with app.run_test(size=(80, 24)) as pilot:
-        await settle(pilot)
-        app.query_one(PlanPane).select("train-v5")
-        await settle(pilot)
+        await pick(pilot, "train-v5")
         assert app.compact and app.query_one("#tabs").display
         log = app.query_one("#log")
         assert log.region.height >= 8 and log.region.width >= 40
@@ -306,9 +298,7 @@ async def test_manual_done_detail_and_unambiguous_dates(live_plan, utc):
     store.set_status("tick", "done")
     app = build(plan, store)
     async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot)
-        app.query_one(PlanPane).select("tick")
-        await settle(pilot)
+        await pick(pilot, "tick")
         d = app.query_one(ItemDetail)
         assert d.check[0] == "done" and "blocked" not in str(d.query_one("#detail-body").render())
     from console.widgets.item_detail import run_line
@@ -338,9 +328,7 @@ async def test_curve_controls(campaign):
                                            range(50, 1001, 50)])
     app = build(plan, store)
     async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot)
-        app.query_one(PlanPane).select("train-v5")
-        await settle(pilot)
+        await pick(pilot, "train-v5")
         pane = app.query_one(MetricsPane)
         assert "elapsed_s" not in pane.families
         await pilot.press("3", "s", "l", "w")
@@ -447,9 +435,7 @@ async def test_json_records_wrap_again_when_the_log_gets_wider(campaign):
     plan, store = campaign
     app = build(plan, store)
     async with app.run_test(size=(80, 24)) as pilot:
-        await settle(pilot)
-        app.query_one(PlanPane).select("train-v5")
-        await settle(pilot)
+        await pick(pilot, "train-v5")
         pane = app.query_one(LogPane)
         narrow = list(pane.log.lines)
         assert any(x.startswith("    ") for x in narrow)  # wrapped at 80x24
