@@ -264,6 +264,12 @@ class SpecdeckApp(App[int]):
 
     def _show_pane(self, name: str) -> None:
         """Make pane ``name`` visible (on a small terminal, beside the plan), then focus it."""
+        if not (self.compact or self.zoomed or self._shows(name)):
+            self.notify({"metrics": "no curves: this item's runs logged no metrics (p pins "
+                                    "another run's curves)",
+                         "tau": "no eval results yet"}.get(name, f"{name} is empty"),
+                        severity="warning")
+            return
         self._set_current(name)
         if self.zoomed and self.zoomed != name:
             self.zoomed = name

@@ -287,6 +287,11 @@ async def test_empty_panes_give_their_rows_away(live_plan):
         assert not app.compact
         assert not app.query_one("#tau").display and not app.query_one("#metrics").display
         assert app.query_one("#logpane").region.height == 50 - 2
+        notes: list = []
+        app.notify = lambda message, **kw: notes.append(message)
+        await pilot.press("4")  # an empty pane is not focused (hidden), it says why
+        await settle(pilot)
+        assert app.current == "plan" and notes == ["no eval results yet"]
         await pilot.press("r", "y")  # hello logs metrics: the curves appear
         await settle(pilot)
         await settle(pilot)
