@@ -142,6 +142,8 @@ class SpecdeckApp(App[int]):
         """The pane that fills the screen (z), or None."""
         self.following = False
         """Follow mode (A): the cursor and log follow each run as it starts; any key stops."""
+        self._layout_key: tuple | None = None
+        """What the layout was last computed for (see _apply_layout)."""
 
     # -- layout --------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -223,6 +225,12 @@ class SpecdeckApp(App[int]):
             shown = {"detail" if self.current == "detail" else "plan", self.beside}
         else:
             shown = {"plan", "detail", "log"} | {p for p in ("metrics", "tau") if self._shows(p)}
+        pane = self.query_one(TauPane)
+        tau_need = 4 + max(len(pane.ordered_rows) + 1, pane.query_one("#tau-bars").rows_needed)
+        key = (w, h, frozenset(shown), self.current, self.zoomed, tau_need)
+        if key == self._layout_key:  # nothing moved: no style change, no layout pass
+            return
+        self._layout_key = key
         for name, sel in BOXES.items():
             box = self.query_one(sel)
             box.display = name in shown
@@ -243,10 +251,7 @@ class SpecdeckApp(App[int]):
         metrics, tau = self.query_one("#metrics"), self.query_one("#tau")
         metrics.styles.height = "1fr"
         if "tau" in shown and len(shown & {"log", "metrics", "tau"}) > 1:
-            pane = self.query_one(TauPane)
-            need = 4 + max(len(pane.ordered_rows) + 1,
-                           pane.query_one("#tau-bars").rows_needed)
-            tau.styles.height = max(8, min(need, int((h - 2) * 0.4)))
+            tau.styles.height = max(8, min(tau_need, int((h - 2) * 0.4)))
         else:
             tau.styles.height = "1fr"
         self.screen.set_class(self.compact and not self.zoomed, "-compact")
