@@ -193,7 +193,12 @@ async def test_follow_mode_selects_each_new_run_during_A_until_a_key(tmp_path):
         await pick(pilot, "d")
         at = len(seen)
         await pilot.press("A")
-        started = await wait_for(seen, m.RunStarted, lambda x: x.item_id == "b", pilot=pilot)
+        try:
+            started = await wait_for(seen, m.RunStarted, lambda x: x.item_id == "b",
+                                     pilot=pilot, timeout=60)
+        except AssertionError as e:  # say what the runs did (a slow, loaded machine?)
+            runs = {i: (r["state"], r["error"]) for i in "ab" if (r := store.latest_run(i))}
+            raise AssertionError(f"{e}; statuses {store.item_statuses()}; runs {runs}") from e
         await wait_for(seen, m.LogLoaded, lambda x: x.item_id == "b", pilot=pilot)
         await pilot.pause()
         # each run, as it started, moved the cursor to its item (before the next one started)
