@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from console import messages as m
 from console.screens.confirm import ConfirmModal, launch_facts, plain, run_text
 from console.widgets.item_detail import ItemDetail
@@ -43,6 +45,16 @@ items:
     needs: [train]
     action: {{kind: shell, host: gpu2, params: {{command: "echo eval"}}}}
 """
+
+
+@pytest.fixture
+def go(tmp_path):
+    """The file that lets the tests' waiting shell commands finish; touched at teardown too,
+    so that a failing test leaves no process behind on the host."""
+    path = tmp_path / "here" / "go"
+    yield path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
 
 
 def of(messages, kind, **match):
@@ -182,7 +194,7 @@ items:
 """
 
 
-async def test_follow_mode_selects_each_new_run_during_A_until_a_key(tmp_path):
+async def test_follow_mode_selects_each_new_run_during_A_until_a_key(tmp_path, go):
     path = tmp_path / "follow.yaml"
     path.write_text(FOLLOW.format(root=tmp_path))
     plan = load_plan(path)
@@ -217,7 +229,7 @@ async def test_follow_mode_selects_each_new_run_during_A_until_a_key(tmp_path):
         await pilot.press("k")
         await pilot.pause()
         assert not app.following and app.selected == "a"
-        (tmp_path / "here" / "go").touch()
+        go.touch()
         for item in ("c", "d"):
             await wait_for(seen, m.RunEnded, lambda x, i=item: x.item_id == i, pilot=pilot)
         await settle(pilot)
@@ -381,7 +393,7 @@ items:
 """
 
 
-async def test_unclean_exit_then_reopen_tells_each_change_once(tmp_path):
+async def test_unclean_exit_then_reopen_tells_each_change_once(tmp_path, go):
     path = tmp_path / "unclean.yaml"
     path.write_text(UNCLEAN.format(root=tmp_path).replace(
         "  - id: by-cli", "  - id: by-cli\n    priority: low").replace(
@@ -415,7 +427,7 @@ async def test_unclean_exit_then_reopen_tells_each_change_once(tmp_path):
     kinds = [e["kind"] for e in store.events()]
     assert kinds.count("console_opened") == 1 and kinds[-1] != "console_closed"
     # while no console is open: long ends on its host, and a CLI run ends (journalled)
-    (tmp_path / "here" / "go").touch()
+    go.touch()
     store.claim_run("by-cli-0101-01", "by-cli", "shell", "here", owner="cli:1:1")
     store.end_run("by-cli-0101-01", "succeeded", exit_code=0)
     seen: list = []
