@@ -85,6 +85,13 @@ def m003_adopted_runs(db: Database) -> None:
     db["runs"].add_column("log_base", int, not_null_default=0)
 
 
+@migrations()
+def m004_console_seen(db: Database) -> None:
+    """Where a console last saw the store: the journal id it had seen and when (a heartbeat,
+    so that an unclean exit still leaves the mark)."""
+    db["console_seen"].create({"name": str, "event_id": int, "at": float}, pk="name")
+
+
 def default_state_path(plan_name: str) -> Path:
     """``$SPECDECK_STATE``, else ``$XDG_STATE_HOME/specdeck/<plan>.db``."""
     env = os.environ.get("SPECDECK_STATE")
@@ -360,6 +367,27 @@ class Store:
         return list(self.db["events"].rows_where(where, args, limit=limit,
                                                  order_by="id DESC" if newest_first else "id"))
 
+    def last_event_id(self) -> int:
+        return self.db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
+
+    def mark_seen(self, name: str = "console", event_id: int | None = None) -> int:
+        """Record that a console has seen the journal up to ``event_id`` (default: all of it),
+        now. The mark only moves forward. Returns the mark."""
+        with self._immediate():
+            latest = self.last_event_id()
+            eid = latest if event_id is None else min(event_id, latest)
+            row = self.db.execute("SELECT event_id FROM console_seen WHERE name = ?",
+                                  [name]).fetchone()
+            eid = max(eid, row[0] if row else 0)
+            self.db["console_seen"].upsert({"name": name, "event_id": eid, "at": time.time()},
+                                           pk="name")
+        return eid
+
+    def seen_mark(self, name: str = "console") -> dict | None:
+        """``{event_id, at}`` of the last :meth:`mark_seen`, or None if none was recorded."""
+        rows = list(self.db["console_seen"].rows_where("name = ?", [name]))
+        return rows[0] if rows else None
+
     # -- metrics -------------------------------------------------------------------------
     def add_metrics(self, run_id: str, rows: Iterable[tuple[int, str, float]]) -> None:
         now = time.time()
@@ -372,11 +400,13 @@ class Store:
         return [r[0] for r in self.db.execute(
             "SELECT DISTINCT name FROM metrics WHERE run_id = ? ORDER BY name", [run_id])]
 
-    def metric_series(self, run_id: str, name: str, *, max_points: int | None = None
-                      ) -> list[tuple[int, float]]:
-        """(step, value) in step order; thinned evenly to ``max_points`` when given."""
-        rows = [(r[0], r[1]) for r in self.db.execute(
-            "SELECT step, value FROM metrics WHERE run_id = ? AND name = ? ORDER BY step",
+    def metric_series(self, run_id: str, name: str, *, max_points: int | None = None,
+                      with_time: bool = False) -> list[tuple]:
+        """(step, value) in step order (``with_time``: (step, value, stored at)); thinned
+        evenly to ``max_points`` when given."""
+        cols = "step, value, at" if with_time else "step, value"
+        rows = [tuple(r) for r in self.db.execute(
+            f"SELECT {cols} FROM metrics WHERE run_id = ? AND name = ? ORDER BY step",
             [run_id, name])]
         if max_points and len(rows) > max_points:
             stride = len(rows) / max_points

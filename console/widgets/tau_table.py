@@ -26,15 +26,15 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Static
 
-from core.compare import (Comparison, bars, fmt_ci, fmt_delta, fmt_pct, fmt_tau,
-                          mismatch_note)
+from console.widgets.acceptance_bars import AcceptanceBars
+from console.widgets.vim import table_keys
+from core.compare import Comparison, fmt_ci, fmt_delta, fmt_pct, fmt_tau, mismatch_note
 from core.stats import BETTER, NONE, WORSE
 from core.text import sanitize
 
 COLUMNS = {"prompt": 8, "drafter": 13, "tau": 5, "Δ": 6, "% base": 6, "note": 8, "95% CI": 10}
 """Columns and their fixed widths (fixed: a table's look never depends on when it idles)."""
 SORTABLE = ("prompt", "drafter", "tau", "Δ", "% base")
-BAR_COLORS = ("cyan", "magenta", "green", "yellow", "blue", "red")
 MARKS = {BETTER: ("▲ better", "bold green"), WORSE: ("▼ worse", "bold red"),
          NONE: ("≈ noise", "bright_black")}
 """The verdict against the baseline, as the note of a drafter's ``Σ macro`` row."""
@@ -78,24 +78,8 @@ def rows_of(c: Comparison) -> list[_Row]:
     return rows
 
 
-class AcceptanceBars(Static):
-    """Per-position acceptance of a few drafters as small bar charts."""
-
-    def set_drafters(self, entries: list[tuple[str, tuple[float, ...]]]) -> None:
-        t = Text(no_wrap=True, overflow="ellipsis")
-        t.append("p_k acceptance\n", style="bold")
-        if not entries:
-            t.append("no eval results", style="bright_black")
-        for i, (label, pp) in enumerate(entries):
-            color = BAR_COLORS[i % len(BAR_COLORS)]
-            t.append(f"{label}\n", style=color)
-            wide = len(pp) <= 12
-            vals = tuple(v for p in pp for v in ((p, 0.0) if wide else (p,)))
-            for line in bars(vals, height=2):
-                t.append(line + "\n", style=color)
-            axis = "".join(f"{k + 1:<2}" if wide else str((k + 1) % 10) for k in range(len(pp)))
-            t.append(axis.rstrip() + "\n", style="bright_black")
-        self.update(t)
+class TauTable(DataTable):
+    BINDINGS = table_keys()
 
 
 class TauPane(Vertical):
@@ -121,7 +105,7 @@ class TauPane(Vertical):
         yield Static("no eval results yet", id="tau-title")
         yield Static("", id="tau-verdict")
         with Horizontal(id="tau-body"):
-            yield DataTable(id="tau-table", cursor_type="row", zebra_stripes=True)
+            yield TauTable(id="tau-table", cursor_type="row", zebra_stripes=True)
             yield AcceptanceBars(id="tau-bars")
 
     def on_mount(self) -> None:

@@ -239,6 +239,15 @@ async def settle(pilot) -> None:
     await pilot.pause()
 
 
+async def pick(pilot, item_id: str) -> None:
+    """Settle, put the plan's cursor on ``item_id``, settle (its detail, log and curves in)."""
+    from console.widgets.plan_list import PlanPane
+
+    await settle(pilot)
+    pilot.app.query_one(PlanPane).select(item_id)
+    await settle(pilot)
+
+
 async def wait_for(messages: list, kind, pred=lambda m: True, *, timeout: float = 20.0,
                    pilot=None):
     """Wait until a message of ``kind`` matching ``pred`` has been posted (event-driven)."""
