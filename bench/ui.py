@@ -295,10 +295,8 @@ async def flood(root: Path, rate: int, seconds: float, *, relay: bool = True,
         await idle_done.wait()
         idle_to = time.perf_counter()
         if relay:
-            app.selected = "relay"
-            app.action_run_item()
-            app.selected = "flood"
-        await pilot.press("enter")
+            app._start("relay", False)  # noqa: SLF001 - r + y, without moving the cursor
+        await pilot.press("r", "y")  # run the selected item, confirming
         await app.workers.wait_for_complete()
         await pilot.pause()
         lines_shown = app.query_one("#log").line_count

@@ -23,20 +23,23 @@ from functools import partial
 from pathlib import Path
 from typing import Iterable
 
-from textual import on
+from rich.text import Text
+from textual import events, on
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import Footer
+from textual.widget import Widget
+from textual.widgets import Footer, Static
 from textual.worker import Worker, WorkerState
 
 from console import messages as m
 from console.bridge import EventBridge
 from console.commands import COMMANDS, help_sections
-from console.screens.confirm import ConfirmModal, stop_text
-from console.screens.help import HelpScreen
+from console.screens.adopt import AdoptModal
+from console.screens.confirm import ConfirmModal, run_text, stop_text
+from console.screens.help import HelpScreen, glyph_sections
 from console.screens.journal import JournalScreen, meanwhile_summary
 from console.services import Services
 from console.widgets.hosts_bar import HostsBar
@@ -46,8 +49,9 @@ from console.widgets.metrics_pane import MetricsPane
 from console.widgets.plan_list import PlanPane
 from console.widgets.tau_table import TauPane
 from core.errors import SpecdeckError
+from core.actions.base import registry
 from core.hosts import bulk
-from core.plan import Plan
+from core.plan import Plan, params_summary
 from core.runner import Runner
 
 STOP_GRACE_S = 30.0
@@ -69,6 +73,18 @@ def _until_closed(handler):
     return wrapper
 PANES = {"plan": "#plan-options", "log": "#log", "metrics": "#metrics",
          "tau": "#tau-table", "detail": "#detail"}
+"""Each pane's focus target, in the order of the number keys 1-5."""
+BOXES = {"plan": "#plan", "detail": "#detail", "log": "#logpane", "metrics": "#metrics",
+         "tau": "#tau"}
+"""Each pane's outer box (what is shown, hidden, sized or zoomed)."""
+CYCLE = ("plan", "detail", "log", "metrics", "tau")
+"""The focus cycle (tab / shift+tab): left to right, top to bottom."""
+TAB_LABELS = {"plan": "plan", "log": "log", "metrics": "curves", "tau": "tau", "detail": "item"}
+WIDE = (110, 32)
+"""The smallest terminal (columns, rows) that shows every pane at once; below it the plan
+shares the screen with one pane at a time, chosen by focus (tabs on top say which)."""
+HEARTBEAT_S = 5.0
+"""Seconds between the console's marks in the store (see Services.open_session)."""
 
 
 class SpecdeckApp(App[int]):
@@ -79,17 +95,29 @@ class SpecdeckApp(App[int]):
     BINDINGS = [
         Binding("r", "run_item", "Run"),
         Binding("R", "run_again", "Run again", show=False),
-        Binding("A", "run_all", "Run all", show=False),
+        Binding("A", "run_all", "Run all"),
         Binding("x", "stop_run", "Stop"),
-        Binding("j", "journal", "Journal"),
+        Binding("a", "adopt", "Adopt", show=False),
+        Binding("e", "journal", "Journal"),
         Binding("question_mark", "help", "Help"),
         Binding("z", "zoom", "Zoom"),
+        Binding("tab", "cycle_pane(1)", "Next pane", show=False, priority=True),
+        Binding("shift+tab", "cycle_pane(-1)", "Prev pane", show=False, priority=True),
         Binding("escape", "unzoom", "Restore", show=False),
         Binding("ctrl+r", "reload", "Reload", show=False),
         *[Binding(str(i), f"focus_pane('{p}')", f"Focus {p}", show=False)
           for i, p in enumerate(PANES, 1)],
         Binding("q", "quit", "Quit"),
     ]
+
+    def notify(self, message: str, *, title: str = "", **kwargs) -> None:
+        """Every notification passes the terminal sanitizer (messages quote hosts' output,
+        file names, plan text) and is shown without markup interpretation."""
+        from core.text import sanitize
+
+        kwargs.setdefault("markup", False)
+        super().notify(sanitize(str(message), max_len=2000),
+                       title=sanitize(str(title), max_len=200), **kwargs)
 
     def __init__(self, plan: Plan, runner: Runner, bridge: EventBridge, *,
                  probe_hosts: bool = True, reconcile: bool = True, gpu_every: float = 15.0,
@@ -117,10 +145,21 @@ class SpecdeckApp(App[int]):
         self._opening = True
         """Until SessionOpened: run ends and notices come from reconcile and are told in
         one summary instead of one toast each."""
+        self.current = "plan"
+        """The pane last focused (on a small terminal, the one shown beside the plan)."""
+        self.beside = "log"
+        """On a small terminal: the right-hand pane shown (log, metrics or tau)."""
+        self.zoomed: str | None = None
+        """The pane that fills the screen (z), or None."""
+        self.following = False
+        """Follow mode (A): the cursor and log follow each run as it starts; any key stops."""
+        self._layout_key: tuple | None = None
+        """What the layout was last computed for (see _apply_layout)."""
 
     # -- layout --------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield HostsBar(self.plan.name, list(self.plan.hosts), id="hosts")
+        yield Static("", id="tabs")
         with Horizontal(id="main"):
             with Vertical(id="left"):
                 yield PlanPane(self.plan, self.statuses, id="plan")
@@ -134,10 +173,125 @@ class SpecdeckApp(App[int]):
     def on_mount(self) -> None:
         self._main_screen = self.screen
         self.bridge.bind(self.post_message)
-        for pane, title in (("#plan", "plan"), ("#detail", "item"), ("#logpane", "log"),
-                            ("#metrics", "curves"), ("#tau", "tau vs baseline")):
+        for pane, title in (("#plan", "1 plan"), ("#detail", "5 item"), ("#logpane", "2 log"),
+                            ("#metrics", "3 curves"), ("#tau", "4 tau vs baseline")):
             self.query_one(pane).border_title = title
+        live = self.services.store.live_runs()
+        if live:  # reopened: the cursor on the most recent live run
+            self.query_one(PlanPane).select(live[-1]["item_id"])
         self.query_one("#plan-options").focus()
+        self.watch(self.screen, "focused", self._focus_moved, init=False)
+        self._apply_layout()
+
+    # -- layout --------------------------------------------------------------------------
+    @property
+    def compact(self) -> bool:
+        """Too small for every pane at once (see WIDE)."""
+        w, h = self.size
+        return w < WIDE[0] or h < WIDE[1]
+
+    def _pane_of(self, widget: Widget | None) -> str | None:
+        boxes = {self.query_one(sel): name for name, sel in BOXES.items()}
+        while widget is not None:
+            if widget in boxes:
+                return boxes[widget]
+            widget = widget.parent if isinstance(widget.parent, Widget) else None
+        return None
+
+    def _focus_moved(self, widget: Widget | None) -> None:
+        pane = self._pane_of(widget)
+        if pane is not None and pane != self.current:
+            self._set_current(pane)
+            self._apply_layout()
+
+    def _set_current(self, pane: str) -> None:
+        self.current = pane
+        if pane in ("log", "metrics", "tau"):
+            self.beside = pane
+
+    def _shows(self, name: str) -> bool:
+        """Whether pane ``name`` has something to show (empty curves and tau give way)."""
+        if name == "metrics":
+            return self.query_one(MetricsPane).has_curves
+        if name == "tau":
+            c = self.query_one(TauPane).comparison
+            return bool(c is not None and c.drafters)
+        return True
+
+    def _apply_layout(self) -> None:
+        """Share the screen among the panes by the terminal's size and what they hold.
+
+        Wide: the plan and the item on the left; on the right the log, and the curves and
+        the tau table when they have something (each sized by its content, the log taking
+        the rest). Small: the plan and one other pane (the focused one, tabs on top). Zoomed:
+        the zoomed pane alone.
+        """
+        if self._main_screen is None:
+            return
+        w, h = self.size
+        shown: set[str]
+        if self.zoomed:
+            shown = {self.zoomed}
+        elif self.compact:
+            shown = {"detail" if self.current == "detail" else "plan", self.beside}
+        else:
+            shown = {"plan", "detail", "log"} | {p for p in ("metrics", "tau") if self._shows(p)}
+        pane = self.query_one(TauPane)
+        tau_need = 4 + max(len(pane.ordered_rows) + 1, pane.query_one("#tau-bars").rows_needed)
+        key = (w, h, frozenset(shown), self.current, self.zoomed, tau_need)
+        if key == self._layout_key:  # nothing moved: no style change, no layout pass
+            return
+        self._layout_key = key
+        for name, sel in BOXES.items():
+            box = self.query_one(sel)
+            box.display = name in shown
+        left, right = self.query_one("#left"), self.query_one("#right")
+        left.display = bool(shown & {"plan", "detail"})
+        right.display = bool(shown & {"log", "metrics", "tau"})
+        if self.zoomed or not (left.display and right.display):
+            left.styles.width = "1fr"
+        else:
+            left.styles.width = max(30, min(60, int(w * (0.4 if self.compact else 0.3))))
+        detail = self.query_one("#detail")
+        if "plan" in shown and "detail" in shown:  # under the plan: as tall as its content
+            detail.styles.height = "auto"
+            detail.styles.max_height = max(8, int((h - 2) * 0.55))
+        else:
+            detail.styles.height = "1fr"
+            detail.styles.max_height = None
+        metrics, tau = self.query_one("#metrics"), self.query_one("#tau")
+        metrics.styles.height = "1fr"
+        if "tau" in shown and len(shown & {"log", "metrics", "tau"}) > 1:
+            tau.styles.height = max(8, min(tau_need, int((h - 2) * 0.4)))
+        else:
+            tau.styles.height = "1fr"
+        self.screen.set_class(self.compact and not self.zoomed, "-compact")
+        self.query_one(Footer).compact = self.compact  # more keys fit on a narrow footer
+        tabs = self.query_one("#tabs", Static)
+        tabs.display = self.compact and not self.zoomed
+        if tabs.display:
+            t = Text(no_wrap=True, overflow="ellipsis")
+            for i, name in enumerate(PANES, 1):
+                style = ("reverse bold" if name == self.current else
+                         "bold" if name in shown else "bright_black")
+                t.append(f" {i} {TAB_LABELS[name]} ", style=style)
+            t.append("  tab: next pane · z: zoom · ?: help", style="bright_black")
+            tabs.update(t, layout=False)
+
+    def _show_pane(self, name: str) -> None:
+        """Make pane ``name`` visible (on a small terminal, beside the plan), then focus it."""
+        if not (self.compact or self.zoomed or self._shows(name)):
+            self.notify({"metrics": "no curves: this item's runs logged no metrics (p pins "
+                                    "another run's curves)",
+                         "tau": "no eval results yet"}.get(name, f"{name} is empty"),
+                        severity="warning")
+            return
+        self._set_current(name)
+        if self.zoomed and self.zoomed != name:
+            self.zoomed = name
+        self._apply_layout()
+        target = self.query_one(PANES[name])
+        self.call_after_refresh(target.focus)
 
     def _freeze_heap(self) -> None:
         """Move the start-up heap (modules, Textual's and our widgets, the plan, caches) out
@@ -163,6 +317,11 @@ class SpecdeckApp(App[int]):
             if self._gpu_every:
                 self.set_interval(self._gpu_every, self._poll_gpus)
         self.set_interval(1.0, self._refresh_metrics_if_dirty)
+        self.set_interval(HEARTBEAT_S, self._heartbeat)
+
+    def _heartbeat(self) -> None:
+        if not self._opening:  # open_session marks first (it reads the previous mark)
+            self.services.heartbeat()
 
     async def _open(self) -> None:
         live = await self.services.open_session(reconcile=self._reconcile)
@@ -237,10 +396,10 @@ class SpecdeckApp(App[int]):
         self.selected = event.item_id
         self._load_selected()
 
-    @on(PlanPane.RunRequested)
-    def _run_requested(self, event: PlanPane.RunRequested) -> None:
+    @on(PlanPane.InspectRequested)
+    def _inspect_requested(self, event: PlanPane.InspectRequested) -> None:
         self.selected = event.item_id
-        self.action_run_item()
+        self.action_inspect()
 
     @on(PlanPane.MarkRequested)
     def _mark_requested(self, event: PlanPane.MarkRequested) -> None:
@@ -289,6 +448,11 @@ class SpecdeckApp(App[int]):
     @_until_closed
     def _run_started(self, msg: m.RunStarted) -> None:
         self.query_one(PlanPane).set_live(msg.item_id, True)
+        plan_pane = self.query_one(PlanPane)
+        if (self.following and msg.item_id != self.selected and not msg.attached
+                and msg.item_id in plan_pane.shown):  # (a filter may hide it)
+            plan_pane.select(msg.item_id)  # ItemSelected loads its detail, log and curves
+            self.selected = msg.item_id
         self.query_one(LogPane).run_started(msg.item_id, msg.run_id, msg.host)
         if msg.item_id == self.selected:
             self._work(partial(self.services.load_detail, msg.item_id), "detail", "detail",
@@ -299,6 +463,8 @@ class SpecdeckApp(App[int]):
     @_until_closed
     def _run_ended(self, msg: m.RunEnded) -> None:
         self.query_one(PlanPane).set_live(msg.item_id, False)
+        if not self._opening:
+            self.services.heartbeat()  # this end was shown: the next console need not tell it
         # the last progress line ("verifying ...") would read as still going; the run's
         # log keeps the whole history
         self.query_one(ItemDetail).set_progress(msg.item_id, "")
@@ -353,11 +519,13 @@ class SpecdeckApp(App[int]):
     @_until_closed
     def _session_opened(self, msg: m.SessionOpened) -> None:
         self._opening = False
+        if msg.changes:  # reconcile drained logs and ended runs: show the selected item anew
+            self._load_selected()
         self.meanwhile, title, all_ok = meanwhile_summary(msg.changes, msg.meanwhile)
         if self.meanwhile:
             lines = self.meanwhile
             self.notify("\n".join(lines[:6]) + ("\n…" if len(lines) > 6 else "")
-                        + "\n(j: journal)", title=title,
+                        + "\n(e: journal)", title=title,
                         severity="information" if all_ok else "warning", timeout=15)
 
     @on(m.ItemDetailLoaded)
@@ -385,13 +553,18 @@ class SpecdeckApp(App[int]):
     @_until_closed
     def _metrics_loaded(self, msg: m.MetricsLoaded) -> None:
         self._metrics_runs = {r["run_id"] for r in msg.runs}
-        self.query_one(MetricsPane).set_runs(msg.runs)
+        pane = self.query_one(MetricsPane)
+        had = pane.has_curves
+        pane.set_runs(msg.runs)
+        if pane.has_curves != had:
+            self._apply_layout()
 
     @on(m.TauLoaded)
     @_until_closed
     def _tau_loaded(self, msg: m.TauLoaded) -> None:
         self.tau_step = msg.step
         self.query_one(TauPane).set_comparison(msg.comparison, step=msg.step)
+        self._apply_layout()
 
     @on(m.GpuSampled)
     @_until_closed
@@ -404,31 +577,64 @@ class SpecdeckApp(App[int]):
         self.push_screen(JournalScreen(self.meanwhile, msg.events))
 
     # -- actions (keys, palette) ---------------------------------------------------------
+    def action_inspect(self) -> None:
+        """Show the selected item's detail (enter): never runs anything."""
+        if self.selected:
+            self._show_pane("detail")
+
     def action_run_item(self, again: bool = False) -> None:
+        """Run the selected item after a confirmation naming what starts where."""
         item_id = self.selected
         if item_id is None:
             return
         item, status = self.plan.item(item_id), self.statuses.get(item_id, "pending")
         if item.manual:
             self.notify(f"{item_id} is a manual item: do it, then mark it done (d)")
-        elif status == "in_progress" and self.services.live_run(item_id):
+            return
+        if status == "in_progress" and self.services.live_run(item_id):
             self.notify(f"{item_id} is running; its log is on the right (x stops it)")
-        elif status in ("done", "skipped") and not again:
-            self.push_screen(ConfirmModal(
-                "Run again?", f"{item_id} is {status}. Run it again on "
-                f"{item.action.host} (a new attempt)?", confirm="Run again"),
-                lambda yes: yes and self.action_run_item(again=True))
-        else:
-            self._work(partial(self.services.run_item, item_id, again=again), f"run:{item_id}",
-                       "runs")
+            return
+        runs = self.services.store.runs_for_item(item_id)
+        attempt = max((r["attempt"] for r in runs), default=0) + 1
+        detached = getattr(registry.get(item.action.kind), "detached", True)
+        title, body = run_text(item, params_summary(item), detached, attempt, status)
+        again = again or status in ("done", "skipped")
+        self.push_screen(ConfirmModal(title, body, confirm="Run"),
+                         lambda yes: yes and self._start(item_id, again))
+
+    def _start(self, item_id: str, again: bool) -> None:
+        self._work(partial(self.services.run_item, item_id, again=again), f"run:{item_id}",
+                   "runs")
 
     def action_run_again(self) -> None:
         self.action_run_item(again=True)
 
     def action_run_all(self) -> None:
-        """Run every item that can run, in dependency order (the plan's `run --all`)."""
-        self.notify("running every item whose needs are done (manual items wait for you)")
-        self._work(self.services.run_all, "run:all", "runs", exclusive=True)
+        """Run every item that can run, in dependency order (the plan's `run --all`); the
+        cursor and the log follow each run as it starts until a key is pressed."""
+        self.notify("running every item whose needs are done (manual items wait for you); "
+                    "following each run as it starts: any key stops following")
+        self._set_following(True)
+        self._work(self._run_all, "run:all", "runs", exclusive=True)
+
+    async def _run_all(self) -> None:
+        try:
+            await self.services.run_all()
+        finally:
+            self._set_following(False)
+
+    def _set_following(self, on_: bool) -> None:
+        self.following = on_
+        if self._main_screen is not None and self._main_screen.is_attached:
+            self.query_one("#plan").border_subtitle = (
+                "following runs · any key stops" if on_ else "")
+
+    async def on_event(self, event: events.Event) -> None:
+        if isinstance(event, events.Key) and self.following:
+            self._set_following(False)
+        await super().on_event(event)
+        if isinstance(event, events.Resize):  # (App._on_resize stops it: no on_resize)
+            self._apply_layout()
 
     def action_stop_run(self) -> None:
         item_id = self.selected
@@ -440,6 +646,22 @@ class SpecdeckApp(App[int]):
                          lambda yes: yes and self._work(
                              partial(self.services.stop_run, live["id"], STOP_GRACE_S),
                              f"stop:{live['id']}", "stop"))
+
+    def action_adopt(self) -> None:
+        """Adopt a run started outside specdeck (PID, Slurm job, tmux) as the item's run."""
+        item_id = self.selected
+        if item_id is None:
+            return
+        item = self.plan.item(item_id)
+        if item.manual or self.services.live_run(item_id):
+            self.notify(f"{item_id}: " + ("a manual item has no run to adopt" if item.manual
+                                          else "already has a live run (x stops it)"),
+                        severity="warning")
+            return
+        self.push_screen(AdoptModal(item_id, item.action.host or "?"),
+                         lambda spec: spec and self._work(
+                             partial(self.services.adopt, item_id, spec), f"adopt:{item_id}",
+                             "runs"))
 
     def action_mark(self, status: str) -> None:
         if self.selected:
@@ -475,7 +697,7 @@ class SpecdeckApp(App[int]):
         self._work(partial(self.services.load_journal), "journal", "journal", exclusive=True)
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen(help_sections()))
+        self.push_screen(HelpScreen(help_sections() + glyph_sections()))
 
     def action_reload(self) -> None:
         self.statuses = self.services.statuses()
@@ -485,18 +707,38 @@ class SpecdeckApp(App[int]):
         self._load_tau()
 
     def action_zoom(self) -> None:
-        screen = self.screen
-        if screen.maximized is not None:
-            screen.minimize()
-        elif screen.focused is not None:
-            screen.maximize(screen.focused)
+        """Make the focused pane fill the screen, or restore the layout."""
+        if self.zoomed:
+            self.zoomed = None
+        else:
+            self.zoomed = self._pane_of(self.screen.focused) or self.current
+        self._apply_layout()
+        focused = self.screen.focused
+        if focused is not None:
+            self.call_after_refresh(focused.scroll_visible, animate=False)
 
     def action_unzoom(self) -> None:
-        if self.screen.maximized is not None:
-            self.screen.minimize()
+        if self.zoomed:
+            self.zoomed = None
+            self._apply_layout()
+        elif self.current == "detail":  # escape in the item pane: back to the plan
+            self._show_pane("plan")
+
+    def action_cycle_pane(self, step: int) -> None:
+        """Focus the next (or previous) pane in CYCLE, showing it if the layout hid it; on
+        a wide terminal panes with nothing to show are skipped."""
+        if self.screen is not self._main_screen:
+            self.screen.focus_next() if step > 0 else self.screen.focus_previous()
+            return
+        i = CYCLE.index(self.current) if self.current in CYCLE else 0
+        for k in range(1, len(CYCLE) + 1):
+            name = CYCLE[(i + step * k) % len(CYCLE)]
+            if self.compact or self.zoomed or self._shows(name):
+                self._show_pane(name)
+                return
 
     def action_focus_pane(self, pane: str) -> None:
-        self.query_one(PANES[pane]).focus()
+        self._show_pane(pane)
 
     async def action_quit(self) -> None:
         inproc = self.services.in_process_runs()

@@ -19,12 +19,18 @@ class Command(NamedTuple):
 
 
 COMMANDS: tuple[Command, ...] = (
-    Command("Run item", "run the selected item (its needs must be done); a failed item runs "
-            "again as a new attempt", "run_item", "enter / r", "plan"),
-    Command("Run item again", "run the selected item even though it is done", "run_again", "R"),
-    Command("Run all", "run every item whose needs are done, in dependency order", "run_all", "A"),
+    Command("Inspect item", "show the selected item's detail (never runs anything)",
+            "inspect", "enter", "plan"),
+    Command("Run item", "run the selected item (asks first, naming kind, host, launcher, "
+            "resources and command; a re-run says its attempt number)", "run_item", "r"),
+    Command("Run item again", "run the selected item even though it is done (asks first)",
+            "run_again", "R"),
+    Command("Run all", "run every item whose needs are done, in dependency order; the cursor "
+            "and log follow each run as it starts (any key stops following)", "run_all", "A"),
     Command("Stop run", "stop the selected item's live run (asks first: SIGTERM, grace, SIGKILL)",
             "stop_run", "x"),
+    Command("Adopt run", "make a run started outside specdeck (pid, slurm job, tmux session) "
+            "the selected item's run: its log is followed, x stops it", "adopt", "a", "plan"),
     Command("Mark done", "tick a manual item done", "mark('done')", "d", "plan"),
     Command("Skip item", "mark the selected item skipped", "mark('skipped')", "s", "plan"),
     Command("Reset item", "mark the selected item pending again", "mark('pending')", "u", "plan"),
@@ -36,8 +42,15 @@ COMMANDS: tuple[Command, ...] = (
             "/", "log"),
     Command("Toggle follow", "follow the end of the log, or stop following", "toggle_follow",
             "f", "log"),
-    Command("Next metric", "show the next metric family on the chart", "next_metric", "m",
-            "metrics"),
+    Command("Next metric", "show the next metric family on the chart (M: previous)",
+            "next_metric", "m", "metrics"),
+    Command("Smoothing", "cycle the EMA smoothing of the curves (off, 0.6, 0.9, 0.97)",
+            "smoothing", "s", "metrics"),
+    Command("Log scale", "toggle a logarithmic y axis", "log_y", "l", "metrics"),
+    Command("Wall-clock axis", "x axis: training step, or hours since the run started",
+            "wall_clock", "w", "metrics"),
+    Command("Bookkeeping series", "show or hide bookkeeping series (elapsed_s, eta_s…) "
+            "among the metric families", "bookkeeping", "b", "metrics"),
     Command("Tau at step", "show one training step's tau eval results in the tau table "
             "(enter: the latest evaluated step; all: every step)", "tau_at_step", "t",
             "metrics"),
@@ -46,10 +59,13 @@ COMMANDS: tuple[Command, ...] = (
     Command("Mark drafter", "add the cursor row's drafter to the per-position chart",
             "mark_drafter", "space", "tau"),
     Command("Journal", "what happened (and what happened while the console was closed)",
-            "journal", "j"),
+            "journal", "e"),
     Command("Reload", "reload statuses, the selected item, curves and tau from the store",
             "reload", "ctrl+r"),
-    Command("Zoom pane", "maximize the focused pane, or restore it", "zoom", "z"),
+    Command("Zoom pane", "make the focused pane fill the screen, or restore it", "zoom", "z"),
+    Command("Next pane", "focus (and on a small terminal, show) the next pane",
+            "cycle_pane(1)", "tab"),
+    Command("Previous pane", "focus the previous pane", "cycle_pane(-1)", "shift+tab"),
     Command("Focus plan", "move focus to the plan", "focus_pane('plan')", "1"),
     Command("Focus log", "move focus to the log", "focus_pane('log')", "2"),
     Command("Focus metrics", "move focus to the curves", "focus_pane('metrics')", "3"),
@@ -71,8 +87,10 @@ def help_sections() -> list[tuple[str, list[tuple[str, str]]]]:
         rows = [(c.keys, f"{c.title}: {c.help}") for c in COMMANDS if c.where == where]
         if where == "anywhere":
             rows += [("ctrl+p", "Command palette: every command"),
-                     ("tab / shift+tab", "Next / previous pane"),
-                     ("escape", "Close a filter, search or dialog; restore a zoomed pane")]
+                     ("escape", "Close a filter, search or dialog; restore a zoomed pane"),
+                     ("j / k", "Move down / up in any list (plan, log, tau, journal, help)"),
+                     ("g / G", "First / last row"),
+                     ("ctrl+d / ctrl+u", "Half a page down / up")]
         if where == "log":
             rows.append(("n / N", "Next / previous match"))
         if where == "tau":

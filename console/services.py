@@ -72,21 +72,39 @@ class Services:
 
     # -- session -------------------------------------------------------------------------
     async def open_session(self, *, reconcile: bool = True) -> list[dict]:
-        """Tell what happened while the console was closed; return the runs still live.
+        """Tell what happened since a console last saw the store; return the runs still live.
 
-        Reads the journal since the last console session, marks this one opened, then
-        reconciles live runs with their hosts.
+        "Last saw" is the store's console mark (:meth:`heartbeat` moves it every few seconds
+        and whenever the console shows a run's end), so an unclean exit (SSH drop, closed
+        terminal, kill -9) costs at most the events of its last seconds that it did not show,
+        and nothing it showed is told again. Each run is told once: its journal end (the
+        last one, if several), or reconcile's change when a live run is found ended now.
         """
-        events = self.store.events()
-        marks = [e for e in events if e["kind"] in ("console_opened", "console_closed")]
-        since_id = marks[-1]["id"] if marks else None
-        meanwhile = ([e for e in events if e["id"] > since_id and e["kind"] in RUN_END_KINDS]
-                     if since_id is not None else [])
-        since = marks[-1]["at"] if marks else None
+        mark = self.store.seen_mark()
+        if mark is not None:
+            since_id, since = mark["event_id"], mark["at"]
+        else:  # a store from before the mark: the last console session's open/close
+            marks = self.store.events(kinds=("console_opened", "console_closed"),
+                                      newest_first=True, limit=1)
+            since_id = marks[0]["id"] if marks else None
+            since = marks[0]["at"] if marks else None
+        ends: dict[str, dict] = {}
+        if since_id is not None:
+            for e in self.store.events(since_id=since_id, kinds=RUN_END_KINDS):
+                ends.pop(e["run_id"], None)
+                ends[e["run_id"]] = e
         self.store.journal("console_opened", f"console opened on plan {self.plan.name}")
+        self.heartbeat()
         changes = await self.runner.reconcile() if reconcile else []
+        told = {c["run"] for c in changes}
+        meanwhile = [e for rid, e in ends.items() if rid not in told]
+        self.heartbeat()
         self.post(m.SessionOpened(changes, meanwhile, since))
         return self.store.live_runs()
+
+    def heartbeat(self) -> None:
+        """Mark the store seen by a console up to now."""
+        self.store.mark_seen()
 
     def close_session(self) -> list[dict]:
         """Journal the close; return the live runs, which keep going on their hosts."""
@@ -94,6 +112,7 @@ class Services:
         names = ", ".join(f"{r['item_id']} ({r['id']} on {r['host']})" for r in live)
         self.store.journal("console_closed", "console closed" +
                            (f"; still running: {names}" if live else ""))
+        self.heartbeat()
         return live
 
     async def attach(self, run: dict) -> None:
@@ -168,7 +187,10 @@ class Services:
         self.post(m.ItemDetailLoaded(item_id, status, runs, self.store.status_history(item_id),
                                      self.store.live_run(item_id)))
         if item.manual:
-            self.post(m.CheckFinished(item_id, "blocked", "manual item: do it, then mark it done"))
+            if status == "done":
+                self.post(m.CheckFinished(item_id, "done", "marked done by hand"))
+            else:
+                self.post(m.CheckFinished(item_id, "manual", "do it, then mark it done (d)"))
             return
         try:
             res = await asyncio.wait_for(self.runner.check(item), 15)
@@ -205,9 +227,15 @@ class Services:
             names = self.store.metric_names(r["id"])
             if not names:
                 continue
+            series, times = {}, {}
+            for n in names:
+                pts = self.store.metric_series(r["id"], n, max_points=MAX_POINTS,
+                                               with_time=True)
+                series[n] = [(p[0], p[1]) for p in pts]
+                times[n] = [p[2] for p in pts]
             out.append({"run_id": r["id"], "label": f"{r['item_id']}#{r['attempt']}",
-                        "series": {n: self.store.metric_series(r["id"], n, max_points=MAX_POINTS)
-                                   for n in names}})
+                        "started_at": r.get("started_at"), "series": series,
+                        "times": times})
         self.post(m.MetricsLoaded(item_id, out))
 
     async def load_tau(self, *, force: bool = False, step: int | None = None) -> None:
@@ -249,6 +277,12 @@ class Services:
         summary = await self.runner.run_items([item_id])
         if item_id in summary["unreachable"]:
             raise HostUnreachable(item.action.host or "?", "see the hosts bar")
+
+    async def adopt(self, item_id: str, spec) -> None:
+        """Adopt a run started outside specdeck as the item's run, and follow it."""
+        from core.adopt import adopt_item
+
+        await adopt_item(self.runner, self.item(item_id), spec)
 
     async def run_all(self) -> None:
         """Every item whose needs are done, in dependency order, until nothing more can run."""

@@ -1,16 +1,21 @@
 """``specdeck``: the headless CLI. Its commands, output and exit statuses are a contract.
 
-Exit statuses: 0 success; 1 an action failed; 2 invalid input (nothing was written);
-3 a host could not be reached. Diagnostics and progress go to stderr; stdout carries only
-what a script asked for (``status --json``, ``export``, ``logs``).
+Exit statuses: 0 success; 1 an action failed; 2 invalid input (nothing was written; an
+unusable state database too); 3 a host could not be reached; 130 / 143 interrupted by Ctrl-C /
+SIGTERM (detached runs keep going, runs inside specdeck are marked interrupted).
+Diagnostics and progress go to stderr; stdout carries only what a script asked for
+(``status --json``, ``export``, ``logs``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import re
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -26,7 +31,8 @@ GLYPHS = {"pending": "○", "in_progress": "◐", "done": "●", "failed": "✗"
 
 
 def _err(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    # Messages quote file names, hosts' output and plan text: one sanitizer at the boundary.
+    print(sanitize(msg, max_len=20000), file=sys.stderr, flush=True)
 
 
 def open_store(plan: Plan, state: str | None):
@@ -47,14 +53,15 @@ class Printer:
         if isinstance(ev, LogLinesReceived):
             if not self.quiet and not ev.from_progress:
                 for line in ev.lines:
-                    _err(f"  {ev.item_id} │ {sanitize(line)}")
+                    _err(f"  {ev.item_id} │ {sanitize(line, newlines=False)}")
         elif isinstance(ev, RunStarted):
             verb = "attached to" if ev.attached else "started"
             where = f" on {ev.host}" if ev.host else ""
             _err(f"[{ts}] {ev.item_id}: {verb} run {ev.run_id}{where}"
                  + (f" (pid {ev.pid})" if ev.pid else ""))
         elif isinstance(ev, RunEnded):
-            how = f"signal {ev.signal}" if ev.signal else f"exit {ev.exit_code}"
+            how = (f"signal {ev.signal}" if ev.signal else f"exit {ev.exit_code}"
+                   if ev.exit_code is not None else "exit status unknown")
             _err(f"[{ts}] {ev.item_id}: run {ev.run_id} {ev.state} ({how})"
                  + (f": {ev.error}" if ev.error else ""))
         elif isinstance(ev, StatusChanged):
@@ -77,8 +84,10 @@ class Printer:
 
 
 async def _with_runner(plan: Plan, args, fn, *, emit=None):
+    from core.faults import watch_signals_in_loop
     from core.runner import Runner
 
+    watch_signals_in_loop()
     store = open_store(plan, args.state)
     runner = Runner(plan, store, emit=emit or Printer(quiet=getattr(args, "quiet", False)))
     try:
@@ -148,11 +157,12 @@ def cmd_status(args) -> int:
             how = (f" signal {run['signal']}" if run["signal"] else
                    (f" exit {run['exit_code']}" if run["exit_code"] is not None else ""))
             r = f"  [{run['state']}{how} #{run['attempt']}]"
-        print(f"  {GLYPHS[st[it.id]]} {st[it.id]:<11} {it.id:<24} {it.priority:<6} "
-              f"{kind}{where:<12} {it.content}{r}")
+        row = (f"  {GLYPHS[st[it.id]]} {st[it.id]:<11} {it.id:<24} {it.priority:<6} "
+               f"{kind}{where:<12} {it.content}{r}")
+        print(sanitize(row, newlines=False))
     for a in alerts[-5:]:
-        print(f"  ALERT {time.strftime('%m-%d %H:%M', time.localtime(a['at']))} "
-              f"{a['item_id']}: {a['message']}")
+        print(sanitize(f"  ALERT {time.strftime('%m-%d %H:%M', time.localtime(a['at']))} "
+                       f"{a['item_id']}: {a['message']}"))
     return 0
 
 
@@ -178,7 +188,10 @@ def cmd_run(args) -> int:
         for i in summary["failed"]:
             _err(f"failed: {i}  (log: `specdeck logs {args.plan} {i}`)")
         return 1
-    if args.items and summary["waiting"]:
+    if summary["unadopted"]:
+        _err(f"not launched until a run started outside specdeck is adopted: "
+             f"{', '.join(summary['unadopted'])} (`specdeck adopt`, see above)")
+    if args.items and summary["waiting"] and not summary["unadopted"]:
         return 1
     return 0
 
@@ -230,7 +243,7 @@ def cmd_logs(args) -> int:
             if data:
                 text = data.decode("utf-8", "replace")
                 if sys.stdout.isatty():
-                    text = "\n".join(sanitize(x) for x in text.split("\n"))
+                    text = "\n".join(sanitize(x, newlines=False) for x in text.split("\n"))
                 out.write(text.encode())
                 out.flush()
                 printed += len(data)
@@ -245,7 +258,8 @@ def cmd_logs(args) -> int:
             flush()
         final = store.run(run["id"])
         if final["state"] not in ("starting", "running"):
-            how = f"signal {final['signal']}" if final["signal"] else f"exit {final['exit_code']}"
+            how = (f"signal {final['signal']}" if final["signal"] else f"exit {final['exit_code']}"
+                   if final["exit_code"] is not None else "exit status unknown")
             _err(f"[run {final['id']} {final['state']} ({how})]")
 
     asyncio.run(_with_runner(plan, args, go, emit=lambda e: None))
@@ -260,10 +274,14 @@ def cmd_stop(args) -> int:
         await runner.reconcile()
         live = runner.store.live_run(args.item)
         if live is None:
-            _err(f"{args.item}: no live run")
+            # a command that exited may have left children running: those end too
+            run, n = await runner.end_leftovers(args.item, grace_s=min(args.grace, 10.0))
+            _err(f"{args.item}: run {run['id']}: ended {n} process(es) it left running" if n
+                 else f"{args.item}: no live run")
             return 0
         what = (f"run {live['id']} of item {args.item!r} on host {live['host']!r} "
-                f"(process group {live['pid']})")
+                + (f"(adopted {json.loads(live['adopt'])['what']}: its process tree)"
+                   if live.get("adopt") else f"(process group {live['pid']})"))
         if not args.yes:
             if not sys.stdin.isatty():
                 raise InvalidInput(f"refusing to stop {what} without confirmation",
@@ -276,7 +294,8 @@ def cmd_stop(args) -> int:
         outcome = await runner.stop_run(live["id"], grace_s=args.grace)
         _err(f"{args.item}: run {live['id']} {outcome.state}"
              + (f" (signal {outcome.signal})" if outcome.signal else
-                f" (exit {outcome.exit_code})"))
+                f" (exit {outcome.exit_code})" if outcome.exit_code is not None else
+                " (exit status unknown)"))
         return 0
 
     return asyncio.run(_with_runner(plan, args, go))
@@ -289,29 +308,37 @@ def cmd_export(args) -> int:
         return runner.statuses()
 
     st = asyncio.run(_with_runner(plan, args, go, emit=lambda e: None))
-    print(json.dumps(plan_to_todos(plan, st), indent=2, ensure_ascii=False))
+    text = json.dumps(plan_to_todos(plan, st), indent=2, ensure_ascii=False)
+    # C1 controls (U+0080-U+009F) stay escaped: still the same JSON, safe on a terminal
+    print(re.sub("[\x7f-\x9f]", lambda m: f"\\u{ord(m.group()):04x}", text))
     return 0
 
 
 def cmd_import(args) -> int:
+    from core.plan import load_todos, parse_plan
+
     src = Path(args.todos)
-    try:
-        todos = json.loads(src.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InvalidInput(f"{src}: no such file") from None
-    except json.JSONDecodeError as e:
-        raise InvalidInput(f"{src}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
+    todos = load_todos(src)
     out = Path(args.output)
+    if out.is_dir() or args.output.endswith(os.sep):
+        raise InvalidInput(f"{out}: is a directory; name the plan file to write",
+                           hint=f"e.g. -o {out / 'plan.yaml'}")
     if out.exists() and not args.force:
         raise InvalidInput(f"{out}: already exists; not overwritten", hint="pass --force")
+    if out.exists() and not out.is_file():
+        raise InvalidInput(f"{out}: is not a regular file; not overwritten")
     text = todos_to_plan_yaml(todos, args.name or out.stem, str(src))
-    from core.plan import parse_plan
-
     parse_plan(text, str(out))  # what we write must validate
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, out)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, out)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise InvalidInput(f"{out}: cannot write: {e.strerror or e}",
+                           hint="choose a writable path with -o") from None
     _err(f"wrote {out} ({len(todos)} items)")
     return 0
 
@@ -423,8 +450,11 @@ def main(argv: list[str] | None = None, *, ui_opener=None) -> int:
         _UI_OPENER = ui_opener
     parser = build_parser()
     args = parser.parse_args(argv)
+    from core.faults import terminate_as_interrupt
+
     try:
-        return args.fn(args)
+        with terminate_as_interrupt() as how:
+            return args.fn(args)
     except PlanError as e:
         for issue in e.issues:
             _err(str(issue))
@@ -434,9 +464,24 @@ def main(argv: list[str] | None = None, *, ui_opener=None) -> int:
         if e.hint:
             _err(f"  hint: {e.hint}")
         return e.exit_status
-    except KeyboardInterrupt:
-        _err("interrupted: runs on hosts keep going; `specdeck attach PLAN` follows them again")
-        return 130
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        plan = getattr(args, "plan", None) or "PLAN"
+        _err(f"specdeck: {how.name}: detached runs keep going on their hosts (`specdeck attach "
+             f"{plan}` follows them again); runs inside this specdeck were marked interrupted")
+        return how.exit_status
+    except sqlite3.DatabaseError as e:
+        _err(f"specdeck: state database {getattr(args, 'state', None) or '(default)'}: {e}")
+        _err("  hint: free disk space or fix the file's permissions; pass another --state "
+             "to start afresh")
+        return 2
+    except RecursionError:
+        _err("specdeck: the input is nested too deeply to process")
+        return 2
+    except Exception as e:  # noqa: BLE001 - no traceback ever reaches a user
+        from core.faults import describe_fault
+
+        _err(f"specdeck: {describe_fault(e)}")
+        return 1
 
 
 if __name__ == "__main__":

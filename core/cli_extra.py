@@ -24,6 +24,8 @@ def cmd_compare(args) -> int:
     from core.cli import _with_runner
     from core.compare import build_comparison, to_csv, to_json, to_markdown
 
+    if args.detect is not None and not args.detect > 0:
+        raise InvalidInput(f"--detect {args.detect}: a tau difference above 0, e.g. 0.1")
     plan = load_plan(args.plan)
     if args.item:
         plan.item(args.item)
@@ -39,13 +41,14 @@ def cmd_compare(args) -> int:
         raise InvalidInput(f"plan {plan.name!r} has no eval results yet"
                            + (f" for {args.item}" if args.item else ""),
                            hint="run an eval item first (`specdeck run PLAN ITEM`)")
-    comp = build_comparison(rows)
+    comp = build_comparison(rows, [tuple(p) for p in args.pair or ()],
+                            **({"detect": args.detect} if args.detect is not None else {}))
     if args.json:
         print(to_json(comp))
     elif args.csv:
         sys.stdout.write(to_csv(comp))
     else:
-        print(to_markdown(comp))
+        print(to_markdown(comp, pivot=args.pivot))
     return 0
 
 
@@ -85,10 +88,20 @@ def cmd_diff(args) -> int:
 
 
 def register(add) -> None:
+    from core.adopt import register_cli
+
+    register_cli(add)
     sp = add("compare", cmd_compare, "the tau table: prompt x drafter vs baseline")
     sp.add_argument("plan")
     sp.add_argument("--item", help="only this eval item's results")
     sp.add_argument("--step", type=int, help="only drafters evaluated at this training step")
+    sp.add_argument("--pair", nargs=2, action="append", metavar=("A", "B"),
+                    help="also compare drafter A with B on their shared prompts (paired test, "
+                         "verdict); repeatable; their DDTree rows are paired too")
+    sp.add_argument("--detect", type=float, metavar="TAU",
+                    help="the tau difference 'how many prompts' estimates are for (default 0.1)")
+    sp.add_argument("--pivot", action="store_true",
+                    help="per-prompt table as prompts x drafters (baseline first, deltas beside)")
     g = sp.add_mutually_exclusive_group()
     g.add_argument("--json", action="store_true")
     g.add_argument("--csv", action="store_true")

@@ -33,6 +33,14 @@ Decisions:
   overall is over all the drafter's prompts.
 * **Repeats.** When an entry has two rows for one prompt (an eval run again), the later row
   (store order) wins and a warning says so.
+* **Uncertainty** (:mod:`core.stats`): every overall figure has a seeded 95 % bootstrap
+  interval over prompts (``macro_ci95``; ``pooled_ci95`` resamples prompts, then rounds
+  within them) and the number of ``rounds`` behind it. A drafter with a baseline, and each
+  pair named with ``pairs=[(a, b)]``, gets a *paired* comparison over the prompts both have:
+  the mean per-prompt difference of tau with its interval (``delta_macro_ci95``), the
+  sign-flip permutation test's ``p_value`` and a ``verdict`` (``better``, ``worse``,
+  ``no_detectable_difference``) with ``verdict_text`` in words. A pair whose settings differ
+  is computed but flagged: its text starts with ``⚠ settings differ``.
 """
 
 from __future__ import annotations
@@ -43,7 +51,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-COMPARED_SETTINGS = ("mode", "block_size", "tree_budget", "target", "prompts")
+from core import stats
+
+COMPARED_SETTINGS = ("mode", "block_size", "tree_budget", "target", "prompts", "dtype")
 """Settings that must be equal for two rows' figures to be comparable."""
 
 
@@ -107,6 +117,57 @@ class Overall:
     mismatch: tuple[str, ...] = ()
     unmatched: tuple[str, ...] = ()
     """The drafter's prompts that the baseline has no figure for (left out of the overall)."""
+    macro_ci95: tuple[float, float] | None = None
+    """95 % bootstrap interval of ``macro`` over prompts (None under 2 prompts)."""
+    pooled_ci95: tuple[float, float] | None = None
+    """95 % interval of ``pooled`` (prompts, then rounds within prompts, resampled)."""
+    rounds: int | None = None
+    """Rounds behind the figures (None when a row has no ``rounds``)."""
+    delta_macro_ci95: tuple[float, float] | None = None
+    """95 % interval of the mean per-prompt difference with the baseline."""
+    p_value: float | None = None
+    test: str | None = None
+    """The paired test behind ``p_value`` (:data:`core.stats.TEST`)."""
+    verdict: str | None = None
+    """``better``, ``worse`` or ``no_detectable_difference`` against the baseline."""
+    verdict_text: str | None = None
+    prompts_needed: int | None = None
+    """About how many prompts would detect :data:`core.stats.DETECT` (no difference found)."""
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A named pair ``a`` vs ``b`` on the prompts both have (``compare --pair A B``).
+
+    ``macro``, ``pooled``, their intervals and ``rounds`` are ``a``'s over those prompts;
+    ``b_*`` are ``b``'s; the delta and the verdict are ``a - b``."""
+
+    a: str
+    b: str
+    prompts: int
+    macro: float | None
+    pooled: float | None
+    macro_ci95: tuple[float, float] | None
+    pooled_ci95: tuple[float, float] | None
+    rounds: int | None
+    b_macro: float | None
+    b_pooled: float | None
+    b_macro_ci95: tuple[float, float] | None
+    b_pooled_ci95: tuple[float, float] | None
+    b_rounds: int | None
+    delta_macro: float | None
+    delta_macro_ci95: tuple[float, float] | None
+    delta_pooled: float | None
+    p_value: float | None
+    test: str
+    verdict: str
+    verdict_text: str
+    prompts_needed: int | None = None
+    mismatch: tuple[str, ...] = ()
+    mismatch_values: dict = field(default_factory=dict)
+    """``{key: [a's value, b's value]}`` for each key in ``mismatch``."""
+    unmatched: tuple[str, ...] = ()
+    """Prompts only one of the two has (left out)."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +179,7 @@ class Comparison:
     overall: tuple[Overall, ...]
     prompts: tuple[str, ...]
     warnings: tuple[str, ...] = ()
+    pairs: tuple[Pair, ...] = ()
 
     def drafter(self, label: str) -> Drafter:
         for d in self.drafters:
@@ -171,11 +233,6 @@ def _prompt_tau(row: Mapping) -> float | None:
     return _mean([float(r) for r in rounds]) if rounds else None
 
 
-def _macro(rows: Iterable[Mapping]) -> float | None:
-    taus = [t for t in (_prompt_tau(r) for r in rows) if t is not None]
-    return _mean(taus)
-
-
 def _pooled(rows: Sequence[Mapping]) -> float | None:
     total = n = 0
     for r in rows:
@@ -187,11 +244,23 @@ def _pooled(rows: Sequence[Mapping]) -> float | None:
     return total / n if n else None
 
 
+def _row_per_position(row: Mapping) -> list[float]:
+    """The row's p_k; from its rounds when it has none (p_k = share of rounds whose
+    acceptance length is above k, k = 1 .. block size - 1)."""
+    if row.get("per_position"):
+        return list(row["per_position"])
+    rounds = row.get("rounds")
+    if not rounds:
+        return []
+    bs = (row.get("settings") or {}).get("block_size") or max(int(x) for x in rounds)
+    return [sum(1 for x in rounds if int(x) > k) / len(rounds) for k in range(1, int(bs))]
+
+
 def _per_position(rows: Iterable[Mapping]) -> tuple[float, ...]:
     num: list[float] = []
     den: list[float] = []
     for r in rows:
-        pp = r.get("per_position") or []
+        pp = _row_per_position(r)
         rounds = r.get("rounds")
         w = float(len(rounds)) if rounds is not None else 1.0
         for k, p in enumerate(pp):
@@ -221,13 +290,22 @@ def _differing(a: Mapping, b: Mapping) -> tuple[str, ...]:
                  if _key_of({k: a.get(k)}) != _key_of({k: b.get(k)}))
 
 
-def build_comparison(rows: Iterable[Mapping[str, Any]]) -> Comparison:
+def build_comparison(rows: Iterable[Mapping[str, Any]],
+                     pairs: Sequence[tuple[str, str]] = (), *, seed: int = stats.SEED,
+                     detect: float = stats.DETECT) -> Comparison:
     """Compare every drafter in ``rows`` with its baseline, per prompt and overall.
 
     Args:
         rows: eval result rows (``Store.eval_results()``): ``drafter``, ``role``
             (``drafter``/``baseline``), ``prompt_id``, ``tau``, ``rounds``,
             ``per_position``, ``settings``, ``step``, ``run_id``.
+        pairs: ``(a, b)`` entry labels to compare with each other as well. Each also pairs
+            their siblings measured another way (``a ddtree-16`` with ``b ddtree-16``).
+        seed: the bootstrap's and the permutation test's seed.
+        detect: the tau difference the "how many prompts" estimates are for.
+
+    Raises:
+        InvalidInput: a label in ``pairs`` names no entry.
 
     Returns:
         The comparison; entries keep the order in which they first appear.
@@ -277,9 +355,30 @@ def build_comparison(rows: Iterable[Mapping[str, Any]]) -> Comparison:
             rounds = row.get("rounds")
             cells.append(Cell(pid, e.label, e.role, tau, btau, delta, pct,
                               len(rounds) if rounds is not None else None, mismatch))
-        overall.append(_overall(e, base, mismatch))
+        overall.append(_overall(e, base, mismatch, seed, detect))
+    by_label = {e.label: e for e in entries.values()}
+    done = [_pair(by_label[a], by_label[b], seed, detect)
+            for a, b in _resolve_pairs(pairs, list(by_label))]
     return Comparison(tuple(drafters), tuple(cells), tuple(overall), tuple(prompts),
-                      tuple(warnings))
+                      tuple(warnings), tuple(done))
+
+
+def _resolve_pairs(pairs: Sequence[tuple[str, str]], labels: list[str]) -> list[tuple[str, str]]:
+    """The named pairs, each followed by its siblings (the same suffix after both names)."""
+    from core.errors import InvalidInput
+
+    out: list[tuple[str, str]] = []
+    for a, b in pairs:
+        for x in (a, b):
+            if x not in labels:
+                raise InvalidInput(f"--pair: no drafter {x!r} in these eval results",
+                                   hint="one of: " + ", ".join(labels))
+        if a == b:
+            raise InvalidInput(f"--pair {a} {b}: name two different drafters")
+        found = [(a, b)] + [(lb, b + lb[len(a):]) for lb in labels
+                            if lb.startswith(a + " ") and b + lb[len(a):] in labels]
+        out += [p for p in found if p not in out]
+    return out
 
 
 def _label_entries(entries: list[_Entry]) -> None:
@@ -321,21 +420,65 @@ def _pick_baseline(e: _Entry, baselines: list[_Entry], warnings: list[str]
     return best, _differing(e.settings, best.settings)
 
 
-def _overall(e: _Entry, base: _Entry | None, mismatch: tuple[str, ...]) -> Overall:
+def _figures(label: str, rows: Sequence[Mapping], seed: int) -> tuple:
+    """(macro, pooled, macro_ci95, pooled_ci95, rounds) of ``rows`` (one per prompt)."""
+    taus = [t for t in map(_prompt_tau, rows) if t is not None]
+    groups = [r.get("rounds") for r in rows]
+    has_rounds = bool(rows) and all(g is not None for g in groups)
+    return (_mean(taus), _pooled(rows),
+            stats.mean_ci(taus, rng=stats.rng_for(label, "macro", seed=seed)),
+            stats.pooled_ci(groups, rng=stats.rng_for(label, "pooled", seed=seed))
+            if has_rounds else None,
+            sum(len(g) for g in groups) if has_rounds else None)
+
+
+def _compare(a: _Entry, b: _Entry, shared: Sequence[str], mismatch: tuple[str, ...],
+             seed: int, detect: float) -> tuple[stats.Paired, str]:
+    """The paired comparison of ``a`` with ``b`` over ``shared`` prompts, and its words."""
+    both = [(ta, tb) for ta, tb in ((_prompt_tau(a.rows[p]), _prompt_tau(b.rows[p]))
+                                    for p in shared) if ta is not None and tb is not None]
+    res = stats.paired([x for x, _ in both], [y for _, y in both], name=f"{a.label}|{b.label}",
+                       seed=seed, detect=detect)
+    text = res.text(a.label, b.label)
+    if mismatch:
+        diff = ", ".join(f"{k} {a.settings.get(k)}≠{b.settings.get(k)}" for k in mismatch)
+        text = f"⚠ settings differ ({diff}), not comparable: {text}"
+    return res, text
+
+
+def _overall(e: _Entry, base: _Entry | None, mismatch: tuple[str, ...], seed: int,
+             detect: float) -> Overall:
     if base is None:
         rows = list(e.rows.values())
-        return Overall(e.label, e.role, len(rows), _macro(rows), _pooled(rows),
-                       mismatch=mismatch)
+        macro, pooled, mci, pci, rounds = _figures(e.label, rows, seed)
+        return Overall(e.label, e.role, len(rows), macro, pooled, mismatch=mismatch,
+                       macro_ci95=mci, pooled_ci95=pci, rounds=rounds)
     shared = [p for p in e.rows if p in base.rows]
     unmatched = tuple(p for p in e.rows if p not in base.rows)
-    mine = [e.rows[p] for p in shared]
+    macro, pooled, mci, pci, rounds = _figures(e.label, [e.rows[p] for p in shared], seed)
     theirs = [base.rows[p] for p in shared]
-    macro, pooled = _macro(mine), _pooled(mine)
-    bmacro, bpooled = _macro(theirs), _pooled(theirs)
+    bmacro, bpooled = _mean([t for t in map(_prompt_tau, theirs) if t is not None]), \
+        _pooled(theirs)
     dm, pm = _ratio(macro, bmacro)
     dp, pp = _ratio(pooled, bpooled)
+    res, text = _compare(e, base, shared, mismatch, seed, detect)
     return Overall(e.label, e.role, len(shared), macro, pooled, bmacro, bpooled, dm, pm, dp, pp,
-                   mismatch, unmatched)
+                   mismatch, unmatched, mci, pci, rounds, res.ci95, res.p_value, res.test,
+                   res.verdict, text, res.prompts_needed)
+
+
+def _pair(a: _Entry, b: _Entry, seed: int, detect: float) -> Pair:
+    shared = [p for p in a.rows if p in b.rows]
+    unmatched = tuple([p for p in a.rows if p not in b.rows] +
+                      [p for p in b.rows if p not in a.rows])
+    mismatch = _differing(a.settings, b.settings)
+    fa = _figures(a.label, [a.rows[p] for p in shared], seed)
+    fb = _figures(b.label, [b.rows[p] for p in shared], seed)
+    res, text = _compare(a, b, shared, mismatch, seed, detect)
+    dp, _ = _ratio(fa[1], fb[1])
+    return Pair(a.label, b.label, len(shared), *fa, *fb, res.delta, res.ci95, dp, res.p_value,
+                res.test, res.verdict, text, res.prompts_needed, mismatch,
+                {k: [a.settings.get(k), b.settings.get(k)] for k in mismatch}, unmatched)
 
 
 # -- rendering ---------------------------------------------------------------------------
@@ -343,7 +486,8 @@ def to_dict(c: Comparison) -> dict:
     """Plain JSON-able values."""
     return {"compared_settings": list(COMPARED_SETTINGS), "prompts": list(c.prompts),
             "drafters": [asdict(d) for d in c.drafters], "cells": [asdict(x) for x in c.cells],
-            "overall": [asdict(o) for o in c.overall], "warnings": list(c.warnings)}
+            "overall": [asdict(o) for o in c.overall], "pairs": [asdict(p) for p in c.pairs],
+            "warnings": list(c.warnings)}
 
 
 def to_json(c: Comparison, *, indent: int | None = 2) -> str:
@@ -356,21 +500,41 @@ def _num(x: float | None, digits: int = 4) -> str:
 
 def to_csv(c: Comparison) -> str:
     """One row per prompt x drafter (``scope`` = ``prompt``), then two per drafter for the
-    overall figures (``scope`` = ``macro`` and ``pooled``)."""
+    overall figures (``scope`` = ``macro`` and ``pooled``), then one per named pair
+    (``scope`` = ``pair``: ``drafter`` vs ``against``). The intervals, the paired test and
+    the verdict fill the columns after ``mismatch`` on the overall and pair rows."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["scope", "prompt_id", "drafter", "role", "tau", "baseline_tau", "delta",
-                "pct_of_baseline", "rounds", "mismatch"])
+                "pct_of_baseline", "rounds", "mismatch", "ci95_lo", "ci95_hi", "delta_ci95_lo",
+                "delta_ci95_hi", "p_value", "test", "verdict", "verdict_text", "against"])
+
+    def ci(x):
+        return ["", ""] if x is None else [_num(x[0]), _num(x[1])]
+
+    def rounds(n):
+        return "" if n is None else n
+
     for x in c.cells:
         w.writerow(["prompt", x.prompt_id, x.drafter, x.role, _num(x.tau), _num(x.baseline_tau),
-                    _num(x.delta), _num(x.pct_of_baseline, 2),
-                    "" if x.rounds is None else x.rounds, ";".join(x.mismatch)])
+                    _num(x.delta), _num(x.pct_of_baseline, 2), rounds(x.rounds),
+                    ";".join(x.mismatch)] + [""] * 9)
     for o in c.overall:
         miss = ";".join(o.mismatch)
+        test = [*ci(o.delta_macro_ci95), _num(o.p_value), o.test or "", o.verdict or "",
+                o.verdict_text or "", c.drafter(o.drafter).baseline or ""]
         w.writerow(["macro", "", o.drafter, o.role, _num(o.macro), _num(o.baseline_macro),
-                    _num(o.delta_macro), _num(o.pct_macro, 2), "", miss])
+                    _num(o.delta_macro), _num(o.pct_macro, 2), rounds(o.rounds), miss,
+                    *ci(o.macro_ci95), *test])
         w.writerow(["pooled", "", o.drafter, o.role, _num(o.pooled), _num(o.baseline_pooled),
-                    _num(o.delta_pooled), _num(o.pct_pooled, 2), "", miss])
+                    _num(o.delta_pooled), _num(o.pct_pooled, 2), rounds(o.rounds), miss,
+                    *ci(o.pooled_ci95)] + [""] * 7)
+    for pr in c.pairs:
+        pct = 100.0 * pr.macro / pr.b_macro if pr.macro is not None and pr.b_macro else None
+        w.writerow(["pair", "", pr.a, "", _num(pr.macro), _num(pr.b_macro), _num(pr.delta_macro),
+                    _num(pct, 2), rounds(pr.rounds), ";".join(pr.mismatch), *ci(pr.macro_ci95),
+                    *ci(pr.delta_macro_ci95), _num(pr.p_value), pr.test, pr.verdict,
+                    pr.verdict_text, pr.b])
     return buf.getvalue()
 
 
@@ -394,27 +558,146 @@ def mismatch_note(d: Drafter) -> str:
     return "⚠ " + ", ".join(parts) + f" vs {d.baseline}"
 
 
-def to_markdown(c: Comparison) -> str:
-    """Three tables (per prompt, overall, per-position acceptance) and the flags."""
+fmt_ci = stats.fmt_ci
+
+VERDICT_MARK = {stats.BETTER: "▲ better", stats.WORSE: "▼ worse", stats.NONE: "≈ no difference"}
+"""Short verdicts for tables."""
+
+
+def verdict_lines(c: Comparison) -> list[str]:
+    """Each drafter against its baseline, then each named pair, in words."""
+    return ([o.verdict_text for o in c.overall if o.verdict_text]
+            + [p.verdict_text for p in c.pairs])
+
+
+def method_note(c: Comparison) -> str:
+    return (f"95 % intervals: bootstrap over prompts, seeded (pooled: prompts, then rounds "
+            f"within them); test: {stats.TEST} on per-prompt tau, p < 0.05; "
+            "prompts needed: for 80 % power")
+
+
+def _family(d: Drafter) -> str:
+    """The label without its method suffix (``v5 ddtree-16`` -> ``v5``)."""
+    sfx = f" ddtree-{d.settings.get('tree_budget')}"
+    return d.label.replace(sfx, "", 1) if d.settings.get("method") == "ddtree" else d.label
+
+
+def pivot_columns(c: Comparison) -> list[Drafter]:
+    """Entries in pivot order: baselines first, then drafters; within each, the methods of
+    one drafter (chain, DDTree) side by side, families in order of first appearance."""
+    fams: dict[str, int] = {}
+    for d in c.drafters:
+        fams.setdefault(_family(d), len(fams))
+    return sorted(c.drafters, key=lambda d: (d.role != "baseline", fams[_family(d)],
+                                             d.settings.get("method") == "ddtree"))
+
+
+def to_pivot_markdown(c: Comparison) -> str:
+    """Prompts as rows, drafters as columns (baseline first, chain and DDTree side by side,
+    each drafter's delta to its baseline beside it), then macro, interval, pooled, rounds
+    and the verdict as the last rows."""
+    cols = pivot_columns(c)
+    overall = {o.drafter: o for o in c.overall}
+    head, align = ["prompt"], ["---"]
+    for d in cols:
+        head.append(d.label + (" ⚠" if d.mismatch else ""))
+        align.append("---:")
+        if d.baseline:
+            head.append("Δ")
+            align.append("---:")
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
+
+    def line(name, own, delta):
+        vals = [name]
+        for d in cols:
+            vals.append(own(d))
+            if d.baseline:
+                vals.append(delta(d))
+        out.append("| " + " | ".join(vals) + " |")
+
+    for pid in c.prompts:
+        cell = {d.label: c.cell(pid, d.label) for d in cols}
+        line(pid, lambda d: fmt_tau(cell[d.label].tau) if cell[d.label] else "",
+             lambda d: fmt_delta(cell[d.label].delta) if cell[d.label] else "")
+    line("**macro**", lambda d: fmt_tau(overall[d.label].macro),
+         lambda d: fmt_delta(overall[d.label].delta_macro))
+    line("95 % CI", lambda d: fmt_ci(overall[d.label].macro_ci95),
+         lambda d: fmt_ci(overall[d.label].delta_macro_ci95, signed=True))
+    line("**pooled**", lambda d: fmt_tau(overall[d.label].pooled),
+         lambda d: fmt_delta(overall[d.label].delta_pooled))
+    line("rounds", lambda d: str(overall[d.label].rounds or "–"), lambda d: "")
+    line("verdict", lambda d: "baseline" if d.role == "baseline" else "",
+         lambda d: VERDICT_MARK.get(overall[d.label].verdict, "–"))
+    return "\n".join(out) + "\n"
+
+
+_EIGHTHS = " ▁▂▃▄▅▆▇█"
+
+
+def bars(values: Sequence[float], height: int = 3) -> list[str]:
+    """Vertical bars (one column per value in 0..1), ``height`` rows, top row first."""
+    levels = height * 8
+    cols = [round(max(0.0, min(1.0, v)) * levels) for v in values]
+    return ["".join(_EIGHTHS[max(0, min(8, x - row * 8))] for x in cols)
+            for row in range(height - 1, -1, -1)]
+
+
+def pk_chart(c: Comparison, height: int = 3) -> str:
+    """Per-position acceptance p_k of every entry as bar charts (one block per drafter,
+    pivot order), with p_1 and the last position's value in figures."""
+    cols = [d for d in pivot_columns(c) if d.per_position]
+    if not cols:
+        return ""
+    width = max(len(d.label) for d in cols)
+    k_max = max(len(d.per_position) for d in cols)
+    out = [f"p_k: acceptance rate at draft position k (bar height 0..1; k = 1..{k_max})"]
+    for d in cols:
+        pp = d.per_position
+        rows = bars([v for p in pp for v in (p, 0.0)], height)  # a gap between positions
+        figures = f"p1 {pp[0]:.2f} … p{len(pp)} {pp[-1]:.2f}"
+        for i, r in enumerate(rows):
+            name = d.label if i == height - 1 else ""
+            note = figures if i == height - 1 else ""
+            out.append(f"{name:>{width}} │{r}│ {note}".rstrip())
+    axis = "".join(f"{k:<2}" if k < 10 else str(k % 10) + " " for k in range(1, k_max + 1))
+    out.append(" " * width + "  " + axis.rstrip())
+    return "\n".join(out) + "\n"
+
+
+def to_markdown(c: Comparison, *, pivot: bool = False, verdicts: bool = True) -> str:
+    """The per-prompt table (long: one row per prompt x drafter; ``pivot``: prompts x
+    drafters), the overall table with intervals and verdicts, the verdicts in words, the
+    per-position acceptance table and chart, and the flags."""
     by_label = {d.label: d for d in c.drafters}
-    out = ["| prompt | drafter | tau | baseline | Δ | % of baseline | |",
-           "|---|---|---:|---:|---:|---:|---|"]
-    for x in c.cells:
-        flag = "⚠ " + ", ".join(x.mismatch) if x.mismatch else ""
-        name = x.drafter + (" (baseline)" if x.role == "baseline" else "")
-        out.append(f"| {x.prompt_id} | {name} | {fmt_tau(x.tau)} | {fmt_tau(x.baseline_tau)} | "
-                   f"{fmt_delta(x.delta)} | {fmt_pct(x.pct_of_baseline)} | {flag} |")
+    if pivot:
+        out = to_pivot_markdown(c).rstrip("\n").split("\n")
+    else:
+        out = ["| prompt | drafter | tau | baseline | Δ | % of baseline | |",
+               "|---|---|---:|---:|---:|---:|---|"]
+        for x in c.cells:
+            flag = "⚠ " + ", ".join(x.mismatch) if x.mismatch else ""
+            name = x.drafter + (" (baseline)" if x.role == "baseline" else "")
+            out.append(f"| {x.prompt_id} | {name} | {fmt_tau(x.tau)} | {fmt_tau(x.baseline_tau)} "
+                       f"| {fmt_delta(x.delta)} | {fmt_pct(x.pct_of_baseline)} | {flag} |")
     out += ["", "| drafter | prompts | macro tau | Δ | % of baseline | pooled tau | Δ | "
-                "% of baseline | |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+                "% of baseline | | macro 95 % CI | pooled 95 % CI | rounds | Δ macro 95 % CI "
+                "| p | verdict |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|"]
     for o in c.overall:
         name = o.drafter + (" (baseline)" if o.role == "baseline" else "")
         note = mismatch_note(by_label[o.drafter])
         if o.unmatched:
             note = (note + "; " if note else "") + f"no baseline for {', '.join(o.unmatched)}"
+        p = stats.fmt_p(o.p_value).removeprefix("= ") if o.p_value is not None else "–"
         out.append(f"| {name} | {o.prompts} | {fmt_tau(o.macro)} | {fmt_delta(o.delta_macro)} | "
                    f"{fmt_pct(o.pct_macro)} | {fmt_tau(o.pooled)} | {fmt_delta(o.delta_pooled)} | "
-                   f"{fmt_pct(o.pct_pooled)} | {note} |")
+                   f"{fmt_pct(o.pct_pooled)} | {note} | {fmt_ci(o.macro_ci95)} | "
+                   f"{fmt_ci(o.pooled_ci95)} | {o.rounds or '–'} | "
+                   f"{fmt_ci(o.delta_macro_ci95, signed=True)} | {p} | "
+                   f"{VERDICT_MARK.get(o.verdict, '')} |")
+    lines = verdict_lines(c) if verdicts else []
+    if lines:
+        out += ["", "Verdicts:"] + [f"- {x}" for x in lines] + ["", f"({method_note(c)})"]
     width = max((len(d.per_position) for d in c.drafters), default=0)
     if width:
         out += ["", "| drafter | " + " | ".join(f"p{k}" for k in range(1, width + 1)) + " |",
@@ -422,11 +705,13 @@ def to_markdown(c: Comparison) -> str:
         for d in c.drafters:
             vals = [f"{p:.3f}" for p in d.per_position] + [""] * (width - len(d.per_position))
             out.append(f"| {d.label} | " + " | ".join(vals) + " |")
+        out += ["", "```", pk_chart(c).rstrip("\n"), "```"]
     if c.warnings:
         out += [""] + [f"- {w}" for w in c.warnings]
     return "\n".join(out) + "\n"
 
 
-__all__ = ["COMPARED_SETTINGS", "Comparison", "Drafter", "Cell", "Overall", "build_comparison",
-           "to_dict", "to_json", "to_csv", "to_markdown", "mismatch_note", "fmt_tau", "fmt_delta",
-           "fmt_pct"]
+__all__ = ["COMPARED_SETTINGS", "Comparison", "Drafter", "Cell", "Overall", "Pair",
+           "build_comparison", "to_dict", "to_json", "to_csv", "to_markdown", "to_pivot_markdown",
+           "pk_chart", "bars", "verdict_lines", "mismatch_note", "fmt_tau", "fmt_delta", "fmt_pct",
+           "fmt_ci", "VERDICT_MARK"]

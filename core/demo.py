@@ -9,10 +9,14 @@ inside the workspace, a tiny code model trained here on the standard library's s
 3. ``features``: the target's greedy continuations and hidden states for training prompts
    (``Write a Python function <name>(<args>)`` for standard-library functions);
 4. ``train-v4`` (legacy options) and ``train-v5`` (the fixed defaults), and a barely-trained
-   ``train-baseline``, all with ``core.ml.train``;
+   ``train-baseline``, all with ``core.ml.train``; ``train-v5`` has ``watch_eval``: each of
+   its checkpoints is evaluated on the eval host while it trains (tau over training);
 5. ``strip-*``: their checkpoints -> drafter weights; ``relay-*`` to the eval host;
 6. ``eval-v4`` / ``eval-v5``: tau (chain and DDTree) against the baseline, on the coding set;
 7. ``review``: a manual step: read the tau table and decide.
+
+At the end it prints the tau table (prompts x drafters, 95 % intervals), tau over training
+and the verdicts: each drafter against the baseline and v5 against v4, paired over prompts.
 
 The workspace is ``./specdeck-demo`` (``--dir``). A second run reuses what exists: every
 action's ``check()`` finds its output and marks the item done.
@@ -31,6 +35,8 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+WATCHED = "train-v5"
+"""The train item whose checkpoints are evaluated while it trains (tau over training)."""
 TRAIN_MODULES = ("textwrap", "shlex", "fnmatch", "glob", "posixpath", "heapq", "bisect",
                  "statistics", "string", "base64", "calendar", "difflib", "csv", "json/decoder",
                  "copy", "random", "colorsys", "html/__init__", "ipaddress", "fractions")
@@ -67,7 +73,7 @@ def training_prompts(n: int = 32) -> list[dict]:
 def demo_plan(root: Path, quick: bool) -> dict:
     py = sys.executable
     steps = 120 if quick else 240
-    limit = 4 if quick else 8
+    limit = 8 if quick else 16  # fewer than 6 prompts can never show a difference
     # OMP_WAIT_POLICY=PASSIVE: torch's OpenMP threads stop spinning while they wait, which
     # keeps two concurrent CPU jobs on a 2-core machine from stalling each other.
     env = {"OMP_WAIT_POLICY": "PASSIVE"}
@@ -98,15 +104,20 @@ def demo_plan(root: Path, quick: bool) -> dict:
     for name, cfg, extra in (("v4", "v4-legacy.yaml", {}), ("v5", "v5.yaml", {}),
                              ("baseline", "v5.yaml", {"train.max_steps": 10,
                                                       "train.checkpoint_every": 10})):
+        watch = name == WATCHED.removeprefix("train-")
         items.append({"id": f"train-{name}", "content": {
             "v4": "Train the v4 drafter (legacy options: soft KL, streak weights, gamma 10, "
                   "noisy targets, fc sees the final layer)",
             "v5": "Train the v5 drafter (hard CE with position decay, noise on fc input only, "
                   "final layer reserved)",
             "baseline": "Train a barely-trained baseline drafter (10 steps)"}[name],
-            "needs": ["features"],
+            "needs": ["features"] + (["relay-target"] if watch else []),
             "action": {"kind": "train", "host": "train", "params": {
-                "config": f"train/{cfg}", "overrides": {**over, **extra}}}})
+                "config": f"train/{cfg}", "overrides": {
+                    **over, **extra, **({"train.checkpoint_every": steps // 4} if watch else {})},
+                **({"watch_eval": {"host": "eval", "target": "models/code-target",
+                                   "mode": "online", "prompts": "coding", "max_prompts": limit,
+                                   "max_new_tokens": 48}} if watch else {})}}})
         items.append({"id": f"strip-{name}", "content": f"Strip the {name} checkpoint to drafter weights",
                       "needs": [f"train-{name}"],
                       "action": {"kind": "extract_weights", "host": "train", "params": {
@@ -151,7 +162,7 @@ def write_workspace(root: Path, quick: bool) -> Path:
 
 def run_demo(args) -> int:
     from core.cli import Printer
-    from core.compare import build_comparison, to_markdown
+    from core.compare import build_comparison, to_markdown, verdict_lines
     from core.plan import load_plan
     from core.runner import Runner
     from core.store import Store
@@ -177,20 +188,67 @@ def run_demo(args) -> int:
             await runner.reconcile()
             summary = await runner.run_items(None)
             rows = store.eval_results()
+            run = store.latest_run(WATCHED)
+            over = {n: dict(store.metric_series(run["id"], n))
+                    for n in ("tau", "tau_ci95_lo", "tau_ci95_hi")} if run else {}
+            if run:  # checkpoints not evaluated: a newer one was waiting, or the eval failed
+                over["not evaluated"] = {e["step"]: e["state"]
+                                         for e in store.watch_entries(run["id"])
+                                         if e["state"] != "done"}
         finally:
             await runner.close()
             store.close()
-        return summary, rows
+        return summary, rows, over
 
-    summary, rows = asyncio.run(go())
+    summary, rows, over = asyncio.run(go())
     dt = time.monotonic() - t0
     from core.cli import main as cli_main
 
     cli_main(["--state", state, "status", str(plan_path), "--no-reconcile"])
-    if rows:
+    table = [r for r in rows if r["item_id"] != WATCHED]  # tau over training: below
+    if table:
+        comp = build_comparison(table, [("v5", "v4")])
         print()
-        print(to_markdown(build_comparison(rows)))
+        print(to_markdown(comp, pivot=True, verdicts=False))
+        print(tau_over_training(over))
+        print("Verdicts (paired over prompts, 95 %):")
+        for line in verdict_lines(comp):
+            print(f"- {line}")
     print(f"\ndemo wall time: {dt:.0f} s ({'quick' if quick else 'full'})", file=sys.stderr)
     print(f"next: `specdeck ui {plan_path} --state {state}` or "
           f"`specdeck compare {plan_path} --state {state}`", file=sys.stderr)
     return 1 if summary["failed"] or summary["unreachable"] else 0
+
+
+def tau_over_training(series: dict[str, dict[int, float]], width: int = 40) -> str:
+    """``train-v5``'s tau at each evaluated checkpoint with its 95 % interval: figures and
+    the interval drawn on one axis (``├──●──┤``)."""
+    tau = series.get("tau") or {}
+    if not tau:
+        return f"tau over training ({WATCHED}): no checkpoint evaluated\n"
+    lo, hi = series.get("tau_ci95_lo") or {}, series.get("tau_ci95_hi") or {}
+    a = min([*tau.values(), *lo.values()])
+    b = max([*tau.values(), *hi.values()])
+
+    def pos(x: float) -> int:
+        return round((x - a) / (b - a) * (width - 1)) if b > a else 0
+
+    out = [f"tau over training ({WATCHED}: watch_eval at each checkpoint, 95 % CI over "
+           f"prompts; axis {a:.2f}..{b:.2f}):"]
+    for step in sorted(tau):
+        line = [" "] * width
+        ci = "–"
+        if step in lo and step in hi:
+            ci = f"{lo[step]:.2f}..{hi[step]:.2f}"
+            for i in range(pos(lo[step]), pos(hi[step]) + 1):
+                line[i] = "─"
+            line[pos(lo[step])], line[pos(hi[step])] = "├", "┤"
+        line[pos(tau[step])] = "●"
+        out.append(f"  step {step:>5}  tau {tau[step]:.3f}  [{ci:>10}]  {''.join(line)}")
+    missed = series.get("not evaluated") or {}
+    if missed:
+        out.append("  not evaluated: " + ", ".join(f"step {k} ({v})" for k, v in
+                                                   sorted(missed.items()))
+                   + " (a newer checkpoint was waiting: only the newest is evaluated)"
+                   * all(v == "skipped" for v in missed.values()))
+    return "\n".join(out) + "\n"

@@ -25,7 +25,6 @@ gap or a duplicated line however often the follower is restarted.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import shlex
 import signal as _signal
@@ -36,6 +35,7 @@ from typing import Callable
 from core.actions.base import Launch, Outcome
 from core.errors import HostUnreachable
 from core.hosts.base import Host
+from core.text import MAX_JSON_DEPTH, json_line
 
 CAPSULES = ".specdeck/runs"
 CHUNK = 4 << 20
@@ -83,9 +83,11 @@ def capsule_path(host: Host, run_id: str) -> str:
     return host.path(f"{CAPSULES}/{run_id}")
 
 
-def _cmd_script(launch: Launch, host: Host) -> str:
+def _cmd_script(launch: Launch, host: Host, capsule: str | None = None) -> str:
     lines = ["#!/usr/bin/env bash"]
     env = {**host.env, **dict(launch.env)}
+    if capsule:
+        env[MARKER] = capsule  # inherited by every descendant, daemonised ones included
     for k, v in env.items():
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
             raise ValueError(f"bad environment variable name {k!r}")
@@ -99,7 +101,7 @@ async def start(host: Host, run_id: str, launch: Launch, *, timeout: float = 20.
     """Start ``launch`` detached on ``host``; return ``{capsule, pid, pstart}``."""
     d = capsule_path(host, run_id)
     await host.makedirs(host.path(launch.cwd or "."))
-    await host.write_file(f"{d}/cmd.sh", _cmd_script(launch, host).encode(), mode=0o700)
+    await host.write_file(f"{d}/cmd.sh", _cmd_script(launch, host, d).encode(), mode=0o700)
     await host.write_file(f"{d}/wrapper.sh", _WRAPPER.encode(), mode=0o700)
     q = shlex.quote(d)
     # The braces keep the background job's stdio off the channel, so run() returns at once.
@@ -151,11 +153,19 @@ async def signal_group(host: Host, capsule: str, sig: str) -> bool:
 
 async def stop(host: Host, capsule: str, *, grace_s: float = 30.0,
                poll: float = 0.2) -> CapsuleState:
-    """SIGTERM to the process group, ``grace_s`` seconds, then SIGKILL."""
+    """SIGTERM to the run's processes (its group, its session and every process carrying its
+    marker), ``grace_s`` seconds, then SIGKILL; then the same for processes it left behind."""
     st = await inspect(host, capsule)
+    if st.state == "running":
+        st = await _stop_running(host, capsule, grace_s, poll)
     if st.state != "running":
-        return st
+        await end_leftovers(host, capsule, grace_s=min(grace_s, 10.0), poll=poll)
+    return st
+
+
+async def _stop_running(host: Host, capsule: str, grace_s: float, poll: float) -> CapsuleState:
     await signal_group(host, capsule, "TERM")
+    await signal_tree(host, capsule, "TERM")
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         st = await inspect(host, capsule)
@@ -163,12 +173,78 @@ async def stop(host: Host, capsule: str, *, grace_s: float = 30.0,
             return st
         await asyncio.sleep(poll)
     await signal_group(host, capsule, "KILL")
+    await signal_tree(host, capsule, "KILL")
     for _ in range(100):
         st = await inspect(host, capsule)
         if st.state != "running":
             return st
         await asyncio.sleep(poll)
     return st
+
+
+# -- the run's process tree --------------------------------------------------------------
+MARKER = "SPECDECK_CAPSULE"
+"""Exported in ``cmd.sh``: every process the command starts inherits it, so children that
+leave its process group or session (``setsid``, a daemon's double fork) are still found."""
+
+_TREE = r"""D={d}
+read pid pstart rest <"$D/pid" 2>/dev/null || exit 0
+[ -n "$pid" ] || exit 0
+# The session id is the command's pid: Linux keeps a pid unused while a session refers to it,
+# so its members are the run's; but a live process with that pid and another start time is
+# a stranger's new session (the command's and every member are gone): only the marker counts.
+cur=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f20)
+sid=$pid; [ -z "$cur" ] || [ "$cur" = "$pstart" ] || sid=none
+{{ ps -e -o pid=,sid= 2>/dev/null | awk -v s="$sid" '$2 == s {{print $1}}'
+   grep -lzxF "{marker}=$D" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3
+}} | sort -un | grep -vx "$$" | while read p; do
+  a=$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | cut -c1-200)
+  [ -n "$a" ] || [ -d "/proc/$p" ] || continue
+  {action}
+done
+"""
+
+
+async def leftovers(host: Host, capsule: str) -> list[tuple[int, str]]:
+    """Processes of the run still alive (``[(pid, command line)]``): those in the command's
+    session or carrying its marker. Empty for a run that left nothing behind."""
+    res = await host.run(_TREE.format(d=shlex.quote(capsule), marker=MARKER,
+                                      action='echo "$p $a"'))
+    out = []
+    for line in res.stdout.splitlines():
+        pid, _, args = line.partition(" ")
+        if pid.isdigit():
+            out.append((int(pid), args.strip()))
+    return out
+
+
+async def signal_tree(host: Host, capsule: str, sig: str) -> None:
+    """Send ``sig`` to every process of the run (see :func:`leftovers`)."""
+    await host.run(_TREE.format(d=shlex.quote(capsule), marker=MARKER,
+                                action=f'kill -{sig} "$p" 2>/dev/null'))
+
+
+async def end_leftovers(host: Host, capsule: str, *, grace_s: float = 10.0,
+                        poll: float = 0.2) -> int:
+    """SIGTERM what the run left running, ``grace_s``, then SIGKILL; the count found."""
+    found = await leftovers(host, capsule)
+    if not found:
+        return 0
+    await signal_tree(host, capsule, "TERM")
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not await leftovers(host, capsule):
+            return len(found)
+        await asyncio.sleep(poll)
+    await signal_tree(host, capsule, "KILL")
+    return len(found)
+
+
+def describe_leftovers(found: list[tuple[int, str]]) -> str:
+    shown = "; ".join(f"pid {p} {a}" if a else f"pid {p}" for p, a in found[:5])
+    more = f" (and {len(found) - 5} more)" if len(found) > 5 else ""
+    return (f"the command left {len(found)} process{'es' if len(found) != 1 else ''} "
+            f"running: {shown}{more}")
 
 
 # -- metrics from log lines --------------------------------------------------------------
@@ -182,10 +258,7 @@ def parse_metrics(line: bytes, regex: re.Pattern | None = None) -> list[tuple[in
     s = line.strip()
     out: list[tuple[int, str, float]] = []
     if s.startswith(b"{") and b'"step"' in s:
-        try:
-            obj = json.loads(s)
-        except ValueError:
-            obj = None
+        obj = json_line(s)
         if isinstance(obj, dict):
             step = obj.get("step")
             if isinstance(step, (int, float)) and not isinstance(step, bool) and step == int(step):
@@ -208,7 +281,9 @@ def parse_metrics(line: bytes, regex: re.Pattern | None = None) -> list[tuple[in
     return out
 
 
-def _flatten(step: int, obj, prefix: str, out: list) -> None:
+def _flatten(step: int, obj, prefix: str, out: list, depth: int = 0) -> None:
+    if depth > MAX_JSON_DEPTH or len(out) > 4096:
+        return
     items = obj.items() if isinstance(obj, dict) else enumerate(obj)
     for k, v in items:
         if prefix == "" and k == "step":
@@ -220,7 +295,7 @@ def _flatten(step: int, obj, prefix: str, out: list) -> None:
             if v == v and abs(v) != float("inf"):
                 out.append((step, name, float(v)))
         elif isinstance(v, (dict, list)) and len(v) <= 256:
-            _flatten(step, v, name, out)
+            _flatten(step, v, name, out, depth + 1)
 
 
 # -- log following -----------------------------------------------------------------------
@@ -229,10 +304,7 @@ def parse_artefact(line: bytes) -> tuple[str, str, int | None] | None:
     s = line.strip()
     if not (s.startswith(b"{") and b'"event"' in s and b'"checkpoint"' in s):
         return None
-    try:
-        obj = json.loads(s)
-    except ValueError:
-        return None
+    obj = json_line(s)
     if isinstance(obj, dict) and obj.get("event") == "checkpoint" and isinstance(obj.get("path"), str):
         step = obj.get("step")
         return ("checkpoint", obj["path"], step if isinstance(step, int) else None)
@@ -263,12 +335,13 @@ async def follow(host: Host, store, run_id: str, capsule: str, *,
         if stop is not None and stop.is_set():
             return CapsuleState("running")
         try:
-            stored = store.run(run_id)["log_offset"]
+            row = store.run(run_id)
+            stored, base = row["log_offset"], row.get("log_base") or 0
             if seen is None or stored < seen:
                 # (stored < seen: a racing follower stored a shorter piece than ours; go back
                 # so the store never keeps a gap — this viewer may see those lines twice)
                 seen = stored
-            data = await host.read_from(log, seen, CHUNK)
+            data = await host.read_from(log, base + seen, CHUNK)
             if degraded:
                 degraded = False
                 if on_state:

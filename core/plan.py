@@ -23,10 +23,14 @@ import yaml
 
 from core.errors import InvalidInput, PlanError
 from core.params import ParamError, parse_params, shell_fields
+from core.text import sanitize
 
 STATUSES = ("pending", "in_progress", "done", "failed", "skipped")
 PRIORITIES = ("high", "medium", "low")
-SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+"""Plan names, host names and item ids: they name files and directories (state databases,
+run capsules), so a letter or digit first, then letters, digits, ``_ . -``, 64 at most."""
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 VAR_REF = re.compile(r"\$\$|\$\{([^}]*)\}")
 SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY)", re.I)
 
@@ -82,6 +86,8 @@ class Item:
     needs: tuple[str, ...] = ()
     action: ActionSpec | None = None
     line: int = 0
+    adopt: Any = None
+    """Where its run already is (:class:`core.adopt.AdoptSpec`): ``run`` adopts it."""
 
     @property
     def manual(self) -> bool:
@@ -114,16 +120,20 @@ class Plan:
         out: list[Item] = []
         by_id = {it.id: it for it in self.items}
 
-        def visit(it: Item) -> None:
-            if it.id in done:
-                return
-            done.add(it.id)
-            for n in it.needs:
-                visit(by_id[n])
-            out.append(it)
-
-        for it in self.items:
-            visit(it)
+        for root in self.items:  # depth-first, needs first; iterative (long chains)
+            if root.id in done:
+                continue
+            done.add(root.id)
+            stack = [(root, iter(root.needs))]
+            while stack:
+                it, needs = stack[-1]
+                n = next(needs, None)
+                if n is None:
+                    stack.pop()
+                    out.append(it)
+                elif n not in done and n in by_id:
+                    done.add(n)
+                    stack.append((by_id[n], iter(by_id[n].needs)))
         return [it for it in out if wanted is None or it.id in wanted]
 
     def dependents(self, item_id: str) -> list[str]:
@@ -140,6 +150,20 @@ class Plan:
 
 
 # -- YAML with positions ------------------------------------------------------------------
+MAX_PLAN_CHARS = 4 << 20
+"""A plan file larger than this is refused (a real one is a few KB)."""
+MAX_YAML_DEPTH = 32
+"""Deepest nesting of mappings and lists in a plan."""
+MAX_YAML_VALUES = 200_000
+"""Most values a plan may expand to, aliases counted at every use (billion laughs)."""
+
+
+class _TooBig(Exception):
+    def __init__(self, node, message: str):
+        self.line, self.col = node.start_mark.line + 1, node.start_mark.column + 1
+        self.message = message
+
+
 class _Located:
     """Plain Python values from a YAML document plus the (line, col) of each path."""
 
@@ -150,10 +174,23 @@ class _Located:
         self.issues: list[PlanIssue] = []
         # The C loader composes the same nodes, marks included, about 10x faster (a 200-item
         # plan: 0.17 s -> 0.02 s); the pure-Python one when libyaml is missing.
-        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
+        self._budget = MAX_YAML_VALUES
+        self._path_nodes: set[int] = set()
+        loader_cls = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        self.data = None
+        if len(text) > MAX_PLAN_CHARS:
+            self.issues.append(PlanIssue(filename, 1, 1, f"the plan is {len(text):,} characters; "
+                                         f"plans are at most {MAX_PLAN_CHARS:,}"))
+            return
+        if not self._bounded(loader_cls, text):
+            return
+        loader = loader_cls(text)
         try:
             node = loader.get_single_node()
             self.data = self._walk(loader, node, ()) if node is not None else None
+        except _TooBig as e:
+            self.issues.append(PlanIssue(filename, e.line, e.col, e.message))
+            self.data = None
         except yaml.MarkedYAMLError as e:
             mark = e.problem_mark or e.context_mark
             line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
@@ -166,12 +203,59 @@ class _Located:
         finally:
             loader.dispose()
 
+    def _bounded(self, loader_cls, text: str) -> bool:
+        """Check nesting depth on the event stream (iterative) before composing nodes
+        (recursive); False with an issue when the plan nests too deeply."""
+        depth = 0
+        loader = loader_cls(text)
+        try:
+            while loader.check_event():
+                ev = loader.get_event()
+                if isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                    depth += 1
+                    if depth > MAX_YAML_DEPTH:
+                        m = ev.start_mark
+                        self.issues.append(PlanIssue(
+                            self.filename, m.line + 1, m.column + 1,
+                            f"nested more than {MAX_YAML_DEPTH} levels deep; a plan needs a "
+                            "handful"))
+                        return False
+                elif isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                    depth -= 1
+        except yaml.YAMLError:
+            return True  # composing again reports the syntax error with its position
+        finally:
+            loader.dispose()
+        return True
+
     def _walk(self, loader, node, path):
+        self._budget -= 1
+        if self._budget < 0:
+            raise _TooBig(node, f"aliases expand the plan to more than {MAX_YAML_VALUES:,} "
+                          "values (an alias bomb?); write the values out or use fewer aliases")
+        if len(path) > MAX_YAML_DEPTH:
+            raise _TooBig(node, f"nested more than {MAX_YAML_DEPTH} levels deep")
+        if id(node) in self._path_nodes:
+            raise _TooBig(node, "an alias refers to a value that contains it (a recursive "
+                          "alias)")
+        if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+            self._path_nodes.add(id(node))
+            try:
+                return self._walk_collection(loader, node, path)
+            finally:
+                self._path_nodes.discard(id(node))
+        self.value_marks[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
+        return loader.construct_object(node, deep=True)
+
+    def _walk_collection(self, loader, node, path):
         self.value_marks[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
         if isinstance(node, yaml.MappingNode):
             out: dict = {}
             loader.flatten_mapping(node)
             for knode, vnode in node.value:
+                if not isinstance(knode, yaml.ScalarNode):
+                    self._issue(knode, "a mapping key must be a plain scalar")
+                    continue
                 key = loader.construct_object(knode, deep=True)
                 if isinstance(key, (list, dict)):
                     self._issue(knode, "a mapping key must be a plain scalar")
@@ -183,9 +267,7 @@ class _Located:
                                                  knode.start_mark.column + 1)
                 out[key] = self._walk(loader, vnode, path + (key,))
             return out
-        if isinstance(node, yaml.SequenceNode):
-            return [self._walk(loader, v, path + (i,)) for i, v in enumerate(node.value)]
-        return loader.construct_object(node, deep=True)
+        return [self._walk(loader, v, path + (i,)) for i, v in enumerate(node.value)]
 
     def _issue(self, node, msg):
         self.issues.append(PlanIssue(self.filename, node.start_mark.line + 1,
@@ -204,6 +286,11 @@ class _Located:
             if not p:
                 return (1, 1)
             p = p[:-1]
+
+
+def _short(value: Any, n: int = 70) -> str:
+    r = repr(value)
+    return r if len(r) <= n else r[:n] + f"… ({len(r)} chars)"
 
 
 def _field_name(path: tuple) -> str:
@@ -236,7 +323,13 @@ def _check_keys(v: _Validator, data: dict, path: tuple, allowed: Iterable[str], 
 
 def _interpolate(value: Any, variables: dict, shell: bool, errors: list[tuple[tuple, str]],
                  path: tuple) -> Any:
-    """Replace ``${name}`` in strings (``$$`` is a literal ``$``); quote when ``shell``."""
+    """Replace ``${name}`` in strings (``$$`` is a literal ``$``). In shell text (``shell``)
+    the value is not spliced: see :mod:`core.shellvars` (it travels in the environment)."""
+    if isinstance(value, str) and shell:
+        from core import shellvars
+
+        return shellvars.splice(value, lambda name: name in variables, lambda name: errors.append(
+            (path, f"undefined variable ${{{name}}} (define it under vars:)")))
     if isinstance(value, str):
         def sub(m: re.Match) -> str:
             if m.group(0) == "$$":
@@ -276,7 +369,7 @@ def parse_plan(text: str, filename: str = "<plan>", *, path: Path | None = None)
         v.error(("name",), "name: a non-empty string is required", field_path=("name",))
         name = "plan"
     elif not SLUG.match(name):
-        v.error(("name",), f"name {name!r} must be a slug (letters, digits, _ . -)",
+        v.error(("name",), f"name {name!r} must be a slug (letters, digits, _ . -; 64 at most)",
                 field_path=("name",))
 
     variables = data.get("vars") or {}
@@ -300,7 +393,8 @@ def parse_plan(text: str, filename: str = "<plan>", *, path: Path | None = None)
     for hname, h in raw_hosts.items():
         hp = ("hosts", hname)
         if not isinstance(hname, str) or not SLUG.match(hname):
-            v.error(hp, f"host name {hname!r} must be a slug", key=True)
+            v.error(hp, f"host name {hname!r} must be a slug (letters, digits, _ . -; 64 at "
+                    "most)", key=True)
             continue
         if not isinstance(h, dict):
             v.error(hp, "a host is {local: true, workdir: PATH} or {ssh: ALIAS, workdir: PATH}",
@@ -328,8 +422,15 @@ def parse_plan(text: str, filename: str = "<plan>", *, path: Path | None = None)
             v.error(hp + ("env",), "env must be a mapping", field_path=hp + ("env",))
             env = {}
         for ek, ev in env.items():
+            if not isinstance(ek, str) or not ENV_NAME.match(ek):
+                v.error(hp + ("env", ek), f"env name {ek!r} must be a shell variable name "
+                        "(letters, digits, _; not starting with a digit; 128 at most)",
+                        field_path=hp + ("env", ek), key=True)
             if not isinstance(ev, (str, int, float)) or isinstance(ev, bool):
                 v.error(hp + ("env", ek), "env values must be strings", field_path=hp + ("env", ek))
+            elif "\0" in str(ev) or len(str(ev)) > 65536:
+                v.error(hp + ("env", ek), "env values must be text without NUL, 64 KiB at most",
+                        field_path=hp + ("env", ek))
             if SECRET_NAME.search(str(ek)):
                 v.error(hp + ("env", ek), f"env {ek!r} looks like a secret: secrets never go in "
                         "plans; export it in the host's shell profile instead",
@@ -351,11 +452,12 @@ def parse_plan(text: str, filename: str = "<plan>", *, path: Path | None = None)
             v.error(ip, "an item is a mapping with id, content, priority, needs, action")
             continue
         iid = it.get("id")
-        label = iid if isinstance(iid, str) else f"#{i + 1}"
-        _check_keys(v, it, ip, ("id", "content", "priority", "status", "needs", "action"),
-                    item=label)
+        label = iid if isinstance(iid, str) and SLUG.match(iid) else f"#{i + 1}"
+        _check_keys(v, it, ip, ("id", "content", "priority", "status", "needs", "action",
+                                "adopt"), item=label)
         if not isinstance(iid, str) or not SLUG.match(iid):
-            v.error(ip + ("id",), f"id must be a slug (letters, digits, _ . -), got {iid!r}",
+            v.error(ip + ("id",), f"id must be a slug (letters, digits, _ . -; 64 at most), got "
+                    f"{_short(iid)}",
                     item=label, field_path=("id",))
         elif iid in seen:
             v.error(ip + ("id",), f"duplicate id (first used by item #{seen[iid] + 1})",
@@ -386,10 +488,11 @@ def parse_plan(text: str, filename: str = "<plan>", *, path: Path | None = None)
         if raw_action is not None:
             action = _parse_action(v, raw_action, ip + ("action",), label, hosts, raw_hosts,
                                    variables, registry)
+        adopt = _parse_adopt(v, it.get("adopt"), ip + ("adopt",), label, action, variables)
         items.append(Item(label, content if isinstance(content, str) else "",
                           prio if prio in PRIORITIES else "medium",
                           status if status in STATUSES else None, tuple(needs), action,
-                          loc.mark(ip)[0]))
+                          loc.mark(ip)[0], adopt))
 
     ids = {it.id for it in items}
     for i, it in enumerate(items):
@@ -456,27 +559,57 @@ def _parse_action(v, raw, ap, label, hosts, raw_hosts, variables, registry) -> A
     return ActionSpec(kind, host, params, raw_params if isinstance(raw_params, dict) else {})
 
 
-def _check_cycles(v: _Validator, items: list[Item]) -> None:
-    graph = {it.id: [n for n in it.needs if n != it.id] for it in items}
-    color: dict[str, int] = {}
-    index = {it.id: i for i, it in enumerate(items)}
+def _parse_adopt(v, raw, ap, label, action, variables):
+    if raw is None:
+        return None
+    from core.actions import registry
+    from core.adopt import parse_spec
 
-    def dfs(n: str, stack: list[str]) -> None:
-        color[n] = 1
-        for m in graph.get(n, []):
+    errors: list[tuple[tuple, str]] = []
+    spec, problems = parse_spec(_interpolate(raw, variables, False, errors, ()))
+    if action is None or not registry.get(action.kind).detached:
+        problems.append(((), "adopt needs a detached action (shell, train, eval...)"))
+    for p, msg in errors + problems:
+        v.error(ap + p, msg, item=label, field_path=("adopt",) + p, key=bool(p))
+    return spec
+
+
+def _check_cycles(v: _Validator, items: list[Item]) -> None:
+    graph: dict[str, list[str]] = {}
+    index: dict[str, int] = {}
+    for i, it in enumerate(items):  # a duplicated id is reported once, as a duplicate
+        if it.id not in graph:
+            graph[it.id] = [n for n in it.needs if n != it.id]
+            index[it.id] = i
+    color: dict[str, int] = {}
+
+    # Iterative depth-first search (a chain of thousands of items must not recurse).
+    for root in graph:
+        if color.get(root) is not None:
+            continue
+        color[root] = 1
+        path = [root]
+        todo = [iter(graph[root])]
+        while todo:
+            n = path[-1]
+            m = next(todo[-1], None)
+            if m is None:
+                color[n] = 2
+                path.pop()
+                todo.pop()
+                continue
             if m not in graph:
                 continue
             if color.get(m) == 1:
-                cyc = stack[stack.index(m):] + [m] if m in stack else [n, m]
-                v.error(("items", index[n], "needs"), "cyclic needs: " + " -> ".join(cyc),
+                cyc = path[path.index(m):] + [m]
+                shown = " -> ".join(cyc if len(cyc) <= 12 else
+                                    cyc[:6] + [f"… ({len(cyc) - 8} more)"] + cyc[-2:])
+                v.error(("items", index[n], "needs"), "cyclic needs: " + shown,
                         item=n, field_path=("needs",))
             elif color.get(m) is None:
-                dfs(m, stack + [m])
-        color[n] = 2
-
-    for it in items:
-        if color.get(it.id) is None:
-            dfs(it.id, [it.id])
+                color[m] = 1
+                path.append(m)
+                todo.append(iter(graph[m]))
 
 
 def load_plan(path: str | Path) -> Plan:
@@ -508,6 +641,47 @@ def _slug(text: str) -> str:
     return (s[:40].rstrip("-") or "item")
 
 
+MAX_TODOS_BYTES = 8 << 20
+MAX_TODO_TEXT = 4000
+
+
+def load_todos(path: str | Path) -> Any:
+    """Read a todowrite JSON file (untrusted): bounded size and depth, UTF-8, clear errors."""
+    from core.text import MAX_JSON_DEPTH
+
+    src = Path(path)
+    try:
+        if src.is_dir():
+            raise InvalidInput(f"{src}: is a directory, not a JSON file")
+        with open(src, "rb") as f:
+            raw = f.read(MAX_TODOS_BYTES + 1)
+    except FileNotFoundError:
+        raise InvalidInput(f"{src}: no such file") from None
+    except OSError as e:
+        raise InvalidInput(f"{src}: cannot read: {e.strerror or e}") from None
+    if len(raw) > MAX_TODOS_BYTES:
+        raise InvalidInput(f"{src}: larger than {MAX_TODOS_BYTES >> 20} MiB; not a todo list")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise InvalidInput(f"{src}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+    depth = 0
+    for ch in text if text.count("[") + text.count("{") > MAX_JSON_DEPTH else "":
+        if ch in "[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                raise InvalidInput(f"{src}: JSON nested more than {MAX_JSON_DEPTH} levels deep; "
+                                   "a todo list is a flat list of objects")
+        elif ch in "]}":
+            depth -= 1
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InvalidInput(f"{src}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
+    except (ValueError, RecursionError) as e:
+        raise InvalidInput(f"{src}: invalid JSON: {e}") from None
+
+
 def todos_to_plan_yaml(todos: Any, name: str, source: str = "<todos>") -> str:
     """A todowrite JSON list (``[{content, status, priority}]``) -> plan YAML text."""
     if not isinstance(todos, list):
@@ -524,15 +698,23 @@ def todos_to_plan_yaml(todos: Any, name: str, source: str = "<todos>") -> str:
         content = t.get("content")
         if not isinstance(content, str) or not content.strip():
             raise InvalidInput(f"{where}: field 'content' must be a non-empty string")
+        if len(content) > MAX_TODO_TEXT:
+            raise InvalidInput(f"{where}: field 'content' is {len(content)} characters; "
+                               f"{MAX_TODO_TEXT} at most")
+        # Terminal controls and escape sequences never reach the plan (nor a terminal).
+        content = sanitize(content, max_len=MAX_TODO_TEXT).strip() or "item"
         status = t.get("status", "pending")
-        if status not in _TODO_IN:
+        if not isinstance(status, str) or status not in _TODO_IN:
             raise InvalidInput(f"{where}: field 'status' must be one of "
-                               f"{', '.join(sorted(_TODO_IN))}, got {status!r}")
+                               f"{', '.join(sorted(_TODO_IN))}, got {_short(status)}")
         prio = t.get("priority", "medium")
-        if prio not in PRIORITIES:
+        if not isinstance(prio, str) or prio not in PRIORITIES:
             raise InvalidInput(f"{where}: field 'priority' must be one of "
-                               f"{', '.join(PRIORITIES)}, got {prio!r}")
-        base = _slug(str(t["id"])) if t.get("id") is not None else _slug(content)
+                               f"{', '.join(PRIORITIES)}, got {_short(prio)}")
+        tid = t.get("id")
+        if tid is not None and not isinstance(tid, (str, int)) or isinstance(tid, bool):
+            raise InvalidInput(f"{where}: field 'id' must be a string or a number")
+        base = _slug(str(tid)) if tid is not None else _slug(content)
         iid, n = base, 2
         while iid in used:
             iid, n = f"{base}-{n}", n + 1

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+from core.text import json_line
 
 
 def _eta(s) -> str:
@@ -13,14 +13,20 @@ def _eta(s) -> str:
 
 
 def describe(line: str) -> str | None:
-    """A one-line summary of a progress, metric or training line; None for other lines."""
-    s = line.strip()
-    if not s.startswith("{"):
+    """A one-line summary of a progress, metric or training line; None for other lines.
+
+    Lines come from programs on hosts: one with unexpected types or nesting is plain text.
+    """
+    obj = json_line(line)
+    if not isinstance(obj, dict):
         return None
     try:
-        obj = json.loads(s)
-    except ValueError:
+        return _describe(obj)
+    except (TypeError, ValueError, KeyError, AttributeError):
         return None
+
+
+def _describe(obj: dict) -> str | None:
     if not isinstance(obj, dict):
         return None
     ev = obj.get("event")

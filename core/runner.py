@@ -16,16 +16,18 @@ ended while nobody watched. It runs on start, before status, and after every rec
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import secrets
 import socket
 import time
 from typing import Any, Callable, Iterable
 
-from core import jobs
+from core import adopt, jobs, shellvars
 from core.actions import registry
 from core.actions.base import Action, ActionContext, CheckResult, Outcome
 from core.errors import ActionFailed, HostUnreachable, SpecdeckError
+from core.faults import describe_fault
 from core.events import (Event, HostStateChanged, LogLinesReceived, LogStreamChanged, Notice,
                          Progress, RunEnded, RunStarted, StatusChanged)
 from core.hosts import Host, make_host
@@ -187,6 +189,10 @@ class Runner:
             return None
         return registry.get(item.action.kind)(item.action.params)
 
+    def run_action(self, item: Item, run: dict | None) -> Action | None:
+        """The action a run goes through (an adopted run's: :class:`core.adopt.Adopted`)."""
+        return adopt.wrap(self.action(item), run)
+
     def _set_status(self, item_id: str, status: str, reason: str = "",
                     run_id: str | None = None) -> None:
         self.store.set_status(item_id, status, reason=reason, run_id=run_id)
@@ -216,11 +222,13 @@ class Runner:
         """
         targets = self.plan.order(ids)
         summary: dict[str, list[str]] = {k: [] for k in
-                                         ("done", "failed", "unreachable", "waiting", "manual")}
+                                         ("done", "failed", "unreachable", "waiting", "manual",
+                                          "unadopted")}
         pending = list(targets)
         running: dict[asyncio.Task, Item] = {}
         while pending or running:
             st = self.statuses()
+            deferred = False
             for it in list(pending):
                 if st[it.id] in ("done", "skipped"):
                     pending.remove(it)
@@ -234,6 +242,15 @@ class Runner:
                     summary["manual"].append(it.id)
                     continue
                 needs = [n for n in it.needs if st[n] not in ("done", "skipped")]
+                why = None if needs else adopt.unadopted(self, it)
+                if why and adopt.adopting(it, running.values()):
+                    deferred = True  # a stop whose target is being adopted right now
+                    continue
+                if why:  # started outside specdeck: never launched twice
+                    pending.remove(it)
+                    summary["unadopted"].append(it.id)
+                    self.emit(Notice(it.id, why, "warning"))
+                    continue
                 if not needs:
                     pending.remove(it)
                     running[asyncio.create_task(self.run_item(it))] = it
@@ -248,7 +265,16 @@ class Runner:
                 for it in pending:
                     summary["waiting"].append(it.id)
                 break
-            done, _ = await asyncio.wait(list(running), return_when=asyncio.FIRST_COMPLETED)
+            try:
+                done, _ = await asyncio.wait(list(running), return_when=asyncio.FIRST_COMPLETED,
+                                             timeout=0.2 if deferred else None)
+            except asyncio.CancelledError:
+                # Ctrl-C / SIGTERM: the item tasks end here, while the store is still open
+                # (in-process runs record "interrupted"; detached ones keep going on hosts).
+                for t in running:
+                    t.cancel()
+                await asyncio.gather(*running, return_exceptions=True)
+                raise
             for t in done:
                 it = running.pop(t)
                 try:
@@ -257,8 +283,28 @@ class Runner:
                     self.emit(Notice(it.id, str(e), "error"))
                     summary["unreachable"].append(it.id)
                     continue
+                except Exception as e:  # noqa: BLE001 - any fault ends the item, not the runner
+                    state = self._item_failed(it, e)
                 summary["done" if state == "done" else "failed"].append(it.id)
         return summary
+
+    def _item_failed(self, item: Item, exc: Exception) -> str:
+        """An unexpected fault before or around a run: the item fails with the message, and a
+        run of it left live by this process ends failed."""
+        msg = describe_fault(exc)
+        self.emit(Notice(item.id, f"{item.id}: {msg}", "error"))
+        try:
+            live = self.store.live_run(item.id)
+            if live is not None and live["owner"] == self.owner and live["id"] not in self._in_process:
+                if live.get("capsule"):
+                    msg += (f" (specdeck stopped following it; its command may still run in "
+                            f"{live['capsule']} on {live['host']})")
+                return self._end(item, live["id"], "failed", error=msg)
+            if live is None:
+                self._set_status(item.id, "failed", msg)
+        except Exception:  # noqa: BLE001 - the store itself may be the fault (disk full)
+            pass
+        return "failed"
 
     async def run_item(self, item: Item) -> str:
         """Run one item now (its needs are the caller's business). Returns its final status."""
@@ -269,6 +315,18 @@ class Runner:
         if live is not None:
             self.emit(Notice(item.id, f"{item.id}: run {live['id']} is live; attaching"))
             await self.attach_run(live)
+            return self.statuses()[item.id]
+        if adopt.from_plan(self, item):  # the plan says where its run already is
+            try:
+                return await adopt.adopt_item(self, item, item.adopt)
+            except SpecdeckError as e:
+                self.emit(Notice(item.id, f"{item.id}: cannot adopt the run its plan names: "
+                                 f"{e.message} (ended? `specdeck mark PLAN {item.id} done`, or "
+                                 "`pending` to launch it anew)", "error"))
+                return "failed"
+        why = adopt.unadopted(self, item)
+        if why:
+            self.emit(Notice(item.id, why, "warning"))
             return self.statuses()[item.id]
         host = await self.host(item.action.host) if item.action.host else None
         ctx = _Context(self, item, host, None)
@@ -294,18 +352,43 @@ class Runner:
         if not action.detached:
             return await self._run_in_process(item, action, ctx, run_id)
         try:
-            await action.prepare(ctx)
+            if not self._stop_requested(run_id):
+                await action.prepare(ctx)
+            if self._stop_requested(run_id):  # a stop while starting: nothing is created
+                return self._end(item, run_id, "stopped", error="stopped before it was launched")
             launch = action.command(ctx)
+            # Plan vars used in shell text are read from the environment (core.shellvars).
+            launch = dataclasses.replace(launch, env={**shellvars.plan_env(self.plan.vars),
+                                                      **dict(launch.env)})
             launched = await self._launch(host, run_id, launch, action)
-        except ActionFailed as e:
+        except (ActionFailed, HostUnreachable) as e:
             return self._end(item, run_id, "failed", error=str(e))
-        except HostUnreachable as e:
-            return self._end(item, run_id, "failed", error=str(e))
+        except Exception as e:  # noqa: BLE001 - a fault of the host, the disk or a library
+            return self._end(item, run_id, "failed", error=describe_fault(e))
         self.store.update_run(run_id, state="running", pid=launched.get("pid"),
                               pstart=launched.get("pstart"), capsule=launched["capsule"],
                               job_id=launched.get("job_id"))
         self.emit(RunStarted(item.id, run_id, item.action.host, launched.get("pid")))
         return await self._follow_and_finish(item, action, host, self.store.run(run_id))
+
+    def _stop_requested(self, run_id: str) -> bool:
+        """A stop arrived (from this process or another) while the run was starting."""
+        return run_id in self._stopping or self.store.run(run_id).get("error") == "stop requested"
+
+    async def _launched(self, run: dict, grace_s: float) -> dict:
+        """Wait until a starting run is launched (or not) by whoever is starting it; a
+        launcher that died meanwhile is reconciled. The stop then ends what it created."""
+        deadline = time.monotonic() + max(120.0, grace_s)
+        while run["state"] == "starting":
+            if run["owner"] != self.owner and owner_alive(run["owner"]) is False:
+                await self._reconcile_run(run, follow=False)
+            elif time.monotonic() > deadline:
+                raise SpecdeckError(f"run {run['id']} is still starting; stop it again once "
+                                    "it runs")
+            else:
+                await asyncio.sleep(0.05)
+            run = self.store.run(run["id"])
+        return run
 
     async def _launch(self, host: Host, run_id: str, launch, action: Action) -> dict:
         launcher = getattr(action, "launch", None)
@@ -323,9 +406,7 @@ class Runner:
         self._in_process[run_id] = work
         try:
             result = await work
-        except ActionFailed as e:
-            return self._end(item, run_id, "failed", error=str(e))
-        except HostUnreachable as e:
+        except (ActionFailed, HostUnreachable) as e:
             return self._end(item, run_id, "failed", error=str(e))
         except asyncio.CancelledError:
             me = asyncio.current_task()
@@ -334,6 +415,8 @@ class Runner:
             work.cancel()
             self._end(item, run_id, "interrupted", error="specdeck stopped during the run")
             raise
+        except Exception as e:  # noqa: BLE001 - a fault of the host, the disk or a library
+            return self._end(item, run_id, "failed", error=describe_fault(e))
         finally:
             self._in_process.pop(run_id, None)
         return self._end(item, run_id, "succeeded", result=result, exit_code=0)
@@ -381,21 +464,58 @@ class Runner:
             return self.statuses()[item.id]
         stopped = run_id in self._stopping or bool(run.get("error") == "stop requested")
         outcome = jobs.outcome_of(st, stopped=stopped, capsule=run["capsule"] or "", run_id=run_id)
+        left = await self._leftovers(run)
         ctx = _Context(self, item, host, run_id)
         try:
             result = await action.finish(ctx, outcome)
-        except ActionFailed as e:
+        except Exception as e:  # noqa: BLE001 - ActionFailed, or a fault reading the results
             state = outcome.state if outcome.state != "succeeded" else "failed"
-            return self._end(item, run_id, state, error=str(e), exit_code=outcome.exit_code,
+            msg = str(e) if isinstance(e, ActionFailed) else describe_fault(e)
+            return self._end(item, run_id, state, error=msg, exit_code=outcome.exit_code,
                              signal=outcome.signal)
         return self._end(item, run_id, outcome.state, result=result, exit_code=outcome.exit_code,
-                         signal=outcome.signal)
+                         signal=outcome.signal, error=left)
+
+    async def _leftovers(self, run: dict) -> str | None:
+        """Processes a finished run left behind (a background or daemonised child), told."""
+        if not run.get("capsule") or not run.get("host"):
+            return None
+        try:
+            found = await jobs.leftovers(self.hosts[run["host"]], run["capsule"])
+        except Exception:  # noqa: BLE001 - best effort: the run's end is what matters
+            return None
+        if not found:
+            return None
+        plan = self.plan.path or self.plan.name
+        msg = (jobs.describe_leftovers(found) + f"; `specdeck stop {plan} {run['item_id']}` "
+               "ends them")
+        self.emit(Notice(run["item_id"], f"{run['item_id']}: {msg}", "warning"))
+        self.store.journal("leftovers", msg, item_id=run["item_id"], run_id=run["id"],
+                           host=run["host"])
+        return msg
+
+    async def end_leftovers(self, item_id: str, *, grace_s: float = 10.0) -> tuple[dict | None, int]:
+        """End the processes the item's latest (ended) run left running: (run, count)."""
+        run = self.store.latest_run(item_id)
+        if run is None or not run.get("capsule") or not run.get("host"):
+            return run, 0
+        try:
+            host = await self.host(run["host"])
+            n = await jobs.end_leftovers(host, run["capsule"], grace_s=grace_s)
+        except HostUnreachable as e:
+            self.emit(Notice(item_id, f"{item_id}: could not look for processes run "
+                             f"{run['id']} left behind: {e}", "warning"))
+            return run, 0
+        if n:
+            self.store.journal("leftovers_ended", f"ended {n} leftover process(es)",
+                               item_id=item_id, run_id=run["id"], host=run["host"])
+        return run, n
 
     # -- attach, reconcile, stop ---------------------------------------------------------
     async def attach_run(self, run: dict) -> str:
         """Follow a live run until it ends, then finish it."""
         item = self.plan.item(run["item_id"])
-        action = self.action(item)
+        action = self.run_action(item, run)
         if run["state"] == "starting" or not run.get("capsule"):
             return await self._reconcile_run(run, follow=True)
         host = await self.host(run["host"])
@@ -439,7 +559,7 @@ class Runner:
 
     async def _reconcile_run(self, run: dict, *, follow: bool) -> str:
         item = self.plan.item(run["item_id"])
-        action = self.action(item)
+        action = self.run_action(item, run)
         if action is None:
             return self._end(item, run["id"], "interrupted", error="item is no longer an action")
         if not action.detached:
@@ -448,6 +568,8 @@ class Runner:
                 return self._end(item, run["id"], "interrupted",
                                  error="the specdeck process running it exited; run it again "
                                        "to resume")
+            if follow and run["id"] not in self._in_process:
+                return await self._follow_owned(item, run)
             return self.statuses()[item.id]
         host = await self.host(run["host"])
         capsule = run.get("capsule") or jobs.capsule_path(host, run["id"])
@@ -473,6 +595,31 @@ class Runner:
             st = await jobs.follow(host, self.store, run["id"], capsule, poll=self.poll,
                                    regex=getattr(action, "metrics_regex", lambda: None)())
         return await self._finish(item, action, host, run["id"], st)
+
+    async def _follow_owned(self, item: Item, run: dict) -> str:
+        """Follow an in-process run that another specdeck owns (its relay, its venv): show
+        its log as that process stores it, until it records the end (or dies)."""
+        run_id = run["id"]
+        self.emit(RunStarted(item.id, run_id, run["host"], run.get("pid"), attached=True))
+        shown = self.store.run(run_id)["log_offset"] or 0
+        while True:
+            cur = self.store.run(run_id)
+            if (cur["log_offset"] or 0) > shown:
+                data = self.store.log_bytes(run_id, shown)
+                cut = data.rfind(b"\n") + 1
+                if cut:
+                    self.emit(LogLinesReceived(item.id, run_id,
+                                               data[:cut].decode("utf-8", "replace").splitlines()))
+                    shown += cut
+            if cur["state"] not in ("starting", "running"):
+                self.emit(RunEnded(item.id, run_id, cur["state"], cur["exit_code"],
+                                   cur["signal"], cur["error"]))
+                return self.statuses()[item.id]
+            if owner_alive(cur["owner"]) is False:
+                return self._end(item, run_id, "interrupted",
+                                 error="the specdeck process running it exited; run it again "
+                                       "to resume")
+            await asyncio.sleep(max(self.poll, 0.1))
 
     async def _stop_in_process(self, item: Item, run: dict, grace_s: float) -> Outcome:
         """Cancel an in-process action (a relay keeps its .part: a rerun resumes)."""
@@ -500,19 +647,47 @@ class Runner:
         run = self.store.run(run_id)
         return Outcome(run["state"], run["exit_code"], run["signal"], run["capsule"] or "", run_id)
 
+    DRAIN_TIMEOUT_S = 120.0
+
+    async def _drain(self, item: Item, action: Action, host: Host, run: dict,
+                     st: jobs.CapsuleState) -> None:
+        """Store the rest of an ended run's log (exactly once) before its end is recorded:
+        a run stopped while nobody followed it keeps every line it wrote."""
+        if not run.get("capsule"):
+            return
+
+        async def ended() -> jobs.CapsuleState:
+            return st
+
+        try:
+            await asyncio.wait_for(jobs.follow(
+                host, self.store, run["id"], run["capsule"], poll=self.poll,
+                regex=getattr(action, "metrics_regex", lambda: None)(), inspector=ended),
+                self.DRAIN_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            self.emit(Notice(item.id, f"{item.id}: the end of run {run['id']}'s log could not "
+                             f"be read from {run['host']} (`specdeck logs` has what was stored)",
+                             "warning"))
+
     async def stop_run(self, run_id: str, *, grace_s: float = 30.0) -> Outcome:
         """Stop a live run: SIGTERM to its group, ``grace_s``, SIGKILL. Ends it as stopped."""
         run = self.store.run(run_id)
         if run is None or run["state"] not in ("starting", "running"):
             raise SpecdeckError(f"run {run_id} is not live")
         item = self.plan.item(run["item_id"])
-        action = self.action(item)
+        action = self.run_action(item, run)
         if action is not None and not action.detached:
             return await self._stop_in_process(item, run, grace_s)
         self._stopping.add(run_id)
         self.store.update_run(run_id, error="stop requested")
         self.store.journal("stop_requested", f"stop {run_id} (grace {grace_s}s)",
                            item_id=item.id, run_id=run_id, host=run["host"])
+        if run["state"] == "starting":  # never mark lost what its start is creating
+            run = await self._launched(run, grace_s)
+            if run["state"] not in ("starting", "running"):
+                return Outcome(run["state"], run["exit_code"], run["signal"],
+                               run["capsule"] or "", run_id)
+            action = self.run_action(item, run)
         host = await self.host(run["host"])
         stopper = getattr(action, "stop", None)
         if stopper is not None:
@@ -521,6 +696,7 @@ class Runner:
             st = await jobs.stop(host, run["capsule"], grace_s=grace_s)
         if st.state == "running":
             raise SpecdeckError(f"run {run_id} on {run['host']} did not stop after SIGKILL")
+        await self._drain(item, action, host, self.store.run(run_id), st)
         # Finish it here; a follower (this process's or another's) finishing it too is a
         # no-op, since ending a run is idempotent in the store.
         await self._finish(item, action, host, run_id, st)

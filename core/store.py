@@ -77,6 +77,21 @@ def m002_watch_evals(db: Database) -> None:
     db["watch_evals"].create_index(["run_id", "step"], unique=True)
 
 
+@migrations()
+def m003_adopted_runs(db: Database) -> None:
+    # adopt: how an adopted run is found (JSON, core.adopt); log_base: the byte of the
+    # followed file where the stored log starts (an adopted log is followed from there).
+    db["runs"].add_column("adopt", str)
+    db["runs"].add_column("log_base", int, not_null_default=0)
+
+
+@migrations()
+def m004_console_seen(db: Database) -> None:
+    """Where a console last saw the store: the journal id it had seen and when (a heartbeat,
+    so that an unclean exit still leaves the mark)."""
+    db["console_seen"].create({"name": str, "event_id": int, "at": float}, pk="name")
+
+
 def default_state_path(plan_name: str) -> Path:
     """``$SPECDECK_STATE``, else ``$XDG_STATE_HOME/specdeck/<plan>.db``."""
     env = os.environ.get("SPECDECK_STATE")
@@ -100,17 +115,41 @@ class Store:
 
     def __init__(self, path: str | Path = ":memory:"):
         self.path = str(path)
-        if self.path != ":memory:":
+        if self.path == ":memory:":
+            self._open()
+            return
+        from core import statefile
+
+        # Inspected read-only first: nothing is created, converted or migrated in a file
+        # that is not a specdeck database this version knows (see core.statefile).
+        statefile.preflight(self.path, [m.name for m in migrations._migrations], migrations.name)
+        created = not os.path.exists(self.path)
+        try:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, timeout=30.0)
+            self._open()
+        except (sqlite3.Error, OSError) as e:
+            with contextlib.suppress(Exception):
+                self.db.close()
+            if created:  # a half-created file (full disk) is not left behind
+                for suffix in ("", "-wal", "-shm", "-journal"):
+                    with contextlib.suppress(OSError):
+                        os.remove(self.path + suffix)
+            raise statefile.open_problem(self.path, e) from None
+
+    def _open(self) -> None:
+        conn = sqlite3.connect(self.path, timeout=self.OPEN_WAIT_S)
         self.db = Database(conn)
         if self.path != ":memory:":
             self.db.enable_wal()
-        self.db.execute("PRAGMA busy_timeout = 30000")
+        self.db.execute(f"PRAGMA busy_timeout = {int(self.OPEN_WAIT_S * 1000)}")
         self.db.execute("PRAGMA synchronous = NORMAL")
         with self._immediate():
             pass
         self._migrate()
+        self.db.execute("PRAGMA busy_timeout = 30000")
+
+    OPEN_WAIT_S = 10.0
+    """How long opening waits for a lock another program holds (then: a clear error)."""
 
     def _migrate(self) -> None:
         # Two processes opening a fresh file at once: serialize the migration.
@@ -328,6 +367,27 @@ class Store:
         return list(self.db["events"].rows_where(where, args, limit=limit,
                                                  order_by="id DESC" if newest_first else "id"))
 
+    def last_event_id(self) -> int:
+        return self.db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
+
+    def mark_seen(self, name: str = "console", event_id: int | None = None) -> int:
+        """Record that a console has seen the journal up to ``event_id`` (default: all of it),
+        now. The mark only moves forward. Returns the mark."""
+        with self._immediate():
+            latest = self.last_event_id()
+            eid = latest if event_id is None else min(event_id, latest)
+            row = self.db.execute("SELECT event_id FROM console_seen WHERE name = ?",
+                                  [name]).fetchone()
+            eid = max(eid, row[0] if row else 0)
+            self.db["console_seen"].upsert({"name": name, "event_id": eid, "at": time.time()},
+                                           pk="name")
+        return eid
+
+    def seen_mark(self, name: str = "console") -> dict | None:
+        """``{event_id, at}`` of the last :meth:`mark_seen`, or None if none was recorded."""
+        rows = list(self.db["console_seen"].rows_where("name = ?", [name]))
+        return rows[0] if rows else None
+
     # -- metrics -------------------------------------------------------------------------
     def add_metrics(self, run_id: str, rows: Iterable[tuple[int, str, float]]) -> None:
         now = time.time()
@@ -340,11 +400,13 @@ class Store:
         return [r[0] for r in self.db.execute(
             "SELECT DISTINCT name FROM metrics WHERE run_id = ? ORDER BY name", [run_id])]
 
-    def metric_series(self, run_id: str, name: str, *, max_points: int | None = None
-                      ) -> list[tuple[int, float]]:
-        """(step, value) in step order; thinned evenly to ``max_points`` when given."""
-        rows = [(r[0], r[1]) for r in self.db.execute(
-            "SELECT step, value FROM metrics WHERE run_id = ? AND name = ? ORDER BY step",
+    def metric_series(self, run_id: str, name: str, *, max_points: int | None = None,
+                      with_time: bool = False) -> list[tuple]:
+        """(step, value) in step order (``with_time``: (step, value, stored at)); thinned
+        evenly to ``max_points`` when given."""
+        cols = "step, value, at" if with_time else "step, value"
+        rows = [tuple(r) for r in self.db.execute(
+            f"SELECT {cols} FROM metrics WHERE run_id = ? AND name = ? ORDER BY step",
             [run_id, name])]
         if max_points and len(rows) > max_points:
             stride = len(rows) / max_points

@@ -1,16 +1,72 @@
-"""Making untrusted text (remote logs) safe to print on a terminal."""
+"""Making untrusted text safe for a terminal, and untrusted JSON lines safe to parse.
+
+One sanitizer for every output boundary (CLI stderr/stdout, the console's panes): remote log
+lines, progress messages, file names, item text from an imported todo list, error messages
+that quote any of those. It drops escape sequences (CSI, OSC, DCS/PM/APC strings, 8-bit CSI)
+and replaces C0 and C1 control characters (U+0000-U+001F except tab and newline, U+007F,
+U+0080-U+009F) with U+FFFD, so nothing written by a host or a file can move the cursor,
+retitle the terminal or hide text.
+"""
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Any
 
-_ESC = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-Z\\-_])")
-_CTRL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_ESC = re.compile(
+    r"\x1b(\[[0-?]*[ -/]*[@-~]?"            # CSI ... final
+    r"|[\]PX^_][^\x07\x1b\x9c]*(\x07|\x1b\\|\x9c)?"  # OSC / DCS / SOS / PM / APC strings
+    r"|[ -/]*[0-~]?)"                       # nF / Fp / Fe / Fs escapes (or a lone ESC)
+    r"|\x9b[0-?]*[ -/]*[@-~]?"              # 8-bit CSI
+    r"|[\x90\x9d\x98\x9e\x9f][^\x07\x1b\x9c]*(\x07|\x1b\\|\x9c)?")  # 8-bit string controls
+_CTRL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_CTRL_NL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 
 
-def sanitize(line: str, *, max_len: int = 4000) -> str:
-    """Drop ANSI escape sequences and control characters; cut very long lines."""
-    s = _CTRL.sub("\ufffd", _ESC.sub("", line))
+def sanitize(line: str, *, max_len: int = 4000, newlines: bool = True) -> str:
+    """Drop escape sequences and control characters (C0 and C1); cut very long lines.
+
+    Tabs and newlines are kept (``newlines=False`` replaces newlines too, for one-line
+    fields).
+    """
+    if not isinstance(line, str):
+        line = str(line)
+    s = (_CTRL if newlines else _CTRL_NL).sub("\ufffd", _ESC.sub("", line))
     if len(s) > max_len:
         s = s[:max_len] + f"… [{len(s) - max_len} more chars]"
     return s
+
+
+MAX_JSON_LINE = 64 << 10
+"""Longest log line parsed as JSON (metrics, progress, checkpoints); longer ones are text."""
+MAX_JSON_DEPTH = 32
+"""Deepest nesting looked into; a deeper line is kept as text."""
+
+
+def json_line(line: bytes | str) -> Any:
+    """A log line's JSON object, or None when it is not one, too long or too deep.
+
+    Log lines are written by programs on hosts: they are stored whatever they hold, and
+    parsing one never raises (no RecursionError from a deeply nested line).
+    """
+    s = line.strip()
+    if not s or len(s) > MAX_JSON_LINE or s[:1] not in (b"{", "{"):
+        return None
+    if isinstance(s, bytes):
+        s = s.decode("utf-8", "replace")
+    if s.count("[") + s.count("{") > MAX_JSON_DEPTH:
+        # Bound the nesting before the recursive decoder sees it (brackets inside strings
+        # count too: that only makes the bound stricter).
+        depth = 0
+        for ch in s:
+            if ch in "[{":
+                depth += 1
+                if depth > MAX_JSON_DEPTH:
+                    return None
+            elif ch in "]}":
+                depth -= 1
+    try:
+        return json.loads(s)
+    except (ValueError, RecursionError):
+        return None

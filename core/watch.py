@@ -24,9 +24,16 @@ evaluated next and the others are recorded as skipped. Every step's state lives 
 store (``watch_evals``), so after a kill -9 the next specdeck resumes a running eval from its
 capsule and continues with the next checkpoint: no duplicate, no missing eval.
 
-Alerts: tau more than ``drop_pct`` % below the best so far; tau flat (range below
-``flat_eps`` x mean) over ``flat_evals`` evals while the loss kept falling (the v3/v4
-failure pattern). Both go to the journal and to the operator as notices.
+Each tau point carries its 95 % interval (:mod:`core.stats`, a bootstrap over the eval's
+prompts), stored as the metrics ``tau_ci95_lo`` / ``tau_ci95_hi``.
+
+Alerts use the per-prompt taus, so a change inside the noise is not an alert. Drop: tau more
+than ``drop_pct`` % below the best so far *and* the paired comparison of this step with the
+best one on their shared prompts says ``worse``. Flat (the v3/v4 failure pattern): over
+``flat_evals`` evals the loss kept falling while tau did not rise, i.e. the last eval is not
+detectably better than the window's first and rose at most ``flat_eps`` x mean. Without
+per-prompt figures the point values decide, as before. Both go to the journal and to the
+operator as notices.
 """
 
 from __future__ import annotations
@@ -35,8 +42,10 @@ import asyncio
 import json
 from typing import Any
 
+from core import stats
+
 KEYS = {"every", "host", "target", "prompts", "baseline", "mode", "max_prompts", "cache",
-        "block_size", "max_new_tokens", "alerts"}
+        "block_size", "max_new_tokens", "alerts", "allow_block_size_mismatch"}
 
 
 def validate_watch(spec, plan, item) -> list[tuple[tuple, str]]:
@@ -204,6 +213,11 @@ class Watcher:
         from core.actions.eval import _rows
 
         metrics = [(step, "tau", float(res["tau"]))]
+        ci = stats.mean_ci([float(p["tau"]) for p in res.get("per_prompt") or []
+                            if p.get("tau") is not None],
+                           rng=stats.rng_for(self.run_id, step, "tau"))
+        if ci is not None:
+            metrics += [(step, "tau_ci95_lo", ci[0]), (step, "tau_ci95_hi", ci[1])]
         if res.get("tau_pooled") is not None:
             metrics.append((step, "tau_pooled", float(res["tau_pooled"])))
         for k, v in enumerate(res.get("per_position_acceptance") or []):
@@ -216,6 +230,22 @@ class Watcher:
             self.store.add_metrics(self.run_id, [(step, "tau_baseline", float(base["tau"]))])
         self.store.add_eval_results(rows)
 
+    def _prompt_taus(self, step: int) -> dict[str, float]:
+        """The chain method's per-prompt tau of this run's eval at ``step``."""
+        return {r["prompt_id"]: float(r["tau"]) for r in self.store.eval_results(self.item.id)
+                if r["run_id"] == self.run_id and r["step"] == step and r["role"] == "drafter"
+                and (r["settings"] or {}).get("method", "chain") == "chain"
+                and r["tau"] is not None}
+
+    def _paired(self, a: int, b: int) -> stats.Paired | None:
+        """Step ``a``'s per-prompt tau against step ``b``'s (None: under 2 shared prompts)."""
+        ta, tb = self._prompt_taus(a), self._prompt_taus(b)
+        shared = [p for p in ta if p in tb]
+        if len(shared) < 2:
+            return None
+        return stats.paired([ta[p] for p in shared], [tb[p] for p in shared],
+                            name=f"{self.run_id}:{a}-{b}")
+
     def _alerts(self, step: int) -> None:
         from core.events import Notice
 
@@ -227,8 +257,19 @@ class Watcher:
         best_step, best = max(taus[:-1], key=lambda t: t[1])
         msgs = []
         if best > 0 and cur < best * (1 - self.alerts["drop_pct"] / 100):
-            msgs.append(f"tau {cur:.3f} at step {step} is {100 * (1 - cur / best):.0f}% below "
-                        f"the best so far ({best:.3f} at step {best_step})")
+            pair = self._paired(step, best_step)
+            if pair is None:
+                msgs.append(f"tau {cur:.3f} at step {step} is {100 * (1 - cur / best):.0f}% "
+                            f"below the best so far ({best:.3f} at step {best_step})")
+            elif pair.verdict == stats.WORSE:
+                msgs.append(f"tau {cur:.3f} at step {step} is {100 * (1 - cur / best):.0f}% "
+                            f"below the best so far ({best:.3f} at step {best_step}): "
+                            + pair.text(f"step {step}", f"step {best_step}"))
+            else:
+                self.store.journal("watch_noise", f"tau {cur:.3f} at step {step} is below the "
+                                   f"best ({best:.3f} at step {best_step}) but inside the noise: "
+                                   + pair.text(f"step {step}", f"step {best_step}"),
+                                   item_id=self.item.id, run_id=self.run_id)
         k = int(self.alerts["flat_evals"])
         if len(taus) >= k:
             window = taus[-k:]
@@ -237,11 +278,20 @@ class Watcher:
             loss = dict(self.store.metric_series(self.run_id, "loss"))
             l0 = _near(loss, window[0][0])
             l1 = _near(loss, window[-1][0])
-            if (max(vals) - min(vals) <= self.alerts["flat_eps"] * mean and l0 is not None
-                    and l1 is not None and l1 < l0 * 0.99):
+            loss_fell = l0 is not None and l1 is not None and l1 < l0 * 0.99
+            pair = self._paired(window[-1][0], window[0][0]) if loss_fell else None
+            if pair is None:
+                flat = max(vals) - min(vals) <= self.alerts["flat_eps"] * mean
+                why = ""
+            else:
+                flat = (pair.verdict != stats.BETTER
+                        and vals[-1] - vals[0] <= self.alerts["flat_eps"] * mean)
+                why = (f"; last vs first {pair.delta:+.3f}, 95 % CI "
+                       f"{stats.fmt_ci(pair.ci95, signed=True)}, {pair.prompts} prompts")
+            if flat and loss_fell:
                 msgs.append(f"tau flat at {mean:.3f} over the last {k} evals (steps "
-                            f"{window[0][0]}-{window[-1][0]}) while the loss fell {l0:.3f} -> "
-                            f"{l1:.3f}: the drafter may be learning the wrong thing")
+                            f"{window[0][0]}-{window[-1][0]}{why}) while the loss fell "
+                            f"{l0:.3f} -> {l1:.3f}: the drafter may be learning the wrong thing")
         for m in msgs:
             self.store.journal("alert", m, item_id=self.item.id, run_id=self.run_id)
             self.runner.emit(Notice(self.item.id, f"ALERT {self.item.id}: {m}", "warning"))

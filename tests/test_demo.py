@@ -24,6 +24,22 @@ def test_demo_headless_quick_then_reuse(tmp_path):
     for name in ("v4", "v5", "baseline"):
         assert f"| {name}" in out
     assert "ddtree-16" in out
+    # the decision: verdict lines last, each drafter vs the baseline and v5 vs v4
+    tail = out[out.index("Verdicts (paired over prompts, 95 %):"):]
+    verdicts = [ln for ln in tail.splitlines() if ln.startswith("- ")]
+    assert len(verdicts) == 6 and any(ln.startswith(("- v5 is", "- v5 vs v4")) for ln in verdicts)
+    assert all("95 % CI" in ln and "8 prompts" in ln for ln in verdicts)
+    # tau over training: train-v5's checkpoints evaluated while it trained, with intervals
+    assert "tau over training (train-v5" in out and "step   120  tau" in out
+    data = json.loads(run_cli("--state", ws / "state.db", "compare", ws / "demo.yaml", "--json",
+                              "--pair", "v5", "v4").stdout)
+    v5 = [o for o in data["overall"] if o["drafter"] == "v5"][0]
+    for key in ("macro_ci95", "pooled_ci95", "rounds", "delta_macro_ci95", "p_value", "test",
+                "verdict", "verdict_text"):
+        assert v5[key] is not None, key
+    assert v5["verdict"] in ("better", "worse", "no_detectable_difference")
+    assert [(p["a"], p["b"]) for p in data["pairs"]] == [("v5", "v4"),
+                                                         ("v5 ddtree-16", "v4 ddtree-16")]
     status = json.loads(run_cli("--state", ws / "state.db", "status", ws / "demo.yaml",
                                 "--json").stdout)
     st = {i["id"]: i["status"] for i in status["items"]}

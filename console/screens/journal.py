@@ -1,4 +1,4 @@
-"""``j``: the journal, with what happened while the console was closed on top."""
+"""``e``: the journal, with what happened while the console was closed on top."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
+from console.widgets.vim import table_keys
 from core.text import sanitize
 
 KIND_STYLE = {"run_succeeded": "green", "run_failed": "bold red", "run_lost": "bold red",
@@ -20,7 +21,8 @@ KIND_STYLE = {"run_succeeded": "green", "run_failed": "bold red", "run_lost": "b
 
 def meanwhile_summary(changes: list[dict], meanwhile: list[dict]) -> tuple[list[str], str, bool]:
     """Lines, a title (``While the console was closed: 1 failed, 2 succeeded``) and whether
-    every run ended well, from reconcile's changes and the journal's run ends."""
+    every run ended well, from reconcile's changes and the journal's run ends (one per run:
+    Services.open_session tells each change once)."""
     lines = [f"{c['item']}: run {c['run']} {c['was']} → {c['now']}"
              + (f" ({c.get('error') or c.get('reason')})"
                 if c.get("error") or c.get("reason") else "") for c in changes]
@@ -30,10 +32,14 @@ def meanwhile_summary(changes: list[dict], meanwhile: list[dict]) -> tuple[list[
     return lines, f"While the console was closed: {counts}", all(s == "succeeded" for s in ends)
 
 
+class JournalTable(DataTable):
+    BINDINGS = table_keys()
+
+
 class JournalScreen(ModalScreen[None]):
     """Args: meanwhile: lines summarising the last session's gap; events: journal rows."""
 
-    BINDINGS = [Binding("escape,q,j", "dismiss", "Close")]
+    BINDINGS = [Binding("escape,q,e", "dismiss", "Close")]
 
     def __init__(self, meanwhile: list[str], events: list[dict]):
         super().__init__()
@@ -50,13 +56,13 @@ class JournalScreen(ModalScreen[None]):
                 head.append("  nothing happened while the console was closed",
                             style="bright_black")
             yield Static(head, id="journal-head")
-            yield DataTable(id="journal-table", cursor_type="row")
+            yield JournalTable(id="journal-table", cursor_type="row")
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
         table.add_columns("when", "event", "item", "host", "message")
         for e in reversed(self.events):
-            table.add_row(time.strftime("%m-%d %H:%M:%S", time.localtime(e["at"])),
+            table.add_row(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["at"])),
                           Text(e["kind"], style=KIND_STYLE.get(e["kind"], "")),
                           e.get("item_id") or "", e.get("host") or "",
                           sanitize(e.get("message") or "", max_len=200))

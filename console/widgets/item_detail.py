@@ -15,19 +15,24 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
+from console.screens.confirm import plain
 from console.widgets.plan_list import GLYPHS, PRIORITY, STATUS_STYLE, status_text
+from console.widgets.vim import scroll_keys
 from core.plan import Item, Plan, params_summary
 from core.text import sanitize
 
 RUN_STYLE = {"succeeded": "green", "failed": "bold red", "stopped": "magenta", "lost": "red",
              "interrupted": "red", "running": "bold yellow", "starting": "yellow"}
 CHECK_STYLE = {"done": ("●", "green"), "ready": ("✓", "cyan"), "blocked": ("⊘", "yellow"),
-               "error": ("✗", "red"), "checking": ("…", "bright_black")}
+               "error": ("✗", "red"), "checking": ("…", "bright_black"),
+               "manual": ("✎", "magenta")}
+"""check() verdicts: glyph and colour (the help's legend reads them from here)."""
 MAX_RUNS = 8
 
 
-def _when(ts: float | None) -> str:
-    return time.strftime("%m-%d %H:%M", time.localtime(ts)) if ts else "–"
+def when(ts: float | None) -> str:
+    """A local time nobody misreads: ``2026-01-01 13:22`` (ISO date, 24 h clock)."""
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else "–"
 
 
 def _duration(run: dict) -> str:
@@ -42,21 +47,21 @@ def _duration(run: dict) -> str:
 
 
 def run_line(run: dict) -> Text:
-    """``#2 failed exit 1 · 3.2s · 06-01 12:00`` (and the error, if any)."""
+    """``#2 failed exit 1 · 3.2s · 2026-06-01 12:00`` (and the whole error, wrapped)."""
     state = run["state"]
     how = ""
     if run.get("signal"):
         how = f" sig {run['signal']}"
     elif run.get("exit_code") not in (None, 0):
         how = f" exit {run['exit_code']}"
-    t = Text(no_wrap=True, overflow="ellipsis")
+    t = Text(overflow="fold")
     t.append(f"#{run['attempt']} ", style="bold")
     t.append(f"{state}{how}", style=RUN_STYLE.get(state, ""))
     dur = _duration(run)
-    t.append((f" · {dur}" if dur else "") + f" · {_when(run.get('started_at'))}",
+    t.append((f" · {dur}" if dur else "") + f" · {when(run.get('started_at'))}",
              style="bright_black")
     if run.get("error") and state != "succeeded":
-        t.append(f"\n   {sanitize(run['error'], max_len=200)}", style="red")
+        t.append(f"\n   {sanitize(run['error'], max_len=2000)}", style="red")
     return t
 
 
@@ -64,6 +69,7 @@ class ItemDetail(VerticalScroll):
     """What the app knows about the selected item."""
 
     ALLOW_MAXIMIZE = True
+    BINDINGS = scroll_keys()
 
     def __init__(self, plan: Plan, *, id: str | None = None):
         super().__init__(id=id)
@@ -148,7 +154,7 @@ class ItemDetail(VerticalScroll):
             for k, v in params_summary(item).items():
                 if v in (None, [], (), {}, ""):
                     continue
-                grid.add_row(f" {k}", Text(sanitize(str(v), max_len=300)))
+                grid.add_row(f" {k}", Text(sanitize(plain(v), max_len=2000)))
         if self.reason and not self.reason.startswith("run "):  # runs are listed below
             grid.add_row("why", Text(sanitize(self.reason, max_len=200), style="bright_black"))
         needs = Text()
@@ -160,7 +166,8 @@ class ItemDetail(VerticalScroll):
         if deps:
             grid.add_row("then", Text(", ".join(deps), style="bright_black"))
         glyph, color = CHECK_STYLE.get(self.check[0], ("?", ""))
-        label = {"checking": "checking…", "done": "done"}.get(self.check[0], self.check[0])
+        label = {"checking": "checking…", "done": "done",
+                 "manual": "by hand"}.get(self.check[0], self.check[0])
         grid.add_row("check", Text(f"{glyph} {label}" + (f": {self.check[1]}"
                                                          if self.check[1] else ""), style=color))
         if self.runs:
@@ -171,6 +178,9 @@ class ItemDetail(VerticalScroll):
                                       style="bright_black"))
         else:
             grid.add_row("runs", Text("none yet", style="bright_black"))
+        if self.status == "in_progress" and not self.live and not item.manual:
+            grid.add_row("live", Text("no run specdeck knows (started outside it?): "
+                                      "a adopts it; it is never launched twice", style="yellow"))
         if self.live:
             where = f"on {self.live['host']}" if self.live.get("host") else "in specdeck"
             grid.add_row("live", Text(f"{self.live['id']} {where} "

@@ -8,19 +8,28 @@ The title line says which run this is and how its stream is doing: ``following``
 ``reconnecting…`` (the host dropped and the follower retries), ``host unreachable``,
 ``lost`` (the run's process vanished) or how it ended.
 
+JSON records (a trainer's metric lines) are shown as ``key value`` pairs wrapped to the
+pane's width (:func:`pretty_json`), never cut at its edge; other lines are shown as written.
+
 Keys (when the pane has focus): ``f`` follow on/off, ``/`` search, ``n`` / ``N`` next /
-previous match, escape closes the search.
+previous match, escape closes the search; j/k, g/G, ctrl+d/u scroll.
 """
 
 from __future__ import annotations
 
+import json
+import textwrap
+from collections import deque
+
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
+from textual.actions import SkipAction
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import Input, Log, Static
 
+from console.widgets.vim import scroll_keys
 from core.text import sanitize
 
 MAX_LINES = 5000
@@ -28,6 +37,48 @@ STATE_STYLE = {"following": "green", "reconnecting": "bold yellow", "unreachable
                "lost": "bold red", "succeeded": "green", "failed": "bold red",
                "stopped": "magenta", "interrupted": "red", "ended": "bright_black",
                "starting": "yellow", "running": "yellow"}
+
+
+def _num(v) -> str:
+    if isinstance(v, bool) or not isinstance(v, float):
+        return str(v)
+    return f"{v:.4g}"
+
+
+def _pairs(rec: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k, v in rec.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out += _pairs(v, f"{name}.")
+        elif isinstance(v, list):
+            out.append(f"{name} " + " ".join(_num(x) for x in v))
+        else:
+            out.append(f"{name} {_num(v)}")
+    return out
+
+
+def pretty_json(line: str, width: int) -> list[str] | None:
+    """A JSON object line as ``step 50 · loss 1.234 · acc 0.35 0.4`` wrapped to ``width``
+    (continuations indented); None when the line is not a JSON object."""
+    s = line.strip()
+    if not (s.startswith("{") and s.endswith("}")):
+        return None
+    try:
+        rec = json.loads(s)
+    except ValueError:
+        return None
+    if not isinstance(rec, dict):
+        return None
+    text = " · ".join(_pairs(rec))
+    return textwrap.wrap(text, max(20, width), subsequent_indent="    ",
+                         break_on_hyphens=False) or [s]
+
+
+class LogView(Log):
+    """The log itself, with vim motion."""
+
+    BINDINGS = scroll_keys()
 
 
 class LogPane(Vertical):
@@ -53,14 +104,34 @@ class LogPane(Vertical):
         self.matches: list[int] = []
         self.match_index = -1
         self.dropped = 0
+        self._raw: deque[str] = deque(maxlen=MAX_LINES)
+        """The shown run's last lines as written (sanitized), to wrap again on a resize."""
+        self._wrapped_at: int | None = None
+        """The width JSON records were last wrapped to (None: no JSON record shown)."""
 
     def compose(self) -> ComposeResult:
         yield Static("no run selected", id="log-title")
-        yield Log(max_lines=MAX_LINES, auto_scroll=True, id="log")
+        yield LogView(max_lines=MAX_LINES, auto_scroll=True, id="log")
         yield Input(placeholder="search this log (enter: find, n/N: next/prev)", id="log-search")
 
     def on_mount(self) -> None:
         self.query_one("#log-search").display = False
+
+    def on_resize(self) -> None:
+        """The layout gave the pane another size: JSON records are wrapped to the new width
+        (after the layout), and a following log stays at its end."""
+        self.call_after_refresh(self._rewrap)
+
+    def _rewrap(self) -> None:
+        if self._wrapped_at is not None and self._wrap_width() != self._wrapped_at:
+            raw = list(self._raw)
+            self._raw.clear()
+            self.log.clear()
+            self.log.write_lines(self._shown_lines(raw, sanitized=True))
+            if self.query_text:
+                self.find(self.query_text)
+        if self.follow:
+            self.log.scroll_end(animate=False, immediate=True)
 
     @property
     def log(self) -> Log:
@@ -76,10 +147,12 @@ class LogPane(Vertical):
                        else (run["state"] if run else "–"))
         self.dropped = 0
         self.matches, self.match_index = [], -1
+        self._raw.clear()
+        self._wrapped_at = None
         log = self.log
         log.clear()
         if lines:
-            log.write_lines([sanitize(x) for x in lines[-MAX_LINES:]])
+            log.write_lines(self._shown_lines(lines[-MAX_LINES:]))
         if self.follow:
             log.scroll_end(animate=False, immediate=True)
         self._title()
@@ -89,7 +162,7 @@ class LogPane(Vertical):
         if run_id != self.run_id:
             return False
         self.dropped += dropped
-        self.log.write_lines([sanitize(x) for x in lines[-MAX_LINES:]],
+        self.log.write_lines(self._shown_lines(lines[-MAX_LINES:]),
                              scroll_end=self.follow and None)
         return True
 
@@ -109,6 +182,26 @@ class LogPane(Vertical):
         self.set_stream({"connected": "following"}.get(state, state))
 
     # -- rendering -----------------------------------------------------------------------
+    def _wrap_width(self) -> int:
+        return (self.log.scrollable_content_region.width or 80) - 1
+
+    def _shown_lines(self, lines: list[str], *, sanitized: bool = False) -> list[str]:
+        """Sanitized lines (kept, see ``_raw``); JSON records pretty-printed and wrapped to
+        the pane's width."""
+        width = self._wrap_width()
+        if not sanitized:
+            lines = [sanitize(x) for x in lines]
+        self._raw.extend(lines)
+        out: list[str] = []
+        for x in lines:
+            pretty = pretty_json(x, width) if x[:1] == "{" else None
+            if pretty is None:
+                out.append(x)
+            else:
+                out += pretty
+                self._wrapped_at = width
+        return out
+
     def _title(self) -> None:
         t = Text(no_wrap=True, overflow="ellipsis")
         if self.run_id is None:
@@ -144,6 +237,8 @@ class LogPane(Vertical):
 
     def action_close_search(self) -> None:
         box = self.query_one("#log-search", Input)
+        if not box.display and not self.query_text:
+            raise SkipAction()  # nothing to close: escape restores a zoom (the app's)
         box.display = False
         self.query_text, self.matches, self.match_index = "", [], -1
         self.log.focus()

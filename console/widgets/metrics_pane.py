@@ -11,6 +11,12 @@ families: ``acc[0]``, ``acc[1]``… are the family ``acc`` (per-position accurac
 one curve per position. ``m`` / ``M`` step through the families (loss first, then tau, then
 the accuracy families, then lr, then the rest).
 
+Bookkeeping series (``elapsed_s``, ``eta_s``, ``tokens``, ``epoch``) are not metric tabs
+until ``b`` shows them. ``s`` cycles an EMA smoothing (off, 0.6, 0.9, 0.97), ``l`` a log y
+axis, ``w`` the x axis between the training step and the wall clock (the run's own
+``elapsed_s`` when it logs it, else when each point was stored, from the run's start). A
+legend under the tabs names each curve in its colour.
+
 Tau over training (``core.watch``): a run with a ``tau`` series gets a second chart next to
 the loss in the default view, tau against step with the baseline drafter's tau
 (``tau_baseline``, its latest value) as a horizontal line labelled ``baseline``; the ``tau``
@@ -26,15 +32,23 @@ import re
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
+from textual.actions import SkipAction
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.widgets import Input, Static
 
 MAX_CURVES = 8
+COLORS = ("cyan", "magenta", "green", "yellow", "blue", "red", "white", "bright_black")
+"""Curve colours, in plotext's and Rich's common names (the legend uses the same)."""
+BOOKKEEPING = frozenset({"elapsed_s", "eta_s", "tokens", "epoch"})
+"""Series that count time or work rather than measure the model: out of the default tabs."""
+SMOOTHING = (0.0, 0.6, 0.9, 0.97)
 TAU = "tau"
 BASELINE = "tau_baseline"
 """Drawn as the tau chart's reference line, never as a family of its own."""
+TAU_CI = ("tau_ci95_lo", "tau_ci95_hi")
+"""Each tau point's 95 % interval (core.watch): drawn around the tau curve, not a family."""
 BASELINE_COLOR = "gray+"
 _INDEXED = re.compile(r"^(.*)\[(\d+)\]$")
 
@@ -44,9 +58,12 @@ def family_of(name: str) -> str:
     return mm.group(1) if mm else name
 
 
-def families(names: set[str]) -> list[str]:
-    """Families in display order: loss, tau, accuracies, lr, the rest (alphabetical within)."""
-    fams = sorted({family_of(n) for n in names} - {BASELINE})
+def families(names: set[str], *, bookkeeping: bool = False) -> list[str]:
+    """Families in display order: loss, tau, accuracies, lr, the rest (alphabetical within);
+    bookkeeping series last, and only when ``bookkeeping``."""
+    fams = sorted({family_of(n) for n in names} - {BASELINE, *TAU_CI})
+    if not bookkeeping:
+        fams = [f for f in fams if f not in BOOKKEEPING]
 
     def rank(f: str) -> tuple[int, str]:
         lf = f.lower()
@@ -58,13 +75,45 @@ def families(names: set[str]) -> list[str]:
             return (2, f)
         if lf == "lr" or lf.endswith("lr") or "learning_rate" in lf:
             return (3, f)
-        return (4, f)
+        return (5, f) if f in BOOKKEEPING else (4, f)
 
     return sorted(fams, key=rank)
 
 
-def curves(runs: list[dict], family: str) -> list[tuple[str, list[int], list[float]]]:
-    """(label, steps, values) of every curve of ``family`` across ``runs`` (at most MAX_CURVES)."""
+def ema(values: list[float], alpha: float) -> list[float]:
+    """Exponential moving average (TensorBoard's: ``s = alpha * s + (1 - alpha) * v``),
+    debiased so the first points are not pulled towards zero."""
+    if not alpha:
+        return list(values)
+    out, s = [], 0.0
+    for i, v in enumerate(values, 1):
+        s = alpha * s + (1 - alpha) * v
+        out.append(s / (1 - alpha ** i))
+    return out
+
+
+def wall_seconds(run: dict, name: str) -> list[float] | None:
+    """Seconds since the run started for each point of series ``name``: from the run's
+    ``elapsed_s`` at the same step when it logs it, else from when each point was stored."""
+    steps = [p[0] for p in run["series"].get(name) or ()]
+    elapsed = dict(run["series"].get("elapsed_s") or ())
+    if elapsed and all(st in elapsed for st in steps):
+        return [float(elapsed[st]) for st in steps]
+    times = (run.get("times") or {}).get(name)
+    if not times or any(t is None for t in times):
+        return None
+    t0 = run.get("started_at") or min(times)
+    return [max(0.0, t - t0) for t in times]
+
+
+TIME_UNITS = ((7200.0, 3600.0, "h"), (120.0, 60.0, "min"), (0.0, 1.0, "s"))
+
+
+def curves(runs: list[dict], family: str, *, wall: bool = False, smooth: float = 0.0,
+           log_y: bool = False) -> list[tuple[str, list[float], list[float]]]:
+    """(label, xs, ys) of every curve of ``family`` across ``runs`` (at most MAX_CURVES): x the
+    step, or seconds since the run started (``wall``; curves without times are left out); y
+    EMA-smoothed by ``smooth``; points <= 0 dropped for a log axis."""
     out = []
     for r in runs:
         names = sorted((n for n in r["series"] if family_of(n) == family),
@@ -73,9 +122,22 @@ def curves(runs: list[dict], family: str) -> list[tuple[str, list[int], list[flo
             pts = r["series"][n]
             if not pts:
                 continue
+            xs = wall_seconds(r, n) if wall else [p[0] for p in pts]
+            if xs is None:
+                continue
+            ys = ema([p[1] for p in pts], smooth)
+            if log_y:
+                keep = [(x, y) for x, y in zip(xs, ys) if y > 0]
+                xs, ys = [k[0] for k in keep], [k[1] for k in keep]
             label = r["label"] if n == family else f"{r['label']} {n[len(family):]}"
-            out.append((label, [p[0] for p in pts], [p[1] for p in pts]))
+            out.append((label, xs, ys))
     return out[:MAX_CURVES]
+
+
+def time_unit(curves_: list[tuple[str, list[float], list[float]]]) -> tuple[float, str]:
+    """The divisor and name of the unit that suits the longest wall-clock x."""
+    hi = max((max(xs) for _, xs, _ in curves_ if xs), default=0.0)
+    return next((div, name) for lim, div, name in TIME_UNITS if hi >= lim)
 
 
 def has_tau(runs: list[dict]) -> bool:
@@ -101,17 +163,28 @@ def baselines(runs: list[dict]) -> list[tuple[str, float]]:
     return [(label, v) for v, label in seen.items()]
 
 
-def draw_tau(plt, runs: list[dict]) -> None:
-    """Tau against step of every run, and each baseline as a horizontal line."""
+def draw_tau(plt, runs: list[dict], legend: list[tuple[str, str]] | None = None) -> None:
+    """Tau against step of every run, and each baseline as a horizontal line (``legend``
+    collects (label, colour))."""
     xs_all: list[int] = []
-    for label, xs, ys in curves(runs, TAU):
-        plt.plot(xs, ys, label=f"tau {label}", marker="braille")
+    legend = [] if legend is None else legend
+    for i, (label, xs, ys) in enumerate(curves(runs, TAU)):
+        color = COLORS[i % len(COLORS)]
+        plt.plot(xs, ys, marker="braille", color=color)
+        legend.append((f"tau {label}", color))
         xs_all += xs
+    ci = False
+    for name in TAU_CI:  # the interval of every point, as two thin lines
+        for _label, xs, ys in curves(runs, name):
+            plt.plot(xs, ys, marker="·", color=BASELINE_COLOR)
+            ci = True
+    if ci:
+        legend.append(("95 % CI", "bright_black"))
     if xs_all:
         lo, hi = min(xs_all), max(xs_all)
         for label, value in baselines(runs):
-            plt.plot([lo, hi], [value, value], label=label, marker="braille",
-                     color=BASELINE_COLOR)
+            plt.plot([lo, hi], [value, value], marker="braille", color=BASELINE_COLOR)
+            legend.append((f"{label} {value:.2f}", "bright_black"))
     plt.xlabel("step")
 
 
@@ -123,6 +196,10 @@ class MetricsPane(Vertical):
     can_focus = True
     BINDINGS = [Binding("m", "cycle(1)", "Next metric"),
                 Binding("M", "cycle(-1)", "Prev metric", show=False),
+                Binding("s", "smoothing", "Smooth"),
+                Binding("l", "log_y", "Log y"),
+                Binding("w", "wall_clock", "Step/time"),
+                Binding("b", "bookkeeping", "Bookkeeping", show=False),
                 Binding("t", "tau_step", "Tau at step"),
                 Binding("escape", "close_step", "Close", show=False)]
 
@@ -137,6 +214,10 @@ class MetricsPane(Vertical):
         super().__init__(id=id)
         self.runs: list[dict] = []
         self.family: str | None = None
+        self.smooth = 0.0
+        self.log_y = False
+        self.wall = False
+        self.bookkeeping = False
         self._charts: dict = {}
         """The two plot widgets once mounted (``metrics-plot``, ``metrics-tau``)."""
 
@@ -170,7 +251,11 @@ class MetricsPane(Vertical):
         names: set[str] = set()
         for r in self.runs:
             names |= set(r["series"])
-        return families(names)
+        return families(names, bookkeeping=self.bookkeeping)
+
+    @property
+    def has_curves(self) -> bool:
+        return bool(self.families)
 
     # -- attributes down -----------------------------------------------------------------
     def set_runs(self, runs: list[dict]) -> None:
@@ -187,6 +272,25 @@ class MetricsPane(Vertical):
             self.family = fams[(i + step) % len(fams)]
             self._draw()
 
+    def action_smoothing(self) -> None:
+        i = SMOOTHING.index(self.smooth) if self.smooth in SMOOTHING else 0
+        self.smooth = SMOOTHING[(i + 1) % len(SMOOTHING)]
+        self._draw()
+
+    def action_log_y(self) -> None:
+        self.log_y = not self.log_y
+        self._draw()
+
+    def action_wall_clock(self) -> None:
+        self.wall = not self.wall
+        self._draw()
+
+    def action_bookkeeping(self) -> None:
+        self.bookkeeping = not self.bookkeeping
+        if self.family not in self.families:
+            self.family = self.families[0] if self.families else None
+        self._draw()
+
     def action_tau_step(self) -> None:
         """Ask for a step whose tau eval results the tau pane should show."""
         box = self.query_one("#metrics-step", Input)
@@ -200,11 +304,10 @@ class MetricsPane(Vertical):
 
     def action_close_step(self) -> None:
         box = self.query_one("#metrics-step", Input)
-        if box.display:
-            box.display = False
-            self.focus()
-        elif self.screen.maximized is not None:
-            self.screen.minimize()
+        if not box.display:
+            raise SkipAction()  # nothing to close: escape restores a zoom (the app's)
+        box.display = False
+        self.focus()
 
     @on(Input.Submitted, "#metrics-step")
     def _step_submitted(self, event: Input.Submitted) -> None:
@@ -264,15 +367,35 @@ class MetricsPane(Vertical):
         title = Text(no_wrap=True, overflow="ellipsis")
         for f in self.families:
             title.append(f" {f} ", style="reverse bold" if f == self.family else "bright_black")
-        title.append("  m: next", style="bright_black")
+        state = [f"ema {self.smooth:g}" if self.smooth else "", "log y" if self.log_y else "",
+                 "x: wall clock" if self.wall else ""]
+        title.append("  " + " · ".join(x for x in state if x) if any(state) else "",
+                     style="bold cyan")
+        title.append("  m s l w b", style="bright_black")
         if has_tau(self.runs):
-            title.append("  t: tau at step", style="bright_black")
+            title.append(" t", style="bright_black")
+        legend: list[tuple[str, str]] = []
         if self.family == TAU:
-            draw_tau(plt, self.runs)
+            draw_tau(plt, self.runs, legend)
         else:
-            for label, xs, ys in curves(self.runs, self.family):
-                plt.plot(xs, ys, label=label, marker="braille")
-            plt.xlabel("step")
+            drawn = curves(self.runs, self.family, wall=self.wall, smooth=self.smooth,
+                           log_y=self.log_y)
+            div, unit = time_unit(drawn) if self.wall else (1.0, "")
+            for i, (label, xs, ys) in enumerate(drawn):
+                color = COLORS[i % len(COLORS)]
+                plt.plot([x / div for x in xs], ys, marker="braille", color=color)
+                legend.append((label, color))
+            plt.xlabel(f"time since start ({unit})" if self.wall else "step")
+            if self.wall and not drawn:
+                legend.append(("no wall-clock times for these points (w: step)", "yellow"))
+        if self.log_y:
+            plt.yscale("log")
+        key = Text(no_wrap=True, overflow="ellipsis")
+        for label, color in legend + (self._side_legend if self.split else []):
+            key.append("━ ", style=color)
+            key.append(f"{label}  ")
+        title.append("\n")
+        title.append_text(key)
         self.query_one("#metrics-title", Static).update(title, layout=False)
         plot.display = True
         plot.refresh()
@@ -284,6 +407,9 @@ class MetricsPane(Vertical):
         plt = side.plt
         plt.clear_data()
         plt.clear_figure()
+        self._side_legend: list[tuple[str, str]] = []
         if show:
-            draw_tau(plt, self.runs)
+            draw_tau(plt, self.runs, self._side_legend)
+            if self.log_y:
+                plt.yscale("log")
         side.refresh()

@@ -2,7 +2,8 @@
 
 Attributes down: the app sets statuses (:meth:`PlanPane.set_status`) and live runs.
 Messages up: :class:`PlanPane.ItemSelected` when the highlight moves,
-:class:`PlanPane.RunRequested` on enter, :class:`PlanPane.MarkRequested` for ``d`` / ``s`` /
+:class:`PlanPane.InspectRequested` on enter (enter never runs anything: ``r`` does, after
+a confirmation), :class:`PlanPane.MarkRequested` for ``d`` / ``s`` /
 ``u``, :class:`PlanPane.PinToggled` for ``p``. The pane never calls the runner.
 
 ``/`` opens a filter: words match id, content, status, priority, kind and host
@@ -18,15 +19,23 @@ from rich.padding import Padding
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
+from textual.actions import SkipAction
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import Option
 
+from console.widgets.vim import option_list_keys
+from core.text import sanitize
 from core.plan import Item, Plan
 
 GLYPHS = {"pending": "○", "in_progress": "◐", "done": "●", "failed": "✗", "skipped": "⊘"}
+MARKS = {"✎": ("magenta", "manual item: you do it, then mark it done (d)"),
+         "▶": ("bold yellow", "a run of this item is live"),
+         "⌖": ("cyan", "its curves are pinned on the chart (p)"),
+         "⇠": ("bright_black", "needs: the items it waits for")}
+"""The other glyphs of an item's line (the help's legend reads them from here)."""
 STATUS_STYLE = {"pending": "bright_black", "in_progress": "bold yellow", "done": "green",
                 "failed": "bold red", "skipped": "dim"}
 PRIORITY = {"high": ("▲", "red"), "medium": ("■", "yellow"), "low": ("▼", "blue")}
@@ -45,15 +54,12 @@ def item_prompt(item: Item, status: str, *, live: bool = False, pinned: bool = F
     t.append(" ")
     t.append(item.id, style="bold")
     t.append(f" {mark}", style=pcolor)
-    if item.manual:
-        t.append(" ✎", style="magenta")
-    if live:
-        t.append(" ▶", style="bold yellow")
-    if pinned:
-        t.append(" ⌖", style="cyan")
+    for glyph, on_ in (("✎", item.manual), ("▶", live), ("⌖", pinned)):
+        if on_:
+            t.append(f" {glyph}", style=MARKS[glyph][0])
     if item.needs:
-        t.append("  ⇠ " + ",".join(item.needs), style="bright_black")
-    content = Text(item.content, style="dim" if status in ("done", "skipped") else "")
+        t.append("  ⇠ " + sanitize(",".join(item.needs), max_len=200), style=MARKS["⇠"][0])
+    content = Text(sanitize(item.content), style="dim" if status in ("done", "skipped") else "")
     return Group(t, Padding(content, (0, 0, 0, 2)))
 
 
@@ -66,6 +72,8 @@ def matches(item: Item, status: str, words: list[str]) -> bool:
 
 class PlanList(OptionList):
     """The option list of items (one option per item, its id as option id)."""
+
+    BINDINGS = option_list_keys()
 
 
 class PlanPane(Vertical):
@@ -86,7 +94,9 @@ class PlanPane(Vertical):
         item_id: str
 
     @dataclass
-    class RunRequested(Message):
+    class InspectRequested(Message):
+        """Enter on an item: show its detail (never a run)."""
+
         item_id: str
 
     @dataclass
@@ -106,6 +116,7 @@ class PlanPane(Vertical):
         self.pinned: set[str] = set()
         self.filter_text = ""
         self._shown: list[str] = []
+        self._announced: str | None = None
 
     def compose(self) -> ComposeResult:
         yield Static("", id="plan-summary")
@@ -193,14 +204,16 @@ class PlanPane(Vertical):
     @on(OptionList.OptionHighlighted, "#plan-options")
     def _highlighted(self, event: OptionList.OptionHighlighted) -> None:
         event.stop()
-        if event.option_id:
+        # (redrawing an item's line highlights it again: only a move is news)
+        if event.option_id and event.option_id != self._announced:
+            self._announced = event.option_id
             self.post_message(self.ItemSelected(event.option_id))
 
     @on(OptionList.OptionSelected, "#plan-options")
     def _chosen(self, event: OptionList.OptionSelected) -> None:
         event.stop()
         if event.option_id:
-            self.post_message(self.RunRequested(event.option_id))
+            self.post_message(self.InspectRequested(event.option_id))
 
     @on(Input.Changed, "#plan-filter")
     def _filter_changed(self, event: Input.Changed) -> None:
@@ -219,6 +232,8 @@ class PlanPane(Vertical):
 
     def action_clear_filter(self) -> None:
         box = self.query_one("#plan-filter", Input)
+        if not box.display and not self.filter_text:
+            raise SkipAction()  # nothing to clear: escape restores a zoom (the app's)
         box.value = ""
         box.display = False
         self.set_filter("")

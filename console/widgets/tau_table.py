@@ -5,6 +5,11 @@ lists each drafter's overall figures (``Σ macro``, ``Σ pooled``) first, then o
 prompt x drafter: tau, delta and % of its baseline. Entries whose settings differ from their
 baseline's are flagged (⚠ and the differing keys) on every row, never blended.
 
+Uncertainty: a drafter's ``Σ macro`` row carries its verdict against the baseline in the note
+column (▲ better, ▼ worse, ≈ noise: no detectable difference) and each overall row its 95 %
+interval (the last column: zoom the pane to see it). The line under the title says the
+cursor row drafter's verdict in words, with the interval, prompts and rounds.
+
 Keys: ``o`` sorts by the next column (``O`` reverses; clicking a header sorts by it),
 ``space`` marks a drafter for the per-position chart. The chart shows the marked drafters,
 or the cursor row's drafter and its baseline.
@@ -21,13 +26,18 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Static
 
-from core.compare import Comparison, fmt_delta, fmt_pct, fmt_tau, mismatch_note
+from console.widgets.acceptance_bars import AcceptanceBars
+from console.widgets.vim import table_keys
+from core.compare import Comparison, fmt_ci, fmt_delta, fmt_pct, fmt_tau, mismatch_note
+from core.stats import BETTER, NONE, WORSE
+from core.text import sanitize
 
-COLUMNS = {"prompt": 8, "drafter": 15, "tau": 5, "Δ": 6, "% base": 6, "note": 6}
+COLUMNS = {"prompt": 8, "drafter": 13, "tau": 5, "Δ": 6, "% base": 6, "note": 8, "95% CI": 10}
 """Columns and their fixed widths (fixed: a table's look never depends on when it idles)."""
 SORTABLE = ("prompt", "drafter", "tau", "Δ", "% base")
-BAR_COLORS = ("cyan", "magenta", "green", "yellow", "blue", "red")
-_EIGHTHS = " ▁▂▃▄▅▆▇█"
+MARKS = {BETTER: ("▲ better", "bold green"), WORSE: ("▼ worse", "bold red"),
+         NONE: ("≈ noise", "bright_black")}
+"""The verdict against the baseline, as the note of a drafter's ``Σ macro`` row."""
 
 
 @dataclass
@@ -42,6 +52,10 @@ class _Row:
     delta: float | None
     pct: float | None
     mismatch: tuple[str, ...]
+    ci: tuple[float, float] | None = None
+    """95 % interval of ``tau`` (overall rows)."""
+    verdict: str | None = None
+    """Against the baseline (``Σ macro`` rows of drafters with a baseline)."""
 
     def sort_value(self, column: str):
         v = {"prompt": self.prompt, "drafter": self.drafter, "tau": self.tau, "Δ": self.delta,
@@ -55,43 +69,17 @@ def rows_of(c: Comparison) -> list[_Row]:
     rows = []
     for o in c.overall:
         rows.append(_Row(f"macro\0{o.drafter}", 0, "Σ macro", o.drafter, o.role, o.macro,
-                         o.delta_macro, o.pct_macro, o.mismatch))
+                         o.delta_macro, o.pct_macro, o.mismatch, o.macro_ci95, o.verdict))
         rows.append(_Row(f"pooled\0{o.drafter}", 0, "Σ pooled", o.drafter, o.role, o.pooled,
-                         o.delta_pooled, o.pct_pooled, o.mismatch))
+                         o.delta_pooled, o.pct_pooled, o.mismatch, o.pooled_ci95))
     for x in c.cells:
         rows.append(_Row(f"{x.prompt_id}\0{x.drafter}", 1, x.prompt_id, x.drafter, x.role,
                          x.tau, x.delta, x.pct_of_baseline, x.mismatch))
     return rows
 
 
-def bars(values: tuple[float, ...], height: int = 3) -> list[str]:
-    """Vertical bars (one column per value in 0..1), ``height`` rows, top row first."""
-    levels = height * 8
-    cols = [round(max(0.0, min(1.0, v)) * levels) for v in values]
-    out = []
-    for row in range(height - 1, -1, -1):
-        out.append("".join(_EIGHTHS[max(0, min(8, c - row * 8))] for c in cols))
-    return out
-
-
-class AcceptanceBars(Static):
-    """Per-position acceptance of a few drafters as small bar charts."""
-
-    def set_drafters(self, entries: list[tuple[str, tuple[float, ...]]]) -> None:
-        t = Text(no_wrap=True, overflow="ellipsis")
-        t.append("p_k acceptance\n", style="bold")
-        if not entries:
-            t.append("no eval results", style="bright_black")
-        for i, (label, pp) in enumerate(entries):
-            color = BAR_COLORS[i % len(BAR_COLORS)]
-            t.append(f"{label}\n", style=color)
-            wide = len(pp) <= 12
-            vals = tuple(v for p in pp for v in ((p, 0.0) if wide else (p,)))
-            for line in bars(vals, height=2):
-                t.append(line + "\n", style=color)
-            axis = "".join(f"{k + 1:<2}" if wide else str((k + 1) % 10) for k in range(len(pp)))
-            t.append(axis.rstrip() + "\n", style="bright_black")
-        self.update(t)
+class TauTable(DataTable):
+    BINDINGS = table_keys()
 
 
 class TauPane(Vertical):
@@ -115,8 +103,9 @@ class TauPane(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static("no eval results yet", id="tau-title")
+        yield Static("", id="tau-verdict")
         with Horizontal(id="tau-body"):
-            yield DataTable(id="tau-table", cursor_type="row", zebra_stripes=True)
+            yield TauTable(id="tau-table", cursor_type="row", zebra_stripes=True)
             yield AcceptanceBars(id="tau-bars")
 
     def on_mount(self) -> None:
@@ -166,16 +155,19 @@ class TauPane(Vertical):
         for r in rows:
             if r.mismatch:
                 note = Text("⚠ " + ",".join(r.mismatch), style="bold yellow")
+            elif r.verdict in MARKS:
+                note = Text(*MARKS[r.verdict])
             else:
                 note = Text("baseline" if r.role == "baseline" else "", style="italic")
             name_style = "italic" if r.role == "baseline" else ("yellow" if r.mismatch else "")
             delta_style = "green" if (r.delta or 0) > 0 else ("red" if (r.delta or 0) < 0 else "")
             table.add_row(
-                Text(r.prompt, style="bold" if r.group == 0 else ""),
-                Text(r.drafter + (" ⚠" if r.mismatch else ""), style=name_style),
+                Text(sanitize(str(r.prompt), max_len=200), style="bold" if r.group == 0 else ""),
+                Text(sanitize(str(r.drafter), max_len=200) + (" ⚠" if r.mismatch else ""), style=name_style),
                 Text(fmt_tau(r.tau), justify="right"),
                 Text(fmt_delta(r.delta), justify="right", style=delta_style),
-                Text(fmt_pct(r.pct), justify="right"), note, key=r.key)
+                Text(fmt_pct(r.pct), justify="right"), note,
+                Text(fmt_ci(r.ci) if r.ci else "", justify="right"), key=r.key)
         if current and current in {r.key for r in rows}:
             table.move_cursor(row=[r.key for r in rows].index(current), animate=False)
         self._title()
@@ -217,6 +209,22 @@ class TauPane(Vertical):
             elif c.flagged:
                 t.append(f"  ⚠ {len(c.flagged)} not comparable", style="bold yellow")
         self.query_one("#tau-title", Static).update(t, layout=False)
+        self.query_one("#tau-verdict", Static).update(self.verdict_line(), layout=False)
+
+    def verdict_line(self) -> Text:
+        """The cursor row drafter's figures with their interval, and its verdict in words."""
+        t = Text(no_wrap=True, overflow="ellipsis")
+        c, row = self.comparison, self._current_row()
+        if c is None or row is None:
+            return t
+        o = c.overall_of(row.drafter)
+        if o.verdict_text:
+            style = MARKS.get(o.verdict, ("", ""))[1]
+            t.append(o.verdict_text, style=style if o.verdict != NONE else "")
+        else:
+            t.append(f"{o.drafter}: macro {fmt_tau(o.macro)} (95 % CI {fmt_ci(o.macro_ci95)}), "
+                     f"{o.prompts} prompts, {o.rounds or '–'} rounds", style="italic")
+        return t
 
     def _chart(self) -> None:
         c = self.comparison

@@ -15,6 +15,7 @@ import posixpath
 from dataclasses import dataclass
 from typing import Literal
 
+from core.actions import fit
 from core.actions.base import Action, CheckResult, Launch, register
 from core.actions.mlbase import (host_python, ml_failure, prompts_on_host, py_module, read_json,
                                  resolve_ref, validate_prompts, validate_ref)
@@ -45,6 +46,9 @@ class EvalParams:
     step: int | None = None
     """The training step this drafter comes from (tau over training)."""
     chat_template: bool = True
+    allow_block_size_mismatch: bool = False
+    """Compare a drafter and a baseline trained with different block sizes, each at its own
+    (otherwise refused; ``block_size`` evaluates both at one size instead)."""
 
     def validate(self):
         out = []
@@ -70,6 +74,10 @@ class Eval(Action):
         err = validate_ref(plan, item, params.drafter)
         if err:
             out.append((("drafter",), err))
+        err = fit.block_size_mismatch(params, fit.local_block_size(plan, item, params.drafter),
+                                      fit.local_block_size(plan, item, params.baseline))
+        if err:
+            out.append((("baseline",), err))
         return out
 
     def settings_key(self) -> str:
@@ -86,6 +94,17 @@ class Eval(Action):
                                         "these settings")
         if await ctx.host.stat(self.params.target) is None:
             return CheckResult.blocked(f"target {self.params.target} does not exist on {ctx.host.name}")
+        p = self.params
+        if p.baseline and p.block_size is None and not p.allow_block_size_mismatch:
+            try:
+                drafter = resolve_ref(ctx, p.drafter)
+            except ActionFailed:
+                drafter = None
+            err = fit.block_size_mismatch(
+                p, await fit.host_block_size(ctx.host, drafter) if drafter else None,
+                await fit.host_block_size(ctx.host, p.baseline))
+            if err:
+                return CheckResult.blocked(err)
         return CheckResult.ready()
 
     async def prepare(self, ctx) -> None:
@@ -158,7 +177,8 @@ def _rows(ctx, res: dict, label: str, role: str, step: int | None) -> list[dict]
                 "target": (res.get("target") or {}).get("fingerprint"),
                 "prompts": (res.get("prompts") or {}).get("sha256"),
                 "max_new_tokens": res.get("max_new_tokens"),
-                "definition": res.get("definition"), "method": "chain", "tree_budget": None}
+                "definition": res.get("definition"), "dtype": res.get("dtype"),
+                "method": "chain", "tree_budget": None}
     out = []
     sections = [(label, settings, res)]
     if isinstance(res.get("ddtree"), dict):

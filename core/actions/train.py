@@ -126,6 +126,10 @@ class Train(Action):
                         deep_set(doc, k, v)
                 except (yaml.YAMLError, ValueError, AttributeError) as e:
                     out.append((("overrides",), str(e)))
+                else:  # the config itself, and its sizes against the target/cache where they are here
+                    from core.actions.fit import trainer_config_problems
+
+                    out += [(("config",), m) for m in trainer_config_problems(plan, item, params, doc)]
         for n in params.nodes:
             if n not in plan.hosts:
                 out.append((("nodes",), f"unknown host {n!r}"))
@@ -134,6 +138,7 @@ class Train(Action):
 
             out += [(("watch_eval",) + tuple(p), m) for p, m in
                     validate_watch(params.watch_eval, plan, item)]
+            out += _watch_block_size(params.watch_eval, plan, item)
         return out
 
     def launcher_name(self) -> str:
@@ -261,12 +266,15 @@ class Train(Action):
                     st = other
         return st
 
-    async def follow(self, runner, host, run: dict, on_lines) -> jobs.CapsuleState:
-        """Follow the log; with ``watch_eval``, evaluate checkpoints alongside (and drain)."""
+    async def follow(self, runner, host, run: dict, on_lines, *, log_path: str | None = None,
+                     inspector=None) -> jobs.CapsuleState:
+        """Follow the log; with ``watch_eval``, evaluate checkpoints alongside (and drain).
+        ``log_path`` / ``inspector``: another log and end test (an adopted run's)."""
         def follow_log():
             return jobs.follow(host, runner.store, run["id"], run["capsule"], on_lines=on_lines,
                                regex=self.params.metrics_regex, poll=runner.poll,
-                               inspector=lambda: self.inspect(runner, host, run))
+                               inspector=inspector or (lambda: self.inspect(runner, host, run)),
+                               log_path=log_path)
 
         spec = self.params.watch_eval
         if spec is None or not getattr(runner, "watch", True):
@@ -326,6 +334,23 @@ class Train(Action):
         if arts:
             return posixpath.dirname(arts[-1]["path"])
         return posixpath.join(outcome.capsule or jobs.capsule_path(ctx.host, ctx.run_id), "out")
+
+
+def _watch_block_size(spec: Any, plan, item) -> list:
+    """watch_eval's baseline must share the trained drafter's block size unless it says so."""
+    from types import SimpleNamespace
+
+    from core.actions import fit
+
+    if not isinstance(spec, dict) or not isinstance(spec.get("baseline"), str):
+        return []
+    watch = SimpleNamespace(drafter=f"item:{item.id} (block size from its config)", baseline=spec["baseline"],
+                            block_size=spec.get("block_size"),
+                            allow_block_size_mismatch=bool(spec.get("allow_block_size_mismatch")))
+    base = fit.drafter_block_size(fit.read_local_json(fit.local_path(
+        plan, spec.get("host"), fit.config_json_of(spec["baseline"]))))
+    err = fit.block_size_mismatch(watch, fit.train_item_block_size(plan, item.id), base)
+    return [(("watch_eval", "baseline"), err)] if err else []
 
 
 def _absolute_paths(doc: dict, host, config_dir: Path | None, overridden: set[str]) -> None:

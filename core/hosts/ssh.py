@@ -583,16 +583,29 @@ class SSHHost(Host):
             raise self._lost(what, exc) from None
 
     # -- commands ------------------------------------------------------------------------
-    def _shell(self, command: str, cwd: str | None, env: Mapping[str, str] | None) -> str:
-        """The full remote shell text: cd into the (created) cwd, export env, run command."""
+    def _shell(self, command: str, cwd: str | None, env: Mapping[str, str] | None
+               ) -> tuple[str, bytes]:
+        """The remote shell text (cd into the created cwd, read env, run command) and the
+        bytes to send first on its stdin.
+
+        Environment values never appear in the command text: sshd passes that text to the
+        login shell as ``-c`` argument, visible to every user of the host in ``ps``. The
+        ``export`` lines travel on stdin instead; ``head -c`` reads exactly their length, so
+        the command's own input (``input=``) follows untouched.
+        """
         wd = shlex.quote(self.path(cwd or "."))
         lines = [f"mkdir -p -- {wd} && cd {wd} || exit"]
+        exports = []
         for key, value in {**self.env, **(env or {})}.items():
             if not _ENV_NAME.match(key):
                 raise InvalidInput(f"environment variable name {key!r} is not valid")
-            lines.append(f"export {key}={shlex.quote(str(value))}")
+            exports.append(f"export {key}={shlex.quote(str(value))}\n")
+        head = "".join(exports).encode()
+        if head:
+            lines.append(f"__specdeck_env=$(head -c {len(head)}) && eval \"$__specdeck_env\" "
+                         "|| exit 125; unset __specdeck_env")
         lines.append(command)
-        return "\n".join(lines)
+        return "\n".join(lines), head
 
     async def run(self, command: str | Sequence[str], *, check: bool = False,
                   timeout: float | None = None, input: bytes | None = None,
@@ -609,7 +622,8 @@ class SSHHost(Host):
         """
         cmd = to_command(command)
         await self._connection()  # the workdir may start with ~: home is known once connected
-        res = await self._exec(self._shell(cmd, cwd, env), display=cmd, input=input,
+        full, head = self._shell(cmd, cwd, env)
+        res = await self._exec(full, display=cmd, input=head + (input or b"") if head else input,
                                timeout=timeout)
         return res.check() if check else res
 

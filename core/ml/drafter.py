@@ -16,12 +16,18 @@ positions ``F[c, K*H]`` become context rows ``ctx = hidden_norm(fc(F))``. In eve
 keys are ``[ctx ; block]``; queries come from the block only. Context K/V of a position depend
 only on that position's features, which is why (a) inference can cache them once per position
 (:class:`DraftCache`) and (b) training can run many anchor blocks against one shared context
-with a mask (:func:`multi_anchor_forward`). Attention inside a block is bidirectional.
+with a mask (:func:`multi_anchor_forward`).
+
+Which keys a query sees is each layer's :class:`~core.ml.drafter_config.AttentionRule`, the
+serving engines' rule (spec §4.3): full-attention layers see the context before the anchor and
+the whole block; sliding layers are causal with a window counted back from each query's own
+position (context and block keys alike); top-level / ``dflash_config`` causality overrides
+apply. Every path (inference, DDTree, offline, training) gets its masks from the same rules.
 
 Two entry points share all code:
 
 * inference: :meth:`DFlashDrafter.forward` (spec §8 item 3 signature) with a
-  :class:`DraftCache`; no mask for full-attention layers;
+  :class:`DraftCache`; no mask for layers where nothing is hidden;
 * training / batched offline eval: :func:`multi_anchor_forward`, with the dense boolean SDPA
   mask of :func:`anchor_block_mask` (``t < a_j``, strict).
 """
@@ -37,17 +43,23 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from core.ml.drafter_config import LAYER_SLIDING, DFlashConfig, build_target_layer_ids  # noqa: F401 (re-export)
+from core.ml.drafter_config import (  # noqa: F401 (re-export)
+    LAYER_SLIDING,
+    AttentionRule,
+    DFlashConfig,
+    build_target_layer_ids,
+)
 from core.ml.masks import (  # noqa: F401 (re-exported: the trainer imports them from here)
     NoiseFn,
     anchor_block_mask,
+    block_mask,
     block_positions,
     block_token_ids,
     context_mask,
     uniform_feature_noise,
 )
 
-Masks = Tensor | Mapping[str, Tensor | None] | None
+Masks = Tensor | Mapping[AttentionRule, Tensor | None] | None
 
 # ----------------------------------------------------------------------------- building blocks
 
@@ -159,7 +171,7 @@ class DraftMLP(nn.Module):
 
 
 class DraftAttention(nn.Module):
-    """Non-causal GQA attention over ``[context K/V ; block K/V]`` (KV injection)."""
+    """GQA attention over ``[context K/V ; block K/V]`` (KV injection) under the layer's rule."""
 
     def __init__(self, cfg: DFlashConfig, layer_idx: int) -> None:
         super().__init__()
@@ -172,6 +184,7 @@ class DraftAttention(nn.Module):
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.layer_type = cfg.layer_types[layer_idx]
+        self.rule = cfg.attention_rules()[layer_idx]
 
     def project_kv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
         """K/V for rows ``x`` [b, n, H] -> k, v [b, nkv, n, d] (k normed and rotated)."""
@@ -195,7 +208,7 @@ class DraftAttention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, q, self.nh * self.d))
 
     def forward_blocks(self, x: Tensor, cos: Tensor, sin: Tensor, ctx_k: Tensor, ctx_v: Tensor, ctx_bias: Tensor,
-                       block_size: int, causal_block: bool = False) -> Tensor:
+                       block_size: int) -> Tensor:
         """Many independent blocks against one shared context, without the block x block waste.
 
         Mathematically the dense path with :func:`anchor_block_mask`, but each query scores
@@ -206,10 +219,10 @@ class DraftAttention(nn.Module):
             x: [b, A*B, H] normalised block rows, block j = rows j*B .. j*B+B-1.
             cos, sin: [b, A*B, d] RoPE tables of the block rows.
             ctx_k, ctx_v: [b, nkv, c, d] shared context K/V.
-            ctx_bias: [b, A*B, c] float32 additive mask: 0 where :func:`context_mask` is True,
-                -inf elsewhere (every row still sees its own block, so no row is empty).
-            block_size: B.
-            causal_block: causal attention inside each block.
+            ctx_bias: [b, A*B, c] float32 additive mask: 0 where :func:`context_mask` (with this
+                layer's window) is True, -inf elsewhere (every row still sees its own slot, so
+                no row is empty).
+            block_size: B (the in-block pattern is :func:`block_mask` of this layer's rule).
         """
         b, q, _ = x.shape
         B, A, rep, d = block_size, q // block_size, self.nh // self.nkv, self.d
@@ -222,8 +235,9 @@ class DraftAttention(nn.Module):
         # own-block scores: [b, g, r, A, B, B]
         qb = qg.view(b, self.nkv, rep, A, B, d)
         s_blk = torch.matmul(qb, k_blk.reshape(b, self.nkv, 1, A, B, d).transpose(-1, -2)).float()
-        if causal_block:
-            s_blk = s_blk.masked_fill(~torch.ones(B, B, dtype=torch.bool, device=x.device).tril(), float("-inf"))
+        inner = block_mask(B, self.rule, x.device)
+        if not bool(inner.all()):
+            s_blk = s_blk.masked_fill(~inner, float("-inf"))
         s_blk = s_blk.view(b, self.nkv, rep, q, B)
         # softmax over [context ; own block] without concatenating the two score tensors
         m = torch.maximum(s_ctx.amax(-1, keepdim=True), s_blk.amax(-1, keepdim=True))
@@ -251,9 +265,8 @@ class DraftLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
     def forward_blocks(self, h: Tensor, cos: Tensor, sin: Tensor, ctx_k: Tensor, ctx_v: Tensor, ctx_bias: Tensor,
-                       block_size: int, causal_block: bool) -> Tensor:
-        h = h + self.self_attn.forward_blocks(self.input_layernorm(h), cos, sin, ctx_k, ctx_v, ctx_bias,
-                                              block_size, causal_block)
+                       block_size: int) -> Tensor:
+        h = h + self.self_attn.forward_blocks(self.input_layernorm(h), cos, sin, ctx_k, ctx_v, ctx_bias, block_size)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -351,7 +364,7 @@ class DFlashDrafter(nn.Module):
             block_positions: [b, q] absolute positions of the block rows.
             ctx_kv: per-layer context K/V from :meth:`context_kv` (or a :class:`DraftCache`).
             masks: None (attend everywhere), one bool mask [b, 1, q, c+q] for all layers, or a
-                mapping ``layer_type -> mask``.
+                mapping ``AttentionRule -> mask`` (None: nothing hidden for that rule).
 
         Returns:
             [b, q, H] = ``norm(h)``; logits = ``target_lm_head(...)``.
@@ -359,7 +372,7 @@ class DFlashDrafter(nn.Module):
         cos, sin = self.rotary_emb(block_positions)
         h = noise_emb.to(self.fc.weight.dtype)
         for layer, (ck, cv) in zip(self.layers, ctx_kv):
-            mask = masks.get(layer.self_attn.layer_type) if isinstance(masks, Mapping) else masks
+            mask = masks[layer.self_attn.rule] if isinstance(masks, Mapping) else masks
             h = layer(h, cos, sin, ck, cv, mask)
         return self.norm(h)
 
@@ -367,21 +380,16 @@ class DFlashDrafter(nn.Module):
                        anchors: Tensor, ctx_positions: Tensor, ctx_doc: Tensor | None = None,
                        anchor_doc: Tensor | None = None) -> Tensor:
         """Blockwise multi-anchor stack (see :meth:`DraftAttention.forward_blocks`): [b, A*B, H]."""
-        cfg, B = self.config, self.config.block_size
-
-        def bias(window: int | None) -> Tensor:  # additive float32 mask, built once per pass
-            keep = context_mask(anchors, ctx_positions, B, window, ctx_doc, anchor_doc)
-            return torch.zeros(keep.shape, device=keep.device).masked_fill_(~keep, float("-inf"))
-
-        ctx_masks = {"full_attention": bias(None)}
-        if LAYER_SLIDING in cfg.layer_types:
-            ctx_masks[LAYER_SLIDING] = bias(cfg.sliding_window)
+        B = self.config.block_size
+        ctx_bias: dict[int | None, Tensor] = {}  # additive float32 context mask per window, built once per pass
+        for rule in self.config.attention_rules():
+            if rule.window not in ctx_bias:
+                keep = context_mask(anchors, ctx_positions, B, rule.window, ctx_doc, anchor_doc)
+                ctx_bias[rule.window] = torch.zeros(keep.shape, device=keep.device).masked_fill_(~keep, float("-inf"))
         cos, sin = self.rotary_emb(block_positions)
         h = noise_emb.to(self.fc.weight.dtype)
         for layer, (ck, cv) in zip(self.layers, ctx_kv):
-            kind = layer.self_attn.layer_type
-            causal = kind == LAYER_SLIDING and cfg.sliding_window_causal_block
-            h = layer.forward_blocks(h, cos, sin, ck, cv, ctx_masks[kind], B, causal)
+            h = layer.forward_blocks(h, cos, sin, ck, cv, ctx_bias[layer.self_attn.rule.window], B)
         return self.norm(h)
 
     # -- spec §8 item 3 inference forward ------------------------------------------------------
@@ -401,8 +409,9 @@ class DFlashDrafter(nn.Module):
             ctx_feats: [b, c, K*H] features of the *new* context rows (all context when no cache).
             positions: [b, c+q] positions of the new context rows then of the block.
             cache: context K/V of earlier rows; the new rows are appended to it.
-            attn_mask: explicit mask(s); by default full-attention layers see everything and
-                sliding layers see context ``>= s - window`` (s = first block position).
+            attn_mask: explicit mask(s); by default each layer's :class:`AttentionRule`
+                (:meth:`inference_masks`): full layers see all cached context and the whole
+                block, sliding layers are causal with the window counted from each query.
 
         Returns:
             [b, q, H] normalised draft hidden states.
@@ -418,30 +427,24 @@ class DFlashDrafter(nn.Module):
         masks = attn_mask if attn_mask is not None else self.inference_masks(block_pos[:, :1], ctx_pos, block_pos.shape[1])
         return self.forward_block(noise_emb, block_pos, kv, masks)
 
-    def inference_masks(self, anchors: Tensor, ctx_positions: Tensor, q: int) -> dict[str, Tensor | None]:
-        """Masks for one block per row at ``anchors`` [b, 1]; None where nothing is masked."""
-        masks: dict[str, Tensor | None] = {"full_attention": None}
-        cfg = self.config
-        if LAYER_SLIDING in cfg.layer_types:
-            needs = cfg.sliding_window_causal_block or bool(
-                (ctx_positions < anchors - cfg.sliding_window).any()
-            )
-            masks[LAYER_SLIDING] = (
-                anchor_block_mask(anchors, ctx_positions, q, cfg.sliding_window, cfg.sliding_window_causal_block)
-                if needs else None
-            )
+    def inference_masks(self, anchors: Tensor, ctx_positions: Tensor, q: int) -> dict[AttentionRule, Tensor | None]:
+        """Masks per rule for one block of ``q`` rows per batch row at ``anchors`` [b, 1].
+
+        The context rows are all before the block. None where the rule hides nothing (full
+        layers, or a window wider than everything), so SDPA runs unmasked there.
+        """
+        masks: dict[AttentionRule, Tensor | None] = {}
+        for rule in set(self.config.attention_rules()):
+            m = anchor_block_mask(anchors, ctx_positions, q, rule)
+            masks[rule] = None if bool(m.all()) else m
         return masks
 
     def layer_masks(self, anchors: Tensor, ctx_positions: Tensor, ctx_doc: Tensor | None = None,
-                    anchor_doc: Tensor | None = None) -> dict[str, Tensor]:
-        """Multi-anchor masks per layer type (see :func:`anchor_block_mask`)."""
-        cfg, B = self.config, self.config.block_size
-        masks = {"full_attention": anchor_block_mask(anchors, ctx_positions, B, None, False, ctx_doc, anchor_doc)}
-        if LAYER_SLIDING in cfg.layer_types:
-            masks[LAYER_SLIDING] = anchor_block_mask(
-                anchors, ctx_positions, B, cfg.sliding_window, cfg.sliding_window_causal_block, ctx_doc, anchor_doc
-            )
-        return masks
+                    anchor_doc: Tensor | None = None) -> dict[AttentionRule, Tensor]:
+        """Multi-anchor masks per rule (see :func:`anchor_block_mask`)."""
+        B = self.config.block_size
+        return {rule: anchor_block_mask(anchors, ctx_positions, B, rule, ctx_doc, anchor_doc)
+                for rule in set(self.config.attention_rules())}
 
 
 # ----------------------------------------------------------------------------- multi-anchor

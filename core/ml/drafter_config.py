@@ -12,7 +12,17 @@ Layouts accepted:
   ``transformer_layer_config``; ``aux_hidden_state_layer_ids`` are HF ``hidden_states``
   indices, i.e. z-lab ids + 1 (we subtract 1); ``mask_token_id``/``block_size`` at the top.
 
-We always save the z-lab layout (:meth:`DFlashConfig.to_dict`).
+We always save the z-lab layout (:meth:`DFlashConfig.to_dict`), keeping every field of the
+source config we do not interpret (``max_window_layers``, ``use_sliding_window``, ``eos_token_id``,
+``dflash_config.causal`` ...), so a drafter fine-tuned from a published one keeps its layout.
+
+Attention rule per draft layer (the serving engines', spec §4.3): :meth:`DFlashConfig.attention_rules`.
+A layer is *causal* when, in this precedence, the top-level ``is_causal``, else
+``dflash_config.is_causal``, else ``dflash_config.causal`` says so (each overrides every layer),
+else iff ``layer_types[i] == "sliding_attention"`` (vLLM ``qwen3_dflash._dflash_layer_causal``).
+A ``sliding_attention`` layer has a window W measured from each query's own absolute position:
+the query at position q sees key positions p with ``q - W < p``; a causal layer adds ``p <= q``.
+Context keys and block keys alike; context keys are always strictly before the anchor.
 """
 
 from __future__ import annotations
@@ -27,6 +37,45 @@ from typing import Any
 ZLAB_ARCH = "DFlashDraftModel"
 LAYER_FULL = "full_attention"
 LAYER_SLIDING = "sliding_attention"
+
+
+@dataclass(frozen=True)
+class AttentionRule:
+    """Which keys one draft layer's queries see (spec §4.3; vLLM/SGLang/SpecForge rule).
+
+    The query at absolute position q of a block anchored at a sees context key positions
+    ``p < a`` and block key positions ``a..a+B-1``, restricted to ``p <= q`` when ``causal`` and
+    to ``p > q - window`` when ``window`` is set (sliding layers).
+
+    Attributes:
+        causal: keys after the query's own position are hidden.
+        window: W of a sliding layer (None: no window).
+    """
+
+    causal: bool
+    window: int | None = None
+
+    def describe(self) -> str:
+        """E.g. ``causal, window 2048 from each query`` or ``non-causal, full``."""
+        kind = "causal" if self.causal else "non-causal"
+        return f"{kind}, window {self.window} from each query" if self.window else f"{kind}, full"
+
+
+def resolve_causality(layer_types: list[str], top_is_causal: Any = None,
+                      dflash: dict[str, Any] | None = None) -> tuple[list[bool], str]:
+    """Per-layer causality and the key that decided it (vLLM ``_dflash_layer_causal`` precedence).
+
+    Top-level ``is_causal``, then ``dflash_config.is_causal``, then ``dflash_config.causal``
+    (each sets every layer); else a layer is causal iff it is ``sliding_attention``.
+    """
+    dflash = dflash or {}
+    for key, value in (("is_causal", top_is_causal), ("dflash_config.is_causal", dflash.get("is_causal")),
+                       ("dflash_config.causal", dflash.get("causal"))):
+        if value is not None:
+            if not isinstance(value, bool):
+                raise ValueError(f"{key} must be true or false, got {value!r}")
+            return [value] * len(layer_types), key
+    return [t == LAYER_SLIDING for t in layer_types], "layer_types"
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -63,9 +112,10 @@ class DFlashConfig:
         rope_theta: RoPE base.
         rope_scaling: None/default, or a dict with ``rope_type`` in linear, yarn, llama3.
         layer_types: per draft layer, ``full_attention`` or ``sliding_attention``.
-        sliding_window: W for sliding layers: a block anchored at a sees context a-W..a-1.
-        sliding_window_causal_block: sliding layers attend causally inside the block
-            (speculators' default for SWA); z-lab drafters are bidirectional (False).
+        sliding_window: W of sliding layers, measured from each query's absolute position.
+        is_causal: top-level causality override (every layer), None when absent.
+        dflash_extra: keys of ``dflash_config`` besides mask_token_id / target_layer_ids
+            (``is_causal``, ``causal``, ``block_size`` ...), written back unchanged.
         attention_bias: bias on q/k/v/o projections (False in every published drafter).
         hidden_act: must be ``silu``.
         source_format: ``zlab`` or ``speculators``: the layout the config was read from.
@@ -89,7 +139,8 @@ class DFlashConfig:
     rope_scaling: dict[str, Any] | None = None
     layer_types: list[str] | None = None
     sliding_window: int | None = None
-    sliding_window_causal_block: bool = False
+    is_causal: bool | None = None
+    dflash_extra: dict[str, Any] = field(default_factory=dict)
     attention_bias: bool = False
     hidden_act: str = "silu"
     source_format: str = "zlab"
@@ -115,6 +166,37 @@ class DFlashConfig:
         """Width of the concatenated target features (K * H)."""
         return self.num_taps * self.hidden_size
 
+    def causality(self) -> tuple[list[bool], str]:
+        """Per-layer causality and the config key that decided it (see :func:`resolve_causality`)."""
+        return resolve_causality(list(self.layer_types), self.is_causal, self.dflash_extra)
+
+    def attention_rules(self) -> list[AttentionRule]:
+        """The resolved :class:`AttentionRule` of every draft layer."""
+        causal, _ = self.causality()
+        return [AttentionRule(c, self.sliding_window if t == LAYER_SLIDING else None)
+                for c, t in zip(causal, self.layer_types)]
+
+    def attention_summary(self) -> dict[str, Any]:
+        """The resolved per-layer rule, for provenance and logs."""
+        causal, source = self.causality()
+        rules = self.attention_rules()
+        return {"source": source, "sliding_window": self.sliding_window,
+                "layers": [{"layer": i, "type": t, "causal": r.causal, "window": r.window}
+                           for i, (t, r) in enumerate(zip(self.layer_types, rules))]}
+
+    def attention_text(self) -> str:
+        """One line: ``layers 0-3 sliding_attention: causal, window 2048 from each query; ...``."""
+        rules, parts, i = self.attention_rules(), [], 0
+        n = len(rules)
+        while i < n:
+            j = i
+            while j + 1 < n and rules[j + 1] == rules[i] and self.layer_types[j + 1] == self.layer_types[i]:
+                j += 1
+            span = f"layer {i}" if i == j else f"layers {i}-{j}"
+            parts.append(f"{span} {self.layer_types[i]}: {rules[i].describe()}")
+            i = j + 1
+        return "; ".join(parts) + f" (causality from {self.causality()[1]})"
+
     def validate(self) -> None:
         """Check invariants; raises ValueError naming the field."""
         if self.num_attention_heads % self.num_key_value_heads:
@@ -128,6 +210,9 @@ class DFlashConfig:
             raise ValueError(f"unsupported layer_types {sorted(bad)}")
         if LAYER_SLIDING in self.layer_types and not self.sliding_window:
             raise ValueError("sliding_attention layers need a sliding_window")
+        if self.sliding_window is not None and LAYER_SLIDING in self.layer_types and int(self.sliding_window) < 1:
+            raise ValueError(f"sliding_window must be >= 1, got {self.sliding_window}")
+        self.causality()  # a non-boolean override fails here, naming the key
         if self.hidden_act != "silu":
             raise ValueError(f"hidden_act {self.hidden_act!r} unsupported (DFlash drafters use silu)")
         if not self.target_layer_ids:
@@ -171,15 +256,17 @@ class DFlashConfig:
             if cfg.get("num_target_layers") is None:
                 raise ValueError("config has neither dflash_config.target_layer_ids nor num_target_layers")
             ids = build_target_layer_ids(int(cfg["num_target_layers"]), int(n_layers))
-        known = {f.name for f in dataclasses.fields(cls)} | {"dflash_config", "rope_parameters", "use_sliding_window"}
+        known = ({f.name for f in dataclasses.fields(cls)} - {"extra", "dflash_extra"}) | {"dflash_config"}
         extra = {k: v for k, v in cfg.items() if k not in known}
+        dflash_extra = {k: v for k, v in dflash.items() if k not in ("mask_token_id", "target_layer_ids")}
         return cls(
             **_layer_fields(cfg),
             block_size=int(block_size),
             mask_token_id=int(mask),
             target_layer_ids=list(ids),
             num_target_layers=cfg.get("num_target_layers"),
-            sliding_window_causal_block=bool(cfg.get("sliding_window_causal_block", False)),
+            is_causal=cfg.get("is_causal"),
+            dflash_extra=dflash_extra,
             source_format="zlab",
             extra=extra,
         )
@@ -204,7 +291,9 @@ class DFlashConfig:
             mask_token_id=int(cfg["mask_token_id"]),
             target_layer_ids=[int(i) - 1 for i in aux],  # HF hidden_states index -> decoder layer id
             num_target_layers=None,
-            sliding_window_causal_block=not bool(cfg.get("sliding_window_non_causal", False)),
+            # speculators' sliding_window_non_causal makes its sliding layers non-causal; its full
+            # layers are non-causal anyway, so it is the engines' global override is_causal: false
+            is_causal=False if cfg.get("sliding_window_non_causal") else cfg.get("is_causal"),
             source_format="speculators",
         )
 
@@ -218,7 +307,8 @@ class DFlashConfig:
                 "architectures": [ZLAB_ARCH],
                 "model_type": "qwen3",
                 "block_size": self.block_size,
-                "dflash_config": {"mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids)},
+                "dflash_config": {**self.dflash_extra, "mask_token_id": self.mask_token_id,
+                                  "target_layer_ids": list(self.target_layer_ids)},
                 "num_target_layers": self.num_target_layers,
                 "hidden_size": self.hidden_size,
                 "num_hidden_layers": self.num_hidden_layers,
@@ -233,13 +323,14 @@ class DFlashConfig:
                 "rope_scaling": self.rope_scaling,
                 "layer_types": list(self.layer_types),
                 "sliding_window": self.sliding_window,
-                "use_sliding_window": LAYER_SLIDING in self.layer_types,
                 "attention_bias": self.attention_bias,
                 "hidden_act": self.hidden_act,
             }
         )
-        if self.sliding_window_causal_block:
-            out["sliding_window_causal_block"] = True
+        if self.is_causal is not None:
+            out["is_causal"] = self.is_causal
+        if "use_sliding_window" not in self.extra:
+            out["use_sliding_window"] = LAYER_SLIDING in self.layer_types
         out.setdefault("tie_word_embeddings", False)
         if out.get("num_target_layers") is None:
             out.pop("num_target_layers")

@@ -228,6 +228,7 @@ def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
     except (OSError, ValueError) as exc:
         raise UsageError(f"--drafter {args.drafter}: {exc}") from exc
     cfg = drafter.config
+    say(f"drafter attention: {cfg.attention_text()}")
     block_size = args.block_size or cfg.block_size
     if not 1 <= block_size <= cfg.block_size:
         raise UsageError(f"--block-size {block_size}: must be 1..{cfg.block_size} (the drafter's trained block size)")
@@ -259,7 +260,8 @@ def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
         "drafter": {"path": str(Path(args.drafter).resolve()), "fingerprint": _file_sha256(Path(args.drafter) / "model.safetensors")
                     if (Path(args.drafter) / "model.safetensors").is_file() else None,
                     "block_size": cfg.block_size, "target_layer_ids": cfg.target_layer_ids,
-                    "mask_token_id": cfg.mask_token_id, "config_format": cfg.source_format},
+                    "mask_token_id": cfg.mask_token_id, "config_format": cfg.source_format,
+                    "attention": cfg.attention_summary()},
         "prompts": {"file": str(Path(args.prompts).resolve()), "sha256": file_sha256(args.prompts),
                     "count": len(prompts), "ids": [p.id for p in prompts]},
         "device": str(device),
@@ -274,7 +276,8 @@ def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
     if "all_anchor" in result:
         emit("metric", task="eval", method="all_anchor", mode=args.mode, tau=result["all_anchor"]["tau"],
              tau_pooled=result["all_anchor"]["tau_pooled"])
-    out = write_result(args.out, result, provenance(seed=args.seed, task="eval"))
+    out = write_result(args.out, result, provenance(seed=args.seed, task="eval",
+                                                    extra={"drafter_attention": cfg.attention_summary()}))
     emit("result", task="eval", path=str(out.resolve()))
     return 0
 

@@ -69,10 +69,26 @@ def load_target(path: str | Path, device: str | torch.device = "cpu", dtype: tor
     return model.to(device).eval()
 
 
+#: Files that hold a tokenizer's vocabulary; a directory without any of them has no tokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "tekken.json")
+
+
+def has_tokenizer(path: str | Path) -> bool:
+    """Does ``path`` really hold a tokenizer (a vocabulary file, not only a config)?"""
+    path = Path(path)
+    return any((path / f).is_file() for f in TOKENIZER_FILES) or any(path.glob("*.tiktoken"))
+
+
 def load_tokenizer(path: str | Path) -> Any | None:
-    """The target directory's tokenizer, or None when it has none."""
+    """The target directory's tokenizer, or None when the directory holds none.
+
+    transformers 5 builds a default tokenizer (EOS id 0) for a directory without tokenizer
+    files; its ids would stop generation at an ordinary token, so none is loaded then.
+    """
     from transformers import AutoTokenizer
 
+    if not has_tokenizer(path):
+        return None
     try:
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError, TypeError):
@@ -80,7 +96,8 @@ def load_tokenizer(path: str | Path) -> Any | None:
 
 
 def stop_token_ids(model: nn.Module, tokenizer: Any | None = None) -> list[int]:
-    """EOS ids from the generation config, model config and tokenizer."""
+    """EOS ids from generation_config.json, config.json and the tokenizer (from :func:`load_tokenizer`,
+    so only one the target directory really holds)."""
     ids: set[int] = set()
     for src in (getattr(model, "generation_config", None), getattr(model, "config", None), tokenizer):
         eos = getattr(src, "eos_token_id", None)

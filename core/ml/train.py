@@ -1,7 +1,7 @@
 """``python -m core.ml.train``: the reference DFlash trainer (spec §4, §8 items 7-9).
 
     python -m core.ml.train --config FILE.yaml [--out DIR] [--resume PATH|auto] [--max-steps N]
-                            [--set KEY=VALUE ...] [--describe] [--debug-dump-weights DIR]
+                            [--set KEY=VALUE ...] [--describe] [--print-config] [--debug-dump-weights DIR]
     python -m torch.distributed.run --nproc_per_node 2 -m core.ml.train --config FILE.yaml   # DDP
 
 What one step does (defaults = the v5 trainer):
@@ -53,6 +53,17 @@ stdout (rank 0 only; one JSON object per line):
 * ``{"event": "result", "task": "train", "step": N, "path": "/abs/out/step_N.pt"}`` at the end.
 
 Human messages go to stderr.
+
+``--print-config`` prints the fully resolved config as ONE JSON object on stdout (keys nested as
+in the YAML: ``drafter.block_size``, ``drafter.layer_types``, ``loss.gamma``, ``train.lr`` ...)
+and exits without loading any model. Target-derived keys come from the target's config.json
+when it is readable here; otherwise they stay as the file states them (stderr says which are
+still null).
+
+Preflight (before any device is touched): the target's config.json, ``drafter.init`` and the
+feature cache's manifest.json must fit the config (taps inside the target and in the cache,
+hidden size, vocabulary, the final layer when a knob needs it); a mismatch exits 2 naming
+both sides and the fix.
 
 Output directory: ``step_{N}.pt`` = ``{"model": drafter state_dict (published tensor names),
 "optimizer", "scheduler", "step": N, "config": resolved trainer config (nested plain dict),
@@ -118,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a knob, e.g. --set loss.gamma=5 (repeatable; YAML values; paths "
                         "relative to the config file)")
     p.add_argument("--describe", action="store_true", help="print every config knob with its default and exit")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved config as one JSON object and exit (loads no model)")
     p.add_argument("--debug-dump-weights", metavar="DIR",
                    help="(tests) after each step every rank saves {model: drafter weights, sequences: ids it "
                         "trained on} to DIR/rank{R}_step{N}.pt")
@@ -131,7 +144,6 @@ def load_resolved(args: argparse.Namespace) -> tuple[Any, dict[str, Any], Any]:
         UsageError: any config problem (the message names the file and key).
     """
     from core.ml import train_config as tc
-    from core.ml.target import load_tokenizer
 
     if not args.config:
         raise UsageError("--config FILE.yaml is required (see --describe for the knobs)")
@@ -142,10 +154,16 @@ def load_resolved(args: argparse.Namespace) -> tuple[Any, dict[str, Any], Any]:
         over.setdefault("train", {})["max_steps"] = args.max_steps
     cfg = tc.load_config(args.config, over)
     where = Path(args.config).name
-    if cfg.out_dir is None:
+    if cfg.out_dir is None and not args.print_config:
         raise ConfigError(f"{where}: 'out_dir' is required (or pass --out DIR)")
-    target_cfg = tc.read_target_config(cfg.target)
-    tokenizer = load_tokenizer(cfg.target)
+    if args.print_config and not (Path(cfg.target) / "config.json").is_file():
+        target_cfg, tokenizer = None, None
+    else:
+        from core.ml.target import load_tokenizer
+
+        target_cfg = tc.read_target_config(cfg.target)
+        # --print-config needs the tokenizer only for a null mask_token_id
+        tokenizer = None if args.print_config and cfg.drafter.mask_token_id is not None else load_tokenizer(cfg.target)
     mask_id = None
     if tokenizer is not None:
         tid = tokenizer.convert_tokens_to_ids("<|MASK|>")
@@ -157,6 +175,46 @@ def load_resolved(args: argparse.Namespace) -> tuple[Any, dict[str, Any], Any]:
             raise ConfigError(f"{where}: 'drafter.init' {cfg.drafter.init} has no config.json")
         init_cfg = json.loads(init_path.read_text(encoding="utf-8"))
     return tc.resolve(cfg, where, target_cfg, mask_id, init_cfg), target_cfg, tokenizer
+
+
+def print_config(cfg: Any, target_cfg: dict[str, Any] | None) -> int:
+    """``--print-config``: the resolved config as one JSON object on stdout."""
+    from core.ml.train_config import unresolved
+
+    if target_cfg is None:
+        left = unresolved(cfg)
+        say(f"target {cfg.target}: no config.json here; resolved from the config file alone"
+            + (f" ({', '.join(left)} still null)" if left else ""))
+    sys.stdout.write(json.dumps(cfg.to_dict()) + "\n")
+    return 0
+
+
+def preflight(cfg: Any) -> None:
+    """Refuse a config that cannot fit its feature cache, before any device is touched.
+
+    Raises:
+        UsageError: each problem, naming both sides and the fix.
+    """
+    from core.ml.extract import target_fingerprint
+    from core.ml.train_config import cache_problems, drafter_config_dict
+
+    problems = []
+    if cfg.data.features is not None:
+        path = Path(cfg.data.features) / "manifest.json"
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"data.features {cfg.data.features}: no readable manifest.json ({exc}); "
+                             f"run python -m core.ml.extract first") from None
+        fp = (manifest.get("target") or {}).get("fingerprint")
+        if fp is not None and fp != target_fingerprint(cfg.target):
+            problems.append(f"data.features {cfg.data.features} was extracted from "
+                            f"{manifest['target'].get('path')}, not from the target {cfg.target}: extract it "
+                            f"from {cfg.target} or point 'target' at that model")
+        problems += cache_problems(cfg, manifest)
+    if problems:
+        raise UsageError("; ".join(problems))
+    drafter_config_dict(cfg)  # an init drafter's config must parse
 
 
 def new_drafter(config_dict: dict[str, Any], init_std: float, seed: int) -> Any:
@@ -184,17 +242,9 @@ def build_source(cfg: Any, target_cfg: dict[str, Any], tokenizer: Any) -> Any:
 
     final_id = int(target_cfg["num_hidden_layers"]) - 1
     if cfg.data.features is not None:
-        src = FeatureCache(cfg.data.features, cfg.drafter.target_layer_ids, final_id, target_fingerprint(cfg.target),
-                           cfg.data.max_length, int(target_cfg["hidden_size"]))
-        if not src.has_final:
-            needs = [k for k, bad in (("fc_layers", cfg.fc_layers == "taps_and_final"),
-                                      ("noise.target", cfg.noise.target == "all_features" and cfg.noise.std > 0),
-                                      ("loss.soft_kl_weight", cfg.loss.soft_kl_weight > 0)) if bad]
-            if needs:
-                raise UsageError(f"'{needs[0]}' needs the target's final layer {final_id} in data.features "
-                                 f"{cfg.data.features} (it holds layers {src.layer_ids}); extract --layers "
-                                 f"{','.join(map(str, [*cfg.drafter.target_layer_ids, final_id]))}")
-        return src
+        # (preflight has already refused a cache without the final layer when a knob needs it)
+        return FeatureCache(cfg.data.features, cfg.drafter.target_layer_ids, final_id,
+                            target_fingerprint(cfg.target), cfg.data.max_length, int(target_cfg["hidden_size"]))
     return JsonlSource(cfg.data.file, tokenizer, int(target_cfg["vocab_size"]), cfg.data.max_length,
                        cfg.data.max_new_tokens, cfg.data.chat_template)
 
@@ -212,6 +262,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         cfg, target_cfg, tokenizer = load_resolved(args)
+        if args.print_config:
+            return print_config(cfg, target_cfg)
+        preflight(cfg)
     except ValueError as exc:  # ConfigError, or a drafter.init config.json that does not parse
         raise UsageError(str(exc)) from None
     stop = StopFlag()
@@ -317,7 +370,8 @@ class Trainer:
                          "train_sequences": len(self.train_idx), "val_sequences": len(self.val_idx),
                          "fc_in_features": self.drafter.fc.in_features,
                          "fc_layer_ids": list(self.drafter.config.target_layer_ids), "final_layer_id": self.final_id,
-                         "label_source": cfg.loss.labels}
+                         "label_source": cfg.loss.labels,
+                         "attention": self.drafter.config.attention_summary()}
         if self.dist.main:
             self.out.mkdir(parents=True, exist_ok=True)
             atomic_write_text(self.out / RESOLVED, tc.to_yaml(cfg, "resolved config of this run (core.ml.train)"))
@@ -466,6 +520,7 @@ class Trainer:
             print_line({"event": "info", "task": "train", **self.run_info, "start_step": self.step,
                         "resumed_from": str(self.resume_path.resolve()) if self.resume_path else None,
                         "out_dir": str(self.out.resolve())})
+        self.say(f"drafter attention: {self.drafter.config.attention_text()}")
         self.say(f"training {self.total} steps ({self.steps_per_epoch}/epoch, world {self.dist.world}); "
                  f"fc {self.drafter.fc.in_features} wide, layers {self.drafter.config.target_layer_ids}")
         self.last_saved = -1

@@ -52,6 +52,7 @@ LABEL_SOURCES = ("target", "data")
 NORMALIZE = ("weights", "mask")
 ATTENTION = ("dense", "blockwise")
 DTYPES = ("auto", "float32", "bfloat16")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 #: Keys that say where a run writes, not how it trains (ignored by :func:`knob_diff`).
 RUN_KEYS = ("out_dir",)
@@ -93,6 +94,17 @@ class DrafterSection:
     intermediate_size: int | None = knob(None, "MLP width (null: the target's)")
     rope_theta: float | None = knob(None, "RoPE base (null: the target's)")
     max_position_embeddings: int | None = knob(None, "recorded in config.json (null: the target's)")
+    layer_types: list[str] | None = knob(None, "per draft layer: full_attention (sees the context before the "
+                                               "anchor and the whole block) or sliding_attention (causal, window "
+                                               "counted back from each query's position, as vLLM/SGLang serve it); "
+                                               "null: all full_attention (or drafter.init's)")
+    sliding_window: int | None = knob(None, "W of the sliding_attention layers (the published Qwen3.6-27B "
+                                            "drafter: 2048); null: none (or drafter.init's)")
+    hidden_size: int | None = knob(None, "H; must equal the target's (null: the target's). Stating it lets a "
+                                         "wrong target or feature cache be refused before launch")
+    vocab_size: int | None = knob(None, "vocabulary rows; must equal the target's (null: the target's)")
+    num_target_layers: int | None = knob(None, "the target's decoder layer count N; must equal the target's "
+                                               "(null: the target's)")
     init_std: float = knob(0.02, "std of the normal init of a new drafter's linear weights (norms start at 1)")
 
 
@@ -373,6 +385,16 @@ def check(cfg: TrainConfig, where: str) -> None:
     need(d.target_layer_ids is None or len(set(d.target_layer_ids)) == len(d.target_layer_ids),
          "drafter.target_layer_ids", "has duplicates")
     need(d.init_std > 0, "drafter.init_std", "must be > 0")
+    if d.layer_types is not None:
+        bad = sorted(set(d.layer_types) - set(LAYER_TYPES))
+        need(not bad, "drafter.layer_types", f"has {bad}; each entry must be one of {', '.join(LAYER_TYPES)}")
+        need(d.init is not None or len(d.layer_types) == d.num_layers, "drafter.layer_types",
+             f"has {len(d.layer_types)} entries for drafter.num_layers {d.num_layers}")
+        need(d.init is not None or "sliding_attention" not in d.layer_types or d.sliding_window is not None,
+             "drafter.sliding_window", "is required by the sliding_attention layers in drafter.layer_types")
+    need(d.sliding_window is None or d.sliding_window >= 1, "drafter.sliding_window", "must be >= 1")
+    for key in ("hidden_size", "vocab_size", "num_target_layers"):
+        need(getattr(d, key) is None or getattr(d, key) >= 1, f"drafter.{key}", "must be >= 1")
     need(cfg.data.max_new_tokens >= 1, "data.max_new_tokens", "must be >= 1")
     need(cfg.data.max_length >= 2, "data.max_length", "must be >= 2")
     need(cfg.data.val_count >= 0, "data.val_count", "must be >= 0")
@@ -419,31 +441,45 @@ def read_target_config(target: str | Path) -> dict[str, Any]:
     return cfg.get("text_config") or cfg
 
 
-def resolve(cfg: TrainConfig, where: str, target_cfg: dict[str, Any], mask_token_id: int | None = None,
+TARGET_SIZES = {"num_target_layers": "num_hidden_layers", "hidden_size": "hidden_size", "vocab_size": "vocab_size"}
+"""Drafter-section keys that must equal the target's config.json (key there)."""
+
+
+def resolve(cfg: TrainConfig, where: str, target_cfg: dict[str, Any] | None, mask_token_id: int | None = None,
             init_config: dict[str, Any] | None = None) -> TrainConfig:
     """Fill the automatic values; returns a new config (the resolved one).
 
     Args:
         cfg: a loaded config.
         where: file name for messages.
-        target_cfg: the target's (text) config.json dict.
+        target_cfg: the target's (text) config.json dict; None resolves only what the config
+            file states (``--print-config`` where the target is not on this machine): keys that
+            need the target stay null.
         mask_token_id: the tokenizer's ``<|MASK|>`` id, if any (used when the key is null).
         init_config: the ``drafter.init`` directory's config.json dict, if any.
 
     Raises:
-        ConfigError: an inconsistency with the target (names the key).
+        ConfigError: an inconsistency with the target or drafter.init (names both sides).
     """
     from core.ml.drafter_config import DFlashConfig, build_target_layer_ids
 
     cfg = dataclasses.replace(cfg, drafter=dataclasses.replace(cfg.drafter), loss=dataclasses.replace(cfg.loss))
     d = cfg.drafter
-    n_target = int(target_cfg["num_hidden_layers"])
-    H = int(target_cfg["hidden_size"])
-    final = n_target - 1
+    tc = target_cfg or {}
+    if target_cfg is not None:
+        for key, theirs in TARGET_SIZES.items():
+            value, mine = int(target_cfg[theirs]), getattr(d, key)
+            if mine is not None and mine != value:
+                raise ConfigError(f"{where}: 'drafter.{key}' is {mine} but the target {cfg.target} has {theirs} "
+                                  f"{value} (its config.json): point 'target' at the model this drafter is for, "
+                                  f"or set drafter.{key} to {value}")
+            setattr(d, key, value)
+    n_target = d.num_target_layers
+    final = n_target - 1 if n_target is not None else None
     if init_config is not None:
         init = DFlashConfig.from_dict(init_config)
         taps = list(init.target_layer_ids)
-        if cfg.fc_layers == "taps_and_final":  # a v4 drafter taps the final layer itself
+        if cfg.fc_layers == "taps_and_final" and final is not None:  # a v4 drafter taps the final layer itself
             if not taps or taps[-1] != final:
                 raise ConfigError(f"{where}: 'fc_layers' taps_and_final but drafter.init taps {taps} "
                                   f"(expected the final layer {final} last)")
@@ -452,7 +488,9 @@ def resolve(cfg: TrainConfig, where: str, target_cfg: dict[str, Any], mask_token
                  "mask_token_id": init.mask_token_id, "num_attention_heads": init.num_attention_heads,
                  "num_key_value_heads": init.num_key_value_heads, "head_dim": init.head_dim,
                  "intermediate_size": init.intermediate_size, "rope_theta": init.rope_theta,
-                 "max_position_embeddings": init.max_position_embeddings}
+                 "max_position_embeddings": init.max_position_embeddings, "layer_types": list(init.layer_types),
+                 "sliding_window": init.sliding_window, "hidden_size": init.hidden_size,
+                 "vocab_size": init.vocab_size}
         for key, value in given.items():
             mine = getattr(d, key)
             if key in ("block_size", "num_layers"):
@@ -460,32 +498,44 @@ def resolve(cfg: TrainConfig, where: str, target_cfg: dict[str, Any], mask_token
                 if mine != default and mine != value:
                     raise ConfigError(f"{where}: 'drafter.{key}' is {mine} but drafter.init has {value}")
             elif mine is not None and mine != value:
-                raise ConfigError(f"{where}: 'drafter.{key}' is {mine} but drafter.init has {value}")
+                raise ConfigError(f"{where}: 'drafter.{key}' is {mine} but drafter.init {d.init} has {value}"
+                                  + (" (the target's)" if key in TARGET_SIZES and target_cfg is not None else ""))
             setattr(d, key, value)
-    rope = target_cfg.get("rope_theta", (target_cfg.get("rope_parameters") or {}).get("rope_theta"))
-    if d.target_layer_ids is None:
+    rope = tc.get("rope_theta", (tc.get("rope_parameters") or {}).get("rope_theta"))
+    if d.target_layer_ids is None and n_target is not None:
         d.target_layer_ids = build_target_layer_ids(n_target, d.num_layers)
-    bad = [i for i in d.target_layer_ids if not 0 <= i < n_target]
-    if bad:
-        raise ConfigError(f"{where}: 'drafter.target_layer_ids' {bad} outside the target's layers 0..{n_target - 1}")
-    if final in d.target_layer_ids:
-        raise ConfigError(f"{where}: 'drafter.target_layer_ids' contains the final layer {final}, which is "
-                          "reserved for the target logits (use fc_layers: taps_and_final for the v4 shortcut)")
-    if d.mask_token_id is None:
+    if n_target is not None:
+        bad = [i for i in d.target_layer_ids if not 0 <= i < n_target]
+        if bad:
+            raise ConfigError(f"{where}: 'drafter.target_layer_ids' {bad} outside the target's layers "
+                              f"0..{n_target - 1} ({n_target} decoder layers): tap layers of this target")
+        if final in d.target_layer_ids:
+            raise ConfigError(f"{where}: 'drafter.target_layer_ids' contains the final layer {final}, which is "
+                              "reserved for the target logits (use fc_layers: taps_and_final for the v4 shortcut)")
+    if d.mask_token_id is None and target_cfg is not None:
         if mask_token_id is None:
             raise ConfigError(f"{where}: 'drafter.mask_token_id' is null and the target tokenizer has no <|MASK|> token")
         d.mask_token_id = int(mask_token_id)
-    if not 0 <= d.mask_token_id < int(target_cfg["vocab_size"]):
-        raise ConfigError(f"{where}: 'drafter.mask_token_id' {d.mask_token_id} outside the target vocabulary")
-    d.num_attention_heads = d.num_attention_heads or int(target_cfg["num_attention_heads"])
-    d.num_key_value_heads = d.num_key_value_heads or int(target_cfg.get("num_key_value_heads")
-                                                         or target_cfg["num_attention_heads"])
-    d.head_dim = d.head_dim or int(target_cfg.get("head_dim") or H // int(target_cfg["num_attention_heads"]))
-    d.intermediate_size = d.intermediate_size or int(target_cfg["intermediate_size"])
-    d.rope_theta = float(d.rope_theta if d.rope_theta is not None else (rope if rope is not None else 1e6))
-    d.max_position_embeddings = d.max_position_embeddings or int(target_cfg.get("max_position_embeddings") or 40960)
-    if d.num_attention_heads % d.num_key_value_heads:
+    if d.mask_token_id is not None and d.vocab_size is not None and not 0 <= d.mask_token_id < d.vocab_size:
+        raise ConfigError(f"{where}: 'drafter.mask_token_id' {d.mask_token_id} outside the target vocabulary "
+                          f"({d.vocab_size} rows)")
+    if target_cfg is not None:
+        H = d.hidden_size
+        d.num_attention_heads = d.num_attention_heads or int(tc["num_attention_heads"])
+        d.num_key_value_heads = d.num_key_value_heads or int(tc.get("num_key_value_heads") or tc["num_attention_heads"])
+        d.head_dim = d.head_dim or int(tc.get("head_dim") or H // int(tc["num_attention_heads"]))
+        d.intermediate_size = d.intermediate_size or int(tc["intermediate_size"])
+        d.rope_theta = float(d.rope_theta if d.rope_theta is not None else (rope if rope is not None else 1e6))
+        d.max_position_embeddings = d.max_position_embeddings or int(tc.get("max_position_embeddings") or 40960)
+    if d.num_attention_heads and d.num_key_value_heads and d.num_attention_heads % d.num_key_value_heads:
         raise ConfigError(f"{where}: 'drafter.num_attention_heads' must be a multiple of 'drafter.num_key_value_heads'")
+    if d.layer_types is None:
+        d.layer_types = ["full_attention"] * d.num_layers
+    if len(d.layer_types) != d.num_layers:
+        raise ConfigError(f"{where}: 'drafter.layer_types' has {len(d.layer_types)} entries for "
+                          f"{d.num_layers} draft layers")
+    if "sliding_attention" in d.layer_types and d.sliding_window is None:
+        raise ConfigError(f"{where}: 'drafter.sliding_window' is required by the sliding_attention layers")
     if cfg.loss.gamma is None:
         cfg.loss.gamma = default_gamma(d.block_size)
     if cfg.data.min_loss_tokens is None:
@@ -493,25 +543,70 @@ def resolve(cfg: TrainConfig, where: str, target_cfg: dict[str, Any], mask_token
     return cfg
 
 
-def drafter_config_dict(cfg: TrainConfig, target_cfg: dict[str, Any]) -> dict[str, Any]:
+def unresolved(cfg: TrainConfig) -> list[str]:
+    """Drafter keys still null after :func:`resolve` without a target (``drafter.init`` aside)."""
+    d = cfg.drafter
+    return [f"drafter.{f.name}" for f in dataclasses.fields(d)
+            if getattr(d, f.name) is None and f.name not in ("init", "sliding_window")]
+
+
+def drafter_config_dict(cfg: TrainConfig, target_cfg: dict[str, Any] | None = None) -> dict[str, Any]:
     """The z-lab config.json of the drafter a resolved config trains.
 
-    With ``fc_layers: taps_and_final`` the drafter's ``target_layer_ids`` end with the final
-    layer N-1, so fc is (K+1)*H wide and inference taps the final layer too.
+    From ``drafter.init``: that drafter's config.json with every field kept (``layer_types``,
+    ``sliding_window``, ``use_sliding_window``, ``max_window_layers``, overrides ...). Otherwise
+    a new one from the drafter section. With ``fc_layers: taps_and_final`` the drafter's
+    ``target_layer_ids`` end with the final layer N-1, so fc is (K+1)*H wide and inference taps
+    the final layer too.
     """
     from core.ml.drafter_config import DFlashConfig
 
     d = cfg.drafter
-    n_target = int(target_cfg["num_hidden_layers"])
+    if d.init is not None:
+        init = DFlashConfig.from_file(Path(d.init) / "config.json")
+        if init.num_target_layers is None:
+            init.num_target_layers = d.num_target_layers
+        return init.to_dict()
+    n_target = d.num_target_layers
     ids = list(d.target_layer_ids) + ([n_target - 1] if cfg.fc_layers == "taps_and_final" else [])
     return DFlashConfig(
-        hidden_size=int(target_cfg["hidden_size"]), num_hidden_layers=d.num_layers,
+        hidden_size=d.hidden_size, num_hidden_layers=d.num_layers,
         num_attention_heads=d.num_attention_heads, num_key_value_heads=d.num_key_value_heads,
-        head_dim=d.head_dim, intermediate_size=d.intermediate_size, vocab_size=int(target_cfg["vocab_size"]),
+        head_dim=d.head_dim, intermediate_size=d.intermediate_size, vocab_size=d.vocab_size,
         block_size=d.block_size, mask_token_id=d.mask_token_id, target_layer_ids=ids,
-        num_target_layers=n_target, rms_norm_eps=float(target_cfg.get("rms_norm_eps", 1e-6)),
+        num_target_layers=n_target, rms_norm_eps=float((target_cfg or {}).get("rms_norm_eps", 1e-6)),
         max_position_embeddings=d.max_position_embeddings, rope_theta=d.rope_theta,
+        layer_types=list(d.layer_types), sliding_window=d.sliding_window,
     ).to_dict()
+
+
+def cache_problems(cfg: TrainConfig, manifest: dict[str, Any], where: str = "data.features") -> list[str]:
+    """Why an extract cache (its manifest.json) cannot feed this resolved config; [] when it can.
+
+    Checks the hidden size, that every tap is in the cache, and that the target's final layer
+    is there when a knob needs it (v4 ``fc_layers``/``noise.target``/``loss.soft_kl_weight``).
+    Each message names both sides and the fix.
+    """
+    d = cfg.drafter
+    out: list[str] = []
+    layers = [int(i) for i in manifest.get("layer_ids") or []]
+    H = manifest.get("hidden_size")
+    if H is not None and d.hidden_size is not None and int(H) != d.hidden_size:
+        out.append(f"{where} {cfg.data.features} holds hidden size {H} but the drafter/target has {d.hidden_size}: "
+                   f"it was extracted from another model; extract it again from {cfg.target}")
+    missing = [i for i in d.target_layer_ids or [] if i not in layers]
+    final = d.num_target_layers - 1 if d.num_target_layers is not None else None
+    want = [*(d.target_layer_ids or []), *([final] if final is not None else [])]
+    if missing:
+        out.append(f"{where} {cfg.data.features} holds layers {layers} but drafter.target_layer_ids "
+                   f"{d.target_layer_ids} need {missing} too: extract --layers {','.join(map(str, want))}")
+    needs = [k for k, bad in (("fc_layers", cfg.fc_layers == "taps_and_final"),
+                              ("noise.target", cfg.noise.target == "all_features" and cfg.noise.std > 0),
+                              ("loss.soft_kl_weight", cfg.loss.soft_kl_weight > 0)) if bad]
+    if needs and final is not None and final not in layers:
+        out.append(f"'{needs[0]}' needs the target's final layer {final} in {where} {cfg.data.features} (it holds "
+                   f"layers {layers}): extract --layers {','.join(map(str, want))}")
+    return out
 
 
 # ----------------------------------------------------------------------------- output

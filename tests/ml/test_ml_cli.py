@@ -278,3 +278,41 @@ def test_tiny_dirs_load_like_real_ones_and_evaluate(tiny, arch, tmp_path, capsys
     if arch == "qwen3_5_vlm":  # the campaign layout: composite config, text weights under language_model
         assert json.loads((target_dir / "config.json").read_text())["model_type"] == "qwen3_5"
         assert type(model).__name__ == "Qwen3_5ForCausalLM"
+
+
+def test_target_without_tokenizer_generates_to_max_new_tokens_and_eval_records_the_attention_rule(
+        tiny, tmp_path, capsys):
+    """No tokenizer files: no invented EOS (transformers 5 would make one with id 0), so greedy
+    decoding runs to --max-new-tokens although token 0 is what the target emits first. The
+    sliding drafter's resolved per-layer rule is in result.json (and its provenance) and the log."""
+    from core.ml.drafter import save_drafter
+    from core.ml.generate import greedy_generate
+    from core.ml.target import load_target, load_tokenizer, stop_token_ids
+
+    target = tiny.build_tiny_target("qwen3", seed=0, eos_token_id=None, pad_token_id=None)
+    prompt = tiny.fit_prompt(torch.Generator().manual_seed(5))
+    with torch.no_grad():  # the target's first greedy token becomes 0: an invented EOS 0 would stop at once
+        first = greedy_generate(target, prompt, 1).tokens[0]
+        head = target.get_output_embeddings().weight
+        head[0] = 2 * head[first]
+    assert greedy_generate(target, prompt, 1).tokens == [0]
+    target.save_pretrained(tmp_path / "target")
+    assert not list((tmp_path / "target").glob("tokenizer*")) and load_tokenizer(tmp_path / "target") is None
+    assert stop_token_ids(load_target(tmp_path / "target"), None) == []
+    cfg = tiny.tiny_drafter_config(target.config, block_size=4, num_layers=3, sliding_window=5)
+    save_drafter(tiny.build_tiny_drafter(cfg, seed=2), tmp_path / "drafter")
+    (tmp_path / "p.jsonl").write_text(json.dumps({"id": "a", "input_ids": prompt}) + "\n")
+    capsys.readouterr()
+    assert run_main(eval_mod.main, ["--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "drafter"),
+                                    "--prompts", str(tmp_path / "p.jsonl"), "--max-new-tokens", "12",
+                                    "--out", str(tmp_path / "r/result.json")]) == 0
+    _, err = lines(capsys)
+    result = json.loads((tmp_path / "r/result.json").read_text())
+    row = result["per_prompt"][0]
+    assert len(row["tokens"]) == 12 and row["tokens"][0] == 0 and not row["stopped"]
+    att = result["drafter"]["attention"]
+    assert att == result["provenance"]["drafter_attention"] and att["source"] == "layer_types"
+    assert [(x["type"], x["causal"], x["window"]) for x in att["layers"]] == [
+        ("sliding_attention", True, 5), ("sliding_attention", True, 5), ("full_attention", False, None)]
+    assert ("drafter attention: layers 0-1 sliding_attention: causal, window 5 from each query; "
+            "layer 2 full_attention: non-causal, full (causality from layer_types)") in err

@@ -194,10 +194,13 @@ def test_saved_drafter_reloads_to_identical_outputs(tmp_path, device, tiny):
 # ----------------------------------------------------------------------------- training == inference
 
 
-def _equivalence_case(tiny, device, sliding_window=None, causal_block=False, seed=0):
+# causality overrides (spec §4.3 precedence): none, all layers non-causal, all layers causal
+OVERRIDES = {"rule": {}, "is_causal=false": {"is_causal": False}, "dflash.causal=true": {"dflash_extra": {"causal": True}}}
+
+
+def _equivalence_case(tiny, device, sliding_window=None, override="rule", seed=0):
     tcfg = tiny.tiny_target_config()
-    cfg = tiny.tiny_drafter_config(tcfg, block_size=4, sliding_window=sliding_window,
-                                   sliding_window_causal_block=causal_block)
+    cfg = tiny.tiny_drafter_config(tcfg, block_size=4, sliding_window=sliding_window, **OVERRIDES[override])
     drafter = tiny.build_tiny_drafter(cfg, seed=seed).to(device)
     g = torch.Generator().manual_seed(seed)
     S, H = 24, cfg.hidden_size
@@ -217,9 +220,10 @@ def _inference_blocks(drafter, feats, anchors, block_emb):
 
 
 @pytest.mark.parametrize("impl", ["dense", "blockwise"])
-@pytest.mark.parametrize("sliding_window,causal_block", [(None, False), (5, False), (5, True)])
-def test_multi_anchor_training_logits_equal_inference_logits(tiny, device, sliding_window, causal_block, impl):
-    drafter, feats, anchors, block_emb = _equivalence_case(tiny, device, sliding_window, causal_block)
+@pytest.mark.parametrize("sliding_window,override", [(None, "rule"), (5, "rule"), (3, "rule"), (5, "is_causal=false"),
+                                                     (None, "dflash.causal=true"), (3, "dflash.causal=true")])
+def test_multi_anchor_training_logits_equal_inference_logits(tiny, device, sliding_window, override, impl):
+    drafter, feats, anchors, block_emb = _equivalence_case(tiny, device, sliding_window, override)
     head = torch.nn.Linear(64, 320, bias=False).to(device)
     torch.nn.init.normal_(head.weight, std=64**-0.5)  # logits of unit scale
     train = head(multi_anchor_forward(drafter, feats, block_emb, anchors, impl=impl))
@@ -276,9 +280,9 @@ def test_bfloat16_drafter_runs(tiny, device):
     assert out.dtype == torch.bfloat16 and out.device.type == device and torch.isfinite(out.float()).all()
 
 
-@pytest.mark.parametrize("sliding_window,causal_block", [(None, False), (5, True)])
-def test_blockwise_and_dense_training_gradients_agree(tiny, sliding_window, causal_block):
-    drafter, feats, anchors, block_emb = _equivalence_case(tiny, "cpu", sliding_window, causal_block)
+@pytest.mark.parametrize("sliding_window,override", [(None, "rule"), (3, "rule"), (5, "is_causal=false")])
+def test_blockwise_and_dense_training_gradients_agree(tiny, sliding_window, override):
+    drafter, feats, anchors, block_emb = _equivalence_case(tiny, "cpu", sliding_window, override)
     grads = {}
     for impl in ("dense", "blockwise"):
         drafter.zero_grad()

@@ -152,7 +152,8 @@ def add_tau_watch(store: Store, run_id: str = "train-v5-0101-02", *,
     for i, s in enumerate(steps):
         tau = round(2.4 + 1.3 * (1 - math.exp(-s / 400.0)), 3)
         metrics += [(s, "tau", tau), (s, "tau_pooled", round(tau + 0.05, 3)),
-                    (s, "tau_baseline", baseline)]
+                    (s, "tau_baseline", baseline), (s, "tau_ci95_lo", round(tau - 0.3, 3)),
+                    (s, "tau_ci95_hi", round(tau + 0.3, 3))]
         metrics += [(s, f"tau_acc[{k}]", round(0.9 - 0.15 * k + 0.05 * i, 3)) for k in range(3)]
         for r in eval_rows(run_id, item, "drafter",
                            [[round(tau) + d for d in (0, 1, -1, 0)]] * 2):
@@ -236,6 +237,15 @@ async def settle(pilot) -> None:
     await pilot.pause()
     await pilot.app.workers.wait_for_complete()
     await pilot.pause()
+
+
+async def pick(pilot, item_id: str) -> None:
+    """Settle, put the plan's cursor on ``item_id``, settle (its detail, log and curves in)."""
+    from console.widgets.plan_list import PlanPane
+
+    await settle(pilot)
+    pilot.app.query_one(PlanPane).select(item_id)
+    await settle(pilot)
 
 
 async def wait_for(messages: list, kind, pred=lambda m: True, *, timeout: float = 20.0,

@@ -58,7 +58,7 @@ async def test_run_item_and_watch_status_change(live_plan):
     async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
         await settle(pilot)
         assert app.selected == "hello"
-        await pilot.press("enter")
+        await pilot.press("r", "y")
         await settle(pilot)
         statuses = [x.status for x in of(seen, m.ItemStatusChanged, item_id="hello")]
         assert statuses == ["in_progress", "done"]
@@ -76,6 +76,36 @@ async def test_run_item_and_watch_status_change(live_plan):
         assert [r["label"] for r in app.query_one(MetricsPane).runs] == ["hello#1"]
 
 
+async def test_enter_inspects_and_never_runs(live_plan):
+    """Enter on a runnable item (pending or failed) shows its detail and starts nothing."""
+    plan, store = live_plan
+    seen: list = []
+    app = build(plan, store)
+    async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
+        await settle(pilot)
+        for item_id in ("hello", "broken"):
+            app.query_one(PlanPane).select(item_id)
+            await settle(pilot)
+            app.query_one("#plan-options").focus()
+            await pilot.press("enter")
+            await settle(pilot)
+            assert app.current == "detail" and app.query_one(ItemDetail).has_focus
+            assert app.query_one(ItemDetail).item_id == item_id
+            await pilot.press("escape")  # back to the plan
+            await settle(pilot)
+            assert app.current == "plan"
+        assert not store.runs_for_item("hello") and not of(seen, m.RunStarted)
+        store.claim_run("broken-0101-01", "broken", "shell", "here", owner="cli:1:1")
+        store.end_run("broken-0101-01", "failed", exit_code=3)
+        store.set_status("broken", "failed")
+        app.action_reload()
+        app.query_one(PlanPane).select("broken")
+        await settle(pilot)
+        await pilot.press("enter")  # a failed item: still only inspected
+        await settle(pilot)
+        assert len(store.runs_for_item("broken")) == 1 and not of(seen, m.RunStarted)
+
+
 async def test_run_again_after_failure(live_plan):
     plan, store = live_plan
     seen: list = []
@@ -84,21 +114,30 @@ async def test_run_again_after_failure(live_plan):
         await settle(pilot)
         app.query_one(PlanPane).select("broken")
         await settle(pilot)
-        await pilot.press("enter")
+        await pilot.press("r")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmModal)
+        assert app.screen.title_text == "Run broken (attempt 1)?"
+        await pilot.press("y")
         await settle(pilot)
         assert app.statuses["broken"] == "failed"
         assert of(seen, m.RunEnded, item_id="broken")[0].exit_code == 3
-        await pilot.press("enter")  # a failed item runs again as a new attempt
+        await pilot.press("r")  # a failed item runs again as a new attempt, asked first
+        await pilot.pause()
+        assert app.screen.title_text == "Run broken again (attempt 2)?"
+        assert "its last attempt failed" in app.screen.body
+        await pilot.press("y")
         await settle(pilot)
         assert [r["attempt"] for r in store.runs_for_item("broken")] == [1, 2]
         assert app.query_one(ItemDetail).runs[-1]["attempt"] == 2
-        # a done item asks before running again
+        # a done item asks too, and cancelling starts nothing
         app.query_one(PlanPane).select("hello")
-        await pilot.press("enter")
+        await pilot.press("r", "y")
         await settle(pilot)
-        await pilot.press("enter")
+        await pilot.press("r")
         await pilot.pause()
-        assert isinstance(app.screen, ConfirmModal) and "Run it again" in app.screen.body
+        assert isinstance(app.screen, ConfirmModal) and "attempt 2" in app.screen.title_text
+        assert "it is done" in app.screen.body
         await pilot.press("n")
         await settle(pilot)
         assert len(store.runs_for_item("hello")) == 1
@@ -112,7 +151,7 @@ async def test_stop_a_live_run_through_the_confirmation(live_plan):
         await settle(pilot)
         app.query_one(PlanPane).select("slow")
         await settle(pilot)
-        await pilot.press("enter")
+        await pilot.press("r", "y")
         started = await wait_for(seen, m.RunStarted, lambda x: x.item_id == "slow", pilot=pilot)
         await wait_for(seen, m.LogLinesArrived, lambda x: x.run_id == started.run_id,
                        pilot=pilot)
@@ -170,9 +209,11 @@ async def test_mark_manual_done_and_skip(live_plan):
         pane = app.query_one(PlanPane)
         pane.select("tick")
         await settle(pilot)
-        await pilot.press("enter")  # a manual item is not run
+        await pilot.press("enter")  # a manual item is not run (nor is any item on enter)
+        await pilot.press("r")
         await settle(pilot)
-        assert not store.runs_for_item("tick")
+        assert not store.runs_for_item("tick") and not isinstance(app.screen, ConfirmModal)
+        app.query_one("#plan-options").focus()
         await pilot.press("d")
         await settle(pilot)
         assert of(seen, PlanPane.MarkRequested)[-1].status == "done"
@@ -314,7 +355,7 @@ async def test_recovery_tells_what_happened_meanwhile(live_plan):
         assert title == "While the console was closed: 1 failed, 1 succeeded"
         assert "broken: run broken-0101-01 running → failed" in text and "hello" in text
         assert app.statuses["broken"] == "failed"
-        await pilot.press("j")
+        await pilot.press("e")
         await settle(pilot)
         assert isinstance(app.screen, JournalScreen)
         assert any("broken-0101-01" in x for x in app.screen.meanwhile)
@@ -336,7 +377,7 @@ async def test_quit_never_stops_runs_and_says_which_keep_going(live_plan):
     async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
         await settle(pilot)
         app.query_one(PlanPane).select("slow")
-        await pilot.press("enter")
+        await pilot.press("r", "y")
         started = await wait_for(seen, m.RunStarted, lambda x: x.item_id == "slow", pilot=pilot)
         await pilot.press("q")
         await pilot.pause()
@@ -445,3 +486,23 @@ def test_tau_chart_helpers():
         "loss", "tau", "tau_acc", "lr"]
     runs[1]["series"]["tau_baseline"] = [(5, 2.9)]
     assert baselines(runs) == [("baseline a#1", 3.1), ("baseline a#2", 2.9)]
+
+
+async def test_tau_pane_shows_intervals_and_verdicts(campaign):
+    """Σ macro rows carry the interval and, for drafters, the verdict against the baseline;
+    the line under the title says the cursor row drafter's verdict in words."""
+    plan, store = campaign
+    app = build(plan, store)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        tau = app.query_one(TauPane)
+        macro = {r.drafter: r for r in tau.ordered_rows if r.prompt == "Σ macro"}
+        o = tau.comparison.overall_of("v5")
+        assert macro["v5"].ci == o.macro_ci95 and macro["v5"].verdict == o.verdict
+        assert macro["z-lab-b8"].verdict is None and macro["z-lab-b8"].ci is not None
+        table = tau.query_one("#tau-table")
+        table.focus()
+        table.move_cursor(row=tau.ordered_rows.index(macro["v5"]), animate=False)
+        await settle(pilot)
+        line = str(tau.query_one("#tau-verdict").render())
+        assert line == o.verdict_text and "v5" in line and "95 % CI" in line

@@ -105,7 +105,7 @@ async def test_flood_through_a_real_run_is_batched(live_plan):
     async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
         await settle(pilot)
         app.query_one(PlanPane).select("hello")
-        await pilot.press("enter")
+        await pilot.press("r", "y")
         await settle(pilot)
         batches = [x for x in seen if isinstance(x, m.LogLinesArrived)]
         assert sum(len(x.lines) + x.dropped for x in batches) == 20000
@@ -123,6 +123,9 @@ async def test_selecting_a_streaming_run_shows_each_line_once(campaign):
     rid = add_run(store, "cleanup", 1, "running", "gpu1", start=T0, seconds=0, log=log)
     app = build(plan, store, reconcile=False)
     async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        assert app.selected == "cleanup"  # reopened on the live run
+        app.query_one(PlanPane).select("venv")
         await settle(pilot)
         app.bridge(ev.LogLinesReceived("cleanup", rid, ["line 9", "line 10"]))  # in flight
         app.query_one(PlanPane).select("cleanup")

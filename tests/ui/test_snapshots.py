@@ -1,4 +1,5 @@
-"""SVG snapshots of the console at 120x40 (pytest-textual-snapshot).
+"""SVG snapshots of the console (pytest-textual-snapshot): the main screen at 80x24, 120x40
+and 200x60, zoomed panes, modals.
 
 The campaign state has fixed run ids and times and the clock is UTC, so a rendering depends
 on nothing but the code: no clock, no tmp path (hosts show by name), no GPU sampling.
@@ -7,6 +8,8 @@ at the SVGs.
 """
 
 from __future__ import annotations
+
+import pytest
 
 from console.widgets.plan_list import PlanPane
 from tests.ui.conftest import add_run, add_tau_watch, build, settle, T0
@@ -25,11 +28,38 @@ def select(item_id: str, *keys: str):
     return run_before
 
 
-def test_main_screen(snap_compare, campaign, utc):
-    """Plan, the selected training item with its log, its two attempts' loss curves, and the
-    tau table with a flagged drafter (block size 16 against a block-8 baseline)."""
+@pytest.mark.parametrize("size", [(80, 24), (120, 40), (200, 60)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_main_screen(snap_compare, campaign, utc, size):
+    """Plan, the selected training item with its log (JSON records wrapped), its two
+    attempts' loss curves, and the tau table with a flagged drafter (block size 16 against a
+    block-8 baseline). At 80x24 the plan and the log share the screen (tabs name the other
+    panes) and the log shows at least 8 lines; wider, every pane is on screen."""
     plan, store = campaign
-    assert snap_compare(build(plan, store), terminal_size=SIZE, run_before=select("train-v5"))
+    assert snap_compare(build(plan, store), terminal_size=size, run_before=select("train-v5"))
+
+
+def test_zoomed_curves(snap_compare, campaign, utc):
+    """z on the curves at 120x40: the chart fills the screen (EMA 0.6 on, legend below the
+    tabs)."""
+    plan, store = campaign
+    assert snap_compare(build(plan, store), terminal_size=SIZE,
+                        run_before=select("train-v5", "3", "s", "z"))
+
+
+def test_zoomed_tau_table(snap_compare, campaign, utc):
+    """z on the tau table at 120x40: every row, and the per-position acceptance of the
+    cursor row's drafter (v5) and its baseline as bars with values."""
+    plan, store = campaign
+    assert snap_compare(build(plan, store), terminal_size=SIZE,
+                        run_before=select("train-v5", "4", "j", "j", "z"))
+
+
+def test_run_confirmation(snap_compare, campaign, utc):
+    """r on a done item: the confirmation names kind, host, launcher, resources, command and
+    the attempt it will be."""
+    plan, store = campaign
+    assert snap_compare(build(plan, store), terminal_size=SIZE,
+                        run_before=select("train-v5", "r"))
 
 
 def test_accuracy_curves_and_sorted_tau(snap_compare, campaign, utc):

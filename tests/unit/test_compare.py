@@ -140,7 +140,8 @@ def test_renderers():
     c = build_comparison(BASE + OURS + [row("ours", "p1", [5], [1, 1, 1, 1, 0, 0, 0],
                                             settings={**S, "block_size": 8})])
     data = json.loads(to_json(c))
-    assert data["compared_settings"] == ["mode", "block_size", "tree_budget", "target", "prompts"]
+    assert data["compared_settings"] == ["mode", "block_size", "tree_budget", "target", "prompts",
+                                        "dtype"]
     ours = [o for o in data["overall"] if o["drafter"] == "ours"][0]
     assert ours["pooled"] == pytest.approx(2.75) and ours["pct_pooled"] == pytest.approx(137.5)
 
@@ -168,3 +169,112 @@ def test_drafter_and_baseline_with_one_label_stay_apart():
     assert [d.label for d in c.drafters] == ["same (baseline)", "same"]
     assert c.drafter("same").baseline == "same (baseline)"
     assert c.cell("p1", "same").delta == 1.0
+
+
+# -- uncertainty, paired verdicts, pairs, pivot ------------------------------------------
+def _campaign(n_prompts=16, lift=1, seed=3):
+    """Baseline, v4 and v5 on ``n_prompts`` prompts; v5's rounds are v4's plus ``lift`` on
+    most rounds (a real difference), v4 and baseline differ only by noise."""
+    import random
+
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n_prompts):
+        p = f"q{i:02d}"
+        easy = rng.randint(1, 3)
+        base = [min(4, easy + rng.randint(0, 1)) for _ in range(12)]
+        v4 = [min(4, easy + rng.randint(0, 1)) for _ in range(12)]
+        v5 = [min(5, x + (lift if rng.random() < 0.8 else 0)) for x in v4]
+        rows += [row("base", p, base, [0.5, 0.3, 0.1], role="baseline", run="rb"),
+                 row("v4", p, v4, [0.5, 0.3, 0.1], run="r4"),
+                 row("v5", p, v5, [0.7, 0.5, 0.3], run="r5")]
+        rows.append(row("v5 ddtree-8", p, [x + 1 for x in v5], [0.8, 0.6, 0.4], run="r5",
+                        settings={**S, "method": "ddtree", "tree_budget": 8}))
+        rows.append(row("v4 ddtree-8", p, [x + 1 for x in v4], [0.6, 0.4, 0.2], run="r4",
+                        settings={**S, "method": "ddtree", "tree_budget": 8}))
+    return rows
+
+
+def test_overall_has_intervals_rounds_and_a_verdict_against_the_baseline():
+    c = build_comparison(_campaign())
+    v5, v4, base = c.overall_of("v5"), c.overall_of("v4"), c.overall_of("base")
+    for o in (v5, v4, base):
+        lo, hi = o.macro_ci95
+        assert lo < o.macro < hi and o.pooled_ci95[0] < o.pooled < o.pooled_ci95[1]
+        assert o.rounds == 16 * 12
+    assert v5.verdict == "better" and v5.delta_macro_ci95[0] > 0 and v5.p_value < 0.05
+    assert v5.verdict_text.startswith("v5 is better than base (+")
+    assert v4.verdict == "no_detectable_difference" and "prompts would detect +0.1" in \
+        v4.verdict_text
+    assert base.verdict is None and base.p_value is None
+    assert v5.test.startswith("sign-flip permutation")
+    # seeded: built again, the same intervals; another seed, other intervals
+    assert build_comparison(_campaign()).overall_of("v5") == v5
+    assert build_comparison(_campaign(), seed=1).overall_of("v5").macro_ci95 != v5.macro_ci95
+
+
+def test_pair_with_its_ddtree_sibling_and_in_json():
+    c = build_comparison(_campaign(), [("v5", "v4")])
+    assert [(p.a, p.b) for p in c.pairs] == [("v5", "v4"), ("v5 ddtree-8", "v4 ddtree-8")]
+    p = c.pairs[0]
+    assert p.verdict == "better" and p.prompts == 16 and p.mismatch == ()
+    assert p.delta_macro == pytest.approx(p.macro - p.b_macro)
+    assert p.verdict_text.startswith("v5 is better than v4 (+") and "16 prompts" in p.verdict_text
+    data = json.loads(to_json(c))
+    keys = {"macro_ci95", "pooled_ci95", "rounds", "delta_macro_ci95", "p_value", "test",
+            "verdict", "verdict_text"}
+    assert keys <= set(data["pairs"][0]) and {"a", "b"} <= set(data["pairs"][0])
+    v5 = [o for o in data["overall"] if o["drafter"] == "v5"][0]
+    assert keys <= set(v5) and v5["verdict"] == "better" and len(v5["macro_ci95"]) == 2
+    reversed_ = build_comparison(_campaign(), [("v4", "v5")]).pairs[0]
+    assert reversed_.verdict == "worse" and reversed_.verdict_text.startswith("v4 is worse than v5")
+
+
+def test_pair_of_different_settings_is_flagged_and_unknown_label_refused():
+    from core.errors import InvalidInput
+
+    rows = _campaign(8) + [row("v6", f"q{i:02d}", [3, 3], [1, 1, 0],
+                               settings={**S, "block_size": 8, "dtype": "bfloat16"})
+                           for i in range(8)]
+    p = build_comparison(rows, [("v6", "v5")]).pairs[0]
+    assert p.mismatch == ("block_size", "dtype")
+    assert p.mismatch_values == {"block_size": [8, 4], "dtype": ["bfloat16", None]}
+    assert p.verdict_text.startswith("⚠ settings differ (block_size 8≠4, dtype bfloat16≠None)")
+    with pytest.raises(InvalidInput, match="no drafter 'v9'"):
+        build_comparison(rows, [("v5", "v9")])
+
+
+def test_few_prompts_are_never_a_verdict():
+    c = build_comparison(_campaign(n_prompts=3))
+    o = c.overall_of("v5")
+    assert o.verdict == "no_detectable_difference" and o.p_value >= 0.25
+    assert f"about {o.prompts_needed} prompts would detect +0.1" in o.verdict_text
+
+
+def test_pivot_csv_and_chart():
+    c = build_comparison(_campaign(4), [("v5", "v4")])
+    pivot = to_markdown(c, pivot=True)
+    head = pivot.splitlines()[0]
+    # the DDTree rows have no DDTree baseline here: compared with the chain one, flagged
+    assert head == ("| prompt | base | v4 | Δ | v4 ddtree-8 ⚠ | Δ | v5 | Δ | v5 ddtree-8 ⚠ | Δ |")
+    q0 = [ln for ln in pivot.splitlines() if ln.startswith("| q00 |")][0].split(" | ")
+    cell = c.cell("q00", "v5")
+    assert q0[6] == f"{cell.tau:.3f}" and q0[7] == f"{cell.delta:+.3f}"
+    assert "| 95 % CI |" in pivot and "| verdict | baseline |" in pivot
+    assert "Verdicts:" in pivot and c.pairs[0].verdict_text in pivot
+    assert "p_k: acceptance rate at draft position k" in pivot
+    assert "v5 ddtree-8 │" in pivot  # one bar block per drafter
+    table = list(csv.DictReader(io.StringIO(to_csv(c))))
+    macro = [r for r in table if r["scope"] == "macro" and r["drafter"] == "v5"][0]
+    o = c.overall_of("v5")
+    assert float(macro["ci95_lo"]) == pytest.approx(o.macro_ci95[0], abs=1e-4)
+    assert macro["verdict"] == o.verdict and macro["against"] == "base"
+    pair = [r for r in table if r["scope"] == "pair"][0]
+    assert (pair["drafter"], pair["against"]) == ("v5", "v4")
+
+
+def test_per_position_from_rounds_when_rows_have_none():
+    # block 4; rounds [1, 2, 4]: p1 = 2/3 (t > 1), p2 = 1/3, p3 = 1/3
+    c = build_comparison([row("d", "p", [1, 2, 4], None)])
+    assert c.per_position["d"] == pytest.approx((2 / 3, 1 / 3, 1 / 3))
+    assert 1 + sum(c.per_position["d"]) == pytest.approx(c.overall_of("d").pooled)

@@ -74,7 +74,8 @@ def test_valid_plan_summary(cli):
 def test_vars_are_quoted_in_shell_fields_only():
     plan = load_plan(PLANS / "valid_local.yaml")
     cmd = plan.item("first").action.params.command
-    assert cmd == "echo 'it'\"'\"'s fine; really'"
+    # shell text references the value in the environment (core.shellvars), never splices it
+    assert cmd == 'echo "${SPECDECK_VAR_msg}"', cmd
     text = """
 name: q
 hosts: {h: {local: true, workdir: /tmp}}

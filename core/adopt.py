@@ -1,0 +1,615 @@
+"""Adopting runs specdeck did not start: a PID (nohup torchrun), a Slurm job, a tmux session.
+
+An operator who joins a campaign mid-way has runs started by hand. ``specdeck adopt PLAN
+ITEM --pid PID --log PATH`` (or ``--slurm-job ID`` / ``--tmux SESSION``), an item's
+``adopt:`` field in the plan, or the console's item pane makes such a run one of the item's
+runs, and from then on it is like any other:
+
+* **log**: followed into the store exactly once from the adoption point (the start of the
+  line being written when it was adopted; the file's start with ``--from-start``), across
+  disconnects and restarts: the store keeps ``log_base``, the byte of the file where its
+  copy starts (:func:`core.jobs.follow` reads from ``log_base + offset``). Without a log
+  path: the PID's stdout when it is a file, the Slurm job's ``StdOut``, or (tmux) the pane's
+  output from now on, piped into the adoption's capsule with ``tmux pipe-pane``.
+* **end**: a PID is running while ``/proc/PID`` has the start time (and boot id) seen at
+  adoption, so a recycled PID is never taken for it; its exit status is unknown to anyone
+  but its parent, so its end is recorded as ``lost`` *saying so*, never as an invented
+  exit code. A Slurm job's state and exit code come from ``squeue`` / ``scontrol`` /
+  ``sacct`` (``sacct -c`` reads the jobcomp file where there is no slurmdbd). A tmux
+  session's panes are kept on exit (``remain-on-exit``), so a dead pane tells its status.
+* **stop**: the PID's process group (when it leads it or its leader is gone) and every
+  descendant get SIGTERM, the grace, then SIGKILL; a Slurm job is ``scancel``-ed; a tmux
+  session's pane processes are ended the same way and the session killed.
+
+The runner sees an adopted run through :class:`Adopted`, which wraps the item's action
+(so a train item keeps its metrics, checkpoint events and ``watch_eval``) and replaces how
+the run is inspected, followed and stopped.
+
+**Never twice.** An item whose status is ``in_progress`` with no run specdeck knows (it was
+started outside specdeck) is never launched: :func:`unadopted` says why and which ``adopt``
+command to use, and a ``stop`` item aimed at it has nothing to stop until it is adopted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import posixpath
+import secrets
+import shlex
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable
+
+from core import jobs
+from core.errors import ActionFailed, InvalidInput
+
+if TYPE_CHECKING:
+    from core.plan import Item
+    from core.runner import Runner
+
+HOWS = ("pid", "slurm", "tmux")
+_BOOT = "$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo noboot)"
+UNKNOWN_EXIT = ("the adopted run ended; its exit status is unknown (specdeck did not start "
+                "it, so nothing recorded how it ended)")
+
+
+@dataclass(frozen=True)
+class AdoptSpec:
+    """Where an item's run already is: exactly one of pid / pid_file / slurm_job / tmux."""
+
+    pid: int | None = None
+    pid_file: str | None = None
+    slurm_job: str | None = None
+    tmux: str | None = None
+    log: str | None = None
+    from_start: bool = False
+
+    @property
+    def how(self) -> str:
+        if self.pid is not None or self.pid_file is not None:
+            return "pid"
+        return "slurm" if self.slurm_job is not None else "tmux"
+
+
+PLAN_KEYS = ("pid_file", "log", "slurm_job", "tmux", "from_start")
+
+
+def parse_spec(raw: Any) -> tuple[AdoptSpec | None, list[tuple[tuple, str]]]:
+    """A plan item's ``adopt:`` mapping (``${vars}`` already replaced) -> spec, problems."""
+    if not isinstance(raw, dict):
+        return None, [((), "adopt must be a mapping: {pid_file, log} or {slurm_job} or {tmux}")]
+    problems: list[tuple[tuple, str]] = []
+    for k in raw:
+        if k not in PLAN_KEYS:
+            problems.append(((k,), f"unknown key {k!r} (known: {', '.join(PLAN_KEYS)})"))
+    given = [k for k in ("pid_file", "slurm_job", "tmux") if raw.get(k) is not None]
+    if len(given) != 1:
+        problems.append(((), "give exactly one of pid_file (with log), slurm_job or tmux"))
+    for k in ("pid_file", "log", "tmux"):
+        if raw.get(k) is not None and (not isinstance(raw[k], str) or not raw[k].strip()):
+            problems.append(((k,), f"{k} must be a non-empty string"))
+    job = raw.get("slurm_job")
+    if job is not None and not str(job).strip().isdigit():
+        problems.append((("slurm_job",), f"slurm_job must be a job id (digits), got {job!r}"))
+    if raw.get("from_start") not in (None, True, False):
+        problems.append((("from_start",), "from_start must be true or false"))
+    if problems:
+        return None, problems
+    return AdoptSpec(pid_file=raw.get("pid_file"), slurm_job=str(job) if job is not None else None,
+                     tmux=raw.get("tmux"), log=raw.get("log"),
+                     from_start=bool(raw.get("from_start"))), []
+
+
+def spec_from_text(what: str, log: str = "", from_start: bool = False) -> AdoptSpec:
+    """``pid 123`` / ``123`` / ``slurm 456`` / ``tmux NAME`` (as typed in the console)."""
+    words = what.split()
+    log = log.strip() or None
+    if len(words) == 1 and words[0].isdigit():
+        words = ["pid", words[0]]
+    if len(words) == 2 and words[0] == "pid" and words[1].isdigit():
+        return AdoptSpec(pid=int(words[1]), log=log, from_start=from_start)
+    if len(words) == 2 and words[0] == "slurm" and words[1].isdigit():
+        return AdoptSpec(slurm_job=words[1], log=log, from_start=from_start)
+    if len(words) == 2 and words[0] == "tmux":
+        return AdoptSpec(tmux=words[1], log=log, from_start=from_start)
+    raise ValueError(f"{what.strip() or 'nothing'!r}: say pid 12345, slurm 678 or tmux SESSION")
+
+
+# -- never twice -------------------------------------------------------------------------
+def adopt_hint(plan, item_id: str) -> str:
+    where = str(plan.path) if plan.path else plan.name
+    return (f"`specdeck adopt {shlex.quote(where)} {item_id} --pid PID --log PATH` (or "
+            f"--slurm-job ID / --tmux SESSION), or `specdeck mark {shlex.quote(where)} "
+            f"{item_id} pending` if nothing runs")
+
+
+def unadopted(runner: "Runner", item: "Item") -> str | None:
+    """Why ``item`` must not be launched now (a run started outside specdeck), or None."""
+    st = runner.statuses()
+    if st.get(item.id) == "in_progress" and getattr(item, "adopt", None) is None \
+            and runner.store.live_run(item.id) is None:
+        return (f"{item.id}: in_progress with no run specdeck knows (started outside "
+                f"specdeck?): not launched again; adopt it: {adopt_hint(runner.plan, item.id)}")
+    if item.action is not None and item.action.kind == "stop" and item.action.params is not None:
+        target = runner.plan.item(item.action.params.item)
+        if st.get(target.id) == "in_progress" and runner.store.live_run(target.id) is None:
+            return (f"{item.id}: nothing to stop until {target.id} is adopted (in_progress "
+                    f"with no run specdeck knows): {adopt_hint(runner.plan, target.id)}")
+    return None
+
+
+def from_plan(runner: "Runner", item: "Item") -> bool:
+    """Adopt the run the item's ``adopt:`` names (instead of launching one): while it is
+    in_progress, or before specdeck has run it at all; a rerun after its end launches."""
+    return getattr(item, "adopt", None) is not None and (
+        runner.statuses()[item.id] == "in_progress" or not runner.store.runs_for_item(item.id))
+
+
+def adopting(item: "Item", running: Iterable["Item"]) -> bool:
+    """``item`` stops an item that is being adopted from its plan's ``adopt:`` right now."""
+    if item.action is None or item.action.kind != "stop" or item.action.params is None:
+        return False
+    return any(r.id == item.action.params.item and r.adopt is not None for r in running)
+
+
+# -- probing what is adopted -------------------------------------------------------------
+async def _log_start(host, path: str, *, must_exist: bool, from_start: bool) -> int:
+    """The byte of ``path`` the stored log starts at: 0, or the start of the line now written."""
+    q = shlex.quote(path)
+    res = await host.run(f"f={q}; if [ ! -e \"$f\" ]; then echo missing; "
+                         f"elif [ ! -f \"$f\" ]; then echo notfile; "
+                         f"elif [ ! -r \"$f\" ]; then echo unreadable; "
+                         f"else echo \"ok $(stat -c %s \"$f\")\"; fi")
+    words = res.stdout.split()
+    what = words[0] if words else "missing"
+    if what != "ok":
+        if what == "missing" and not must_exist:
+            return 0
+        why = {"missing": "no such file", "notfile": "not a regular file",
+               "unreadable": "not readable by the host's user"}[what]
+        raise InvalidInput(f"log {path} on {host.name}: {why}",
+                           hint="give the file the run writes its output to (--log PATH)")
+    size = int(words[1])
+    if from_start or size == 0:
+        return 0
+    back = min(size, 1 << 16)
+    tail = await host.read_from(path, size - back, back)
+    nl = tail.rfind(b"\n")
+    if nl < 0:
+        return size - back if back < size else 0
+    return size - back + nl + 1
+
+
+def _ancestry() -> set[int]:
+    """This specdeck process and its ancestors (never adopted, never signalled)."""
+    out, pid = set(), os.getpid()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return out
+
+
+def _is_specdeck(cmdline: str) -> bool:
+    words = cmdline.split()
+    if ".specdeck/runs/" in cmdline:
+        return True
+    heads = [posixpath.basename(w) for w in words[:2]]
+    return "specdeck" in heads or any(words[i:i + 2] in (["-m", "core"], ["-m", "console"])
+                                      for i in range(min(len(words), 3)))
+
+
+async def _probe_pid(runner, host, spec: AdoptSpec, log: str | None) -> dict:
+    pid = spec.pid
+    if pid is None:
+        path = host.path(spec.pid_file)
+        raw = (await host.read_from(path, 0, 64)).decode("utf-8", "replace").strip()
+        if not raw.isdigit():
+            raise InvalidInput(f"pid_file {path} on {host.name}: "
+                               + ("no such file or empty" if not raw else f"not a PID: {raw[:20]!r}"),
+                               hint="point pid_file at the file the launch wrote $! into")
+        pid = int(raw)
+    if pid <= 1:
+        raise InvalidInput(f"pid {pid}: not a process that can be adopted")
+    res = await host.run(
+        f"p={pid}; st=$(sed 's/.*) //' /proc/$p/stat 2>/dev/null) || {{ echo gone; exit 0; }}; "
+        f"case \"$st\" in Z*) echo gone; exit 0;; esac; "
+        f"echo \"ok $(awk '/^Uid:/{{print $2; exit}}' /proc/$p/status) $(id -u) {_BOOT} "
+        f"$(echo \"$st\" | cut -d' ' -f3) $(echo \"$st\" | cut -d' ' -f20)\"; "
+        f"readlink /proc/$p/fd/1 2>/dev/null || echo; "
+        f"tr '\\0' ' ' </proc/$p/cmdline 2>/dev/null | head -c 400; echo")
+    lines = res.stdout.split("\n")
+    head = lines[0].split()
+    if not head or head[0] != "ok" or len(head) < 6:
+        raise InvalidInput(f"pid {pid} on {host.name}: no such process",
+                           hint="`ps -ef` on the host lists its processes")
+    _, uid, me, boot, pgid, pstart = head[:6]
+    stdout_target = lines[1].strip() if len(lines) > 1 else ""
+    cmdline = lines[2].strip() if len(lines) > 2 else ""
+    if uid != me:
+        raise InvalidInput(f"pid {pid} on {host.name} belongs to another user (uid {uid}, "
+                           f"the host's user is uid {me}): specdeck could not stop it")
+    if _is_local(host) and pid in _ancestry() or _is_specdeck(cmdline):
+        raise InvalidInput(f"pid {pid} on {host.name} is specdeck's own ({cmdline[:80]!r}), "
+                           "not a run to adopt")
+    for r in runner.store.live_runs():
+        if r["host"] == host.name and r["pid"] == pid:
+            raise InvalidInput(f"pid {pid} on {host.name} is run {r['id']} of item "
+                               f"{r['item_id']!r}, which specdeck already follows",
+                               hint=f"`specdeck attach PLAN {r['item_id']}`")
+    if log is None:
+        if stdout_target.startswith("/") and not stdout_target.startswith(("/dev/", "/proc/")) \
+                and not stdout_target.endswith(" (deleted)"):
+            log = stdout_target
+        else:
+            raise InvalidInput(f"pid {pid} on {host.name} writes its output to "
+                               f"{stdout_target or 'nothing'!r}, not a file",
+                               hint="give its log file with --log PATH")
+    base = await _log_start(host, log, must_exist=True, from_start=spec.from_start)
+    return {"how": "pid", "pid": pid, "pstart": pstart, "boot": boot, "pgid": int(pgid),
+            "log": log, "base": base, "what": f"pid {pid}", "cmdline": cmdline[:200]}
+
+
+async def _probe_slurm(runner, host, spec: AdoptSpec, log: str | None) -> dict:
+    job = spec.slurm_job
+    if not job or not job.isdigit():
+        raise InvalidInput(f"Slurm job id {job!r}: a job id is digits")
+    res = await host.run(f"scontrol -o show job {shlex.quote(job)}")
+    if res.exit_status == 127:
+        raise InvalidInput(f"{host.name} has no scontrol: is it the cluster's login node?",
+                           hint="--host names the plan host Slurm answers on")
+    fields = dict(w.split("=", 1) for w in res.stdout.split() if "=" in w) if res.ok else {}
+    if not fields.get("JobState"):
+        acct = await host.run(f"sacct -n -P -X -j {shlex.quote(job)} -o State 2>/dev/null; "
+                              f"sacct -c -n -P -j {shlex.quote(job)} -o State 2>/dev/null")
+        if not acct.stdout.strip():
+            raise InvalidInput(f"Slurm job {job} on {host.name}: unknown to scontrol and sacct",
+                               hint="`squeue -u $USER` lists your jobs")
+    if log is None:
+        log = fields.get("StdOut")
+        if not log or "%" in log:
+            raise InvalidInput(f"Slurm job {job} on {host.name}: its output file is not known "
+                               f"({log or 'scontrol has no StdOut'})",
+                               hint="give it with --log PATH")
+        must = False
+    else:
+        must = True
+    base = await _log_start(host, log, must_exist=must, from_start=spec.from_start)
+    return {"how": "slurm", "job": job, "log": log, "base": base,
+            "what": f"Slurm job {job} ({fields.get('JobName', '?')}, {fields.get('JobState', 'ended')})"}
+
+
+async def _tmux(host, *args: str):
+    return await host.run(["tmux", *args])
+
+
+async def _probe_tmux(runner, host, spec: AdoptSpec, log: str | None) -> dict:
+    s = spec.tmux
+    res = await _tmux(host, "list-panes", "-s", "-t", f"={s}", "-F", "#{pane_pid} #{pane_dead}")
+    if not res.ok:
+        raise InvalidInput(f"tmux session {s!r} on {host.name}: no such session",
+                           hint="`tmux ls` on the host lists its sessions")
+    panes = [ln.split() for ln in res.stdout.splitlines() if ln.strip()]
+    if log is not None:
+        base = await _log_start(host, log, must_exist=True, from_start=spec.from_start)
+    else:
+        base = 0
+    return {"how": "tmux", "session": s, "log": log, "base": base,
+            "pane_pid": int(panes[0][0]) if panes else None, "what": f"tmux session {s}"}
+
+
+async def probe(runner, host, spec: AdoptSpec) -> dict:
+    """Check what ``spec`` names exists and may be adopted; raises InvalidInput otherwise."""
+    log = None
+    if spec.log is not None:
+        log = spec.log if spec.log.startswith("/") else host.path(spec.log)
+    return await {"pid": _probe_pid, "slurm": _probe_slurm, "tmux": _probe_tmux}[spec.how](
+        runner, host, spec, log)
+
+
+# -- adopting ----------------------------------------------------------------------------
+async def adopt_item(runner: "Runner", item: "Item", spec: AdoptSpec, *,
+                     host_name: str | None = None, follow: bool = True) -> str:
+    """Make what ``spec`` names the item's live run; follow it (``follow``) until it ends.
+
+    Bad input (nothing there, another user's, specdeck's own, a missing log) raises
+    :class:`InvalidInput` before anything is recorded. Returns the item's status.
+    """
+    from core.events import Notice, RunStarted
+
+    action = runner.action(item)
+    if action is None or not action.detached:
+        raise InvalidInput(f"item {item.id!r} is "
+                           + ("manual" if action is None else f"{item.action.kind}, run inside specdeck")
+                           + ": only an item with a detached action (shell, train, eval...) "
+                           "can adopt a run")
+    host_name = host_name or item.action.host
+    if host_name not in runner.plan.hosts:
+        raise InvalidInput(f"plan {runner.plan.name!r} has no host {host_name!r} "
+                           f"(hosts: {', '.join(runner.plan.hosts)})")
+    live = runner.store.live_run(item.id)
+    if live is not None:
+        raise InvalidInput(f"item {item.id!r} already has live run {live['id']} on "
+                           f"{live['host']}", hint="stop it first, or `specdeck attach`")
+    host = await runner.host(host_name)
+    info = await probe(runner, host, spec)
+    run_id = f"{item.id}-{time.strftime('%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    capsule = jobs.capsule_path(host, run_id)
+    await host.makedirs(capsule)
+    if info["how"] == "tmux":
+        await _tmux_keep(host, info, capsule)
+    await host.write_file(f"{capsule}/adopted.json", json.dumps(info, indent=1).encode())
+    run = runner.store.claim_run(run_id, item.id, item.action.kind, host_name,
+                                 owner=runner.owner, launcher=f"adopt:{info['how']}")
+    if run is None:
+        raise InvalidInput(f"item {item.id!r} got a live run meanwhile (another specdeck)")
+    runner.store.update_run(run_id, state="running", pid=info.get("pid") or info.get("pane_pid"),
+                            pstart=info.get("pstart"), capsule=capsule, job_id=info.get("job"),
+                            adopt=json.dumps(info), log_base=info["base"])
+    runner.store.journal("adopted", f"adopted {info['what']} as {run_id}", item_id=item.id,
+                         run_id=run_id, host=host_name, data=info)
+    where = f"{info['log']} from byte {info['base']}" if info["log"] else "the pane, from now on"
+    runner._set_status(item.id, "in_progress", f"adopted {info['what']} as run {run_id}", run_id)
+    runner.emit(Notice(item.id, f"{item.id}: adopted {info['what']} on {host_name} as run "
+                       f"{run_id}; log: {where}"))
+    if not follow:
+        runner.emit(RunStarted(item.id, run_id, host_name, info.get("pid"), attached=True))
+        return runner.statuses()[item.id]
+    return await runner.attach_run(runner.store.run(run_id))
+
+
+async def _tmux_keep(host, info: dict, capsule: str) -> None:
+    """Keep the session's panes on exit (their status is the run's end); without a log
+    file, pipe the first pane's output into the capsule's log from now on."""
+    s = info["session"]
+    res = await _tmux(host, "list-windows", "-t", f"={s}", "-F", "#{window_id}")
+    for wid in res.stdout.split():
+        await _tmux(host, "set-option", "-w", "-t", wid, "remain-on-exit", "on")
+    if info["log"] is None:
+        info["log"] = f"{capsule}/log"
+        await host.write_file(info["log"], b"")
+        await _tmux(host, "pipe-pane", "-o", "-t", f"={s}:",
+                    f"cat >> {shlex.quote(info['log'])}")
+
+
+# -- what the runner uses ----------------------------------------------------------------
+def info_of(run: dict | None) -> dict | None:
+    if not run or not run.get("adopt"):
+        return None
+    return json.loads(run["adopt"])
+
+
+def wrap(action, run: dict | None):
+    """The action to run ``run`` through: :class:`Adopted` for an adopted run."""
+    info = info_of(run)
+    return Adopted(action, info) if info and action is not None else action
+
+
+class Adopted:
+    """An item's action seen through an adopted run: inspect, follow and stop the adopted
+    thing; everything else (finish, metrics_regex, watch_eval...) is the item's action's."""
+
+    detached = True
+
+    def __init__(self, inner, info: dict):
+        self.inner = inner
+        self.info = info
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    async def inspect(self, runner, host, run: dict) -> jobs.CapsuleState:
+        how = self.info["how"]
+        if how == "pid":
+            st = await _inspect_pid(host, self.info)
+        elif how == "slurm":
+            from core import slurm
+
+            st = await slurm.inspect(host, {**run, "job_id": self.info["job"]})
+        else:
+            st = await _inspect_tmux(host, self.info)
+        if st.state == "lost" and (run["id"] in runner._stopping
+                                   or runner.store.run(run["id"])["error"] == "stop requested"):
+            return jobs.CapsuleState("ended")  # it ended because it was stopped
+        return st
+
+    async def follow(self, runner, host, run: dict, on_lines) -> jobs.CapsuleState:
+        def inspector():
+            return self.inspect(runner, host, run)
+
+        inner = getattr(self.inner, "follow", None)
+        if inner is not None:  # train: metrics, checkpoints and watch_eval alongside
+            return await inner(runner, host, run, on_lines, log_path=self.info["log"],
+                               inspector=inspector)
+        return await jobs.follow(host, runner.store, run["id"], run["capsule"], on_lines=on_lines,
+                                 regex=getattr(self.inner, "metrics_regex", lambda: None)(),
+                                 poll=runner.poll, inspector=inspector,
+                                 log_path=self.info["log"])
+
+    async def stop(self, runner, host, run: dict, grace_s: float) -> jobs.CapsuleState:
+        how = self.info["how"]
+        if how == "slurm":
+            from core import slurm
+
+            return await slurm.cancel(host, {**run, "job_id": self.info["job"]}, grace_s=grace_s)
+        if how == "pid":
+            st = await _inspect_pid(host, self.info)
+            if st.state != "running":
+                return st
+            await _stop_tree(host, [self.info["pid"]], grace_s)
+            return jobs.CapsuleState("ended")
+        st = await _inspect_tmux(host, self.info)
+        if st.state == "running":
+            res = await _tmux(host, "list-panes", "-s", "-t", f"={self.info['session']}", "-F",
+                              "#{pane_pid} #{pane_dead}")
+            roots = [int(w[0]) for w in (ln.split() for ln in res.stdout.splitlines())
+                     if len(w) == 2 and w[1] == "0"]
+            await _stop_tree(host, roots, grace_s)
+            st = jobs.CapsuleState("ended")
+        await _tmux(host, "kill-session", "-t", f"={self.info['session']}")
+        return st if st.state == "ended" else jobs.CapsuleState("ended")
+
+    async def finish(self, ctx, outcome):
+        try:
+            return await self.inner.finish(ctx, outcome)
+        except ActionFailed as e:
+            if outcome.state == "lost":
+                raise ActionFailed(f"item {ctx.item.id!r}: {UNKNOWN_EXIT}",
+                                   hint=f"check `specdeck logs PLAN {ctx.item.id}`; if it "
+                                        f"finished well, `specdeck mark PLAN {ctx.item.id} done`"
+                                   ) from e
+            if outcome.state == "stopped" and outcome.exit_code is None and not outcome.signal:
+                raise ActionFailed(f"item {ctx.item.id!r}: the adopted {self.info['what']} "
+                                   "was stopped (its exit status is unknown)") from e
+            raise
+
+
+async def _inspect_pid(host, info: dict) -> jobs.CapsuleState:
+    p = int(info["pid"])
+    res = await host.run(f"echo \"$(sed 's/.*) //' /proc/{p}/stat 2>/dev/null | cut -d' ' -f1,20)"
+                         f" {_BOOT}\"", check=True)
+    words = res.stdout.split()  # state, start time, boot id (a zombie has ended)
+    if len(words) == 3 and words[0] != "Z" and words[1] == info["pstart"] \
+            and words[2] == info["boot"]:
+        return jobs.CapsuleState("running", pid=info["pid"])
+    return jobs.CapsuleState("lost")
+
+
+async def _inspect_tmux(host, info: dict) -> jobs.CapsuleState:
+    res = await _tmux(host, "list-panes", "-s", "-t", f"={info['session']}", "-F",
+                      "#{pane_dead} #{pane_dead_status} #{pane_dead_signal}")
+    if not res.ok:
+        return jobs.CapsuleState("lost")  # the session is gone, and its status with it
+    panes = [ln.split() for ln in res.stdout.splitlines() if ln.strip()]
+    if not panes or any(p[0] == "0" for p in panes):
+        return jobs.CapsuleState("running", pid=info.get("pane_pid"))
+    first = panes[0]
+    if len(first) >= 3 and first[2].isdigit() and first[2] != "0":
+        return jobs.CapsuleState("ended", None, jobs._signame(int(first[2])))
+    if len(first) >= 2 and first[1].isdigit():
+        return jobs.CapsuleState("ended", int(first[1]), None)
+    return jobs.CapsuleState("lost")
+
+
+def _is_local(host) -> bool:
+    from core.hosts.local import LocalHost
+
+    return isinstance(host, LocalHost)
+
+
+async def _ps(host) -> tuple[dict[int, tuple[int, int, str]], set[int]]:
+    """The host's process table ``{pid: (ppid, pgid, start)}`` and the asking shell's
+    ancestry (never signalled)."""
+    res = await host.run("echo $$; ps -e -o pid=,ppid=,pgid=,stat=,lstart=", check=True)
+    lines = res.stdout.splitlines()
+    table: dict[int, tuple[int, int, str]] = {}
+    for ln in lines[1:]:
+        w = ln.split(None, 4)
+        if len(w) == 5 and w[0].isdigit() and not w[3].startswith("Z"):  # zombies have ended
+            table[int(w[0])] = (int(w[1]), int(w[2]), w[4].strip())
+    mine: set[int] = set()
+    cur = int(lines[0]) if lines and lines[0].strip().isdigit() else 0
+    if _is_local(host):
+        mine |= _ancestry()
+    while cur > 1 and cur not in mine:
+        mine.add(cur)
+        cur = table.get(cur, (0, 0, ""))[0]
+    return table, mine
+
+
+def _tree(table: dict, roots: list[int]) -> set[int]:
+    """``roots``, their descendants and, for a root that leads its process group or whose
+    group's leader is gone, the rest of that group (a nohup'd pipeline)."""
+    out = {r for r in roots if r in table}
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    frontier = list(out)
+    while frontier:
+        for c in children.get(frontier.pop(), []):
+            if c not in out:
+                out.add(c)
+                frontier.append(c)
+    for r in list(out & set(roots)):
+        pg = table[r][1]
+        if pg == r or pg not in table or pg in out:
+            out |= {p for p, (_, g, _) in table.items() if g == pg}
+    return out
+
+
+async def _stop_tree(host, roots: list[int], grace_s: float, poll: float = 0.2) -> None:
+    """SIGTERM to ``roots``' process trees, ``grace_s``, SIGKILL to what is left."""
+    known: dict[int, str] = {}  # pid -> start time: a recycled pid is never signalled
+
+    async def alive() -> list[int]:
+        table, mine = await _ps(host)
+        for p in _tree(table, [r for r in roots if r in table] + list(known)):
+            if p not in mine and (p not in known or known[p] == table[p][2]):
+                known.setdefault(p, table[p][2])
+        return [p for p, start in known.items() if p in table and table[p][2] == start
+                and p not in mine]
+
+    async def kill(sig: str, pids: list[int]) -> None:
+        if pids:
+            await host.run(f"kill -{sig} {' '.join(map(str, pids))} 2>/dev/null; true")
+
+    await kill("TERM", await alive())
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        left = await alive()
+        if not left:
+            return
+        await kill("TERM", [p for p in left if p not in roots])  # late children
+        await asyncio.sleep(poll)
+    for _ in range(50):
+        left = await alive()
+        if not left:
+            return
+        await kill("KILL", left)
+        await asyncio.sleep(poll)
+
+
+# -- the CLI command ---------------------------------------------------------------------
+def cmd_adopt(args) -> int:
+    from core.cli import _with_runner
+    from core.plan import load_plan
+
+    plan = load_plan(args.plan)
+    item = plan.item(args.item)
+    log = args.log
+    host_name = args.host or (item.action.host if item.action else None)
+    if host_name is not None and host_name in plan.hosts and plan.hosts[host_name].local \
+            and log and not log.startswith(("/", "~")):
+        log = os.path.abspath(log)  # a path typed here, for this machine
+    spec = AdoptSpec(pid=args.pid, slurm_job=args.slurm_job, tmux=args.tmux, log=log,
+                     from_start=args.from_start)
+
+    async def go(runner):
+        await runner.reconcile()
+        return await adopt_item(runner, item, spec, host_name=args.host)
+
+    status = asyncio.run(_with_runner(plan, args, go))
+    return 0 if status in ("done", "in_progress") else 1
+
+
+def register_cli(add) -> None:
+    sp = add("adopt", cmd_adopt, "make a run started outside specdeck an item's run, and "
+             "follow it")
+    sp.add_argument("plan")
+    sp.add_argument("item")
+    g = sp.add_mutually_exclusive_group(required=True)
+    g.add_argument("--pid", type=int, help="a process (nohup torchrun...) on the item's host")
+    g.add_argument("--slurm-job", metavar="ID", help="a Slurm job id (the host is the login node)")
+    g.add_argument("--tmux", metavar="SESSION", help="a tmux session on the item's host")
+    sp.add_argument("--log", help="the file its output goes to, on the host (relative: to "
+                    "its workdir; to here for a local host); default: the PID's stdout file, "
+                    "the job's StdOut, the tmux pane from now on")
+    sp.add_argument("--from-start", action="store_true",
+                    help="store the log from the file's start, not from now")
+    sp.add_argument("--host", help="the plan host it runs on (default: the item's)")
+    sp.add_argument("-q", "--quiet", action="store_true", help="do not echo log lines")

@@ -1,0 +1,162 @@
+"""Class 2: the state database. Whatever the file is (a directory, garbage, /dev/null,
+read-only, unreadable, locked, on a full disk, written by a newer specdeck), every command
+exits 2 with one message naming the path and what to do, and writes nothing to it."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.fault.conftest import cli, digest, local_plan
+
+ITEMS = """  - id: a
+    content: say hi
+    action: {kind: shell, host: here, params: {command: "echo hi"}}
+"""
+COMMANDS = [("status",), ("run", "a"), ("mark", "a", "done"), ("logs", "a")]
+
+
+def _siblings(db):
+    return sorted(p.name for p in db.parent.iterdir() if p.name.startswith(db.name))
+
+
+def _fresh_db(tmp_path, plan):
+    db = tmp_path / "state.db"
+    assert cli("--state", db, "status", plan).returncode == 0
+    return db
+
+
+def _check_refused(res, db, before, words):
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    assert str(db) in res.stderr, res.stderr
+    assert all(w in res.stderr for w in words), res.stderr
+    assert "hint:" in res.stderr
+    after = digest(db) if db.is_file() else None
+    assert after == before
+
+
+def _make(kind, tmp_path, plan):
+    db = tmp_path / "state.db"
+    if kind == "directory":
+        db.mkdir()
+        return db, ("is a directory",)
+    if kind == "garbage":
+        db.write_bytes(b"\x00garbage, not sqlite\n" * 100)
+        return db, ("not an SQLite database",)
+    if kind == "truncated-header":
+        db.write_bytes(b"SQLite format 3\x00" + b"\xff" * 80)
+        return db, ()
+    if kind == "other-program":
+        con = sqlite3.connect(db)
+        con.execute("CREATE TABLE photos (id INTEGER)")
+        con.commit()
+        con.close()
+        return db, ("another program",)
+    if kind == "newer-schema":
+        db = _fresh_db(tmp_path, plan)
+        con = sqlite3.connect(db)
+        con.execute("INSERT INTO _sqlite_migrations (migration_set, name, applied_at) "
+                    "VALUES ('specdeck', 'm999_from_the_future', 'x')")
+        con.commit()
+        con.close()
+        return db, ("newer specdeck", "m999_from_the_future")
+    if kind == "read-only":
+        db = _fresh_db(tmp_path, plan)
+        os.chmod(db, 0o444)
+        return db, ("read-only",)
+    if kind == "unreadable":
+        db = _fresh_db(tmp_path, plan)
+        os.chmod(db, 0)
+        return db, ("cannot be read",)
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: c[0])
+@pytest.mark.parametrize("kind", ["directory", "garbage", "truncated-header", "other-program",
+                                  "newer-schema", "read-only", "unreadable"])
+def test_bad_state_file_is_refused_untouched(tmp_path, kind, cmd):
+    plan = local_plan(tmp_path, ITEMS)
+    db, words = _make(kind, tmp_path, plan)
+    before = digest(db) if db.is_file() and os.access(db, os.R_OK) and kind != "unreadable" \
+        else None
+    if kind == "unreadable":
+        os.chmod(db, 0o600)
+        before = digest(db)
+        os.chmod(db, 0)
+    names = _siblings(db)
+    res = cli("--state", db, *cmd[:1], plan, *cmd[1:])
+    if kind == "unreadable":
+        os.chmod(db, 0o600)
+    _check_refused(res, db, before, words)
+    assert _siblings(db) == names  # no -wal, -shm or journal appeared
+    assert not (tmp_path / "wd").exists()  # nothing ran
+
+
+def test_dev_null_is_refused(tmp_path):
+    plan = local_plan(tmp_path, ITEMS)
+    res = cli("--state", "/dev/null", "run", plan, "a")
+    assert res.returncode == 2 and "/dev/null" in res.stderr and "regular file" in res.stderr
+    assert not (tmp_path / "wd").exists()
+
+
+def test_unwritable_directory_for_a_new_database(tmp_path):
+    plan = local_plan(tmp_path, ITEMS)
+    d = tmp_path / "ro"
+    d.mkdir()
+    os.chmod(d, 0o555)
+    try:
+        res = cli("--state", d / "new.db", "status", plan)
+    finally:
+        os.chmod(d, 0o755)
+    assert res.returncode == 2 and str(d) in res.stderr and "not writable" in res.stderr
+    assert list(d.iterdir()) == []
+
+
+def test_full_disk_creating_the_database_leaves_nothing(tmp_path):
+    plan = local_plan(tmp_path, ITEMS)
+    db = tmp_path / "full.db"
+
+    def no_space():  # every write past 0 bytes fails (EFBIG), as on a full disk
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    res = subprocess.run([sys.executable, "-m", "core", "--state", str(db), "status", str(plan)],
+                         preexec_fn=no_space, capture_output=True, text=True, env=env,
+                         timeout=60)
+    assert "Traceback" not in res.stderr
+    assert res.returncode == 2, res.stderr
+    assert str(db) in res.stderr and "free space" in res.stderr
+    assert _siblings(db) == []
+
+
+def test_locked_database_gives_up_with_a_message(tmp_path):
+    plan = local_plan(tmp_path, ITEMS)
+    db = _fresh_db(tmp_path, plan)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sqlite3, sys, time\n"
+        f"c = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
+        "c.execute('PRAGMA journal_mode=DELETE').fetchall()\n"
+        "c.execute('BEGIN EXCLUSIVE'); print('locked', flush=True); time.sleep(60)\n")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        before = digest(db)
+        t0 = time.monotonic()
+        res = cli("--state", db, "mark", plan, "a", "done", timeout=90)
+        took = time.monotonic() - t0
+    finally:
+        holder.kill()
+        holder.wait()
+    assert res.returncode == 2, res.stderr
+    assert str(db) in res.stderr and "locked" in res.stderr
+    assert took < 40
+    assert digest(db) == before
