@@ -33,7 +33,7 @@ def cases(qwen3_target, qwen35_target, fitted_drafter, fitted_drafter35, make_pr
 def test_chain_with_drafter_is_lossless(cases, arch, block_size):
     target, drafter, prompt, ref = cases[arch]
     runner = TargetRunner(target, drafter.target_layer_ids)
-    assert runner.strategy == ("crop" if arch == "qwen3" else "snapshot")
+    assert runner.strategy == ("crop" if arch == "qwen3" else "state")
     res = chain_generate(DFlashProposer(drafter, target) if block_size > 1 else None, runner, prompt, N, block_size, MASK)
     assert res.tokens == ref.tokens[:N]
     assert sum(res.rounds) >= N and all(1 <= r <= block_size for r in res.rounds)
