@@ -86,6 +86,22 @@ def _summary(rows: list[dict[str, Any]], block_size: int) -> dict[str, Any]:
     return taulib.summarize([r["rounds"] for r in rows], block_size)
 
 
+COUNTS = ("target_forwards", "target_tokens", "drafter_forwards")
+
+
+def _counts(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Noise-free cost: target forwards, tokens fed to the target (prefill included) and drafter
+    forwards, in total, per round and per prompt."""
+    total = {k: sum(r.get(k, 0) for r in rows) for k in COUNTS}
+    n_rounds = sum(len(r.get("rounds", ())) for r in rows)
+    verify_tokens = total["target_tokens"] - sum(r.get("prompt_len", 0) for r in rows if r.get("target_forwards"))
+    return {**total, "rounds": n_rounds,
+            "target_forwards_per_round": total["target_forwards"] / n_rounds if n_rounds else None,
+            "verify_tokens_per_round": verify_tokens / n_rounds if n_rounds and total["target_forwards"] else None,
+            "counts_per_prompt": [{"id": r["id"], "rounds": len(r.get("rounds", ())), **{k: r.get(k, 0) for k in COUNTS}}
+                                  for r in rows]}
+
+
 def _timing(rows: list[dict[str, Any]]) -> dict[str, Any]:
     tokens = sum(len(r["tokens"]) for r in rows)
     decode = sum(r.get("decode_s", 0.0) for r in rows)
@@ -94,7 +110,7 @@ def _timing(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "prefill_s": sum(r.get("prefill_s", 0.0) for r in rows), "decode_s": decode,
         "draft_s": sum(r.get("draft_s", 0.0) for r in rows), "verify_s": sum(r.get("verify_s", 0.0) for r in rows),
         "tokens": tokens, "tokens_per_s": tokens / decode if decode else None,
-        "mean_tpot_s": sum(tpots) / len(tpots) if tpots else None,
+        "mean_tpot_s": sum(tpots) / len(tpots) if tpots else None, **_counts(rows),
     }
 
 
@@ -143,7 +159,8 @@ def run_online(args, target, tokenizer, drafter, prompts, block_size) -> dict[st
 def _row(pid: str, r: Any) -> dict[str, Any]:
     return {"id": pid, "tau": r.tau, "rounds": r.rounds, "tokens": r.tokens, "prompt_len": r.prompt_len,
             "stopped": r.stopped, "prefill_s": r.prefill_s, "decode_s": r.decode_s,
-            "draft_s": r.draft_s, "verify_s": r.verify_s}
+            "draft_s": r.draft_s, "verify_s": r.verify_s, "target_forwards": r.target_forwards,
+            "target_tokens": r.target_tokens, "drafter_forwards": r.drafter_forwards}
 
 
 def run_offline(args, target, drafter, prompts, block_size) -> dict[str, Any]:
@@ -180,23 +197,28 @@ def run_offline(args, target, drafter, prompts, block_size) -> dict[str, Any]:
         st = sequence_streaks(drafter, embed, head, seq, block_size, args.tree_budget, rows)
         _, rounds = st.trajectory(args.max_new_tokens)
         tokens = seq.generated[: args.max_new_tokens]
+        counts = {"target_forwards": 0, "target_tokens": 0, "drafter_forwards": st.drafter_forwards}
         traj_rows.append({"id": p.id, "tau": taulib.mean_tau(rounds), "rounds": rounds, "tokens": tokens,
-                          "prompt_len": seq.prompt_len})
+                          "prompt_len": seq.prompt_len, **counts})
         ar = st.all_anchor_rounds()
         all_rows.append({"id": p.id, "tau": taulib.mean_tau(ar), "rounds": ar, "num_anchors": len(ar)})
         extra: dict[str, Any] = {"tau": traj_rows[-1]["tau"]}
         if args.tree_budget is not None:
             _, trounds = st.trajectory(args.max_new_tokens, tree=True)
             tree_traj_rows.append({"id": p.id, "tau": taulib.mean_tau(trounds), "rounds": trounds, "tokens": tokens,
-                                   "all_anchor_tau": taulib.mean_tau(st.all_anchor_rounds(tree=True))})
+                                   "all_anchor_tau": taulib.mean_tau(st.all_anchor_rounds(tree=True)), **counts})
             extra["tau_ddtree"] = tree_traj_rows[-1]["tau"]
         progress.step(tokens=len(seq.generated), id=p.id, **extra)
+    # Offline the target is never run (its features come from the cache); the drafter runs
+    # once per pass of anchors, the trajectory and DDTree share those passes.
     result = {**_summary(traj_rows, block_size), "per_prompt": traj_rows, "offline_variant": "trajectory",
+              "timing": _counts(traj_rows),
               "all_anchor": {**_summary(all_rows, block_size), "per_prompt": all_rows},
               "cache": {"path": str(root.resolve()), "dtype": manifest.get("dtype"),
                         "settings": manifest.get("settings")}}
     if tree_traj_rows:
-        result["ddtree"] = {"budget": args.tree_budget, **_summary(tree_traj_rows, block_size), "per_prompt": tree_traj_rows}
+        result["ddtree"] = {"budget": args.tree_budget, **_summary(tree_traj_rows, block_size), "per_prompt": tree_traj_rows,
+                            "timing": _counts(tree_traj_rows)}
     return result
 
 
