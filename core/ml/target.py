@@ -50,11 +50,15 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """``auto``/None -> bfloat16 on CUDA, float32 on CPU; else the named dtype."""
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device,
+                  stored: torch.dtype | None = None) -> torch.dtype:
+    """``auto``/None -> the checkpoint's own dtype ``stored`` (never upcast: a bf16 27B target
+    stays 54 GB, not 108), else bfloat16 on CUDA and float32 on CPU; or the named dtype."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype in (None, "auto"):
+        if stored is not None:
+            return stored
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     try:
         return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
@@ -62,12 +66,21 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
         raise ValueError(f"unknown dtype {dtype!r} (float32, bfloat16, float16, auto)") from None
 
 
-def load_target(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> nn.Module:
-    """Load a local causal LM directory with SDPA attention (never touches a hub)."""
+def load_target(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> nn.Module:
+    """Load a local causal LM directory with SDPA attention (never touches a hub).
+
+    ``dtype`` None keeps the checkpoint's dtype; in that dtype transformers memory-maps the
+    safetensors weights on CPU instead of copying them (a load costs about the weight bytes,
+    touched pages only).
+    """
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
+    from core.ml.weights import checkpoint_dtype
+
     hf_logging.disable_progress_bar()  # stderr is for our messages; stdout stays JSON lines
+    if dtype is None:
+        dtype = checkpoint_dtype(path) or torch.float32
     model = AutoModelForCausalLM.from_pretrained(
         str(path), dtype=dtype, attn_implementation="sdpa", local_files_only=True
     )

@@ -265,9 +265,17 @@ class Trainer:
         self.final_id = int(self.target_cfg["num_hidden_layers"]) - 1
 
         self.source = build_source(cfg, self.target_cfg, self.tokenizer)
-        self.say(f"loading target {cfg.target} on {device}")
         target_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        self.target = load_target(cfg.target, device, target_dtype).requires_grad_(False)
+        if isinstance(self.source, JsonlSource):  # the target runs on the fly: all of it
+            self.say(f"loading target {cfg.target} on {device}")
+            self.target = load_target(cfg.target, device, target_dtype).requires_grad_(False)
+        else:  # cached features: the loss needs only the embedding and the LM head, by name, memory-mapped
+            from core.ml.weights import gb, load_embed_head
+
+            self.target = load_embed_head(cfg.target, device, target_dtype)
+            part = sum(p.numel() * p.element_size() for p in self.target.parameters())
+            self.say(f"loading the embedding and LM head of {cfg.target} on {device} ({gb(part)}; "
+                     f"the decoder layers stay on disk)")
         self.embed, self.head = self.target.get_input_embeddings(), self.target.get_output_embeddings()
         if isinstance(self.source, JsonlSource):
             self.source.bind(self.target, stop_token_ids(self.target, self.tokenizer))
