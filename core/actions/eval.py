@@ -19,6 +19,7 @@ from core.actions.base import Action, CheckResult, Launch, register
 from core.actions.mlbase import (host_python, ml_failure, prompts_on_host, py_module, read_json,
                                  resolve_ref, validate_prompts, validate_ref)
 from core.errors import ActionFailed
+from core.ml.runio import parse_bytes
 from core.params import to_plain
 
 
@@ -45,9 +46,18 @@ class EvalParams:
     step: int | None = None
     """The training step this drafter comes from (tau over training)."""
     chat_template: bool = True
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """The target's dtype on the eval host; auto keeps the checkpoint's own (bf16 stays bf16)."""
+    max_memory: str | None = None
+    """Refuse before loading when the eval needs more (e.g. 60G); default: what the host has free."""
 
     def validate(self):
         out = []
+        if self.max_memory is not None:
+            try:
+                parse_bytes(self.max_memory)
+            except ValueError as exc:
+                out.append((("max_memory",), str(exc)))
         if self.mode == "offline" and not self.cache:
             out.append((("cache",), "offline mode needs the extract_hidden cache dir"))
         if self.tree_budget is not None and self.tree_budget < 1:
@@ -83,7 +93,7 @@ class Eval(Action):
             if res.get("settings_key") == self.settings_key() and \
                     res.get("drafter_path") == _display(ctx, self.params.drafter):
                 return CheckResult.done(f"tau {res.get('tau'):.3f} already measured with "
-                                        "these settings")
+                                        f"these settings (target in {res.get('dtype') or self.params.dtype})")
         if await ctx.host.stat(self.params.target) is None:
             return CheckResult.blocked(f"target {self.params.target} does not exist on {ctx.host.name}")
         return CheckResult.ready()
@@ -102,6 +112,8 @@ class Eval(Action):
                          *(["--block-size", p.block_size] if p.block_size else []),
                          "--max-new-tokens", p.max_new_tokens,
                          *(["--limit", p.limit] if p.limit else []),
+                         "--dtype", p.dtype,
+                         *(["--max-memory", p.max_memory] if p.max_memory else []),
                          None if p.chat_template else "--no-chat-template")
 
     def command(self, ctx) -> Launch:
@@ -136,7 +148,7 @@ class Eval(Action):
         ctx.store.add_eval_results(rows)
         out = {"tau": mine.get("tau"), "tau_pooled": mine.get("tau_pooled"),
                "settings_key": self.settings_key(),
-               "drafter_path": _display(ctx, self.params.drafter),
+               "drafter_path": _display(ctx, self.params.drafter), "dtype": mine.get("dtype"),
                "result": posixpath.join(outcome.capsule, "result-drafter.json")}
         if "ddtree" in mine:
             out["ddtree_tau"] = mine["ddtree"].get("tau")
@@ -157,7 +169,7 @@ def _rows(ctx, res: dict, label: str, role: str, step: int | None) -> list[dict]
     settings = {"mode": res.get("mode"), "block_size": res.get("block_size"),
                 "target": (res.get("target") or {}).get("fingerprint"),
                 "prompts": (res.get("prompts") or {}).get("sha256"),
-                "max_new_tokens": res.get("max_new_tokens"),
+                "max_new_tokens": res.get("max_new_tokens"), "dtype": res.get("dtype"),
                 "definition": res.get("definition"), "method": "chain", "tree_budget": None}
     out = []
     sections = [(label, settings, res)]

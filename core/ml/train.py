@@ -90,7 +90,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from core.ml.runio import TaskError, UsageError, atomic_write_json, atomic_write_text, provenance, run_main, say
+from core.ml.runio import (TaskError, UsageError, atomic_write_json, atomic_write_text, fixed_mmap_threshold, provenance,
+                          run_main, say)
 from core.ml.train_config import ConfigError
 from core.ml.train_runtime import (
     Dist,
@@ -210,6 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(describe())
         return 0
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    fixed_mmap_threshold()  # no heap creep from gradients re-allocated every step: the peak is what it holds
     try:
         cfg, target_cfg, tokenizer = load_resolved(args)
     except ValueError as exc:  # ConfigError, or a drafter.init config.json that does not parse
@@ -312,7 +314,10 @@ class Trainer:
 
             self.forward = DistributedDataParallel(self.forward, device_ids=[device] if device.type == "cuda" else None)
         t = cfg.train
-        self.opt = torch.optim.AdamW(self.drafter.parameters(), lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
+        # fused: one kernel per step, no per-tensor temporaries (the unfused step allocates about
+        # three copies of the largest weight on top of weights, grads and moments)
+        self.opt = torch.optim.AdamW(self.drafter.parameters(), lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay,
+                                     fused=device.type in ("cpu", "cuda"))
         warmup = t.warmup_steps if t.warmup_steps is not None else int(round(t.warmup_ratio * self.total))
         self.warmup = warmup
         self.sched = torch.optim.lr_scheduler.LambdaLR(

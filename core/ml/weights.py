@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from core.ml.runio import UsageError
+from core.ml.runio import UsageError, parse_bytes  # noqa: F401  (parse_bytes: re-exported)
 from core.ml.safetensors_stream import DTYPES
 
 ST_DTYPES = {v: k for k, v in DTYPES.items()}
@@ -228,24 +228,6 @@ def load_embed_head(model_dir: str | os.PathLike[str], device: str | torch.devic
 
 
 # ----------------------------------------------------------------------------- memory preflight
-
-_UNITS = {"": 1, "B": 1, "K": 1e3, "KB": 1e3, "M": 1e6, "MB": 1e6, "G": 1e9, "GB": 1e9, "T": 1e12, "TB": 1e12,
-          "KIB": 1024, "MIB": 1024**2, "GIB": 1024**3, "TIB": 1024**4}
-
-
-def parse_bytes(text: str) -> int:
-    """``"40G"``, ``"512MB"``, ``"1.5GiB"``, ``"1000000"`` -> bytes (decimal units, *iB binary)."""
-    s = str(text).strip().upper().replace(" ", "")
-    num = s.rstrip("KMGTIB")
-    unit = s[len(num):]
-    try:
-        value = float(num)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a size (examples: 40G, 512MB, 1.5GiB)") from None
-    if unit not in _UNITS or value < 0:
-        raise ValueError(f"{text!r} is not a size (examples: 40G, 512MB, 1.5GiB)")
-    return int(value * _UNITS[unit])
-
 
 def available_memory() -> int | None:
     """Bytes this process may still use: MemAvailable, capped by a cgroup v2 limit."""
