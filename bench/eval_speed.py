@@ -47,18 +47,24 @@ def build_pair(root: Path, arch: str):
         target_dir = build_target(root / "target", layers=12, hidden=1024, inter=3072, vocab=32000)
         target = load_target(target_dir, "cpu")
     else:
-        from transformers import AutoModelForCausalLM
+        from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
-        cfg = tiny.tiny_target_config("qwen3_5", vocab_size=32000, hidden_size=1024, intermediate_size=3072,
-                                      num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4,
-                                      head_dim=64, linear_num_key_heads=8, linear_num_value_heads=16,
-                                      linear_key_head_dim=64, linear_value_head_dim=64)
+        cfg = Qwen3_5TextConfig(vocab_size=32000, hidden_size=1024, intermediate_size=3072, num_hidden_layers=12,
+                                num_attention_heads=16, num_key_value_heads=4, head_dim=64,
+                                layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 3,
+                                linear_num_key_heads=8, linear_num_value_heads=16, linear_key_head_dim=64,
+                                linear_value_head_dim=64, linear_conv_kernel_dim=4, tie_word_embeddings=False,
+                                eos_token_id=2, pad_token_id=0)
         torch.manual_seed(0)
         torch.set_default_dtype(torch.bfloat16)
         try:
-            target = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+            target = Qwen3_5ForCausalLM(cfg).eval()
         finally:
             torch.set_default_dtype(torch.float32)
+        with torch.no_grad():
+            for p in target.parameters():
+                if p.dim() > 1:
+                    p.normal_(0.0, 0.02)
     tcfg = target.config.get_text_config()
     n = tcfg.num_hidden_layers
     taps = sorted({round(i * (n - 1) / 4) for i in range(5)})
