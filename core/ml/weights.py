@@ -250,7 +250,8 @@ def available_memory() -> int | None:
 
 
 def gb(n: float) -> str:
-    return f"{n / 1e9:.2f} GB"
+    """Bytes as GB with two decimals (MB below 10 MB, where GB would read 0.00)."""
+    return f"{n / 1e9:.2f} GB" if n >= 1e7 else f"{n / 1e6:.2f} MB"
 
 
 def preflight(needed: int, what: str, max_memory: str | None = None, hint: str = "",
