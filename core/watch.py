@@ -11,6 +11,8 @@ A train item may declare::
       prompts: coding          # online mode's prompt set
       baseline: drafters/zlab  # evaluated once per run: the reference line
       max_prompts: 8
+      dtype: auto              # the target's dtype: auto keeps the checkpoint's own (bf16 stays bf16)
+      max_memory: 60G          # refuse before loading above this (default: what the host has free)
       alerts: {drop_pct: 10, flat_evals: 3, flat_eps: 0.02}
 
 While the run trains, the :class:`Watcher` picks up its checkpoints (the artefacts the log
@@ -45,7 +47,9 @@ from typing import Any
 from core import stats
 
 KEYS = {"every", "host", "target", "prompts", "baseline", "mode", "max_prompts", "cache",
-        "block_size", "max_new_tokens", "alerts", "allow_block_size_mismatch"}
+        "block_size", "max_new_tokens", "alerts", "allow_block_size_mismatch", "dtype",
+        "max_memory"}
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def validate_watch(spec, plan, item) -> list[tuple[tuple, str]]:
@@ -67,6 +71,15 @@ def validate_watch(spec, plan, item) -> list[tuple[tuple, str]]:
         out.append((("mode",), "mode: offline or online"))
     if spec.get("mode", "offline") == "offline" and not spec.get("cache"):
         out.append((("cache",), "offline mode needs cache: the extract_hidden dir on the eval host"))
+    if spec.get("dtype", "auto") not in DTYPES:
+        out.append((("dtype",), f"dtype: one of {', '.join(DTYPES)} (auto keeps the checkpoint's own)"))
+    if spec.get("max_memory") is not None:
+        from core.ml.runio import parse_bytes
+
+        try:
+            parse_bytes(spec["max_memory"])
+        except ValueError as exc:
+            out.append((("max_memory",), f"max_memory: {exc}"))
     alerts = spec.get("alerts", {})
     if not isinstance(alerts, dict) or set(alerts) - {"drop_pct", "flat_evals", "flat_eps"}:
         out.append((("alerts",), "alerts: {drop_pct, flat_evals, flat_eps}"))
@@ -160,7 +173,9 @@ class Watcher:
                 py = await host_python(ev)
                 s = self.spec
                 common = ["--target", ev.path(s["target"]), "--mode", self.mode,
-                          "--max-new-tokens", s.get("max_new_tokens", 64)]
+                          "--max-new-tokens", s.get("max_new_tokens", 64), "--dtype", s.get("dtype", "auto")]
+                if s.get("max_memory"):
+                    common += ["--max-memory", s["max_memory"]]
                 if self.mode == "offline":
                     cache = ev.path(s["cache"])
                     man = json.loads(await ev.read_from(f"{cache}/manifest.json", 0, 1 << 26)
@@ -196,7 +211,7 @@ class Watcher:
             self._record(step, res, json.loads(base_raw) if base_raw else None)
             self.store.watch_update(self.run_id, step, state="done", tau=res.get("tau"))
             self.runner.emit(Notice(self.item.id, f"{self.item.id}: tau {res.get('tau'):.3f} at "
-                                    f"step {step} ({self.mode}, on {ev.name})"))
+                                    f"step {step} ({self.mode}, target {res.get('dtype')}, on {ev.name})"))
             self._alerts(step)
         except Exception as exc:  # one failed eval must not stop training or the watcher
             self.store.watch_update(self.run_id, step, state="failed", error=str(exc)[:2000])

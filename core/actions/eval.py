@@ -20,6 +20,7 @@ from core.actions.base import Action, CheckResult, Launch, register
 from core.actions.mlbase import (host_python, ml_failure, prompts_on_host, py_module, read_json,
                                  resolve_ref, validate_prompts, validate_ref)
 from core.errors import ActionFailed
+from core.ml.runio import parse_bytes
 from core.params import to_plain
 
 
@@ -49,9 +50,18 @@ class EvalParams:
     allow_block_size_mismatch: bool = False
     """Compare a drafter and a baseline trained with different block sizes, each at its own
     (otherwise refused; ``block_size`` evaluates both at one size instead)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """The target's dtype on the eval host; auto keeps the checkpoint's own (bf16 stays bf16)."""
+    max_memory: str | None = None
+    """Refuse before loading when the eval needs more (e.g. 60G); default: what the host has free."""
 
     def validate(self):
         out = []
+        if self.max_memory is not None:
+            try:
+                parse_bytes(self.max_memory)
+            except ValueError as exc:
+                out.append((("max_memory",), str(exc)))
         if self.mode == "offline" and not self.cache:
             out.append((("cache",), "offline mode needs the extract_hidden cache dir"))
         if self.tree_budget is not None and self.tree_budget < 1:
@@ -91,7 +101,7 @@ class Eval(Action):
             if res.get("settings_key") == self.settings_key() and \
                     res.get("drafter_path") == _display(ctx, self.params.drafter):
                 return CheckResult.done(f"tau {res.get('tau'):.3f} already measured with "
-                                        "these settings")
+                                        f"these settings (target in {res.get('dtype') or self.params.dtype})")
         if await ctx.host.stat(self.params.target) is None:
             return CheckResult.blocked(f"target {self.params.target} does not exist on {ctx.host.name}")
         p = self.params
@@ -121,6 +131,8 @@ class Eval(Action):
                          *(["--block-size", p.block_size] if p.block_size else []),
                          "--max-new-tokens", p.max_new_tokens,
                          *(["--limit", p.limit] if p.limit else []),
+                         "--dtype", p.dtype,
+                         *(["--max-memory", p.max_memory] if p.max_memory else []),
                          None if p.chat_template else "--no-chat-template")
 
     def command(self, ctx) -> Launch:
@@ -155,7 +167,7 @@ class Eval(Action):
         ctx.store.add_eval_results(rows)
         out = {"tau": mine.get("tau"), "tau_pooled": mine.get("tau_pooled"),
                "settings_key": self.settings_key(),
-               "drafter_path": _display(ctx, self.params.drafter),
+               "drafter_path": _display(ctx, self.params.drafter), "dtype": mine.get("dtype"),
                "result": posixpath.join(outcome.capsule, "result-drafter.json")}
         if "ddtree" in mine:
             out["ddtree_tau"] = mine["ddtree"].get("tau")

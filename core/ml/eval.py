@@ -43,7 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, help="block size B (default: the drafter's; may be smaller)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto")
+    p.add_argument("--dtype", default="auto", help="auto (default): the target checkpoint's own dtype, never "
+                   "upcast; or float32, bfloat16, float16")
+    p.add_argument("--max-memory", help="refuse before loading when the mode needs more than this (e.g. 40G); "
+                   "default: the memory this host has available")
     p.add_argument("--limit", type=int, help="only the first N prompts")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS (online)")
     p.add_argument("--speedup", action="store_true", help="also time a block-size-1 run (online)")
@@ -80,10 +83,33 @@ def validate(args: argparse.Namespace) -> None:
         raise UsageError("--tree-budget must be >= 0")
     if args.max_new_tokens < 1:
         raise UsageError("--max-new-tokens must be >= 1")
+    if args.max_memory is not None:
+        from core.ml.weights import parse_bytes
+
+        try:
+            parse_bytes(args.max_memory)
+        except ValueError as exc:
+            raise UsageError(f"--max-memory {exc}") from None
 
 
 def _summary(rows: list[dict[str, Any]], block_size: int) -> dict[str, Any]:
     return taulib.summarize([r["rounds"] for r in rows], block_size)
+
+
+COUNTS = ("target_forwards", "target_tokens", "drafter_forwards")
+
+
+def _counts(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Noise-free cost: target forwards, tokens fed to the target (prefill included) and drafter
+    forwards, in total, per round and per prompt."""
+    total = {k: sum(r.get(k, 0) for r in rows) for k in COUNTS}
+    n_rounds = sum(len(r.get("rounds", ())) for r in rows)
+    verify_tokens = total["target_tokens"] - sum(r.get("prompt_len", 0) for r in rows if r.get("target_forwards"))
+    return {**total, "rounds": n_rounds,
+            "target_forwards_per_round": total["target_forwards"] / n_rounds if n_rounds else None,
+            "verify_tokens_per_round": verify_tokens / n_rounds if n_rounds and total["target_forwards"] else None,
+            "counts_per_prompt": [{"id": r["id"], "rounds": len(r.get("rounds", ())), **{k: r.get(k, 0) for k in COUNTS}}
+                                  for r in rows]}
 
 
 def _timing(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -94,7 +120,7 @@ def _timing(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "prefill_s": sum(r.get("prefill_s", 0.0) for r in rows), "decode_s": decode,
         "draft_s": sum(r.get("draft_s", 0.0) for r in rows), "verify_s": sum(r.get("verify_s", 0.0) for r in rows),
         "tokens": tokens, "tokens_per_s": tokens / decode if decode else None,
-        "mean_tpot_s": sum(tpots) / len(tpots) if tpots else None,
+        "mean_tpot_s": sum(tpots) / len(tpots) if tpots else None, **_counts(rows),
     }
 
 
@@ -143,7 +169,8 @@ def run_online(args, target, tokenizer, drafter, prompts, block_size) -> dict[st
 def _row(pid: str, r: Any) -> dict[str, Any]:
     return {"id": pid, "tau": r.tau, "rounds": r.rounds, "tokens": r.tokens, "prompt_len": r.prompt_len,
             "stopped": r.stopped, "prefill_s": r.prefill_s, "decode_s": r.decode_s,
-            "draft_s": r.draft_s, "verify_s": r.verify_s}
+            "draft_s": r.draft_s, "verify_s": r.verify_s, "target_forwards": r.target_forwards,
+            "target_tokens": r.target_tokens, "drafter_forwards": r.drafter_forwards}
 
 
 def run_offline(args, target, drafter, prompts, block_size) -> dict[str, Any]:
@@ -180,23 +207,28 @@ def run_offline(args, target, drafter, prompts, block_size) -> dict[str, Any]:
         st = sequence_streaks(drafter, embed, head, seq, block_size, args.tree_budget, rows)
         _, rounds = st.trajectory(args.max_new_tokens)
         tokens = seq.generated[: args.max_new_tokens]
+        counts = {"target_forwards": 0, "target_tokens": 0, "drafter_forwards": st.drafter_forwards}
         traj_rows.append({"id": p.id, "tau": taulib.mean_tau(rounds), "rounds": rounds, "tokens": tokens,
-                          "prompt_len": seq.prompt_len})
+                          "prompt_len": seq.prompt_len, **counts})
         ar = st.all_anchor_rounds()
         all_rows.append({"id": p.id, "tau": taulib.mean_tau(ar), "rounds": ar, "num_anchors": len(ar)})
         extra: dict[str, Any] = {"tau": traj_rows[-1]["tau"]}
         if args.tree_budget is not None:
             _, trounds = st.trajectory(args.max_new_tokens, tree=True)
             tree_traj_rows.append({"id": p.id, "tau": taulib.mean_tau(trounds), "rounds": trounds, "tokens": tokens,
-                                   "all_anchor_tau": taulib.mean_tau(st.all_anchor_rounds(tree=True))})
+                                   "all_anchor_tau": taulib.mean_tau(st.all_anchor_rounds(tree=True)), **counts})
             extra["tau_ddtree"] = tree_traj_rows[-1]["tau"]
         progress.step(tokens=len(seq.generated), id=p.id, **extra)
+    # Offline the target is never run (its features come from the cache); the drafter runs
+    # once per pass of anchors, the trajectory and DDTree share those passes.
     result = {**_summary(traj_rows, block_size), "per_prompt": traj_rows, "offline_variant": "trajectory",
+              "timing": _counts(traj_rows),
               "all_anchor": {**_summary(all_rows, block_size), "per_prompt": all_rows},
               "cache": {"path": str(root.resolve()), "dtype": manifest.get("dtype"),
                         "settings": manifest.get("settings")}}
     if tree_traj_rows:
-        result["ddtree"] = {"budget": args.tree_budget, **_summary(tree_traj_rows, block_size), "per_prompt": tree_traj_rows}
+        result["ddtree"] = {"budget": args.tree_budget, **_summary(tree_traj_rows, block_size), "per_prompt": tree_traj_rows,
+                            "timing": _counts(tree_traj_rows)}
     return result
 
 
@@ -215,14 +247,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _main(args, prompts)
 
 
+def memory_preflight(args: argparse.Namespace, dtype: Any, device: Any) -> dict[str, Any]:
+    """Bytes this mode loads (online: the target's text weights; offline: its embedding and
+    head only) plus the drafter, 10 % on top for activations and caches; refused (exit 2)
+    before anything is loaded when the host (or ``--max-memory``) has less."""
+    from core.ml.weights import embed_head_names, preflight, tensor_index, weight_bytes
+
+    if args.mode == "online":
+        names = [k for k in tensor_index(args.target) if "visual" not in k and not k.startswith("mtp.")]
+    else:
+        names = sorted(set(embed_head_names(args.target).values()))
+    target_bytes = weight_bytes(args.target, names, dtype)
+    try:
+        drafter_bytes = weight_bytes(args.drafter, None, dtype)
+    except (OSError, ValueError):
+        drafter_bytes = 0
+    needed = int(1.1 * (target_bytes + drafter_bytes))
+    hint = ("Run on a host with more memory, use --mode offline (loads only the embedding and head), "
+            "or raise --max-memory if the estimate is too strict." if args.mode == "online"
+            else "Run on a host with more memory, or raise --max-memory if the estimate is too strict.")
+    out = preflight(needed, f"eval --mode {args.mode}", args.max_memory, hint, device)
+    return {**out, "target_bytes": target_bytes, "drafter_bytes": drafter_bytes,
+            "loads": "full target" if args.mode == "online" else "embedding + lm_head"}
+
+
 def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
     from core.ml.drafter import load_drafter
     from core.ml.extract import target_fingerprint
     from core.ml.prompts import file_sha256
     from core.ml.target import load_target, load_tokenizer, resolve_device, resolve_dtype
+    from core.ml.weights import checkpoint_dtype, gb, load_embed_head
 
     device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
+    try:
+        stored = checkpoint_dtype(args.target)
+        dtype = resolve_dtype(args.dtype, device, stored)
+        memory = memory_preflight(args, dtype, device)
+    except (OSError, ValueError, KeyError) as exc:
+        raise UsageError(f"--target {args.target}: {exc}") from exc
     try:
         drafter = load_drafter(args.drafter, device=device, dtype=dtype)
     except (OSError, ValueError) as exc:
@@ -232,8 +294,14 @@ def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
     block_size = args.block_size or cfg.block_size
     if not 1 <= block_size <= cfg.block_size:
         raise UsageError(f"--block-size {block_size}: must be 1..{cfg.block_size} (the drafter's trained block size)")
-    say(f"loading target {args.target} on {device} ({dtype})")
-    target = load_target(args.target, device, dtype)
+    what = "the whole target" if args.mode == "online" else "the target's embedding and LM head (memory-mapped)"
+    say(f"loading {what} from {args.target} on {device}, dtype {str(dtype).removeprefix('torch.')} "
+        f"(stored {str(stored).removeprefix('torch.') if stored else 'unknown'}); "
+        f"needs about {gb(memory['needed_bytes'])}")
+    if args.mode == "online":
+        target = load_target(args.target, device, dtype)
+    else:
+        target = load_embed_head(args.target, device, dtype)
     tcfg = target.config.get_text_config()
     if tcfg.hidden_size != cfg.hidden_size:
         raise UsageError(f"drafter hidden_size {cfg.hidden_size} != target hidden_size {tcfg.hidden_size}: wrong target?")
@@ -266,6 +334,7 @@ def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
                     "count": len(prompts), "ids": [p.id for p in prompts]},
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
+        "memory": memory,
         **figures,
     }
     emit("metric", task="eval", method="chain", mode=args.mode, tau=result["tau"], tau_pooled=result["tau_pooled"],

@@ -107,7 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory (created; resumable)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
+    p.add_argument("--dtype", default="auto", help="auto (default): the target checkpoint's own dtype, never "
+                   "upcast; or float32, bfloat16, float16")
+    p.add_argument("--max-memory", help="refuse before loading when the target needs more than this (e.g. 60G); "
+                   "default: the memory this host has available")
     p.add_argument("--limit", type=int, help="only the first N prompts")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS")
     p.add_argument("--no-chat-template", action="store_true", help="encode text prompts raw")
@@ -135,7 +138,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     torch.manual_seed(args.seed)
     device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
+    from core.ml.weights import checkpoint_dtype, gb, preflight, tensor_index, weight_bytes
+
+    try:
+        dtype = resolve_dtype(args.dtype, device, checkpoint_dtype(target_dir))
+        names = [k for k in tensor_index(target_dir) if "visual" not in k and not k.startswith("mtp.")]
+        needed = int(1.1 * weight_bytes(target_dir, names, dtype))  # 10 % for activations and the cache
+    except (OSError, ValueError, KeyError) as exc:
+        raise UsageError(f"--target {target_dir}: {exc}") from exc
+    preflight(needed, "extract", args.max_memory, "Run on a host with more memory, or raise --max-memory if the "
+              "estimate is too strict.", device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     fp = target_fingerprint(target_dir)
@@ -147,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         diff = {k: (manifest.get("settings", {}).get(k), v) for k, v in settings.items() if manifest.get("settings", {}).get(k) != v}
         if diff:
             raise UsageError(f"--out {out} holds an extract made with other settings {diff}; use another --out")
-    say(f"loading target {target_dir} on {device} ({dtype})")
+    say(f"loading target {target_dir} on {device}, dtype {str(dtype).removeprefix('torch.')}, needs about {gb(needed)}")
     model = load_target(target_dir, device, dtype)
     n_layers = model.config.get_text_config().num_hidden_layers
     if max(layer_ids) >= n_layers or min(layer_ids) < 0:

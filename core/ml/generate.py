@@ -37,6 +37,8 @@ class GenerationResult:
         prompt_len: number of prompt tokens.
         stopped: a stop token ended generation.
         prefill_s / decode_s / draft_s / verify_s: wall times in seconds.
+        target_forwards / target_tokens: target forwards and tokens fed to it (prefill included).
+        drafter_forwards: drafter forwards (one per round).
     """
 
     tokens: list[int]
@@ -47,6 +49,9 @@ class GenerationResult:
     decode_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
+    target_forwards: int = 0
+    target_tokens: int = 0
+    drafter_forwards: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -130,7 +135,8 @@ def greedy_generate(model: nn.Module, prompt: Sequence[int], max_new_tokens: int
         logits = model(torch.tensor([[nxt]], device=device), **{kw: cache}, use_cache=True).logits
     t2 = _sync(device)
     tokens, stopped = _finish(out, max_new_tokens, stop_ids)
-    return GenerationResult(tokens, [1] * len(tokens), len(prompt), stopped, t1 - t0, t2 - t1)
+    return GenerationResult(tokens, [1] * len(tokens), len(prompt), stopped, t1 - t0, t2 - t1,
+                            target_forwards=len(out), target_tokens=len(prompt) + len(out) - 1)
 
 
 @torch.no_grad()
@@ -179,7 +185,8 @@ def chain_generate(proposer: Proposer | None, runner: TargetRunner, prompt: Sequ
         feats = vfeats[:, : n_acc + 1] if vfeats is not None else None
     t2 = _sync(dev)
     tokens, stopped = _finish(out, max_new_tokens, stop_ids)
-    return GenerationResult(tokens, rounds, P, stopped, t1 - t0, t2 - t1, draft_s, verify_s)
+    return GenerationResult(tokens, rounds, P, stopped, t1 - t0, t2 - t1, draft_s, verify_s,
+                            drafter_forwards=len(rounds) if block_size > 1 else 0, **runner.counts())
 
 
 @torch.no_grad()
@@ -217,6 +224,7 @@ def ddtree_generate(proposer: Proposer, runner: TargetRunner, prompt: Sequence[i
         feats = vfeats[:, accepted] if vfeats is not None else None
     t2 = _sync(dev)
     tokens, stopped = _finish(out, max_new_tokens, stop_ids)
-    res = GenerationResult(tokens, rounds, P, stopped, t1 - t0, t2 - t1, draft_s, verify_s)
+    res = GenerationResult(tokens, rounds, P, stopped, t1 - t0, t2 - t1, draft_s, verify_s,
+                           drafter_forwards=len(rounds), **runner.counts())
     res.extra["mean_tree_nodes"] = nodes / len(rounds) if rounds else 0.0
     return res

@@ -47,6 +47,7 @@ class SequenceStreaks:
         streaks: chain streak s(a) per anchor.
         full: whether the anchor's whole block (B-1 labels) lies inside the sequence.
         tree_streaks: DDTree streak per anchor (when a budget was given).
+        drafter_forwards: drafter passes that produced them (anchors batched ``max_rows // B`` a pass).
     """
 
     id: str
@@ -56,6 +57,7 @@ class SequenceStreaks:
     streaks: list[int]
     full: list[bool]
     tree_streaks: list[int] | None = None
+    drafter_forwards: int = 0
 
     def trajectory(self, max_new_tokens: int | None = None, tree: bool = False) -> tuple[list[int], list[int]]:
         """``(anchors, rounds)`` of the greedy trajectory (rounds = s + 1)."""
@@ -174,4 +176,5 @@ def sequence_streaks(
                 topk = []
             tree = build_tree(int(seq.input_ids[a]), topk, tree_budget)
             tree_streaks.append(tree.deepest_match(labels[a : a + block_size - 1]))
-    return SequenceStreaks(seq.id, seq.prompt_len, S, anchors, streaks, full, tree_streaks)
+    passes = -(-len(anchors) // max(1, max_rows // block_size))
+    return SequenceStreaks(seq.id, seq.prompt_len, S, anchors, streaks, full, tree_streaks, passes)

@@ -6,15 +6,20 @@ to the accepted prefix after each round. How depends on the cache layers
 
 * ``crop``: every layer is a plain attention ``DynamicLayer`` (Qwen3, Llama, ...): drop or
   index-select K/V rows. Cheap and exact.
-* ``snapshot``: attention layers plus linear-attention layers (hybrid ``qwen3_5``: conv and
-  recurrent state). A recurrent state cannot be cropped: we clone the linear layers' states at
-  the block start, and after verification restore them, crop the attention rows and re-run the
-  accepted tokens (one extra target forward in rounds that reject something).
+* ``state``: attention layers plus gated delta-net linear-attention layers (hybrid ``qwen3_5``:
+  conv and recurrent state, which cannot be cropped). Verification runs the linear layers
+  tree-aware (:mod:`core.ml.hybrid`): every block position / tree node gets its own state in the
+  one verify forward, the cache is left untouched, and after acceptance the accepted path's
+  states are advanced from the recorded per-node inputs. One target forward per round, chain
+  or tree, each node fed once.
 * ``recompute``: any other cache layout: reset and re-run the whole committed sequence.
 
-Draft trees (DDTree) are verified in one forward with a 4-D ancestor mask on attention-only
-targets; hybrid targets cannot take a tree mask in their recurrent layers, so there the tree
-is verified as a batch of root-to-leaf paths (each row an ordinary causal chain, right padded).
+Draft trees (DDTree) are verified in one forward with a 4-D ancestor mask on the attention
+layers (and tree-aware linear layers on hybrid targets).
+
+Counts: every target forward and every token fed to it (prefill included, batch rows times
+width for the recompute fallback) add to :attr:`TargetRunner.forwards` / :attr:`TargetRunner.tokens`,
+reset by :meth:`TargetRunner.prefill`: the noise-free cost of a generation.
 """
 
 from __future__ import annotations
@@ -45,11 +50,15 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """``auto``/None -> bfloat16 on CUDA, float32 on CPU; else the named dtype."""
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device,
+                  stored: torch.dtype | None = None) -> torch.dtype:
+    """``auto``/None -> the checkpoint's own dtype ``stored`` (never upcast: a bf16 27B target
+    stays 54 GB, not 108), else bfloat16 on CUDA and float32 on CPU; or the named dtype."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype in (None, "auto"):
+        if stored is not None:
+            return stored
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     try:
         return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
@@ -57,12 +66,21 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
         raise ValueError(f"unknown dtype {dtype!r} (float32, bfloat16, float16, auto)") from None
 
 
-def load_target(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> nn.Module:
-    """Load a local causal LM directory with SDPA attention (never touches a hub)."""
+def load_target(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> nn.Module:
+    """Load a local causal LM directory with SDPA attention (never touches a hub).
+
+    ``dtype`` None keeps the checkpoint's dtype; in that dtype transformers memory-maps the
+    safetensors weights on CPU instead of copying them (a load costs about the weight bytes,
+    touched pages only).
+    """
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
+    from core.ml.weights import checkpoint_dtype
+
     hf_logging.disable_progress_bar()  # stderr is for our messages; stdout stays JSON lines
+    if dtype is None:
+        dtype = checkpoint_dtype(path) or torch.float32
     model = AutoModelForCausalLM.from_pretrained(
         str(path), dtype=dtype, attn_implementation="sdpa", local_files_only=True
     )
@@ -131,11 +149,15 @@ class TargetRunner:
     """
 
     def __init__(self, model: nn.Module, layer_ids: Sequence[int] | None = None) -> None:
+        from core.ml.hybrid import linear_attention_modules
+
         self.model = model
         self.device = next(model.parameters()).device
         self.tap = FeatureTap(model, layer_ids) if layer_ids else None
         self._cache_kw = cache_kwarg(model)
         self._keep_kw = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._linear_modules = linear_attention_modules(model)
+        self.forwards = self.tokens = 0
         self.reset()
 
     # ------------------------------------------------------------------ state
@@ -154,8 +176,8 @@ class TargetRunner:
         kinds = {type(layer) for layer in layers}
         if kinds <= {DynamicLayer}:
             return "crop"
-        if kinds <= {DynamicLayer, _LinearLayer}:
-            return "snapshot"
+        if kinds <= {DynamicLayer, _LinearLayer} and self._linear_modules:
+            return "state"
         return "recompute"
 
     @property
@@ -163,13 +185,17 @@ class TargetRunner:
         """Number of committed tokens in the cache."""
         return len(self.ids)
 
+    def counts(self) -> dict[str, int]:
+        """Target forwards and tokens fed since the last :meth:`prefill` (prefill included)."""
+        return {"target_forwards": self.forwards, "target_tokens": self.tokens}
+
     def close(self) -> None:
         if self.tap is not None:
             self.tap.close()
 
     # ------------------------------------------------------------------ forward
 
-    def _forward(self, ids: Tensor, positions: Tensor, mask: Tensor | None = None,
+    def _forward(self, ids: Tensor, positions: Tensor, mask: Any = None,
                  last_only: bool = False) -> tuple[Tensor, Tensor | None]:
         # ids/positions: [b, n] -> logits [b, n or 1, V] (float32), feats [b, n, K*H] | None
         kwargs: dict[str, Any] = {self._cache_kw: self.cache, "use_cache": True, "position_ids": positions}
@@ -180,6 +206,8 @@ class TargetRunner:
         need_hs = self.tap is not None and self.tap.needs_hidden_states
         if need_hs:
             kwargs["output_hidden_states"] = True
+        self.forwards += 1
+        self.tokens += ids.numel()
         out = self.model(ids, **kwargs)
         feats = self.tap.pop_from(getattr(out, "hidden_states", None)) if self.tap is not None else None
         logits = out.logits[:, -1:] if last_only else out.logits
@@ -192,6 +220,7 @@ class TargetRunner:
     def prefill(self, input_ids: Sequence[int]) -> tuple[Tensor, Tensor | None]:
         """Run the prompt. Returns (logits of the last position [V], features [1, P, K*H])."""
         self.reset()
+        self.forwards = self.tokens = 0
         ids = torch.tensor([list(input_ids)], device=self.device)
         logits, feats = self._forward(ids, self._positions(ids.shape[1]), last_only=True)
         self.ids = list(input_ids)
@@ -204,11 +233,15 @@ class TargetRunner:
         Returns:
             logits [n, V] (float32) and features [1, n, K*H] of the block positions.
         """
-        snap = self._snapshot()
-        ids = torch.tensor([list(block)], device=self.device)
-        logits, feats = self._forward(ids, self._positions(len(block)))
-        self._pending = {"kind": "chain", "tokens": list(block), "snap": snap}
-        return logits[0], feats
+        n = len(block)
+        if self.strategy == "state":
+            logits, feats, states = self._verify_states(block, [-1, *range(n - 1)], list(range(n)), tree=False)
+        else:
+            states = None
+            logits, feats = self._forward(torch.tensor([list(block)], device=self.device), self._positions(n))
+            logits = logits[0]
+        self._pending = {"kind": "chain", "tokens": list(block), "states": states}
+        return logits, feats
 
     @torch.no_grad()
     def commit_chain(self, n_keep: int) -> None:
@@ -216,17 +249,13 @@ class TargetRunner:
         p, self._pending = self._pending, None
         assert p is not None and p["kind"] == "chain", "commit_chain without verify_chain"
         tokens = p["tokens"]
-        drop = len(tokens) - n_keep
-        if drop == 0:
-            self.ids += tokens
-        elif self.strategy == "crop":
-            self._crop_attention(drop)
-            self.ids += tokens[:n_keep]
-        elif self.strategy == "snapshot":
-            self._restore(p["snap"], len(tokens))
-            self._rerun(tokens[:n_keep])
-        else:
+        if self.strategy == "recompute" and n_keep < len(tokens):
             self._recompute(self.ids + tokens[:n_keep])
+            return
+        if p["states"] is not None:
+            p["states"].commit(self.cache, range(n_keep))
+        self._crop_attention(len(tokens) - n_keep)
+        self.ids += tokens[:n_keep]
 
     @torch.no_grad()
     def verify_tree(self, tokens: Sequence[int], parents: Sequence[int], depths: Sequence[int]) -> tuple[Tensor, Tensor | None]:
@@ -240,17 +269,18 @@ class TargetRunner:
         Returns:
             logits [n, V] and features [1, n, K*H] per node; call :meth:`commit_tree` next.
         """
-        n = len(tokens)
-        snap = self._snapshot()
+        states = None
         if self.strategy == "crop":
             ids = torch.tensor([list(tokens)], device=self.device)
             pos = torch.tensor([list(depths)], device=self.device) + self.length
             mask = tree_attention_mask(parents, self.length, self.model.dtype, self.device)
             logits, feats = self._forward(ids, pos, mask=mask)
-            logits, feats = logits[0], feats
+            logits = logits[0]
+        elif self.strategy == "state":
+            logits, feats, states = self._verify_states(tokens, parents, depths, tree=True)
         else:
-            logits, feats = self._verify_paths(tokens, parents, snap)
-        self._pending = {"kind": "tree", "tokens": list(tokens), "snap": snap, "n": n}
+            logits, feats = self._verify_paths(tokens, parents)
+        self._pending = {"kind": "tree", "tokens": list(tokens), "states": states}
         return logits, feats
 
     @torch.no_grad()
@@ -259,48 +289,49 @@ class TargetRunner:
         p, self._pending = self._pending, None
         assert p is not None and p["kind"] == "tree", "commit_tree without verify_tree"
         keep_tokens = [p["tokens"][i] for i in accepted]
-        if self.strategy == "crop":
-            past = self.length
-            idx = torch.tensor([*range(past), *(past + i for i in accepted)], device=self.device)
-            for layer in self.cache.layers:
-                if getattr(layer, "keys", None) is not None:
-                    layer.keys = layer.keys.index_select(-2, idx)
-                    layer.values = layer.values.index_select(-2, idx)
-            self.ids += keep_tokens
-        else:
+        if self.strategy == "recompute":
             self._rerun(keep_tokens)  # path verification left the cache at the committed prefix
+            return
+        if p["states"] is not None:
+            p["states"].commit(self.cache, accepted)
+        past = self.length
+        idx = torch.tensor([*range(past), *(past + i for i in accepted)], device=self.device)
+        for layer in self._attention_layers():
+            layer.keys = layer.keys.index_select(-2, idx)
+            layer.values = layer.values.index_select(-2, idx)
+        self.ids += keep_tokens
 
-    # ------------------------------------------------------------------ rollback helpers
+    # ------------------------------------------------------------------ helpers
 
-    def _linear_layers(self) -> list[Any]:
-        return [l for l in self.cache.layers if _LinearLayer is not None and isinstance(l, _LinearLayer)]
+    def _verify_states(self, tokens: Sequence[int], parents: Sequence[int], depths: Sequence[int],
+                       tree: bool) -> tuple[Tensor, Tensor | None, Any]:
+        """One forward over all nodes, linear layers tree-aware (hybrid targets)."""
+        from core.ml.hybrid import TreeStates
 
-    def _snapshot(self) -> list[dict[str, Any]] | None:
-        if self.strategy != "snapshot":
-            return None
-        snap = []
-        for layer in self._linear_layers():
-            snap.append({
-                "conv": {i: (t.clone() if t is not None else None) for i, t in layer.conv_states.items()},
-                "rec": {i: (t.clone() if t is not None else None) for i, t in layer.recurrent_states.items()},
-                "has_prev": dict(layer.has_previous_state),
-            })
-        return snap
+        states = TreeStates(self._linear_modules, parents, depths)
+        ids = torch.tensor([list(tokens)], device=self.device)
+        if tree:
+            pos = torch.tensor([list(depths)], device=self.device) + self.length
+            mask: Any = {"full_attention": tree_attention_mask(parents, self.length, self.model.dtype, self.device),
+                         "linear_attention": None}
+        else:
+            pos, mask = self._positions(len(tokens)), None
+        states.install()
+        try:
+            logits, feats = self._forward(ids, pos, mask=mask)
+        finally:
+            states.remove()
+        return logits[0], feats, states
 
-    def _restore(self, snap: list[dict[str, Any]] | None, n_attention_rows: int) -> None:
-        """Restore linear states from ``snap`` and drop the last attention rows."""
-        for layer, s in zip(self._linear_layers(), snap or []):
-            layer.conv_states = {i: (t.clone() if t is not None else None) for i, t in s["conv"].items()}
-            layer.recurrent_states = {i: (t.clone() if t is not None else None) for i, t in s["rec"].items()}
-            layer.has_previous_state = dict(s["has_prev"])
-        self._crop_attention(n_attention_rows)
+    def _attention_layers(self) -> list[Any]:
+        return [layer for layer in self.cache.layers
+                if (DynamicLayer is None or isinstance(layer, DynamicLayer)) and getattr(layer, "keys", None) is not None]
 
     def _crop_attention(self, n: int) -> None:
-        for layer in self.cache.layers:
-            if DynamicLayer is not None and isinstance(layer, DynamicLayer) and getattr(layer, "keys", None) is not None:
-                if n > 0:
-                    layer.keys = layer.keys[..., : layer.keys.shape[-2] - n, :]
-                    layer.values = layer.values[..., : layer.values.shape[-2] - n, :]
+        if n > 0:
+            for layer in self._attention_layers():
+                layer.keys = layer.keys[..., : layer.keys.shape[-2] - n, :]
+                layer.values = layer.values[..., : layer.values.shape[-2] - n, :]
 
     def _rerun(self, tokens: Sequence[int]) -> None:
         if tokens:
@@ -313,8 +344,9 @@ class TargetRunner:
         self.ids = []
         self._rerun(all_ids)
 
-    def _verify_paths(self, tokens: Sequence[int], parents: Sequence[int], snap: Any) -> tuple[Tensor, Tensor | None]:
-        """Tree verification as a batch of root-to-leaf chains (recurrent-safe)."""
+    def _verify_paths(self, tokens: Sequence[int], parents: Sequence[int]) -> tuple[Tensor, Tensor | None]:
+        """Fallback for unknown cache layouts: each root-to-leaf path re-run with the committed
+        ids on a scratch cache (the real cache is left at the committed prefix)."""
         n = len(tokens)
         has_child = [False] * n
         for i in range(1, n):
@@ -329,18 +361,13 @@ class TargetRunner:
         width = max(len(p) for p in paths)
         rows = torch.tensor([[tokens[i] for i in p] + [tokens[0]] * (width - len(p)) for p in paths], device=self.device)
         past = self.length
-        if self.strategy == "recompute":
-            # Unknown cache layout: run committed ids + each path from scratch on a scratch cache.
-            saved, saved_ids = self.cache, list(self.ids)
-            self.cache, self.ids = new_cache(self.model), []
-            prefix = torch.tensor([saved_ids], device=self.device)
-            full = torch.cat([prefix.expand(len(paths), -1), rows], dim=1)
-            logits, feats = self._forward(full, torch.arange(past + width, device=self.device).expand(len(paths), -1))
-            logits, feats = logits[:, past:], (feats[:, past:] if feats is not None else None)
-            self.cache, self.ids = saved, saved_ids
-        else:
-            self._expand_batch(len(paths))
-            logits, feats = self._forward(rows, self._positions(width, len(paths)))
+        saved, saved_ids = self.cache, list(self.ids)
+        self.cache, self.ids = new_cache(self.model), []
+        prefix = torch.tensor([saved_ids], device=self.device)
+        full = torch.cat([prefix.expand(len(paths), -1), rows], dim=1)
+        logits, feats = self._forward(full, torch.arange(past + width, device=self.device).expand(len(paths), -1))
+        logits, feats = logits[:, past:], (feats[:, past:] if feats is not None else None)
+        self.cache, self.ids = saved, saved_ids
         # node -> (row, col) of its first occurrence
         where: dict[int, tuple[int, int]] = {}
         for r, p in enumerate(paths):
@@ -348,34 +375,8 @@ class TargetRunner:
                 where.setdefault(node, (r, c))
         r_idx = torch.tensor([where[i][0] for i in range(n)], device=self.device)
         c_idx = torch.tensor([where[i][1] for i in range(n)], device=self.device)
-        node_logits = logits[r_idx, c_idx]
         node_feats = feats[r_idx, c_idx][None] if feats is not None else None
-        if self.strategy == "snapshot":
-            self._select_batch_row0()
-            self._restore(snap, width)
-        assert self.length == past
-        return node_logits, node_feats
-
-    def _expand_batch(self, b: int) -> None:
-        for layer in self.cache.layers:
-            if DynamicLayer is not None and isinstance(layer, DynamicLayer) and getattr(layer, "keys", None) is not None:
-                layer.keys = layer.keys.expand(b, *layer.keys.shape[1:]).contiguous()
-                layer.values = layer.values.expand(b, *layer.values.shape[1:]).contiguous()
-            elif _LinearLayer is not None and isinstance(layer, _LinearLayer):
-                for d in (layer.conv_states, layer.recurrent_states):
-                    for i, t in d.items():
-                        if t is not None:
-                            d[i] = t.expand(b, *t.shape[1:]).contiguous()
-
-    def _select_batch_row0(self) -> None:
-        for layer in self.cache.layers:
-            if DynamicLayer is not None and isinstance(layer, DynamicLayer) and getattr(layer, "keys", None) is not None:
-                layer.keys, layer.values = layer.keys[:1], layer.values[:1]
-            elif _LinearLayer is not None and isinstance(layer, _LinearLayer):
-                for d in (layer.conv_states, layer.recurrent_states):
-                    for i, t in d.items():
-                        if t is not None:
-                            d[i] = t[:1]
+        return logits[r_idx, c_idx], node_feats
 
 
 def tree_attention_mask(parents: Sequence[int], past: int, dtype: torch.dtype, device: torch.device) -> Tensor:

@@ -101,7 +101,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from core.ml.runio import TaskError, UsageError, atomic_write_json, atomic_write_text, provenance, run_main, say
+from core.ml.runio import (TaskError, UsageError, atomic_write_json, atomic_write_text, fixed_mmap_threshold, provenance,
+                          run_main, say)
 from core.ml.train_config import ConfigError
 from core.ml.train_runtime import (
     Dist,
@@ -260,6 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(describe())
         return 0
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    fixed_mmap_threshold()  # no heap creep from gradients re-allocated every step: the peak is what it holds
     try:
         cfg, target_cfg, tokenizer = load_resolved(args)
         if args.print_config:
@@ -318,9 +320,17 @@ class Trainer:
         self.final_id = int(self.target_cfg["num_hidden_layers"]) - 1
 
         self.source = build_source(cfg, self.target_cfg, self.tokenizer)
-        self.say(f"loading target {cfg.target} on {device}")
         target_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        self.target = load_target(cfg.target, device, target_dtype).requires_grad_(False)
+        if isinstance(self.source, JsonlSource):  # the target runs on the fly: all of it
+            self.say(f"loading target {cfg.target} on {device}")
+            self.target = load_target(cfg.target, device, target_dtype).requires_grad_(False)
+        else:  # cached features: the loss needs only the embedding and the LM head, by name, memory-mapped
+            from core.ml.weights import gb, load_embed_head
+
+            self.target = load_embed_head(cfg.target, device, target_dtype)
+            part = sum(p.numel() * p.element_size() for p in self.target.parameters())
+            self.say(f"loading the embedding and LM head of {cfg.target} on {device} ({gb(part)}; "
+                     f"the decoder layers stay on disk)")
         self.embed, self.head = self.target.get_input_embeddings(), self.target.get_output_embeddings()
         if isinstance(self.source, JsonlSource):
             self.source.bind(self.target, stop_token_ids(self.target, self.tokenizer))
@@ -357,7 +367,10 @@ class Trainer:
 
             self.forward = DistributedDataParallel(self.forward, device_ids=[device] if device.type == "cuda" else None)
         t = cfg.train
-        self.opt = torch.optim.AdamW(self.drafter.parameters(), lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
+        # fused: one kernel per step, no per-tensor temporaries (the unfused step allocates about
+        # three copies of the largest weight on top of weights, grads and moments)
+        self.opt = torch.optim.AdamW(self.drafter.parameters(), lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay,
+                                     fused=device.type in ("cpu", "cuda"))
         warmup = t.warmup_steps if t.warmup_steps is not None else int(round(t.warmup_ratio * self.total))
         self.warmup = warmup
         self.sched = torch.optim.lr_scheduler.LambdaLR(

@@ -105,6 +105,9 @@ def test_eval_online_and_offline_agree(extracted, tiny_dirs, tmp_path, capsys):
                                              "--cache", str(cache)]) == 0
     off = json.loads((tmp_path / "off/result.json").read_text())
     assert off["mode"] == "offline" and "all_anchor" in off
+    assert off["timing"]["target_forwards"] == off["timing"]["target_tokens"] == 0  # features come from the cache
+    assert off["timing"]["drafter_forwards"] >= len(off["per_prompt"])
+    assert on["timing"]["target_forwards"] == sum(len(p["rounds"]) + 1 for p in on["per_prompt"])
     for a, b in zip(on["per_prompt"], off["per_prompt"]):
         assert (a["id"], a["rounds"], a["tokens"]) == (b["id"], b["rounds"], b["tokens"])
     for a, b in zip(on["ddtree"]["per_prompt"], off["ddtree"]["per_prompt"]):
@@ -275,6 +278,15 @@ def test_tiny_dirs_load_like_real_ones_and_evaluate(tiny, arch, tmp_path, capsys
     want = greedy_generate(model, tiny.tiny_prompt_rows()[-1]["input_ids"], 10).tokens
     assert ids_prompt["tokens"] == want and res["ddtree"]["per_prompt"][-1]["tokens"] == want
     assert res["target"]["model_type"].startswith(arch.removesuffix("_vlm"))
+    for part in (res, res["ddtree"]):  # the noise-free cost: one target forward per round, plus prefill
+        timing = part["timing"]
+        for row, counts in zip(part["per_prompt"], timing["counts_per_prompt"]):
+            assert counts["id"] == row["id"] and counts["target_forwards"] == len(row["rounds"]) + 1
+            assert counts["drafter_forwards"] == len(row["rounds"])
+        assert timing["target_forwards"] == sum(c["target_forwards"] for c in timing["counts_per_prompt"])
+        assert timing["target_tokens"] > timing["target_forwards"]
+    assert res["timing"]["verify_tokens_per_round"] == 4  # chain: B tokens per round
+    assert res["ddtree"]["timing"]["verify_tokens_per_round"] == 5  # budget + 1 nodes, each fed once
     if arch == "qwen3_5_vlm":  # the campaign layout: composite config, text weights under language_model
         assert json.loads((target_dir / "config.json").read_text())["model_type"] == "qwen3_5"
         assert type(model).__name__ == "Qwen3_5ForCausalLM"

@@ -33,7 +33,7 @@ def cases(qwen3_target, qwen35_target, fitted_drafter, fitted_drafter35, make_pr
 def test_chain_with_drafter_is_lossless(cases, arch, block_size):
     target, drafter, prompt, ref = cases[arch]
     runner = TargetRunner(target, drafter.target_layer_ids)
-    assert runner.strategy == ("crop" if arch == "qwen3" else "snapshot")
+    assert runner.strategy == ("crop" if arch == "qwen3" else "state")
     res = chain_generate(DFlashProposer(drafter, target) if block_size > 1 else None, runner, prompt, N, block_size, MASK)
     assert res.tokens == ref.tokens[:N]
     assert sum(res.rounds) >= N and all(1 <= r <= block_size for r in res.rounds)
@@ -171,3 +171,66 @@ def test_tree_attention_mask_is_ancestor_only():
     visible = (m == 0).int().tolist()
     assert [row[:2] for row in visible] == [[1, 1]] * 5  # every node sees the whole past
     assert [row[2:] for row in visible] == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]]
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+def test_chain_is_one_target_forward_per_round(cases, oracle, arch):
+    """Rollback never re-runs tokens: prefill + one verify forward per round, B tokens each."""
+    target, drafter, prompt, ref = cases[arch]
+    runner = TargetRunner(target, drafter.target_layer_ids)
+    for prop in (DFlashProposer(drafter, target), oracle(prompt + ref.tokens, 320, 0.7)):
+        res = chain_generate(prop, runner, prompt, N, 8, MASK)
+        assert res.tokens == ref.tokens[:N]
+        assert any(r < 8 for r in res.rounds[:-1])  # rejections happened: a rollback was needed
+        assert res.target_forwards == len(res.rounds) + 1
+        assert res.target_tokens == len(prompt) + 8 * len(res.rounds)
+        assert res.drafter_forwards == len(res.rounds)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+@pytest.mark.parametrize("budget", [5, 16])
+def test_ddtree_feeds_each_node_once(cases, oracle, arch, budget):
+    """A tree of budget + 1 nodes costs one forward of budget + 1 tokens, hybrid targets too
+    (the path-batch verification fed about 2.6x that, plus a re-run of the accepted path)."""
+    target, drafter, prompt, ref = cases[arch]
+    runner = TargetRunner(target, drafter.target_layer_ids)
+    res = ddtree_generate(oracle(prompt + ref.tokens, 320, 0.6), runner, prompt, N, 8, MASK, budget)
+    assert res.tokens == ref.tokens[:N]
+    rounds = len(res.rounds)
+    assert res.extra["mean_tree_nodes"] == budget  # full trees: vocab 320 >> budget
+    assert res.target_forwards == rounds + 1
+    assert res.target_tokens - len(prompt) == (budget + 1) * rounds
+
+
+def test_hybrid_tree_states_match_plain_decoding_per_node(qwen35_target, make_prompt):
+    """Every node of a branching tree gets the logits plain greedy decoding gives its path, and
+    committing a non-first branch leaves the cache where decoding that path would."""
+    from core.ml.target import new_cache, cache_kwarg
+
+    target = qwen35_target
+    prompt = make_prompt(7, 12)
+    # root 0; branches 0->1->3->5, 0->2->4, 1->6 (node 6 a sibling of 3)
+    tokens, parents = [11, 40, 41, 42, 43, 44, 45], [-1, 0, 0, 1, 2, 3, 1]
+    depths = [0, 1, 1, 2, 2, 3, 2]
+    runner = TargetRunner(target, None)
+    runner.prefill(prompt)
+    logits, _ = runner.verify_tree(tokens, parents, depths)
+
+    def path_logits(node):
+        path = []
+        while node != -1:
+            path.append(tokens[node])
+            node = parents[node]
+        full = prompt + path[::-1]
+        return target(torch.tensor([full])).logits[0, -1].float()
+
+    for i in range(len(tokens)):
+        torch.testing.assert_close(logits[i], path_logits(i), atol=2e-4, rtol=1e-4)
+    runner.commit_tree([0, 2, 4])
+    nxt, _ = runner.verify_chain([50, 51])
+    kw = cache_kwarg(target)
+    cache = new_cache(target)
+    target(torch.tensor([prompt]), **{kw: cache}, use_cache=True)
+    want = [target(torch.tensor([[t]]), **{kw: cache}, use_cache=True).logits[0, -1].float()
+            for t in (11, 41, 43, 50, 51)]
+    torch.testing.assert_close(nxt, torch.stack(want[-2:]), atol=2e-4, rtol=1e-4)

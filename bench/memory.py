@@ -1,0 +1,270 @@
+"""Peak memory of eval and of the trainer against what they must hold.
+
+    python bench/memory.py [--eval] [--train] [--keep DIR]
+
+Each measurement runs in a fresh child process that first imports everything the task
+imports (torch, transformers, the model's module, core.ml), records its peak RSS as the
+*baseline*, then runs the task and records the peak again; the figures are ratios against
+bytes counted from the safetensors headers, measured in the same run.
+
+* ``--eval``: a bf16 Qwen3 target of about 430 MB (12 layers, hidden 1024, vocab 32000; random,
+  built from config) and a small drafter. Online eval: ``(peak - baseline) / target weight
+  bytes`` (goal <= 1.25: the checkpoint's dtype is kept and its weights memory-mapped, not
+  upcast to float32 = 2x). Offline eval: the same against the embedding + head bytes, which is
+  all it loads. ``result.json``'s ``dtype`` is printed too.
+* ``--train``: a target whose decoder layers hold about 1.1 GB and whose embedding and head
+  are small (vocab 512), a feature cache written with :mod:`core.ml.featstore`, and 4 training
+  steps from it. Expected peak = baseline + embedding + head bytes (as the trainer holds them)
+  + drafter parameters x 4 (weights, grads, two AdamW moments, float32); goal: the measured
+  peak within 10 % of it. Also the peak of the full target load the trainer used to do
+  (``load_target`` in float32 on CPU).
+
+Nothing is downloaded. Output: one JSON object per measurement, then a summary line each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+MB = 1e6
+
+
+def peak_mb() -> float:
+    """Peak RSS of this process image in MB: VmHWM (getrusage's maxrss would carry the parent's
+    peak over fork + exec)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024 / MB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / MB
+
+
+# ----------------------------------------------------------------------------- child side
+
+def child(task: str, argv: list[str], target: str) -> None:
+    """Import, take the baseline, run the task, print the peaks (JSON)."""
+    import importlib
+
+    import torch
+    import transformers  # noqa: F401
+    from transformers import AutoConfig
+
+    torch.set_num_threads(2)
+    cfg = AutoConfig.from_pretrained(target, local_files_only=True)
+    mt = cfg.model_type
+    importlib.import_module(f"transformers.models.{mt}.modeling_{mt}")
+    from core.ml import drafter, eval, generate, offline, target as tgt, train, train_loss, weights  # noqa: F401
+    from core.ml.runio import run_main
+
+    base = peak_mb()
+    if task == "eval":
+        rc = run_main(eval.main, argv)
+    elif task == "train":
+        rc = run_main(train.main, argv)
+    elif task == "full_load":
+        m = tgt.load_target(target, "cpu", torch.float32)
+        rc = 0 if m is not None else 1
+    else:
+        raise SystemExit(f"unknown task {task}")
+    print(json.dumps({"child": task, "rc": rc, "baseline_mb": base, "peak_mb": peak_mb()}), flush=True)
+
+
+def run_child(task: str, argv: list[str], target: Path) -> dict:
+    cmd = [sys.executable, __file__, "--child", task, "--child-target", str(target), "--", *argv]
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    for line in reversed(r.stdout.splitlines()):
+        if line.startswith('{"child"'):
+            out = json.loads(line)
+            if out["rc"] != 0:
+                raise SystemExit(f"{task} failed (exit {out['rc']}): {r.stderr[-2000:]}")
+            return out
+    raise SystemExit(f"{task} child printed no result (exit {r.returncode}): {r.stderr[-2000:]}")
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+def build_target(out: Path, layers: int, hidden: int, inter: int, vocab: int) -> Path:
+    """A random bf16 Qwen3 checkpoint built from config (never in float32: half the memory)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    if (out / "model.safetensors").is_file():
+        return out
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                      num_attention_heads=16, num_key_value_heads=8, head_dim=hidden // 16,
+                      tie_word_embeddings=False, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        model = Qwen3ForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02)
+    model.config.dtype = torch.bfloat16
+    model.save_pretrained(out)
+    return out
+
+
+def build_drafter(out: Path, target: Path, block: int = 8) -> Path:
+    from transformers import AutoConfig
+
+    from core.ml import tiny
+    from core.ml.drafter import save_drafter
+
+    cfg = AutoConfig.from_pretrained(target, local_files_only=True)
+    d = tiny.build_tiny_drafter(tiny.tiny_drafter_config(cfg, block_size=block, target_layer_ids=(1, 5)), seed=1)
+    save_drafter(d, out)
+    return out
+
+
+def write_prompts(path: Path, n: int = 2, length: int = 24, vocab: int = 32000) -> Path:
+    import random
+
+    rng = random.Random(0)
+    path.write_text("".join(json.dumps({"id": f"r{i}", "input_ids": [rng.randrange(4, vocab) for _ in range(length)]})
+                            + "\n" for i in range(n)))
+    return path
+
+
+def write_feature_cache(out: Path, target: Path, layer_ids: list[int], n: int, length: int, prompt_len: int) -> Path:
+    """Random features in the extract cache format (the trainer's input; its content does not
+    matter for memory)."""
+    import torch
+
+    from core.ml import featstore
+    from core.ml.extract import target_fingerprint
+
+    cfg = json.loads((target / "config.json").read_text())
+    H, V = cfg["hidden_size"], cfg["vocab_size"]
+    out.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(0)
+    entries = {}
+    for i in range(n):
+        ids = torch.randint(4, V, (length,), generator=g)
+        seq = featstore.CachedSequence(f"s{i}", ids, torch.randn(length, len(layer_ids) * H, generator=g).bfloat16(),
+                                       torch.roll(ids, -1), prompt_len)
+        entries[seq.id] = {"file": featstore.write_entry(out, seq), "prompt_len": prompt_len, "num_tokens": length,
+                           "num_generated": length - prompt_len, "stopped": False}
+    settings = {"target_fingerprint": target_fingerprint(target), "layer_ids": layer_ids}
+    featstore.save_manifest(out, {"format": featstore.FORMAT, "target": {"path": str(target), "fingerprint":
+                                  target_fingerprint(target), "model_type": cfg["model_type"]},
+                                  "layer_ids": layer_ids, "hidden_size": H, "feature_dim": len(layer_ids) * H,
+                                  "dtype": "bfloat16", "settings": settings, "entries": entries})
+    return out
+
+
+# ----------------------------------------------------------------------------- benches
+
+def bench_eval(root: Path, new_tokens: int) -> dict:
+    from core.ml import weights as w
+
+    target = build_target(root / "eval-target", layers=12, hidden=1024, inter=3072, vocab=32000)
+    drafter = build_drafter(root / "eval-drafter", target)
+    prompts = write_prompts(root / "prompts.jsonl")
+    target_bytes = w.weight_bytes(target)
+    eh = w.weight_bytes(target, set(w.embed_head_names(target).values()))
+    out = root / "eval-out" / "result.json"
+    argv = ["--target", str(target), "--drafter", str(drafter), "--prompts", str(prompts), "--out", str(out),
+            "--max-new-tokens", str(new_tokens), "--ignore-eos", "--tree-budget", "8"]
+    on = run_child("eval", argv, target)
+    res = json.loads(out.read_text())
+    ratio = (on["peak_mb"] - on["baseline_mb"]) * MB / target_bytes
+    fig = {"bench": "eval_online_rss", "target_mb": target_bytes / MB, "stored_dtype": str(w.checkpoint_dtype(target)),
+           "result_dtype": res["dtype"], **on, "ratio_above_baseline": round(ratio, 3), "goal": "<= 1.25"}
+    print(json.dumps(fig), flush=True)
+    print(f"eval online: peak - baseline = {on['peak_mb'] - on['baseline_mb']:.0f} MB for {target_bytes / MB:.0f} MB "
+          f"of {res['dtype']} weights: {ratio:.2f}x (goal <= 1.25x)", flush=True)
+    return fig
+
+
+def bench_train(root: Path, steps: int) -> dict:
+    import torch
+
+    from core.ml import weights as w
+
+    layers, hidden, inter, vocab = 19, 1024, 8192, 512
+    target = build_target(root / "train-target", layers=layers, hidden=hidden, inter=inter, vocab=vocab)
+    all_bytes = w.weight_bytes(target)
+    names = w.embed_head_names(target)
+    eh_stored = w.weight_bytes(target, set(names.values()))
+    eh_fp32 = w.weight_bytes(target, set(names.values()), torch.float32)
+    taps, final = [1, 9], layers - 1
+    feats = write_feature_cache(root / "train-feats", target, [*taps, final], n=4, length=160, prompt_len=32)
+    shutil.rmtree(root / "train-run", ignore_errors=True)
+    cfg = root / "train.yaml"
+    cfg.write_text(json.dumps({
+        "target": str(target), "out_dir": str(root / "train-run"),
+        "drafter": {"block_size": 8, "num_layers": 2, "target_layer_ids": taps, "mask_token_id": 3},
+        "data": {"features": str(feats)},
+        "train": {"max_steps": steps, "batch_size": 1, "anchors_per_sequence": 8, "lr": 1e-4, "warmup_steps": 1,
+                  "log_every": 1, "checkpoint_every": 1000},
+        "device": "cpu",
+    }))
+    run = run_child("train", ["--config", str(cfg)], target)
+    dcfg = json.loads((root / "train-run" / "config.json").read_text())
+    from core.ml.drafter import DFlashDrafter
+    from core.ml.drafter_config import DFlashConfig
+
+    with torch.device("meta"):
+        d = DFlashDrafter(DFlashConfig.from_dict(dcfg))
+    drafter_bytes = sum(p.numel() for p in d.parameters()) * 4
+    expected_mb = run["baseline_mb"] + (eh_fp32 + eh_stored + 4 * drafter_bytes) / MB
+    ratio = run["peak_mb"] / expected_mb
+    full = run_child("full_load", [], target)
+    fig = {"bench": "train_rss", "layers_mb": (all_bytes - eh_stored) / MB, "embed_head_mb": eh_stored / MB,
+           "drafter_params_mb_fp32": drafter_bytes / MB, **run, "expected_mb": round(expected_mb, 1),
+           "ratio_to_expected": round(ratio, 3), "goal": "within 10 %",
+           "full_load_peak_above_baseline_mb": round(full["peak_mb"] - full["baseline_mb"], 1)}
+    print(json.dumps(fig), flush=True)
+    print(f"train from cached features: peak {run['peak_mb']:.0f} MB vs expected {expected_mb:.0f} MB "
+          f"(baseline {run['baseline_mb']:.0f} + embed/head {(eh_fp32 + eh_stored) / MB:.0f} + drafter x4 "
+          f"{4 * drafter_bytes / MB:.0f}): {ratio:.3f}x (goal 0.90-1.10); the target's layers "
+          f"({(all_bytes - eh_stored) / MB:.0f} MB) stay on disk. A full float32 load (what it did before) "
+          f"costs {full['peak_mb'] - full['baseline_mb']:.0f} MB above baseline.", flush=True)
+    return fig
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--eval", action="store_true")
+    p.add_argument("--train", action="store_true")
+    p.add_argument("--keep", help="build the models here and keep them (default: a temp dir)")
+    p.add_argument("--new-tokens", type=int, default=16)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--child-target", help=argparse.SUPPRESS)
+    p.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        child(args.child, args.rest, args.child_target)
+        return 0
+    both = not (args.eval or args.train)
+    with tempfile.TemporaryDirectory(prefix="specdeck-mem-") as tmp:
+        root = Path(args.keep or tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        if args.eval or both:
+            bench_eval(root, args.new_tokens)
+        if args.train or both:
+            bench_train(root, args.steps)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

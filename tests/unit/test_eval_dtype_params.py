@@ -1,0 +1,44 @@
+"""The eval action and watch_eval pass the target dtype and the memory cap to core.ml.eval."""
+
+from __future__ import annotations
+
+import shlex
+from types import SimpleNamespace
+
+from core.actions.eval import Eval, EvalParams
+from core.watch import validate_watch
+
+
+class _Host:
+    name = "ct129"
+
+    def path(self, p):
+        return f"/home/op/{p}"
+
+
+def _cmd(params: EvalParams) -> list[str]:
+    action = Eval(params)
+    action._python, action._prompts = "/opt/venv/bin/python", "/home/op/prompts.jsonl"
+    return shlex.split(action._eval_cmd(SimpleNamespace(host=_Host()), "drafter", "out.json"))
+
+
+def test_dtype_and_max_memory_reach_the_command():
+    words = _cmd(EvalParams(drafter="d", target="models/t", dtype="bfloat16", max_memory="60G"))
+    assert words[words.index("--dtype") + 1] == "bfloat16"
+    assert words[words.index("--max-memory") + 1] == "60G"
+    words = _cmd(EvalParams(drafter="d", target="models/t"))
+    assert words[words.index("--dtype") + 1] == "auto" and "--max-memory" not in words
+
+
+def test_bad_max_memory_is_named():
+    errs = EvalParams(drafter="d", target="t", max_memory="plenty").validate()
+    assert [(path, "not a size" in msg) for path, msg in errs] == [(("max_memory",), True)]
+    assert EvalParams(drafter="d", target="t", max_memory="1.5GiB").validate() == []
+
+
+def test_watch_eval_validates_dtype_and_max_memory():
+    plan = SimpleNamespace(hosts={"ct129": object()})
+    base = {"host": "ct129", "target": "models/t", "mode": "online"}
+    assert validate_watch({**base, "dtype": "bfloat16", "max_memory": "60G"}, plan, None) == []
+    errs = dict(validate_watch({**base, "dtype": "fp8", "max_memory": "much"}, plan, None))
+    assert "auto keeps the checkpoint" in errs[("dtype",)] and "not a size" in errs[("max_memory",)]
