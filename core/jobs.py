@@ -36,6 +36,7 @@ from typing import Callable
 from core.actions.base import Launch, Outcome
 from core.errors import HostUnreachable
 from core.hosts.base import Host
+from core.metrics_sources import regex_metrics
 
 CAPSULES = ".specdeck/runs"
 CHUNK = 4 << 20
@@ -193,18 +194,8 @@ def parse_metrics(line: bytes, regex: re.Pattern | None = None) -> list[tuple[in
                 return out
     if regex is not None:
         m = regex.search(s.decode("utf-8", "replace"))
-        if m and m.groupdict().get("step"):
-            try:
-                step = int(float(m.group("step")))
-            except ValueError:
-                return out
-            for k, v in m.groupdict().items():
-                if k == "step" or v is None:
-                    continue
-                try:
-                    out.append((step, k, float(v)))
-                except ValueError:
-                    pass
+        if m:
+            out += regex_metrics(m)
     return out
 
 
@@ -250,7 +241,9 @@ async def follow(host: Host, store, run_id: str, capsule: str, *,
     Survives transport failures: while the host is unreachable it waits and retries, then
     resumes from the stored offset. ``on_state`` is told ``"reconnecting"`` / ``"following"``.
     """
-    pattern = re.compile(regex) if regex else None
+    # ``regex``: one regex (str) or a parser with ``parse(line)`` (core.metrics_sources)
+    parser = regex if hasattr(regex, "parse") else None
+    pattern = re.compile(regex) if isinstance(regex, str) and regex else None
     log = log_path or f"{capsule}/log"
     inspector = inspector or (lambda: inspect(host, capsule))
     ended: CapsuleState | None = None
@@ -264,6 +257,8 @@ async def follow(host: Host, store, run_id: str, capsule: str, *,
             return CapsuleState("running")
         try:
             stored = store.run(run_id)["log_offset"]
+            if parser is not None and (seen is None or stored != seen):
+                parser.prime(store, run_id, stored)  # counts carried by earlier lines
             if seen is None or stored < seen:
                 # (stored < seen: a racing follower stored a shorter piece than ours; go back
                 # so the store never keeps a gap — this viewer may see those lines twice)
@@ -289,8 +284,10 @@ async def follow(host: Host, store, run_id: str, capsule: str, *,
                         if art is not None:
                             artefacts.append(art)
                             continue
-                        metrics.extend(parse_metrics(line, pattern))
-                    store.append_log(run_id, stored, new, metrics, artefacts)
+                        metrics.extend(parser.parse(line) if parser is not None
+                                       else parse_metrics(line, pattern))
+                    if not store.append_log(run_id, stored, new, metrics, artefacts) and parser:
+                        parser.prime(store, run_id, store.run(run_id)["log_offset"])
                 if on_lines:
                     on_lines(piece.decode("utf-8", "replace").splitlines())
                 seen += len(piece)

@@ -368,11 +368,21 @@ class Runner:
         regex = getattr(action, "metrics_regex", lambda: None)()
         follower = getattr(action, "follow", None)
         if follower is not None:
-            st = await follower(self, host, run, lines)
+            work = follower(self, host, run, lines)
         else:
-            st = await jobs.follow(host, self.store, run_id, run["capsule"], on_lines=lines,
-                                   on_state=state, regex=regex, poll=self.poll)
+            work = jobs.follow(host, self.store, run_id, run["capsule"], on_lines=lines,
+                               on_state=state, regex=regex, poll=self.poll)
+        st = await self._with_metric_files(item, action, host, run_id, work)
         return await self._finish(item, action, host, run_id, st)
+
+    async def _with_metric_files(self, item: Item, action: Action, host: Host, run_id: str,
+                                 work):
+        """Await ``work`` while the run's metric files (TensorBoard) are read alongside."""
+        from core.metrics_sources import alongside, tensorboard_source
+
+        src = tensorboard_source(action, host, self.store, run_id)
+        return await alongside(src, work, every=max(self.poll * 10, 0.5),
+                               on_error=lambda m: self.emit(Notice(item.id, m, "warning")))
 
     async def _finish(self, item: Item, action: Action, host: Host, run_id: str,
                       st: jobs.CapsuleState) -> str:
@@ -468,10 +478,11 @@ class Runner:
         # Ended (or lost) while nobody followed: drain the log, then finish.
         follower = getattr(action, "follow", None)
         if follower is not None:
-            st = await follower(self, host, run, lambda ls: None)
+            work = follower(self, host, run, lambda ls: None)
         else:
-            st = await jobs.follow(host, self.store, run["id"], capsule, poll=self.poll,
-                                   regex=getattr(action, "metrics_regex", lambda: None)())
+            work = jobs.follow(host, self.store, run["id"], capsule, poll=self.poll,
+                               regex=getattr(action, "metrics_regex", lambda: None)())
+        st = await self._with_metric_files(item, action, host, run["id"], work)
         return await self._finish(item, action, host, run["id"], st)
 
     async def _stop_in_process(self, item: Item, run: dict, grace_s: float) -> Outcome:

@@ -32,6 +32,7 @@ import yaml
 from core import jobs
 from core.actions.base import Action, CheckResult, Launch, register
 from core.actions.mlbase import host_python, ml_failure
+from core.metrics_sources import MetricsParams, baseline_sources, line_metrics
 
 
 CKPT = re.compile(r"^step_(\d+)\.pt$")
@@ -74,6 +75,9 @@ class TrainParams:
     slurm: SlurmParams = field(default_factory=SlurmParams)
     metrics_regex: str | None = None
     """For text logs: a regex with named groups, ``step`` among them."""
+    metrics: MetricsParams | None = None
+    """More metric sources: regexes, HF dict lines, TensorBoard event files (see
+    core.metrics_sources and plans/README.md)."""
     resume: bool = True
     """Rerunning a failed item resumes from the newest checkpoint in ``out``."""
     watch_eval: dict[str, Any] | None = None
@@ -139,8 +143,13 @@ class Train(Action):
     def launcher_name(self) -> str:
         return self.params.launcher
 
-    def metrics_regex(self) -> str | None:
-        return self.params.metrics_regex
+    def metrics_regex(self):
+        """The log-line metric parser (a regex string stays the simple case)."""
+        return line_metrics(self.params.metrics, self.params.metrics_regex) or \
+            self.params.metrics_regex
+
+    def metrics_spec(self) -> MetricsParams | None:
+        return self.params.metrics
 
     def _out(self, ctx, run_id: str) -> str:
         if self.params.out:
@@ -182,6 +191,7 @@ class Train(Action):
                     break
             if self.params.out and await host.stat(f"{self._outdir}/latest") is not None:
                 self._resume_from = "auto"
+        await baseline_sources(self, ctx)
 
     def _trainer(self, ctx, module_prefix: list[str]) -> str:
         if self.params.command:
@@ -265,7 +275,7 @@ class Train(Action):
         """Follow the log; with ``watch_eval``, evaluate checkpoints alongside (and drain)."""
         def follow_log():
             return jobs.follow(host, runner.store, run["id"], run["capsule"], on_lines=on_lines,
-                               regex=self.params.metrics_regex, poll=runner.poll,
+                               regex=self.metrics_regex(), poll=runner.poll,
                                inspector=lambda: self.inspect(runner, host, run))
 
         spec = self.params.watch_eval

@@ -1,0 +1,106 @@
+"""Metric sources: TensorBoard event files (written by tensorboardX), HF dict lines, regexes."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.metrics_sources import (EventFileError, LineMetrics, MetricsParams, read_records,
+                                  scalars)
+from core.params import parse_params
+from core.store import Store
+
+
+def _write_events(d, points):
+    from tensorboardX import SummaryWriter
+
+    w = SummaryWriter(str(d))
+    for step, tag, value in points:
+        w.add_scalar(tag, value, step)
+    w.close()
+    (f,) = list(d.glob("events.out.tfevents*"))
+    return f
+
+
+def test_event_file_scalars_read_in_pieces_once(tmp_path):
+    points = [(s, "train/loss", 3.0 - s / 10) for s in range(1, 21)] + [(10, "lr", 1e-4)]
+    f = _write_events(tmp_path / "tb", points)
+    data = f.read_bytes()
+    got, off = [], 0
+    # feed the file in ragged pieces, as a growing file is read: torn records wait
+    for cut in (7, 50, 51, 300, len(data)):
+        recs, used = read_records(data[off:cut])
+        got += [r for rec in recs for r in scalars(rec)]
+        off += used
+    assert off == len(data)
+    assert sorted((s, t, round(v, 6)) for s, t, v, _ in got) == sorted(
+        (s, t, round(v, 6)) for s, t, v in points)
+    assert all(at > 1e9 for *_, at in got)
+
+
+def test_corrupt_event_file_is_named(tmp_path):
+    f = _write_events(tmp_path / "tb", [(1, "loss", 1.0)])
+    data = bytearray(f.read_bytes())
+    data[-3] ^= 0xFF
+    with pytest.raises(EventFileError, match="corrupt record"):
+        read_records(bytes(data), "gpu:/x/events")
+
+
+def test_hf_dict_lines_numbered_by_line_or_global_step():
+    p = LineMetrics(hf_dicts=True)
+    out = p.parse(b"{'loss': 2.5, 'learning_rate': 5e-05, 'epoch': 0.1}")
+    out += p.parse(b" 10%|#   | 10/100 [00:01<00:09]\r 20%|##  | 20/100\r"
+                   b"{'loss': 2.1, 'grad_norm': 1.5, 'epoch': 0.2}")
+    out += p.parse(b"{'eval_loss': 1.9, 'global_step': 40, 'epoch': 0.4}")
+    out += p.parse(b'{"step": 7, "loss": 9.0}')  # JSON with a step: not counted as HF
+    out += p.parse(b"{'train_runtime': 'n/a'}")  # nothing numeric: not a metric line
+    assert out == [(1, "loss", 2.5), (1, "learning_rate", 5e-05), (1, "epoch", 0.1),
+                   (2, "loss", 2.1), (2, "grad_norm", 1.5), (2, "epoch", 0.2),
+                   (40, "eval_loss", 1.9), (40, "epoch", 0.4), (7, "loss", 9.0)]
+
+
+def test_hf_count_is_rederived_from_the_stored_log(tmp_path):
+    store = Store(tmp_path / "s.db")
+    store.claim_run("r1", "t", "train", None, owner="x")
+    log = b"{'loss': 3.0}\nnoise\n{'loss': 2.0}\n"
+    store.append_log("r1", 0, log)
+    p = LineMetrics(hf_dicts=True)
+    p.prime(store, "r1", len(log))
+    assert p.parse(b"{'loss': 1.0}") == [(3, "loss", 1.0)]
+    p.prime(store, "r1", len(b"{'loss': 3.0}\n"))
+    assert p.hf_count == 1
+
+
+def test_several_regexes_each_give_their_groups():
+    spec = parse_params(MetricsParams, {"regex": [
+        r"step (?P<step>\d+) loss (?P<loss>[\d.]+)",
+        r"eval@(?P<step>\d+) acc=(?P<eval_acc>[\d.]+)"]})
+    p = LineMetrics(spec.regexes)
+    assert p.parse(b"step 10 loss 2.50") == [(10, "loss", 2.5)]
+    assert p.parse(b"eval@10 acc=0.75") == [(10, "eval_acc", 0.75)]
+    assert p.parse(b"nothing here") == []
+
+
+@pytest.mark.parametrize("bad, msg", [
+    ({"regex": ["loss (?P<loss>x)"]}, "regex.0: needs a named group \\(\\?P<step>"),
+    ({"regex": "(?P<step>\\d+"}, "regex: not a regex"),
+    ({"regex": ["(?P<step>\\d+)"]}, "a named group per metric"),
+    ({"tensorboard": " "}, "tensorboard: an empty path"),
+    ({"hf_dicts": "yes"}, "hf_dicts: must be true/false"),
+])
+def test_bad_metrics_params_name_the_field(bad, msg):
+    import re
+
+    with pytest.raises(ExceptionGroup) as ei:
+        parse_params(MetricsParams, bad)
+    text = "; ".join(".".join(map(str, e.path)) + ": " + e.message for e in ei.value.exceptions)
+    assert re.search(msg, text), text
+
+
+def test_source_offsets_store_each_piece_once(tmp_path):
+    store = Store(tmp_path / "s.db")
+    store.metric_source_init("r", "tb:/f", 100)
+    store.metric_source_init("r", "tb:/f", 0)  # known already: unchanged
+    assert store.metric_source_offset("r", "tb:/f") == 100
+    assert store.add_source_metrics("r", "tb:/f", 100, 150, [(1, "loss", 2.0, 5.0)])
+    assert not store.add_source_metrics("r", "tb:/f", 100, 150, [(1, "loss", 9.0, 5.0)])
+    assert store.metric_rows("r") == [{"step": 1, "name": "loss", "value": 2.0, "time": 5.0}]
