@@ -139,6 +139,8 @@ class Runner:
         self._host_states: dict[str, HostState] = {}
         for h in self.hosts.values():
             h.on_status(self._host_status_changed)
+        self.again: set[str] = set()
+        """Items to run once more even though done (``specdeck run --again``, console R)."""
 
     # -- plumbing ------------------------------------------------------------------------
     def emit(self, event: Event) -> None:
@@ -173,6 +175,8 @@ class Runner:
 
     async def close(self) -> None:
         for h in self.hosts.values():
+            if h.status.state == HostState.UNKNOWN and not h.status.reason:
+                continue  # never contacted: nothing to close, nothing to report
             try:
                 await h.close()
             except Exception:  # closing is best effort
@@ -222,12 +226,13 @@ class Runner:
         while pending or running:
             st = self.statuses()
             for it in list(pending):
-                if st[it.id] in ("done", "skipped"):
+                if st[it.id] in ("done", "skipped") and it.id not in self.again:
                     pending.remove(it)
                     if ids is not None and it.id in set(ids):
                         summary["done"].append(it.id)
-                        self.emit(Notice(it.id, f"{it.id}: already {st[it.id]} (`specdeck mark "
-                                         f"PLAN {it.id} pending` to run it again)"))
+                        self.emit(Notice(it.id, f"{it.id}: already {st[it.id]} (`specdeck run "
+                                         f"{self.plan.path or self.plan.name} {it.id} --again` "
+                                         "runs it again)"))
                     continue
                 if it.manual:
                     pending.remove(it)
@@ -273,7 +278,9 @@ class Runner:
         host = await self.host(item.action.host) if item.action.host else None
         ctx = _Context(self, item, host, None)
         chk = await action.check(ctx)
-        if chk.state == "done":
+        again = item.id in self.again
+        self.again.discard(item.id)
+        if chk.state == "done" and not again:
             self._set_status(item.id, "done", f"check: {chk.reason or 'already done'}")
             return "done"
         if chk.state == "blocked":

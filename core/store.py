@@ -93,6 +93,16 @@ def default_state_path(plan_name: str) -> Path:
     return Path(base) / "specdeck" / f"{plan_name}.db"
 
 
+def state_path_for(plan, explicit: str | None = None) -> Path:
+    """Where a plan's state lives: ``--state``, else ``$SPECDECK_STATE``, else the plan's own
+    ``state:``, else ``$XDG_STATE_HOME/specdeck/<plan>.db``."""
+    if explicit:
+        return Path(explicit)
+    if not os.environ.get("SPECDECK_STATE") and getattr(plan, "state", None):
+        return Path(plan.state)
+    return default_state_path(plan.name)
+
+
 class StoreBusy(Exception):
     pass
 

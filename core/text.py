@@ -14,3 +14,12 @@ def sanitize(line: str, *, max_len: int = 4000) -> str:
     if len(s) > max_len:
         s = s[:max_len] + f"… [{len(s) - max_len} more chars]"
     return s
+
+
+def collapse_cr(line: str) -> str:
+    """What a terminal shows of a line redrawn with carriage returns (a tqdm bar's
+    refreshes): the last non-empty redraw."""
+    if "\r" not in line:
+        return line
+    parts = [p for p in line.split("\r") if p.strip()]
+    return parts[-1] if parts else ""

@@ -192,6 +192,9 @@ class Train(Action):
             if self.params.out and await host.stat(f"{self._outdir}/latest") is not None:
                 self._resume_from = "auto"
         await baseline_sources(self, ctx)
+        if self.params.command:
+            ctx.store.update_run(ctx.run_id, config=await command_config(
+                host, self._capsule, self.params.command))
 
     def _trainer(self, ctx, module_prefix: list[str]) -> str:
         if self.params.command:
@@ -336,6 +339,72 @@ class Train(Action):
         if arts:
             return posixpath.dirname(arts[-1]["path"])
         return posixpath.join(outcome.capsule or jobs.capsule_path(ctx.host, ctx.run_id), "out")
+
+
+CONFIG_FLAGS = ("--config", "--config-file", "--config_file", "--cfg", "-c")
+
+
+def argv_settings(command: str) -> dict:
+    """``--lr 1e-4 --bf16 --data=x`` -> ``{"lr": "1e-4", "bf16": True, "data": "x"}``;
+    positional words under ``args``. A command shlex cannot split is kept whole only."""
+    try:
+        words = shlex.split(command, comments=True)
+    except ValueError:
+        return {}
+    out: dict[str, Any] = {}
+    args: list[str] = []
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w.startswith("-") and len(w) > 1 and not _is_number(w):
+            key, eq, val = w.lstrip("-").partition("=")
+            if eq:
+                out[key] = val
+            elif i + 1 < len(words) and not (words[i + 1].startswith("-")
+                                              and not _is_number(words[i + 1])):
+                out[key] = words[i + 1]
+                i += 1
+            else:
+                out[key] = True
+        else:
+            args.append(w)
+        i += 1
+    if args:
+        out["args"] = args
+    return out
+
+
+def _is_number(w: str) -> bool:
+    try:
+        float(w)
+        return True
+    except ValueError:
+        return False
+
+
+async def command_config(host, capsule: str, command: str) -> dict:
+    """What a ``command:`` trainer was launched with, for ``specdeck diff``: the command,
+    its argv as settings, and the config file it names (``--config F`` or a .yaml/.json
+    argument), read from the host (relative: to the run capsule, else the workdir)."""
+    argv = argv_settings(command)
+    rec: dict[str, Any] = {"command": command, "argv": argv}
+    named = next((argv[f.lstrip("-")] for f in CONFIG_FLAGS
+                  if isinstance(argv.get(f.lstrip("-")), str)), None)
+    if named is None:
+        named = next((a for a in argv.get("args", []) if a.endswith((".yaml", ".yml", ".json"))),
+                     None)
+    if named:
+        for path in ([named] if named.startswith("/") else
+                     [posixpath.join(capsule, named), host.path(named)]):
+            raw = await host.read_from(path, 0, 1 << 22)
+            if raw:
+                try:
+                    rec["config"] = yaml.safe_load(raw)  # JSON is YAML too
+                except yaml.YAMLError as e:
+                    rec["config_error"] = f"{path}: not YAML/JSON: {e}"
+                rec["config_file"] = path
+                break
+    return rec
 
 
 def _absolute_paths(doc: dict, host, config_dir: Path | None, overridden: set[str]) -> None:
