@@ -239,6 +239,8 @@ def cmd_logs(args) -> int:
             data = store.log_bytes(run["id"], printed)
             if data:
                 text = data.decode("utf-8", "replace")
+                if not args.raw:  # a tqdm bar's \r redraws: the last one, as a terminal shows
+                    text = "\n".join(collapse_cr(x) for x in text.split("\n"))
                 if sys.stdout.isatty():
                     text = "\n".join(sanitize(x) for x in text.split("\n"))
                 out.write(text.encode())
@@ -397,6 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("plan")
     sp.add_argument("item")
     sp.add_argument("-f", "--follow", action="store_true", help="follow a live run")
+    sp.add_argument("--raw", action="store_true",
+                    help="the log byte for byte (carriage-return redraws kept)")
     sp = add("stop", cmd_stop, "stop an item's live run (asks first)")
     sp.add_argument("plan")
     sp.add_argument("item")

@@ -288,8 +288,9 @@ async def follow(host: Host, store, run_id: str, capsule: str, *,
                                        else parse_metrics(line, pattern))
                     if not store.append_log(run_id, stored, new, metrics, artefacts) and parser:
                         parser.prime(store, run_id, store.run(run_id)["log_offset"])
-                if on_lines:
-                    on_lines(piece.decode("utf-8", "replace").splitlines())
+                if on_lines:  # lines end at \n only: a tqdm bar's \r redraws stay one line
+                    text = piece.decode("utf-8", "replace")
+                    on_lines(text[:-1].split("\n") if text.endswith("\n") else text.split("\n"))
                 seen += len(piece)
                 if len(data) >= CHUNK:
                     continue

@@ -33,6 +33,7 @@ from core.hosts.base import HostState
 from core.plan import Item, Plan
 from core.progress import describe
 from core.store import Store
+from core.text import collapse_cr
 
 RUN_TO_ITEM = {"succeeded": "done", "failed": "failed", "stopped": "failed", "lost": "failed",
                "interrupted": "failed"}
@@ -360,6 +361,7 @@ class Runner:
         run_id = run["id"]
 
         def lines(ls: list[str]) -> None:
+            ls = [collapse_cr(x) for x in ls]  # a tqdm bar's redraws: one line
             self.emit(LogLinesReceived(item.id, run_id, ls))
             for ln in reversed(ls):  # one progress per chunk: the latest line that has one
                 if ln.startswith("{"):

@@ -315,8 +315,11 @@ class Store:
             count += data.count(b"\n")
             if count > max_lines:
                 break
+        from core.text import collapse_cr
+
         text = b"".join(reversed(chunks)).decode("utf-8", "replace")
-        return text.splitlines()[-max_lines:]
+        return [collapse_cr(x) for x in text.split("\n")[:-1]
+                + ([] if text.endswith("\n") else [text.rsplit("\n", 1)[-1]])][-max_lines:]
 
     # -- journal -------------------------------------------------------------------------
     def _event(self, kind: str, item_id: str | None, run_id: str | None, host: str | None,
