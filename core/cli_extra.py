@@ -45,7 +45,13 @@ def cmd_compare(args) -> int:
     elif args.csv:
         sys.stdout.write(to_csv(comp))
     else:
-        print(to_markdown(comp))
+        from core.cli_render import colour_on, print_markdown_tables
+
+        md = to_markdown(comp)
+        if args.markdown or not colour_on(sys.stdout):
+            print(md)  # piped: Markdown, ready to paste
+        else:
+            print_markdown_tables(md)
     return 0
 
 
@@ -106,7 +112,8 @@ def register(add) -> None:
     g = sp.add_mutually_exclusive_group()
     g.add_argument("--json", action="store_true")
     g.add_argument("--csv", action="store_true")
-    g.add_argument("--markdown", action="store_true", help="(default)")
+    g.add_argument("--markdown", action="store_true",
+                   help="Markdown tables (the default when piped; on a terminal: wrapped tables)")
     sp = add("diff", cmd_diff, "every difference between two train runs' resolved configs")
     sp.add_argument("plan")
     sp.add_argument("item_a", metavar="ITEM[#N]", help="an item (its latest run) or ITEM#N, "

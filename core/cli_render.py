@@ -62,3 +62,26 @@ def table(headers: list[str], rows: list[list[str]], *, title: str | None = None
         t.add_row(*(escape(str(c)) for c in r),
                   style=STATUS_STYLE.get(style or "", style) or None)
     console(stream).print(t)
+
+
+def print_markdown_tables(md: str, stream=None) -> None:
+    """Print Markdown text with its pipe tables drawn as wrapping tables (other lines as is)."""
+    stream = stream or sys.stdout
+    block: list[list[str]] = []
+
+    def flush() -> None:
+        if block:
+            head, *rows = block
+            rows = [r for r in rows if not all(set(c) <= set("-: ") and c for c in r)]
+            table(head, [r + [""] * (len(head) - len(r)) for r in rows], stream=stream)
+            block.clear()
+
+    for line in md.rstrip("\n").split("\n"):
+        s = line.strip()
+        if s.startswith("|") and s.endswith("|"):
+            block.append([c.strip() for c in s[1:-1].split("|")])
+            continue
+        flush()
+        stream.write(line + "\n")
+    flush()
+    stream.flush()

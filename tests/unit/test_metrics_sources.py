@@ -104,3 +104,21 @@ def test_source_offsets_store_each_piece_once(tmp_path):
     assert store.add_source_metrics("r", "tb:/f", 100, 150, [(1, "loss", 2.0, 5.0)])
     assert not store.add_source_metrics("r", "tb:/f", 100, 150, [(1, "loss", 9.0, 5.0)])
     assert store.metric_rows("r") == [{"step": 1, "name": "loss", "value": 2.0, "time": 5.0}]
+
+
+def test_readme_metric_examples_parse():
+    import yaml
+
+    from tests.conftest import ROOT
+
+    doc = (ROOT / "plans" / "README.md").read_text()
+    section = doc[doc.index("## Metric sources"):]
+    blocks = [b.split("```", 1)[0] for b in section.split("```yaml\n")[1:]]
+    assert len(blocks) >= 3
+    for b in blocks:
+        spec = parse_params(MetricsParams, yaml.safe_load(b)["metrics"])
+        for rx in spec.regexes:
+            assert LineMetrics([rx]).patterns
+    p = LineMetrics(parse_params(MetricsParams, yaml.safe_load(blocks[0])["metrics"]).regexes)
+    assert p.parse(b"step 100 | loss 2.31 | lr 3e-4") == [(100, "loss", 2.31), (100, "lr", 3e-4)]
+    assert p.parse(b"eval @ step 100: acc=0.61") == [(100, "eval_acc", 0.61)]
