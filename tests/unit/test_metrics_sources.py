@@ -122,3 +122,37 @@ def test_readme_metric_examples_parse():
     p = LineMetrics(parse_params(MetricsParams, yaml.safe_load(blocks[0])["metrics"]).regexes)
     assert p.parse(b"step 100 | loss 2.31 | lr 3e-4") == [(100, "loss", 2.31), (100, "lr", 3e-4)]
     assert p.parse(b"eval @ step 100: acc=0.61") == [(100, "eval_acc", 0.61)]
+
+
+def test_shell_item_reads_event_files_and_reports_a_corrupt_one_once(tmp_path):
+    import json
+    import sys
+
+    from tests.conftest import run_cli
+
+    wd = tmp_path / "w"
+    f = _write_events(wd / "tb" / "bad", [(1, "x", 1.0)])
+    script = tmp_path / "writer.py"
+    script.write_text(
+        "import sys\nfrom tensorboardX import SummaryWriter\n"
+        "w = SummaryWriter(sys.argv[1])\n"
+        "for s in range(1, 6):\n    w.add_scalar('eval/tau', 2.0 + s / 10, s * 100)\n"
+        "w.close()\n"
+        # the earlier file is corrupted while this run goes on: reported, never half-read
+        "p = sys.argv[2]\nd = bytearray(open(p, 'rb').read())\nd[-3] ^= 0xFF\n"
+        "open(p, 'ab').write(bytes(d))\n")
+    plan = tmp_path / "p.yaml"
+    plan.write_text(json.dumps({"name": "p", "hosts": {"here": {"local": True,
+                                                                "workdir": str(wd)}},
+                                "items": [{"id": "ev", "content": "eval loop", "action": {
+                                    "kind": "shell", "host": "here", "params": {
+                                        "command": f"{sys.executable} {script} tb/good {f}",
+                                        "metrics": {"tensorboard": "tb"}}}}]}))
+    state = tmp_path / "s.db"
+    res = run_cli("run", plan, "ev", "--state", state)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.count("unreadable event file") == 1, res.stderr
+    out = run_cli("metrics", plan, "ev", "--csv", "--state", state).stdout.splitlines()
+    rows = [r.split(",") for r in out[1:]]
+    assert [r[:2] for r in rows] == [[str(s * 100), "eval/tau"] for s in range(1, 6)]
+    assert [float(r[2]) for r in rows] == pytest.approx([2.0 + s / 10 for s in range(1, 6)])
