@@ -351,3 +351,29 @@ def test_metrics_command_table_and_bad_run(tmp_path):
     assert csv_out.splitlines()[1].startswith("5,tau,3.5,")
     res = run_cli("metrics", plan, "t", "--run", "9", "--state", state)
     assert res.returncode == 2 and "no run '9'" in res.stderr and "1 (r1)" in res.stderr
+
+
+def test_ui_takes_state_after_the_plan_and_the_demo_says_how_to_reopen(tmp_path, monkeypatch,
+                                                                        capsys):
+    import argparse as ap
+
+    from core import cli
+    from core.demo import run_demo
+
+    plan = _local_plan(tmp_path, [_shell("a", "true")])
+    seen = []
+
+    def opener(p, *, state=None, autorun=False):
+        seen.append((p.name, state, autorun))
+        return 0
+
+    monkeypatch.setattr(cli, "_UI_OPENER", None)
+    assert cli.main(["ui", str(plan), "--state", str(tmp_path / "x.db")], ui_opener=opener) == 0
+    assert seen == [("c", str(tmp_path / "x.db"), False)]
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    args = ap.Namespace(dir=str(tmp_path / "demo"), quick=True, headless=False, state=None)
+    assert run_demo(args) == 0
+    err = capsys.readouterr().err
+    demo = tmp_path / "demo" / "demo.yaml"
+    assert f"reopen the demo: `specdeck ui {demo}`" in err
+    assert seen[-1] == ("demo", str(tmp_path / "demo" / "state.db"), True)
