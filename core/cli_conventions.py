@@ -155,7 +155,12 @@ def attach_completers(parser: argparse.ArgumentParser) -> None:
     from argcomplete.completers import FilesCompleter
 
     plans = FilesCompleter(("yaml", "yml"))
+    glob = [a for a in parser._actions if a.option_strings
+            and not isinstance(a, (argparse._HelpAction, VersionAction))]
     for sp in _subparsers(parser).values():
+        for a in glob:  # global options complete after the command too (they work there)
+            if not any(s in sp._option_string_actions for s in a.option_strings):
+                sp.add_argument(*a.option_strings, help=a.help, default=argparse.SUPPRESS)
         for a in sp._actions:
             if a.dest == "plan":
                 a.completer = plans

@@ -377,3 +377,35 @@ def test_ui_takes_state_after_the_plan_and_the_demo_says_how_to_reopen(tmp_path,
     demo = tmp_path / "demo" / "demo.yaml"
     assert f"reopen the demo: `specdeck ui {demo}`" in err
     assert seen[-1] == ("demo", str(tmp_path / "demo" / "state.db"), True)
+
+
+def test_bash_completion_end_to_end(tmp_path):
+    """The generated script, sourced in a real bash, completes through the real CLI."""
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("bash not installed")
+    shim = tmp_path / "bin" / "specdeck"
+    shim.parent.mkdir()
+    shim.write_text(f"#!/bin/sh\nexec {sys.executable} -m core \"$@\"\n")
+    shim.chmod(0o755)
+    (tmp_path / "c.bash").write_text(run_cli("completion", "bash").stdout)
+    plan = _local_plan(tmp_path, [_shell("train-v5", "true"), _shell("eval", "true")])
+    script = r'''
+source c.bash
+complete_line() {
+  COMP_LINE="$1"; COMP_POINT=${#COMP_LINE}; read -ra COMP_WORDS <<<"$1"
+  [[ "$1" == *" " ]] && COMP_WORDS+=("")
+  COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 ))
+  _python_argcomplete specdeck "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}"
+  echo "${COMPREPLY[*]}"
+}
+complete_line "specdeck met"
+complete_line "specdeck logs PLANFILE tr"
+complete_line "specdeck status --st"
+'''.replace("PLANFILE", str(plan))
+    env = {**os.environ, "PATH": f"{shim.parent}:{os.environ['PATH']}",
+           "PYTHONPATH": str(ROOT)}
+    res = subprocess.run([bash, "-c", script], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert [x.strip() for x in res.stdout.splitlines()] == ["metrics", "train-v5", "--state"], \
+        res.stderr
