@@ -18,9 +18,9 @@ run's log; that count is re-derived from the stored log whenever a follower star
 restart numbers the next line as the dead follower would have. A tqdm bar's carriage-return
 refreshes are parsed segment by segment (a dict after a ``\\r`` still counts).
 
-TensorBoard event files (TFRecord framing around ``Event`` protobufs, parsed with the
-message definitions that ship in ``tensorboardX``: no torch or TensorFlow needed on the
-console machine) are read from the host incrementally: each file's byte offset is kept in
+TensorBoard event files (TFRecord framing around ``Event`` protobufs, decoded by
+``protobuf`` with the needed part of TensorBoard's schema declared here: no torch,
+TensorFlow or tensorboard needed on the console machine) are read from the host incrementally: each file's byte offset is kept in
 the store and advanced in the same transaction as the metrics parsed from it, so a kill -9
 at any point neither loses nor repeats a point. Files already in the directory when the run
 is launched belong to earlier runs and are skipped. The tag is the metric name.
@@ -42,8 +42,8 @@ TB_READ = 16 << 20
 CRC_MAX = 256 << 10
 """Records up to this size have their data checksum verified. Scalar events are ~100
 bytes; bigger records are images, histograms or graphs, whose checksum would cost ~0.4 s/MB
-in pure Python (the ``crc32c`` package, when installed, makes it fast): for those the
-header checksum (framing) and the protobuf decode guard the read."""
+in pure Python: for those the header checksum (framing) and the protobuf decode guard the
+read."""
 
 
 @dataclass(frozen=True)
@@ -192,10 +192,30 @@ class EventFileError(Exception):
     pass
 
 
-def _masked_crc(data: bytes) -> int:
-    from tensorboardX.record_writer import masked_crc32c
+def _crc_table() -> list[int]:
+    table = []
+    for n in range(256):
+        c = n
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
 
-    return masked_crc32c(data)
+
+_CRC_TABLE = _crc_table()
+
+
+def crc32c(data: bytes) -> int:
+    """CRC-32C (Castagnoli), as TFRecord framing uses."""
+    crc, table = 0xFFFFFFFF, _CRC_TABLE
+    for b in data:
+        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def _masked_crc(data: bytes) -> int:
+    c = crc32c(data)
+    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 def read_records(buf: bytes, where: str = "event file") -> tuple[list[bytes], int]:
@@ -222,10 +242,9 @@ def read_records(buf: bytes, where: str = "event file") -> tuple[list[bytes], in
 def scalars(record: bytes) -> list[tuple[int, str, float, float]]:
     """(step, tag, value, wall time) of the scalar summaries in one ``Event`` record."""
     from google.protobuf.message import DecodeError
-    from tensorboardX.proto.event_pb2 import Event
 
     try:
-        ev = Event.FromString(record)
+        ev = _event_class().FromString(record)
     except DecodeError as e:
         raise EventFileError(f"a record is not an Event ({e})") from None
     out = []
@@ -242,8 +261,59 @@ def scalars(record: bytes) -> list[tuple[int, str, float, float]]:
     return out
 
 
-_TENSOR_FORMATS = {1: ("<f", "float_val"), 2: ("<d", "double_val"), 19: ("<e", "half_val"),
-                   3: ("<i", "int_val"), 9: ("<q", "int64_val")}
+_EVENT_CLASS = None
+
+
+def _event_class():
+    """The ``Event`` message, declared from TensorBoard's event.proto / summary.proto /
+    tensor.proto field numbers (only the fields read here; protobuf skips the others).
+    Decoding is protobuf's; nothing imports torch, TensorFlow or tensorboard."""
+    global _EVENT_CLASS
+    if _EVENT_CLASS is not None:
+        return _EVENT_CLASS
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    F = descriptor_pb2.FieldDescriptorProto
+    fdp = descriptor_pb2.FileDescriptorProto(name="specdeck_tb_event.proto",
+                                             package="specdeck_tb", syntax="proto3")
+
+    def msg(name, *fields):
+        m = fdp.message_type.add(name=name)
+        for fname, num, typ, label, tname in fields:
+            f = m.field.add(name=fname, number=num, type=typ, label=label)
+            if tname:
+                f.type_name = f".specdeck_tb.{tname}"
+
+    one, rep = F.LABEL_OPTIONAL, F.LABEL_REPEATED
+    msg("Dim", ("size", 1, F.TYPE_INT64, one, None))
+    msg("Shape", ("dim", 2, F.TYPE_MESSAGE, rep, "Dim"))
+    msg("Tensor", ("dtype", 1, F.TYPE_INT32, one, None),
+        ("tensor_shape", 2, F.TYPE_MESSAGE, one, "Shape"),
+        ("tensor_content", 4, F.TYPE_BYTES, one, None),
+        ("float_val", 5, F.TYPE_FLOAT, rep, None),
+        ("double_val", 6, F.TYPE_DOUBLE, rep, None),
+        ("int_val", 7, F.TYPE_INT32, rep, None),
+        ("int64_val", 10, F.TYPE_INT64, rep, None))
+    msg("Value", ("tag", 1, F.TYPE_STRING, one, None),
+        ("simple_value", 2, F.TYPE_FLOAT, one, None),
+        ("tensor", 8, F.TYPE_MESSAGE, one, "Tensor"))
+    msg("Summary", ("value", 1, F.TYPE_MESSAGE, rep, "Value"))
+    msg("Event", ("wall_time", 1, F.TYPE_DOUBLE, one, None),
+        ("step", 2, F.TYPE_INT64, one, None),
+        ("summary", 5, F.TYPE_MESSAGE, one, "Summary"))
+    # simple_value is a oneof member in summary.proto: presence must be tracked
+    fdp.message_type[3].field[1].proto3_optional = True
+    fdp.message_type[3].oneof_decl.add(name="_simple_value")
+    fdp.message_type[3].field[1].oneof_index = 0
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fdp)
+    _EVENT_CLASS = message_factory.GetMessageClass(
+        pool.FindMessageTypeByName("specdeck_tb.Event"))
+    return _EVENT_CLASS
+
+
+_TENSOR_FORMATS = {1: ("<f", "float_val"), 2: ("<d", "double_val"), 3: ("<i", "int_val"),
+                   9: ("<q", "int64_val")}
 
 
 def _tensor_scalar(t) -> float | None:

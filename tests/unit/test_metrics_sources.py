@@ -156,3 +156,51 @@ def test_shell_item_reads_event_files_and_reports_a_corrupt_one_once(tmp_path):
     rows = [r.split(",") for r in out[1:]]
     assert [r[:2] for r in rows] == [[str(s * 100), "eval/tau"] for s in range(1, 6)]
     assert [float(r[2]) for r in rows] == pytest.approx([2.0 + s / 10 for s in range(1, 6)])
+
+
+def test_zero_values_and_tf2_tensor_scalars(tmp_path):
+    import struct
+
+    from tensorboardX.proto.event_pb2 import Event
+    from tensorboardX.proto.summary_pb2 import Summary
+    from tensorboardX.proto.tensor_pb2 import TensorProto
+    from tensorboardX.record_writer import masked_crc32c
+
+    f = _write_events(tmp_path / "tb", [(3, "zero", 0.0)])
+    recs, _ = read_records(f.read_bytes())
+    assert [(s, t, v) for r in recs for s, t, v, _ in scalars(r)] == [(3, "zero", 0.0)]
+
+    def frame(ev) -> bytes:
+        data = ev.SerializeToString()
+        head = struct.pack("<Q", len(data))
+        return (head + struct.pack("<I", masked_crc32c(head)) + data
+                + struct.pack("<I", masked_crc32c(data)))
+
+    tf2 = [Summary.Value(tag="a", tensor=TensorProto(dtype=1, float_val=[1.5])),
+           Summary.Value(tag="b", tensor=TensorProto(dtype=2, tensor_content=struct.pack(
+               "<d", 2.25))),
+           Summary.Value(tag="c", tensor=TensorProto(dtype=9, int64_val=[7])),
+           Summary.Value(tag="img", tensor=TensorProto(dtype=7))]  # a string tensor: skipped
+    buf = frame(Event(wall_time=10.0, step=5, summary=Summary(value=tf2)))
+    buf += frame(Event(wall_time=11.0, step=6, file_version="brain.Event:2"))  # no summary
+    recs, used = read_records(buf)
+    assert used == len(buf)
+    assert [x for r in recs for x in scalars(r)] == [(5, "a", 1.5, 10.0), (5, "b", 2.25, 10.0),
+                                                     (5, "c", 7.0, 10.0)]
+
+
+def test_reading_events_imports_no_torch_nor_tensorboard(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    f = _write_events(tmp_path / "tb", [(1, "loss", 0.5)])
+    code = ("import sys\nfrom core.metrics_sources import read_records, scalars\n"
+            f"recs, _ = read_records(open({str(f)!r}, 'rb').read())\n"
+            "print([x[:3] for r in recs for x in scalars(r)])\n"
+            "print(sorted(m for m in ('torch', 'tensorboardX', 'tensorboard', 'tensorflow')"
+            " if m in sys.modules))\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, timeout=60)
+    assert res.stdout.splitlines() == ["[(1, 'loss', 0.5)]", "[]"], res.stderr
