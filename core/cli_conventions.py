@@ -117,6 +117,10 @@ def polish(parser: argparse.ArgumentParser) -> None:
                                   for a in sp._actions if not a.option_strings])
         if not sp.epilog:
             sp.epilog = f"example:\n  {example}"
+        glob = ", ".join(a.option_strings[-1] for a in parser._actions if a.option_strings
+                         and not isinstance(a, (argparse._HelpAction, VersionAction)))
+        if glob and "global options" not in sp.epilog:
+            sp.epilog += f"\n\nglobal options, here too: {glob} (see `specdeck --help`)"
         sp.formatter_class = argparse.RawDescriptionHelpFormatter
         for a in sp._actions:
             if a.help is None:

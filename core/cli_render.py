@@ -52,8 +52,7 @@ def table(headers: list[str], rows: list[list[str]], *, title: str | None = None
     from rich.markup import escape
     from rich.table import Table
 
-    t = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left", show_edge=False,
-              pad_edge=False)
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for i, h in enumerate(headers):
         t.add_column(h, overflow="fold" if i in wrap else "ellipsis",
                      min_width=16 if i in wrap else None)
@@ -61,7 +60,10 @@ def table(headers: list[str], rows: list[list[str]], *, title: str | None = None
         style = styles[k] if styles else None
         t.add_row(*(escape(str(c)) for c in r),
                   style=STATUS_STYLE.get(style or "", style) or None)
-    console(stream).print(t)
+    con = console(stream)
+    if title:
+        con.print(escape(title), overflow="fold")
+    con.print(t)
 
 
 def print_markdown_tables(md: str, stream=None) -> None:
