@@ -409,3 +409,17 @@ complete_line "specdeck status --st"
                          text=True, timeout=120)
     assert [x.strip() for x in res.stdout.splitlines()] == ["metrics", "train-v5", "--state"], \
         res.stderr
+
+
+def test_run_again_runs_even_where_check_says_done(tmp_path):
+    flag, count = tmp_path / "w" / "made", tmp_path / "count"
+    plan = _local_plan(tmp_path, [{"id": "mk", "content": "make it", "action": {
+        "kind": "shell", "host": "here", "params": {
+            "command": f"touch {flag}; echo x >> {count}", "creates": str(flag)}}}])
+    state = tmp_path / "s.db"
+    assert run_cli("run", plan, "mk", "--state", state).returncode == 0
+    assert run_cli("mark", plan, "mk", "pending", "--state", state).returncode == 0
+    assert run_cli("run", plan, "mk", "--state", state).returncode == 0  # check: done
+    assert count.read_text() == "x\n"
+    assert run_cli("run", plan, "mk", "--again", "--state", state).returncode == 0
+    assert count.read_text() == "x\nx\n"
