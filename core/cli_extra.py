@@ -55,6 +55,10 @@ def cmd_compare(args) -> int:
     return 0
 
 
+WHERE_KEYS = ("out_dir", "out", "resume")
+"""Top-level config keys that say where a run wrote or what it resumed from."""
+
+
 def _diff_side(store, plan, spec: str) -> tuple[str, dict]:
     """``ITEM`` (its latest run with a recorded config) or ``ITEM#N`` (attempt N)."""
     item, _, attempt = spec.partition("#")
@@ -88,7 +92,10 @@ def cmd_diff(args) -> int:
     (la, a), (lb, b) = asyncio.run(_with_runner(plan, args, go, emit=lambda e: None))
     fa, fb = _flatten(a), _flatten(b)
     missing = object()
-    keys = sorted(k for k in set(fa) | set(fb) if fa.get(k, missing) != fb.get(k, missing))
+    differ = sorted(k for k in set(fa) | set(fb) if fa.get(k, missing) != fb.get(k, missing))
+    # where each run wrote (core.ml.train_config.RUN_KEYS, and a resume's source) is no setting
+    where = [k for k in differ if k.split(".")[0] in WHERE_KEYS]
+    keys = [k for k in differ if k not in where]
     if args.json:
         print(json.dumps({k: {la: fa.get(k), lb: fb.get(k)} for k in keys}, indent=2))
         return 0
@@ -101,6 +108,8 @@ def cmd_diff(args) -> int:
         return json.dumps(d[k], ensure_ascii=False) if k in d else "(absent)"
 
     table(["setting", la, lb], [[k, show(fa, k), show(fb, k)] for k in keys], wrap={1, 2})
+    if where:
+        print(f"(also differ, as they do for any two runs: {', '.join(where)})")
     return 0
 
 

@@ -242,10 +242,10 @@ def test_diff_shows_data_keys_and_two_attempts(tmp_path):
     res = run_cli("diff", plan, "v5#1", "v5#2", "--json", "--state", state)
     assert json.loads(res.stdout) == {
         "data.max_len": {"v5#1": 512, "v5#2": 1024},
-        "data.noise": {"v5#1": None, "v5#2": 0.1},
-        "out_dir": {"v5#1": "/w/out1", "v5#2": "/w/out2"}}
+        "data.noise": {"v5#1": None, "v5#2": 0.1}}  # out_dir: where a run wrote, no setting
     text = run_cli("diff", plan, "v5#1", "v5", "--state", state, env={"COLUMNS": "100"}).stdout
     assert "data.noise" in text and "(absent)" in text and "v5#2" in text
+    assert "as they do for any two runs: out_dir" in text
     res = run_cli("diff", plan, "v5#7", "v4", "--state", state)
     assert res.returncode == 2 and "no attempt #7" in res.stderr and "#1, #2" in res.stderr
 
