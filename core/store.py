@@ -318,6 +318,8 @@ class Store:
         from core.text import collapse_cr
 
         text = b"".join(reversed(chunks)).decode("utf-8", "replace")
+        if not text:
+            return []
         return [collapse_cr(x) for x in text.split("\n")[:-1]
                 + ([] if text.endswith("\n") else [text.rsplit("\n", 1)[-1]])][-max_lines:]
 

@@ -204,3 +204,12 @@ def test_reading_events_imports_no_torch_nor_tensorboard(tmp_path):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, timeout=60)
     assert res.stdout.splitlines() == ["[(1, 'loss', 0.5)]", "[]"], res.stderr
+
+
+def test_log_tail_collapses_redraws_and_is_empty_for_no_log(tmp_path):
+    store = Store(tmp_path / "s.db")
+    store.claim_run("r", "t", "shell", None, owner="x")
+    assert store.log_tail("r") == []
+    store.append_log("r", 0, b"a\n 10%|#\r 90%|#########\r{'loss': 1.0}\nlast")
+    assert store.log_tail("r") == ["a", "{'loss': 1.0}", "last"]
+    assert store.log_tail("r", 1) == ["last"]
