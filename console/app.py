@@ -803,9 +803,9 @@ def run_console(plan: Plan, state: str | None = None, *, autorun: bool = False) 
     """Open the console on ``plan`` (state: the store path; default per plan). Returns 0.
 
     ``autorun``: run every runnable item once the console is up (``specdeck demo``)."""
-    from core.store import Store, default_state_path
+    from core.store import Store, state_path_for
 
-    store = Store(state or default_state_path(plan.name))
+    store = Store(state_path_for(plan, state))
     try:
         app = make_app(plan, store, autorun=autorun)
         code = app.run()

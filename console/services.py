@@ -272,6 +272,7 @@ class Services:
         if item.manual:
             raise InvalidInput(f"{item_id} is a manual item: do it, then mark it done (d)")
         if again:
+            self.runner.again.add(item_id)  # even where check() says done (the CLI's --again)
             await self.runner.run_item(item)
             return
         summary = await self.runner.run_items([item_id])

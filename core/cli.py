@@ -21,11 +21,14 @@ import time
 from pathlib import Path
 
 
+from core.cli_conventions import VersionAction, autocomplete, hoist_globals, polish, \
+    quiet_broken_pipe
 from core.errors import InvalidInput, PlanError, SpecdeckError
 from core.events import (Event, HostStateChanged, LogLinesReceived, LogStreamChanged, Notice,
                          Progress, RunEnded, RunStarted, StatusChanged)
 from core.plan import Plan, load_plan, params_summary, plan_to_todos, todos_to_plan_yaml
-from core.text import sanitize
+from core.cli_render import paint, table
+from core.text import collapse_cr, sanitize
 
 GLYPHS = {"pending": "○", "in_progress": "◐", "done": "●", "failed": "✗", "skipped": "⊘"}
 
@@ -36,9 +39,9 @@ def _err(msg: str) -> None:
 
 
 def open_store(plan: Plan, state: str | None):
-    from core.store import Store, default_state_path
+    from core.store import Store, state_path_for
 
-    return Store(state or default_state_path(plan.name))
+    return Store(state_path_for(plan, state))
 
 
 class Printer:
@@ -53,7 +56,7 @@ class Printer:
         if isinstance(ev, LogLinesReceived):
             if not self.quiet and not ev.from_progress:
                 for line in ev.lines:
-                    _err(f"  {ev.item_id} │ {sanitize(line, newlines=False)}")
+                    _err(f"  {ev.item_id} │ {sanitize(collapse_cr(line), newlines=False)}")
         elif isinstance(ev, RunStarted):
             verb = "attached to" if ev.attached else "started"
             where = f" on {ev.host}" if ev.host else ""
@@ -62,11 +65,11 @@ class Printer:
         elif isinstance(ev, RunEnded):
             how = (f"signal {ev.signal}" if ev.signal else f"exit {ev.exit_code}"
                    if ev.exit_code is not None else "exit status unknown")
-            _err(f"[{ts}] {ev.item_id}: run {ev.run_id} {ev.state} ({how})"
-                 + (f": {ev.error}" if ev.error else ""))
+            _err(f"[{ts}] {ev.item_id}: run {ev.run_id} {paint(ev.state, ev.state, sys.stderr)}"
+                 f" ({how})" + (f": {sanitize(ev.error)}" if ev.error else ""))
         elif isinstance(ev, StatusChanged):
-            _err(f"[{ts}] {ev.item_id}: {GLYPHS.get(ev.status, '?')} {ev.status}"
-                 + (f" ({ev.reason})" if ev.reason else ""))
+            mark = paint(f"{GLYPHS.get(ev.status, '?')} {ev.status}", ev.status, sys.stderr)
+            _err(f"[{ts}] {ev.item_id}: {mark}" + (f" ({ev.reason})" if ev.reason else ""))
         elif isinstance(ev, Progress):
             now = time.monotonic()
             # Phase lines (no figures) always print; meter updates at most twice a second.
@@ -80,7 +83,7 @@ class Printer:
         elif isinstance(ev, LogStreamChanged):
             _err(f"[{ts}] {ev.item_id}: log stream {ev.state} ({ev.host}: {ev.reason})")
         elif isinstance(ev, Notice):
-            _err(f"[{ts}] {ev.message}")
+            _err(f"[{ts}] {paint(ev.message, ev.level, sys.stderr)}")
 
 
 async def _with_runner(plan: Plan, args, fn, *, emit=None):
@@ -147,7 +150,7 @@ def cmd_status(args) -> int:
             how = f" (exit {c['exit_code']})"
         _err(f"meanwhile: {c['item']}: run {c['run']} {c['was']} -> {c['now']}{how}"
              + (f": {c.get('error') or c.get('reason')}" if c.get("error") or c.get("reason") else ""))
-    print(f"plan {plan.name} ({plan.path})")
+    rows = []
     for it in plan.items:
         run = latest.get(it.id)
         kind = it.action.kind if it.action else "manual"
@@ -156,10 +159,12 @@ def cmd_status(args) -> int:
         if run:
             how = (f" signal {run['signal']}" if run["signal"] else
                    (f" exit {run['exit_code']}" if run["exit_code"] is not None else ""))
-            r = f"  [{run['state']}{how} #{run['attempt']}]"
-        row = (f"  {GLYPHS[st[it.id]]} {st[it.id]:<11} {it.id:<24} {it.priority:<6} "
-               f"{kind}{where:<12} {it.content}{r}")
-        print(sanitize(row, newlines=False))
+            r = f"{run['state']}{how} #{run['attempt']}"
+        rows.append([f"{GLYPHS[st[it.id]]} {st[it.id]}", it.id, it.priority, kind + where,
+                     it.content, r])
+    table(["status", "item", "priority", "action", "what", "latest run"], rows,
+          title=f"plan {plan.name} ({plan.path})", styles=[st[it.id] for it in plan.items],
+          wrap={4})
     for a in alerts[-5:]:
         print(sanitize(f"  ALERT {time.strftime('%m-%d %H:%M', time.localtime(a['at']))} "
                        f"{a['item_id']}: {a['message']}"))
@@ -170,12 +175,16 @@ def cmd_run(args) -> int:
     plan = load_plan(args.plan)
     if not args.items and not args.all:
         raise InvalidInput("name the items to run, or pass --all")
+    if args.again and not args.items:
+        raise InvalidInput("--again reruns the items you name; name them")
     for i in args.items:
         plan.item(i)
     ids = None if args.all else args.items
 
     async def go(runner):
         await runner.reconcile()
+        if args.again:
+            runner.again.update(args.items)
         return await runner.run_items(ids)
 
     summary = asyncio.run(_with_runner(plan, args, go))
@@ -242,6 +251,8 @@ def cmd_logs(args) -> int:
             data = store.log_bytes(run["id"], printed)
             if data:
                 text = data.decode("utf-8", "replace")
+                if not args.raw:  # a tqdm bar's \r redraws: the last one, as a terminal shows
+                    text = "\n".join(collapse_cr(x) for x in text.split("\n"))
                 if sys.stdout.isatty():
                     text = "\n".join(sanitize(x, newlines=False) for x in text.split("\n"))
                 out.write(text.encode())
@@ -308,6 +319,11 @@ def cmd_export(args) -> int:
         return runner.statuses()
 
     st = asyncio.run(_with_runner(plan, args, go, emit=lambda e: None))
+    if args.markdown:
+        from core.plan import plan_to_markdown
+
+        sys.stdout.write(plan_to_markdown(plan, st))
+        return 0
     text = json.dumps(plan_to_todos(plan, st), indent=2, ensure_ascii=False)
     # C1 controls (U+0080-U+009F) stay escaped: still the same JSON, safe on a terminal
     print(re.sub("[\x7f-\x9f]", lambda m: f"\\u{ord(m.group()):04x}", text))
@@ -347,7 +363,7 @@ def cmd_ui(args) -> int:
     plan = load_plan(args.plan)
     if _UI_OPENER is None:
         raise SpecdeckError("the console is not part of this entry point",
-                            hint="run `specdeck ui PLAN` (console.cli) or `python -m console`")
+                            hint=f"run `specdeck ui {args.plan}` (console.cli) or `python -m console`")
     return _UI_OPENER(plan, state=args.state)
 
 
@@ -372,12 +388,14 @@ def cmd_kinds(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specdeck", description=(
         "Plan, run and watch a speculative-decoding drafter campaign across SSH hosts."))
-    p.add_argument("--state", help="state database (default: $SPECDECK_STATE or "
-                   "$XDG_STATE_HOME/specdeck/<plan>.db)")
+    p.add_argument("--state", help="state database (default: $SPECDECK_STATE, the plan's "
+                   "state:, or $XDG_STATE_HOME/specdeck/<plan>.db); before or after COMMAND")
+    p.add_argument("--version", action=VersionAction)
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
-    def add(name, fn, help_):
-        sp = sub.add_parser(name, help=help_, description=help_)
+    def add(name, fn, help_, example=None):
+        sp = sub.add_parser(name, help=help_, description=help_,
+                            epilog=f"example:\n  {example}" if example else None)
         sp.set_defaults(fn=fn)
         return sp
 
@@ -392,6 +410,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("plan")
     sp.add_argument("items", nargs="*")
     sp.add_argument("--all", action="store_true", help="run every item that can run")
+    sp.add_argument("--again", action="store_true",
+                    help="run the named items again even when done (a new attempt)")
     sp.add_argument("-q", "--quiet", action="store_true", help="do not echo log lines")
     sp = add("attach", cmd_attach, "re-attach to live runs and follow them until they end")
     sp.add_argument("plan")
@@ -405,15 +425,20 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("plan")
     sp.add_argument("item")
     sp.add_argument("-f", "--follow", action="store_true", help="follow a live run")
+    sp.add_argument("--raw", action="store_true",
+                    help="the log byte for byte (carriage-return redraws kept)")
     sp = add("stop", cmd_stop, "stop an item's live run (asks first)")
     sp.add_argument("plan")
     sp.add_argument("item")
     sp.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     sp.add_argument("--grace", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL")
-    sp = add("export", cmd_export, "print the plan's state as JSON")
+    sp = add("export", cmd_export, "print the plan's state: todowrite JSON or a Markdown checklist")
     sp.add_argument("plan")
-    sp.add_argument("--todowrite", action="store_true", required=True,
-                    help="todowrite format: [{content, status, priority}]")
+    fmt = sp.add_mutually_exclusive_group(required=True)
+    fmt.add_argument("--todowrite", action="store_true",
+                     help="todowrite JSON: [{content, status, priority, id, needs}]")
+    fmt.add_argument("--markdown", action="store_true",
+                     help="a Markdown checklist (- [x] done items), with ids and needs")
     sp = add("import", cmd_import, "make a plan of manual items from a todowrite JSON list")
     sp.add_argument("todos")
     sp.add_argument("-o", "--output", required=True, help="the plan file to write")
@@ -427,20 +452,19 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--quick", action="store_true", help="a shorter campaign (CI)")
     sp = add("kinds", cmd_kinds, "list the action kinds")
     _extend(sub, add)
+    polish(p)
     return p
 
 
+EXTRA_COMMANDS = ("core.cli_extra", "core.cli_metrics", "core.cli_conventions")
+
+
 def _extend(sub, add) -> None:
-    """Commands contributed by later modules (compare, diff) register here."""
+    """Commands contributed by later modules (compare, diff, metrics, completion)."""
     import importlib
 
-    try:
-        mod = importlib.import_module("core.cli_extra")
-    except ModuleNotFoundError as e:
-        if e.name != "core.cli_extra":
-            raise
-        return
-    mod.register(add)
+    for name in EXTRA_COMMANDS:
+        importlib.import_module(name).register(add)
 
 
 def main(argv: list[str] | None = None, *, ui_opener=None) -> int:
@@ -449,12 +473,18 @@ def main(argv: list[str] | None = None, *, ui_opener=None) -> int:
     if ui_opener is not None:
         _UI_OPENER = ui_opener
     parser = build_parser()
-    args = parser.parse_args(argv)
-    from core.faults import terminate_as_interrupt
+    autocomplete(parser)
+    from core.faults import Interruption, terminate_as_interrupt
 
+    args, how = None, Interruption()
     try:
+        args = parser.parse_args(hoist_globals(parser, sys.argv[1:] if argv is None else argv))
         with terminate_as_interrupt() as how:
-            return args.fn(args)
+            code = args.fn(args)
+        sys.stdout.flush()  # a closed pipe shows here, not as a warning at exit
+        return code
+    except BrokenPipeError:
+        return quiet_broken_pipe()
     except PlanError as e:
         for issue in e.issues:
             _err(str(issue))
@@ -465,7 +495,7 @@ def main(argv: list[str] | None = None, *, ui_opener=None) -> int:
             _err(f"  hint: {e.hint}")
         return e.exit_status
     except (KeyboardInterrupt, asyncio.CancelledError):
-        plan = getattr(args, "plan", None) or "PLAN"
+        plan = getattr(args, "plan", None) or "<plan.yaml>"
         _err(f"specdeck: {how.name}: detached runs keep going on their hosts (`specdeck attach "
              f"{plan}` follows them again); runs inside this specdeck were marked interrupted")
         return how.exit_status

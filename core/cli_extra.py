@@ -40,7 +40,7 @@ def cmd_compare(args) -> int:
     if not rows:
         raise InvalidInput(f"plan {plan.name!r} has no eval results yet"
                            + (f" for {args.item}" if args.item else ""),
-                           hint="run an eval item first (`specdeck run PLAN ITEM`)")
+                           hint=f"run an eval item first (`specdeck run {args.plan} ITEM`)")
     comp = build_comparison(rows, [tuple(p) for p in args.pair or ()],
                             **({"detect": args.detect} if args.detect is not None else {}))
     if args.json:
@@ -48,42 +48,71 @@ def cmd_compare(args) -> int:
     elif args.csv:
         sys.stdout.write(to_csv(comp))
     else:
-        print(to_markdown(comp, pivot=args.pivot))
+        from core.cli_render import colour_on, print_markdown_tables
+
+        md = to_markdown(comp, pivot=args.pivot)
+        if args.markdown or not colour_on(sys.stdout):
+            print(md)  # piped: Markdown, ready to paste
+        else:
+            print_markdown_tables(md)
     return 0
+
+
+WHERE_KEYS = ("out_dir", "out", "resume")
+"""Top-level config keys that say where a run wrote or what it resumed from."""
+
+
+def _diff_side(store, plan, spec: str) -> tuple[str, dict]:
+    """``ITEM`` (its latest run with a recorded config) or ``ITEM#N`` (attempt N)."""
+    item, _, attempt = spec.partition("#")
+    plan.item(item)
+    runs = [r for r in store.runs_for_item(item) if r["config"]]
+    if attempt:
+        if not attempt.isdigit():
+            raise InvalidInput(f"{spec!r}: ITEM#N takes an attempt number")
+        runs = [r for r in runs if r["attempt"] == int(attempt)]
+        if not runs:
+            have = ", ".join(f"#{r['attempt']}" for r in store.runs_for_item(item)
+                             if r["config"]) or "none"
+            raise InvalidInput(f"item {item!r} has no attempt #{attempt} with a recorded "
+                               f"config (recorded: {have})")
+    if not runs:
+        raise InvalidInput(f"item {item!r} has no run with a recorded config yet",
+                           hint="a core.ml.train run records its resolved config when it "
+                                "ends; a command: trainer, its argv and config file at launch")
+    run = runs[-1]
+    return f"{item}#{run['attempt']}", json.loads(run["config"])
 
 
 def cmd_diff(args) -> int:
     from core.cli import _with_runner
 
     plan = load_plan(args.plan)
-    for i in (args.item_a, args.item_b):
-        plan.item(i)
 
     async def go(runner):
-        out = []
-        for i in (args.item_a, args.item_b):
-            runs = [r for r in runner.store.runs_for_item(i) if r["config"]]
-            if not runs:
-                raise InvalidInput(f"item {i!r} has no run with a recorded config yet",
-                                   hint="configs are recorded when a train run ends")
-            out.append(json.loads(runs[-1]["config"]))
-        return out
+        return [_diff_side(runner.store, plan, s) for s in (args.item_a, args.item_b)]
 
-    a, b = asyncio.run(_with_runner(plan, args, go, emit=lambda e: None))
+    (la, a), (lb, b) = asyncio.run(_with_runner(plan, args, go, emit=lambda e: None))
     fa, fb = _flatten(a), _flatten(b)
-    keys = sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k)
-                  and not k.startswith(("out", "resume", "data.", "seed_note")))
+    missing = object()
+    differ = sorted(k for k in set(fa) | set(fb) if fa.get(k, missing) != fb.get(k, missing))
+    # where each run wrote (core.ml.train_config.RUN_KEYS, and a resume's source) is no setting
+    where = [k for k in differ if k.split(".")[0] in WHERE_KEYS]
+    keys = [k for k in differ if k not in where]
     if args.json:
-        print(json.dumps({k: {args.item_a: fa.get(k), args.item_b: fb.get(k)} for k in keys},
-                         indent=2))
+        print(json.dumps({k: {la: fa.get(k), lb: fb.get(k)} for k in keys}, indent=2))
         return 0
     if not keys:
-        print(f"{args.item_a} and {args.item_b}: same settings")
+        print(f"{la} and {lb}: same settings")
         return 0
-    w = max(len(k) for k in keys)
-    print(f"{'setting':<{w}}  {args.item_a:<20} {args.item_b}")
-    for k in keys:
-        print(f"{k:<{w}}  {json.dumps(fa.get(k)):<20} {json.dumps(fb.get(k))}")
+    from core.cli_render import table
+
+    def show(d, k):
+        return json.dumps(d[k], ensure_ascii=False) if k in d else "(absent)"
+
+    table(["setting", la, lb], [[k, show(fa, k), show(fb, k)] for k in keys], wrap={1, 2})
+    if where:
+        print(f"(also differ, as they do for any two runs: {', '.join(where)})")
     return 0
 
 
@@ -105,9 +134,11 @@ def register(add) -> None:
     g = sp.add_mutually_exclusive_group()
     g.add_argument("--json", action="store_true")
     g.add_argument("--csv", action="store_true")
-    g.add_argument("--markdown", action="store_true", help="(default)")
-    sp = add("diff", cmd_diff, "how two train runs' resolved configs differ")
+    g.add_argument("--markdown", action="store_true",
+                   help="Markdown tables (the default when piped; on a terminal: wrapped tables)")
+    sp = add("diff", cmd_diff, "every difference between two train runs' resolved configs")
     sp.add_argument("plan")
-    sp.add_argument("item_a")
-    sp.add_argument("item_b")
+    sp.add_argument("item_a", metavar="ITEM[#N]", help="an item (its latest run) or ITEM#N, "
+                    "its Nth attempt")
+    sp.add_argument("item_b", metavar="ITEM[#N]", help="the other run, the same way")
     sp.add_argument("--json", action="store_true")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import os
 import sys
 import sysconfig
 import time
@@ -140,7 +141,7 @@ def demo_plan(root: Path, quick: bool) -> dict:
     return {"name": "demo", "hosts": hosts, "items": items}
 
 
-def write_workspace(root: Path, quick: bool) -> Path:
+def write_workspace(root: Path, quick: bool, state: str | None = None) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     (root / "train").mkdir(exist_ok=True)
     for name in ("v5.yaml", "v4-legacy.yaml"):
@@ -152,7 +153,10 @@ def write_workspace(root: Path, quick: bool) -> Path:
     if not prompts.exists() or prompts.read_text() != text:
         prompts.write_text(text)
     plan = root / "demo.yaml"
-    doc = yaml.safe_dump(demo_plan(root, quick), sort_keys=False, width=100)
+    spec = demo_plan(root, quick)
+    # recorded in the plan: status, compare, ui... find the demo's state without --state
+    spec = {"name": spec.pop("name"), "state": state or "state.db", **spec}
+    doc = yaml.safe_dump(spec, sort_keys=False, width=100)
     header = ("# The specdeck demo campaign (written by `specdeck demo`; edit freely).\n"
               "# Two local hosts stand for the training host and the eval host.\n")
     if not plan.exists() or plan.read_text() != header + doc:
@@ -169,16 +173,20 @@ def run_demo(args) -> int:
 
     root = Path(args.dir or "specdeck-demo").resolve()
     quick = bool(getattr(args, "quick", False))
-    plan_path = write_workspace(root, quick)
+    chosen = args.state or os.environ.get("SPECDECK_STATE")
+    state = str(Path(chosen).resolve()) if chosen else str(root / "state.db")
+    plan_path = write_workspace(root, quick, state if chosen else None)
     plan = load_plan(plan_path)
-    state = args.state or str(root / "state.db")
     print(f"demo workspace: {root}\nplan: {plan_path}\nstate: {state}", file=sys.stderr)
     interactive = not args.headless and sys.stdout.isatty()
     if interactive:
         from core import cli
 
         if cli._UI_OPENER is not None:
-            return cli._UI_OPENER(plan, state=state, autorun=True)
+            code = cli._UI_OPENER(plan, state=state, autorun=True)
+            print(f"reopen the demo: `specdeck ui {plan_path}` (state: {state})",
+                  file=sys.stderr)
+            return code
     t0 = time.monotonic()
 
     async def go():
@@ -204,7 +212,7 @@ def run_demo(args) -> int:
     dt = time.monotonic() - t0
     from core.cli import main as cli_main
 
-    cli_main(["--state", state, "status", str(plan_path), "--no-reconcile"])
+    cli_main(["status", str(plan_path), "--no-reconcile"])
     table = [r for r in rows if r["item_id"] != WATCHED]  # tau over training: below
     if table:
         comp = build_comparison(table, [("v5", "v4")])
@@ -215,8 +223,8 @@ def run_demo(args) -> int:
         for line in verdict_lines(comp):
             print(f"- {line}")
     print(f"\ndemo wall time: {dt:.0f} s ({'quick' if quick else 'full'})", file=sys.stderr)
-    print(f"next: `specdeck ui {plan_path} --state {state}` or "
-          f"`specdeck compare {plan_path} --state {state}`", file=sys.stderr)
+    print(f"next: `specdeck ui {plan_path}` or `specdeck compare {plan_path}` "
+          f"(the plan records its state: {state})", file=sys.stderr)
     return 1 if summary["failed"] or summary["unreachable"] else 0
 
 

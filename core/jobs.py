@@ -36,6 +36,7 @@ from core.actions.base import Launch, Outcome
 from core.errors import HostUnreachable
 from core.hosts.base import Host
 from core.text import MAX_JSON_DEPTH, json_line
+from core.metrics_sources import regex_metrics
 
 CAPSULES = ".specdeck/runs"
 CHUNK = 4 << 20
@@ -266,18 +267,8 @@ def parse_metrics(line: bytes, regex: re.Pattern | None = None) -> list[tuple[in
                 return out
     if regex is not None:
         m = regex.search(s.decode("utf-8", "replace"))
-        if m and m.groupdict().get("step"):
-            try:
-                step = int(float(m.group("step")))
-            except ValueError:
-                return out
-            for k, v in m.groupdict().items():
-                if k == "step" or v is None:
-                    continue
-                try:
-                    out.append((step, k, float(v)))
-                except ValueError:
-                    pass
+        if m:
+            out += regex_metrics(m)
     return out
 
 
@@ -322,7 +313,9 @@ async def follow(host: Host, store, run_id: str, capsule: str, *,
     Survives transport failures: while the host is unreachable it waits and retries, then
     resumes from the stored offset. ``on_state`` is told ``"reconnecting"`` / ``"following"``.
     """
-    pattern = re.compile(regex) if regex else None
+    # ``regex``: one regex (str) or a parser with ``parse(line)`` (core.metrics_sources)
+    parser = regex if hasattr(regex, "parse") else None
+    pattern = re.compile(regex) if isinstance(regex, str) and regex else None
     log = log_path or f"{capsule}/log"
     inspector = inspector or (lambda: inspect(host, capsule))
     ended: CapsuleState | None = None
@@ -337,6 +330,8 @@ async def follow(host: Host, store, run_id: str, capsule: str, *,
         try:
             row = store.run(run_id)
             stored, base = row["log_offset"], row.get("log_base") or 0
+            if parser is not None and (seen is None or stored != seen):
+                parser.prime(store, run_id, stored)  # counts carried by earlier lines
             if seen is None or stored < seen:
                 # (stored < seen: a racing follower stored a shorter piece than ours; go back
                 # so the store never keeps a gap — this viewer may see those lines twice)
@@ -362,10 +357,13 @@ async def follow(host: Host, store, run_id: str, capsule: str, *,
                         if art is not None:
                             artefacts.append(art)
                             continue
-                        metrics.extend(parse_metrics(line, pattern))
-                    store.append_log(run_id, stored, new, metrics, artefacts)
-                if on_lines:
-                    on_lines(piece.decode("utf-8", "replace").splitlines())
+                        metrics.extend(parser.parse(line) if parser is not None
+                                       else parse_metrics(line, pattern))
+                    if not store.append_log(run_id, stored, new, metrics, artefacts) and parser:
+                        parser.prime(store, run_id, store.run(run_id)["log_offset"])
+                if on_lines:  # lines end at \n only: a tqdm bar's \r redraws stay one line
+                    text = piece.decode("utf-8", "replace")
+                    on_lines(text[:-1].split("\n") if text.endswith("\n") else text.split("\n"))
                 seen += len(piece)
                 if len(data) >= CHUNK:
                     continue

@@ -101,13 +101,16 @@ class Plan:
     hosts: dict[str, HostSpec]
     vars: dict[str, Any]
     items: tuple[Item, ...]
+    state: str | None = None
+    """The state database this plan's runs are recorded in (``state:`` in the YAML, relative
+    to the plan file); every command finds it without ``--state``."""
 
     def item(self, item_id: str) -> Item:
         for it in self.items:
             if it.id == item_id:
                 return it
         raise InvalidInput(f"{self.path or self.name}: no item {item_id!r} in plan {self.name!r}",
-                           hint="`specdeck status PLAN` lists the item ids")
+                           hint=f"`specdeck status {self.path or self.name}` lists the item ids")
 
     @property
     def dir(self) -> Path:
@@ -362,7 +365,12 @@ def parse_plan(text: str, filename: str = "<plan>", *, path: Path | None = None)
     if not isinstance(data, dict):
         v.error((), "a plan is a mapping with name, hosts, vars and items")
         raise PlanError(v.issues)
-    _check_keys(v, data, (), ("name", "hosts", "vars", "items"))
+    _check_keys(v, data, (), ("name", "hosts", "vars", "items", "state"))
+    state = data.get("state")
+    if state is not None and (not isinstance(state, str) or not state.strip()):
+        v.error(("state",), "state: the state database's path (relative to the plan file)",
+                field_path=("state",))
+        state = None
 
     name = data.get("name")
     if not isinstance(name, str) or not name.strip():
@@ -505,7 +513,9 @@ def parse_plan(text: str, filename: str = "<plan>", *, path: Path | None = None)
                         field_path=("needs",))
     _check_cycles(v, items)
 
-    plan = Plan(name, path, hosts, dict(variables), tuple(items))
+    if state is not None:
+        state = str(((path.parent if path else Path.cwd()) / Path(state).expanduser()).resolve())
+    plan = Plan(name, path, hosts, dict(variables), tuple(items), state)
     # Cross-item rules each kind knows about (relay's hosts, stop's item...).
     for i, it in enumerate(items):
         if it.action is None or it.action.params is None:
@@ -638,7 +648,10 @@ _TODO_OUT = {"done": "completed"}
 
 def _slug(text: str) -> str:
     s = re.sub(r"[^A-Za-z0-9]+", "-", text.lower()).strip("-")
-    return (s[:40].rstrip("-") or "item")
+    if len(s) > 40:  # cut at a word boundary, not inside a word
+        cut = s[:41].rfind("-")
+        s = s[:cut] if cut >= 12 else s[:40]
+    return s.rstrip("-") or "item"
 
 
 MAX_TODOS_BYTES = 8 << 20
@@ -688,11 +701,13 @@ def todos_to_plan_yaml(todos: Any, name: str, source: str = "<todos>") -> str:
         raise InvalidInput(f"{source}: expected a JSON list of {{content, status, priority}}")
     items = []
     used: set[str] = set()
+    given: dict[str, str] = {}
+    """A todo's own id -> the item id it became (needs name todos by their ids)."""
     for i, t in enumerate(todos):
         where = f"{source}: entry #{i + 1}"
         if not isinstance(t, dict):
             raise InvalidInput(f"{where}: expected an object with content, status, priority")
-        unknown = set(t) - {"content", "status", "priority", "id", "activeForm"}
+        unknown = set(t) - {"content", "status", "priority", "id", "activeForm", "needs"}
         if unknown:
             raise InvalidInput(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
         content = t.get("content")
@@ -719,8 +734,20 @@ def todos_to_plan_yaml(todos: Any, name: str, source: str = "<todos>") -> str:
         while iid in used:
             iid, n = f"{base}-{n}", n + 1
         used.add(iid)
+        if t.get("id") is not None:
+            given[str(t["id"])] = iid
+        needs = t.get("needs", [])
+        if not isinstance(needs, list) or not all(isinstance(n, str) for n in needs):
+            raise InvalidInput(f"{where}: field 'needs' must be a list of ids")
         items.append({"id": iid, "content": content, "priority": prio,
-                      "status": _TODO_IN[status]})
+                      "status": _TODO_IN[status], **({"needs": list(needs)} if needs else {})})
+    for i, it in enumerate(items):
+        for n in it.get("needs", []):
+            if n not in given:
+                raise InvalidInput(f"{source}: entry #{i + 1}: needs {n!r}, which no entry's "
+                                   "id is")
+        if "needs" in it:
+            it["needs"] = [given[n] for n in it["needs"]]
     doc = {"name": _slug(name), "hosts": {}, "vars": {}, "items": items}
     return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=100)
 
@@ -731,8 +758,21 @@ def plan_to_todos(plan: Plan, statuses: dict[str, str]) -> list[dict]:
     for it in plan.items:
         st = statuses.get(it.id, it.status or "pending")
         out.append({"content": it.content, "status": _TODO_OUT.get(st, st),
-                    "priority": it.priority})
+                    "priority": it.priority, "id": it.id,
+                    **({"needs": list(it.needs)} if it.needs else {})})
     return out
+
+
+def plan_to_markdown(plan: Plan, statuses: dict[str, str]) -> str:
+    """The plan's state as a Markdown checklist (ids and needs kept)."""
+    lines = [f"# {plan.name}", ""]
+    for it in plan.items:
+        st = statuses.get(it.id, it.status or "pending")
+        extra = [f"`{it.id}`", it.priority] + ([st] if st not in ("pending", "done") else [])
+        if it.needs:
+            extra.append("needs " + ", ".join(f"`{n}`" for n in it.needs))
+        lines.append(f"- [{'x' if st == 'done' else ' '}] {it.content} ({'; '.join(extra)})")
+    return "\n".join(lines) + "\n"
 
 
 def params_summary(item: Item) -> dict:
@@ -745,4 +785,4 @@ def params_summary(item: Item) -> dict:
 
 
 __all__ = ["Plan", "Item", "HostSpec", "ActionSpec", "PlanIssue", "load_plan", "parse_plan",
-           "todos_to_plan_yaml", "plan_to_todos", "STATUSES", "PRIORITIES"]
+           "todos_to_plan_yaml", "plan_to_todos", "plan_to_markdown", "STATUSES", "PRIORITIES"]

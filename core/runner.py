@@ -35,6 +35,7 @@ from core.hosts.base import HostState
 from core.plan import Item, Plan
 from core.progress import describe
 from core.store import Store
+from core.text import collapse_cr
 
 RUN_TO_ITEM = {"succeeded": "done", "failed": "failed", "stopped": "failed", "lost": "failed",
                "interrupted": "failed"}
@@ -141,6 +142,8 @@ class Runner:
         self._host_states: dict[str, HostState] = {}
         for h in self.hosts.values():
             h.on_status(self._host_status_changed)
+        self.again: set[str] = set()
+        """Items to run once more even though done (``specdeck run --again``, console R)."""
 
     # -- plumbing ------------------------------------------------------------------------
     def emit(self, event: Event) -> None:
@@ -175,6 +178,8 @@ class Runner:
 
     async def close(self) -> None:
         for h in self.hosts.values():
+            if h.status.state == HostState.UNKNOWN and not h.status.reason:
+                continue  # never contacted: nothing to close, nothing to report
             try:
                 await h.close()
             except Exception:  # closing is best effort
@@ -230,12 +235,13 @@ class Runner:
             st = self.statuses()
             deferred = False
             for it in list(pending):
-                if st[it.id] in ("done", "skipped"):
+                if st[it.id] in ("done", "skipped") and it.id not in self.again:
                     pending.remove(it)
                     if ids is not None and it.id in set(ids):
                         summary["done"].append(it.id)
-                        self.emit(Notice(it.id, f"{it.id}: already {st[it.id]} (`specdeck mark "
-                                         f"PLAN {it.id} pending` to run it again)"))
+                        self.emit(Notice(it.id, f"{it.id}: already {st[it.id]} (`specdeck run "
+                                         f"{self.plan.path or self.plan.name} {it.id} --again` "
+                                         "runs it again)"))
                     continue
                 if it.manual:
                     pending.remove(it)
@@ -331,7 +337,9 @@ class Runner:
         host = await self.host(item.action.host) if item.action.host else None
         ctx = _Context(self, item, host, None)
         chk = await action.check(ctx)
-        if chk.state == "done":
+        again = item.id in self.again
+        self.again.discard(item.id)
+        if chk.state == "done" and not again:
             self._set_status(item.id, "done", f"check: {chk.reason or 'already done'}")
             return "done"
         if chk.state == "blocked":
@@ -436,6 +444,7 @@ class Runner:
         run_id = run["id"]
 
         def lines(ls: list[str]) -> None:
+            ls = [collapse_cr(x) for x in ls]  # a tqdm bar's redraws: one line
             self.emit(LogLinesReceived(item.id, run_id, ls))
             for ln in reversed(ls):  # one progress per chunk: the latest line that has one
                 if ln.startswith("{"):
@@ -451,11 +460,21 @@ class Runner:
         regex = getattr(action, "metrics_regex", lambda: None)()
         follower = getattr(action, "follow", None)
         if follower is not None:
-            st = await follower(self, host, run, lines)
+            work = follower(self, host, run, lines)
         else:
-            st = await jobs.follow(host, self.store, run_id, run["capsule"], on_lines=lines,
-                                   on_state=state, regex=regex, poll=self.poll)
+            work = jobs.follow(host, self.store, run_id, run["capsule"], on_lines=lines,
+                               on_state=state, regex=regex, poll=self.poll)
+        st = await self._with_metric_files(item, action, host, run_id, work)
         return await self._finish(item, action, host, run_id, st)
+
+    async def _with_metric_files(self, item: Item, action: Action, host: Host, run_id: str,
+                                 work):
+        """Await ``work`` while the run's metric files (TensorBoard) are read alongside."""
+        from core.metrics_sources import alongside, tensorboard_source
+
+        src = tensorboard_source(action, host, self.store, run_id)
+        return await alongside(src, work, every=max(self.poll * 10, 0.5),
+                               on_error=lambda m: self.emit(Notice(item.id, m, "warning")))
 
     async def _finish(self, item: Item, action: Action, host: Host, run_id: str,
                       st: jobs.CapsuleState) -> str:
@@ -590,10 +609,11 @@ class Runner:
         # Ended (or lost) while nobody followed: drain the log, then finish.
         follower = getattr(action, "follow", None)
         if follower is not None:
-            st = await follower(self, host, run, lambda ls: None)
+            work = follower(self, host, run, lambda ls: None)
         else:
-            st = await jobs.follow(host, self.store, run["id"], capsule, poll=self.poll,
-                                   regex=getattr(action, "metrics_regex", lambda: None)())
+            work = jobs.follow(host, self.store, run["id"], capsule, poll=self.poll,
+                               regex=getattr(action, "metrics_regex", lambda: None)())
+        st = await self._with_metric_files(item, action, host, run["id"], work)
         return await self._finish(item, action, host, run["id"], st)
 
     async def _follow_owned(self, item: Item, run: dict) -> str:

@@ -92,6 +92,12 @@ def m004_console_seen(db: Database) -> None:
     db["console_seen"].create({"name": str, "event_id": int, "at": float}, pk="name")
 
 
+@migrations()
+def m005_metric_sources(db: Database) -> None:
+    db["metric_sources"].create({"run_id": str, "source": str, "offset": int, "at": float},
+                                pk=("run_id", "source"))
+
+
 def default_state_path(plan_name: str) -> Path:
     """``$SPECDECK_STATE``, else ``$XDG_STATE_HOME/specdeck/<plan>.db``."""
     env = os.environ.get("SPECDECK_STATE")
@@ -100,6 +106,16 @@ def default_state_path(plan_name: str) -> Path:
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local",
                                                              "state")
     return Path(base) / "specdeck" / f"{plan_name}.db"
+
+
+def state_path_for(plan, explicit: str | None = None) -> Path:
+    """Where a plan's state lives: ``--state``, else ``$SPECDECK_STATE``, else the plan's own
+    ``state:``, else ``$XDG_STATE_HOME/specdeck/<plan>.db``."""
+    if explicit:
+        return Path(explicit)
+    if not os.environ.get("SPECDECK_STATE") and getattr(plan, "state", None):
+        return Path(plan.state)
+    return default_state_path(plan.name)
 
 
 class StoreBusy(Exception):
@@ -338,8 +354,13 @@ class Store:
             count += data.count(b"\n")
             if count > max_lines:
                 break
+        from core.text import collapse_cr
+
         text = b"".join(reversed(chunks)).decode("utf-8", "replace")
-        return text.splitlines()[-max_lines:]
+        if not text:
+            return []
+        return [collapse_cr(x) for x in text.split("\n")[:-1]
+                + ([] if text.endswith("\n") else [text.rsplit("\n", 1)[-1]])][-max_lines:]
 
     # -- journal -------------------------------------------------------------------------
     def _event(self, kind: str, item_id: str | None, run_id: str | None, host: str | None,
@@ -395,6 +416,45 @@ class Store:
             self.db.conn.executemany(
                 "INSERT OR REPLACE INTO metrics (run_id, step, name, value, at) "
                 "VALUES (?, ?, ?, ?, ?)", [(run_id, s, n, v, now) for s, n, v in rows])
+
+    def metric_source_offset(self, run_id: str, source: str) -> int | None:
+        """How far a metric source (a TensorBoard event file) has been stored."""
+        row = self.db.execute("SELECT offset FROM metric_sources WHERE run_id = ? AND "
+                              "source = ?", [run_id, source]).fetchone()
+        return row[0] if row else None
+
+    def metric_source_init(self, run_id: str, source: str, offset: int) -> None:
+        """Start a source at ``offset`` unless it is known already."""
+        with self._immediate():
+            self.db.execute("INSERT OR IGNORE INTO metric_sources (run_id, source, offset, at) "
+                            "VALUES (?, ?, ?, ?)", [run_id, source, offset, time.time()])
+
+    def add_source_metrics(self, run_id: str, source: str, offset: int, new_offset: int,
+                           rows: Iterable[tuple[int, str, float, float]]) -> bool:
+        """Store ``(step, name, value, at)`` rows read from ``source`` bytes ``offset`` to
+        ``new_offset`` and advance its offset, in one transaction. False (nothing stored)
+        when the stored offset is not ``offset``: that piece is stored already."""
+        with self._immediate():
+            cur = self.metric_source_offset(run_id, source) or 0
+            if cur != offset:
+                return False
+            self.db.conn.executemany(
+                "INSERT OR REPLACE INTO metrics (run_id, step, name, value, at) "
+                "VALUES (?, ?, ?, ?, ?)", [(run_id, s, n, v, at) for s, n, v, at in rows])
+            self.db.execute("INSERT OR REPLACE INTO metric_sources (run_id, source, offset, at) "
+                            "VALUES (?, ?, ?, ?)", [run_id, source, new_offset, time.time()])
+        return True
+
+    def metric_rows(self, run_id: str, names: Iterable[str] | None = None) -> list[dict]:
+        """Every stored point of a run as ``{step, name, value, time}``, by step then name."""
+        where, args = "run_id = ?", [run_id]
+        if names is not None:
+            names = list(names)
+            where += f" AND name IN ({', '.join('?' * len(names))})"
+            args += names
+        return [{"step": r[0], "name": r[1], "value": r[2], "time": r[3]} for r in
+                self.db.execute(f"SELECT step, name, value, at FROM metrics WHERE {where} "
+                                "ORDER BY step, name", args)]
 
     def metric_names(self, run_id: str) -> list[str]:
         return [r[0] for r in self.db.execute(

@@ -70,3 +70,12 @@ def json_line(line: bytes | str) -> Any:
         return json.loads(s)
     except (ValueError, RecursionError):
         return None
+
+
+def collapse_cr(line: str) -> str:
+    """What a terminal shows of a line redrawn with carriage returns (a tqdm bar's
+    refreshes): the last non-empty redraw."""
+    if "\r" not in line:
+        return line
+    parts = [p for p in line.split("\r") if p.strip()]
+    return parts[-1] if parts else ""

@@ -76,7 +76,8 @@ def test_run_order_failure_and_status_json(tmp_path):
     assert run["exit_code"] == 7 and run["state"] == "failed" and run["host"] == "here"
     assert run["signal"] is None and run["ended_at"] >= run["started_at"]
     assert items["b"]["action"] == {"kind": "shell", "host": "here", "params": {
-        "command": f"echo b >> {trace}; exit 7", "args": [], "cwd": None, "creates": None}}
+        "command": f"echo b >> {trace}; exit 7", "args": [], "cwd": None, "creates": None,
+        "metrics": None}}
 
     # the operator ticks the manual item; d becomes runnable; b can be run again (attempt 2)
     assert run_cli("mark", plan, "m", "done", env=env).returncode == 0
@@ -181,7 +182,11 @@ def test_todowrite_round_trip(tmp_path):
     assert res.returncode == 0, res.stderr
     assert run_cli("validate", out).returncode == 0
     res = run_cli("export", out, "--todowrite", env=env)
-    assert json.loads(res.stdout) == todos
+    exported = json.loads(res.stdout)
+    ids = [t.pop("id") for t in exported]  # ids are kept (and needs, when items have any)
+    assert exported == todos
+    assert ids == ["set-up-venv-on-ct129-with-uv-cpu-torch", "copy-checkpoint-from-kpro6-host-to-ct129",
+                   "strip-optimizer-state", "strip-optimizer-state-2"]
     # statuses change in the store; the export follows, the YAML is untouched
     yaml_before = out.read_text()
     status = json.loads(run_cli("status", out, "--json", env=env).stdout)
@@ -190,7 +195,8 @@ def test_todowrite_round_trip(tmp_path):
     assert run_cli("mark", out, ids[2], "in_progress", env=env).returncode == 0
     todos[1]["status"] = "completed"
     todos[2]["status"] = "in_progress"
-    assert json.loads(run_cli("export", out, "--todowrite", env=env).stdout) == todos
+    assert json.loads(run_cli("export", out, "--todowrite", env=env).stdout) == [
+        {**t, "id": i} for t, i in zip(todos, ids)]
     assert out.read_text() == yaml_before
     # importing over an existing plan is refused and writes nothing
     res = run_cli("import", src, "-o", out, env=env)

@@ -128,7 +128,7 @@ class Action(ABC):
             if outcome.state == "lost":
                 how = "the process vanished without an exit status (host rebooted?)"
             raise ActionFailed(f"item {ctx.item.id!r}: {self.kind} run {outcome.state} ({how})",
-                               hint=f"`specdeck logs PLAN {ctx.item.id}` shows its log")
+                               hint=f"`specdeck logs {ctx.plan.path or ctx.plan.name} {ctx.item.id}` shows its log")
         return {}
 
     # in-process actions

@@ -22,7 +22,8 @@ class Manual(Action):
     summary = "a step the operator does by hand and marks done"
 
     async def check(self, ctx) -> CheckResult:
-        return CheckResult.blocked("manual item: do it, then `specdeck mark PLAN ITEM done`")
+        return CheckResult.blocked(f"manual item: do it, then `specdeck mark "
+                                   f"{ctx.plan.path or ctx.plan.name} {ctx.item.id} done`")
 
     async def run(self, ctx) -> dict:  # pragma: no cover - the runner never runs manual items
         raise RuntimeError("manual items are ticked, not run")

@@ -160,7 +160,7 @@ async def ml_failure(ctx, outcome, what: str) -> ActionFailed:
     lines = [ln for ln in tail.splitlines() if not ln.startswith("{")][-4:]
     return ActionFailed(f"{what} on {ctx.host.name} {outcome.state} ({how})"
                         + ("\n" + "\n".join("    " + ln for ln in lines) if lines else ""),
-                        hint=f"`specdeck logs PLAN {ctx.item.id}` shows the whole log")
+                        hint=f"`specdeck logs {ctx.plan.path or ctx.plan.name} {ctx.item.id}` shows the whole log")
 
 
 def join(*parts: str) -> str:

@@ -11,6 +11,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from core.actions.base import Action, CheckResult, Launch, register
+from core.metrics_sources import MetricsParams, baseline_sources, line_metrics
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,8 @@ class ShellParams:
     cwd: str | None = field(default=None, metadata={"doc": "working dir (default: host workdir)"})
     creates: str | None = field(default=None, metadata={
         "doc": "a path the command creates: when it exists, check() reports done"})
+    metrics: MetricsParams | None = field(default=None, metadata={
+        "doc": "metric sources: regex list, hf_dicts, tensorboard dir (plans/README.md)"})
 
     def validate(self):
         return [(("command",), "command must not be empty")] if not self.command.strip() else []
@@ -35,6 +38,15 @@ class Shell(Action):
         if self.params.creates and await ctx.host.stat(self.params.creates) is not None:
             return CheckResult.done(f"{self.params.creates} exists")
         return CheckResult.ready()
+
+    def metrics_regex(self):
+        return line_metrics(self.params.metrics)
+
+    def metrics_spec(self) -> MetricsParams | None:
+        return self.params.metrics
+
+    async def prepare(self, ctx) -> None:
+        await baseline_sources(self, ctx)
 
     def command(self, ctx) -> Launch:
         cmd = self.params.command

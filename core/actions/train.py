@@ -32,6 +32,7 @@ import yaml
 from core import jobs
 from core.actions.base import Action, CheckResult, Launch, register
 from core.actions.mlbase import host_python, ml_failure
+from core.metrics_sources import MetricsParams, baseline_sources, line_metrics
 
 
 CKPT = re.compile(r"^step_(\d+)\.pt$")
@@ -74,6 +75,9 @@ class TrainParams:
     slurm: SlurmParams = field(default_factory=SlurmParams)
     metrics_regex: str | None = None
     """For text logs: a regex with named groups, ``step`` among them."""
+    metrics: MetricsParams | None = None
+    """More metric sources: regexes, HF dict lines, TensorBoard event files (see
+    core.metrics_sources and plans/README.md)."""
     resume: bool = True
     """Rerunning a failed item resumes from the newest checkpoint in ``out``."""
     watch_eval: dict[str, Any] | None = None
@@ -144,8 +148,13 @@ class Train(Action):
     def launcher_name(self) -> str:
         return self.params.launcher
 
-    def metrics_regex(self) -> str | None:
-        return self.params.metrics_regex
+    def metrics_regex(self):
+        """The log-line metric parser (a regex string stays the simple case)."""
+        return line_metrics(self.params.metrics, self.params.metrics_regex) or \
+            self.params.metrics_regex
+
+    def metrics_spec(self) -> MetricsParams | None:
+        return self.params.metrics
 
     def _out(self, ctx, run_id: str) -> str:
         if self.params.out:
@@ -187,6 +196,10 @@ class Train(Action):
                     break
             if self.params.out and await host.stat(f"{self._outdir}/latest") is not None:
                 self._resume_from = "auto"
+        await baseline_sources(self, ctx)
+        if self.params.command:
+            ctx.store.update_run(ctx.run_id, config=await command_config(
+                host, self._capsule, self.params.command))
 
     def _trainer(self, ctx, module_prefix: list[str]) -> str:
         if self.params.command:
@@ -272,7 +285,7 @@ class Train(Action):
         ``log_path`` / ``inspector``: another log and end test (an adopted run's)."""
         def follow_log():
             return jobs.follow(host, runner.store, run["id"], run["capsule"], on_lines=on_lines,
-                               regex=self.params.metrics_regex, poll=runner.poll,
+                               regex=self.metrics_regex(), poll=runner.poll,
                                inspector=inspector or (lambda: self.inspect(runner, host, run)),
                                log_path=log_path)
 
@@ -351,6 +364,72 @@ def _watch_block_size(spec: Any, plan, item) -> list:
         plan, spec.get("host"), fit.config_json_of(spec["baseline"]))))
     err = fit.block_size_mismatch(watch, fit.train_item_block_size(plan, item.id), base)
     return [(("watch_eval", "baseline"), err)] if err else []
+
+
+CONFIG_FLAGS = ("--config", "--config-file", "--config_file", "--cfg", "-c")
+
+
+def argv_settings(command: str) -> dict:
+    """``--lr 1e-4 --bf16 --data=x`` -> ``{"lr": "1e-4", "bf16": True, "data": "x"}``;
+    positional words under ``args``. A command shlex cannot split is kept whole only."""
+    try:
+        words = shlex.split(command, comments=True)
+    except ValueError:
+        return {}
+    out: dict[str, Any] = {}
+    args: list[str] = []
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w.startswith("-") and len(w) > 1 and not _is_number(w):
+            key, eq, val = w.lstrip("-").partition("=")
+            if eq:
+                out[key] = val
+            elif i + 1 < len(words) and not (words[i + 1].startswith("-")
+                                              and not _is_number(words[i + 1])):
+                out[key] = words[i + 1]
+                i += 1
+            else:
+                out[key] = True
+        else:
+            args.append(w)
+        i += 1
+    if args:
+        out["args"] = args
+    return out
+
+
+def _is_number(w: str) -> bool:
+    try:
+        float(w)
+        return True
+    except ValueError:
+        return False
+
+
+async def command_config(host, capsule: str, command: str) -> dict:
+    """What a ``command:`` trainer was launched with, for ``specdeck diff``: the command,
+    its argv as settings, and the config file it names (``--config F`` or a .yaml/.json
+    argument), read from the host (relative: to the run capsule, else the workdir)."""
+    argv = argv_settings(command)
+    rec: dict[str, Any] = {"command": command, "argv": argv}
+    named = next((argv[f.lstrip("-")] for f in CONFIG_FLAGS
+                  if isinstance(argv.get(f.lstrip("-")), str)), None)
+    if named is None:
+        named = next((a for a in argv.get("args", []) if a.endswith((".yaml", ".yml", ".json"))),
+                     None)
+    if named:
+        for path in ([named] if named.startswith("/") else
+                     [posixpath.join(capsule, named), host.path(named)]):
+            raw = await host.read_from(path, 0, 1 << 22)
+            if raw:
+                try:
+                    rec["config"] = yaml.safe_load(raw)  # JSON is YAML too
+                except yaml.YAMLError as e:
+                    rec["config_error"] = f"{path}: not YAML/JSON: {e}"
+                rec["config_file"] = path
+                break
+    return rec
 
 
 def _absolute_paths(doc: dict, host, config_dir: Path | None, overridden: set[str]) -> None:

@@ -110,6 +110,16 @@ def _tilde(path: str) -> str:
     return "~" + path[len(home):] if path.startswith(home + "/") else path
 
 
+def ssh_command(target: str) -> str:
+    """The ``ssh`` command line that reaches ``target`` (OpenSSH rejects ``host:port``)."""
+    try:
+        host, port, user = parse_target(target)
+    except InvalidInput:
+        return f"ssh {shlex.quote(target)}"
+    dest = shlex.quote(f"{user}@{host}" if user else host)
+    return f"ssh -p {port} {dest}" if port else f"ssh {dest}"
+
+
 def parse_target(target: str) -> tuple[str, int | None, str | None]:
     """Split ``[user@]host[:port]`` (or an alias) into host, port and user.
 
@@ -357,8 +367,11 @@ class SSHHost(Host):
             self._last_error = err
             raise err from None
         except (OSError, asyncssh.Error, asyncio.TimeoutError, ValueError) as exc:
-            err = HostUnreachable(self.name, self._describe(exc),
-                                  hint=self._hint(exc))
+            desc, hint = self._describe(exc), self._hint(exc)
+            jump = getattr(opts, "tunnel", None)
+            if isinstance(jump, str) and jump.strip() and jump.strip().lower() != "none":
+                desc, hint = await self._jump_failure(jump.strip(), desc, hint)
+            err = HostUnreachable(self.name, desc, hint=hint)
             self._last_error = err
             raise err from None
         try:
@@ -490,13 +503,32 @@ class SSHHost(Host):
             return f"{where}: {exc.strerror}"
         return f"{where}: {exc}"
 
+    async def _jump_failure(self, jump: str, desc: str, hint: str | None
+                            ) -> tuple[str, str | None]:
+        """Say which hop of a ProxyJump failed: dial the first jump host on its own."""
+        first = jump.split(",")[0].strip()
+        try:
+            host, port, user = parse_target(first.removeprefix("ssh://"))
+            conn = await asyncio.wait_for(
+                asyncssh.connect(host, port=port or (), username=user or ()),
+                self.connect_timeout)
+        except (OSError, asyncssh.Error, asyncio.TimeoutError, ValueError, InvalidInput) as e:
+            why = (e.reason if isinstance(e, asyncssh.Error) else
+                   "no answer" if isinstance(e, asyncio.TimeoutError) else
+                   getattr(e, "strerror", None) or str(e) or type(e).__name__)
+            return (f"the jump host {first} (ProxyJump of {self.target}) failed: {why}",
+                    f"is {first} up? try `{ssh_command(first)}`")
+        conn.close()
+        return (f"{desc} (through the jump host {first}, which answered: the hop from it "
+                f"failed)", hint)
+
     def _hint(self, exc: BaseException) -> str | None:
         if isinstance(exc, asyncssh.PermissionDenied):
             return (f"check the key: IdentityFile in ~/.ssh/config, `ssh-add -l` for the "
-                    f"agent, and authorized_keys on the host; `ssh {self.target}` should "
+                    f"agent, and authorized_keys on the host; `{ssh_command(self.target)}` should "
                     f"log in without a password")
         if isinstance(exc, (ConnectionRefusedError, asyncio.TimeoutError, socket.gaierror)):
-            return f"is the host up and sshd running? try `ssh {self.target}`"
+            return f"is the host up and sshd running? try `{ssh_command(self.target)}`"
         return None
 
     def _known_hosts_files(self, opts) -> list[str]:
@@ -555,7 +587,7 @@ class SSHHost(Host):
             f"which is not in {', '.join(_tilde(f) for f in files)}",
             hint=f"check that fingerprint with the host's admin (on the host: `ssh-keygen -lf "
                  f"/etc/ssh/ssh_host_{keytype}_key.pub`), then trust it with `{scan}`, or run "
-                 f"`ssh {self.target}` once and answer yes")
+                 f"`{ssh_command(self.target)}` once and answer yes")
 
     def _lost(self, what: str, exc: BaseException) -> HostUnreachable:
         """The error for an operation whose connection failed under it."""

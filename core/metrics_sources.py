@@ -1,0 +1,442 @@
+"""Where a run's training curves come from, besides JSON lines: the ``metrics`` param.
+
+A train or shell item may declare::
+
+    params:
+      command: python my_trainer.py
+      metrics:
+        regex:                       # any number; each needs a (?P<step>...) group
+          - 'step (?P<step>\\d+) loss (?P<loss>[\\d.]+)'
+          - 'eval @ (?P<step>\\d+): acc=(?P<eval_acc>[\\d.]+)'
+        hf_dicts: true               # HF Trainer lines: {'loss': 2.3, 'epoch': 0.1}
+        tensorboard: runs/exp1       # event files under this dir (host workdir relative)
+
+Log-line sources (JSON with ``step``, the regexes, HF dict lines) are parsed as the log
+follower stores each line, so they are stored exactly once because the log is. An HF dict
+line without ``global_step`` (or ``step``) is numbered by its ordinal among such lines in the
+run's log; that count is re-derived from the stored log whenever a follower starts, so a
+restart numbers the next line as the dead follower would have. A tqdm bar's carriage-return
+refreshes are parsed segment by segment (a dict after a ``\\r`` still counts).
+
+TensorBoard event files (TFRecord framing around ``Event`` protobufs, decoded by
+``protobuf`` with the needed part of TensorBoard's schema declared here: no torch,
+TensorFlow or tensorboard needed on the console machine) are read from the host incrementally: each file's byte offset is kept in
+the store and advanced in the same transaction as the metrics parsed from it, so a kill -9
+at any point neither loses nor repeats a point. Files already in the directory when the run
+is launched belong to earlier runs and are skipped. The tag is the metric name.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import re
+import shlex
+import struct
+from dataclasses import dataclass, field
+
+from core.text import MAX_JSON_DEPTH, json_line
+
+TB_GLOB = "events.out.tfevents*"
+TB_READ = 16 << 20
+"""Largest piece of one event file read per poll."""
+CRC_MAX = 256 << 10
+"""Records up to this size have their data checksum verified. Scalar events are ~100
+bytes; bigger records are images, histograms or graphs, whose checksum would cost ~0.4 s/MB
+in pure Python: for those the header checksum (framing) and the protobuf decode guard the
+read."""
+
+
+@dataclass(frozen=True)
+class MetricsParams:
+    regex: list[str] | str = field(default_factory=tuple, metadata={
+        "doc": "regexes with named groups, (?P<step>...) among them; each other group is a metric"})
+    hf_dicts: bool = field(default=False, metadata={
+        "doc": "HF Trainer dict lines ({'loss': 2.3, 'epoch': 0.1}); step: global_step or line count"})
+    tensorboard: str | None = field(default=None, metadata={
+        "doc": "dir of TensorBoard event files (host workdir relative); read incrementally"})
+
+    @property
+    def regexes(self) -> tuple[str, ...]:
+        return (self.regex,) if isinstance(self.regex, str) else tuple(self.regex)
+
+    def validate(self):
+        out = []
+        for i, rx in enumerate(self.regexes):
+            where = ("regex",) if isinstance(self.regex, str) else ("regex", i)
+            out += [(where, m) for m in regex_problems(rx)]
+        if self.tensorboard is not None and not self.tensorboard.strip():
+            out.append((("tensorboard",), "an empty path; name the event files' dir"))
+        return out
+
+
+def regex_problems(rx: str) -> list[str]:
+    try:
+        groups = re.compile(rx).groupindex
+    except re.error as e:
+        return [f"not a regex: {e}"]
+    if "step" not in groups:
+        return ["needs a named group (?P<step>...)"]
+    if len(groups) < 2:
+        return ["needs a named group per metric besides (?P<step>...)"]
+    return []
+
+
+# -- lines -------------------------------------------------------------------------------
+def _number(v) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    v = float(v)
+    return v if v == v and abs(v) != float("inf") else None
+
+
+def hf_dict(segment: bytes) -> dict | None:
+    """A Trainer-style ``{'loss': 2.3, ...}`` (Python or JSON) with a numeric value, else None."""
+    s = segment.strip()
+    if not (s.startswith(b"{") and s.endswith(b"}")) or len(s) > 65536:
+        return None
+    text = s.decode("utf-8", "replace")
+    obj = json_line(text)  # bounded depth: never a RecursionError
+    if obj is None:
+        if text.count("{") + text.count("[") > MAX_JSON_DEPTH:
+            return None  # too deep for a metrics dict (and for ast's recursive parser)
+        try:
+            obj = ast.literal_eval(text)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            return None
+    if not isinstance(obj, dict) or not any(_number(v) is not None for v in obj.values()):
+        return None
+    return obj
+
+
+class LineMetrics:
+    """Parses the metrics of a run's log lines: JSON with ``step``, regexes, HF dicts."""
+
+    def __init__(self, regexes=(), hf_dicts: bool = False):
+        self.patterns = [re.compile(r) for r in regexes]
+        self.hf_dicts = hf_dicts
+        self.hf_count = 0
+
+    def prime(self, store, run_id: str, offset: int) -> None:
+        """Re-derive the HF line count from the log stored before ``offset`` (a follower
+        starting, or one whose piece another specdeck stored first)."""
+        self.hf_count = 0
+        if self.hf_dicts and offset:
+            for line in store.log_bytes(run_id, 0)[:offset].splitlines():
+                for seg in line.split(b"\r"):
+                    if not _json_step(seg) and hf_dict(seg) is not None:
+                        self.hf_count += 1
+
+    def parse(self, line: bytes) -> list[tuple[int, str, float]]:
+        from core.jobs import parse_metrics
+
+        out: list[tuple[int, str, float]] = []
+        for seg in line.split(b"\r"):
+            if not seg.strip():
+                continue
+            got = parse_metrics(seg)  # JSON with a step
+            if got or _json_step(seg):
+                out += got
+                continue
+            if self.hf_dicts:
+                obj = hf_dict(seg)
+                if obj is not None:
+                    self.hf_count += 1
+                    out += self._hf(obj)
+                    continue
+            text = seg.decode("utf-8", "replace")
+            for pat in self.patterns:
+                for m in pat.finditer(text):
+                    out += regex_metrics(m)
+        return out
+
+    def _hf(self, obj: dict) -> list[tuple[int, str, float]]:
+        step = obj.get("global_step", obj.get("step"))
+        step = int(step) if _number(step) is not None and float(step) == int(step) else self.hf_count
+        return [(step, str(k), x) for k, v in obj.items()
+                if k not in ("global_step", "step") and (x := _number(v)) is not None]
+
+
+def _json_step(seg: bytes) -> bool:
+    s = seg.strip()
+    return s.startswith(b"{") and b'"step"' in s and s.endswith(b"}")
+
+
+def regex_metrics(m: re.Match) -> list[tuple[int, str, float]]:
+    """The numeric named groups of a match, at its ``step`` group's step."""
+    try:
+        step = int(float(m.group("step")))
+    except (TypeError, ValueError):
+        return []
+    out = []
+    for k, v in m.groupdict().items():
+        if k == "step" or v is None:
+            continue
+        try:
+            out.append((step, k, float(v)))
+        except ValueError:
+            pass
+    return out
+
+
+def line_metrics(spec: MetricsParams | None, legacy_regex: str | None = None
+                 ) -> LineMetrics | None:
+    """The parser for an action's log lines (None: JSON lines only)."""
+    regexes = list(spec.regexes if spec else ()) + ([legacy_regex] if legacy_regex else [])
+    hf = bool(spec and spec.hf_dicts)
+    if not regexes and not hf:
+        return None
+    return LineMetrics(regexes, hf)
+
+
+# -- TensorBoard event files -------------------------------------------------------------
+class EventFileError(Exception):
+    pass
+
+
+def _crc_table() -> list[int]:
+    table = []
+    for n in range(256):
+        c = n
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_CRC_TABLE = _crc_table()
+
+
+def crc32c(data: bytes) -> int:
+    """CRC-32C (Castagnoli), as TFRecord framing uses."""
+    crc, table = 0xFFFFFFFF, _CRC_TABLE
+    for b in data:
+        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def _masked_crc(data: bytes) -> int:
+    c = crc32c(data)
+    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def read_records(buf: bytes, where: str = "event file") -> tuple[list[bytes], int]:
+    """Whole TFRecords at the start of ``buf`` and the bytes they take (a torn tail waits)."""
+    out, pos = [], 0
+    while pos + 12 <= len(buf):
+        head = buf[pos:pos + 8]
+        (length,) = struct.unpack("<Q", head)
+        (hcrc,) = struct.unpack("<I", buf[pos + 8:pos + 12])
+        if _masked_crc(head) != hcrc:
+            raise EventFileError(f"{where}: corrupt record header at byte {pos}")
+        end = pos + 12 + length + 4
+        if end > len(buf):
+            break
+        data = buf[pos + 12:pos + 12 + length]
+        (dcrc,) = struct.unpack("<I", buf[end - 4:end])
+        if length <= CRC_MAX and _masked_crc(data) != dcrc:
+            raise EventFileError(f"{where}: corrupt record at byte {pos}")
+        out.append(data)
+        pos = end
+    return out, pos
+
+
+def scalars(record: bytes) -> list[tuple[int, str, float, float]]:
+    """(step, tag, value, wall time) of the scalar summaries in one ``Event`` record."""
+    from google.protobuf.message import DecodeError
+
+    try:
+        ev = _event_class().FromString(record)
+    except DecodeError as e:
+        raise EventFileError(f"a record is not an Event ({e})") from None
+    out = []
+    if not ev.HasField("summary"):
+        return out
+    for v in ev.summary.value:
+        val = None
+        if v.HasField("simple_value"):
+            val = v.simple_value
+        elif v.HasField("tensor"):
+            val = _tensor_scalar(v.tensor)
+        if val is not None and val == val and abs(val) != float("inf"):
+            out.append((int(ev.step), v.tag, float(val), float(ev.wall_time)))
+    return out
+
+
+_EVENT_CLASS = None
+
+
+def _event_class():
+    """The ``Event`` message, declared from TensorBoard's event.proto / summary.proto /
+    tensor.proto field numbers (only the fields read here; protobuf skips the others).
+    Decoding is protobuf's; nothing imports torch, TensorFlow or tensorboard."""
+    global _EVENT_CLASS
+    if _EVENT_CLASS is not None:
+        return _EVENT_CLASS
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    F = descriptor_pb2.FieldDescriptorProto
+    fdp = descriptor_pb2.FileDescriptorProto(name="specdeck_tb_event.proto",
+                                             package="specdeck_tb", syntax="proto3")
+
+    def msg(name, *fields):
+        m = fdp.message_type.add(name=name)
+        for fname, num, typ, label, tname in fields:
+            f = m.field.add(name=fname, number=num, type=typ, label=label)
+            if tname:
+                f.type_name = f".specdeck_tb.{tname}"
+
+    one, rep = F.LABEL_OPTIONAL, F.LABEL_REPEATED
+    msg("Dim", ("size", 1, F.TYPE_INT64, one, None))
+    msg("Shape", ("dim", 2, F.TYPE_MESSAGE, rep, "Dim"))
+    msg("Tensor", ("dtype", 1, F.TYPE_INT32, one, None),
+        ("tensor_shape", 2, F.TYPE_MESSAGE, one, "Shape"),
+        ("tensor_content", 4, F.TYPE_BYTES, one, None),
+        ("float_val", 5, F.TYPE_FLOAT, rep, None),
+        ("double_val", 6, F.TYPE_DOUBLE, rep, None),
+        ("int_val", 7, F.TYPE_INT32, rep, None),
+        ("int64_val", 10, F.TYPE_INT64, rep, None))
+    msg("Value", ("tag", 1, F.TYPE_STRING, one, None),
+        ("simple_value", 2, F.TYPE_FLOAT, one, None),
+        ("tensor", 8, F.TYPE_MESSAGE, one, "Tensor"))
+    msg("Summary", ("value", 1, F.TYPE_MESSAGE, rep, "Value"))
+    msg("Event", ("wall_time", 1, F.TYPE_DOUBLE, one, None),
+        ("step", 2, F.TYPE_INT64, one, None),
+        ("summary", 5, F.TYPE_MESSAGE, one, "Summary"))
+    # simple_value is a oneof member in summary.proto: presence must be tracked
+    fdp.message_type[3].field[1].proto3_optional = True
+    fdp.message_type[3].oneof_decl.add(name="_simple_value")
+    fdp.message_type[3].field[1].oneof_index = 0
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fdp)
+    _EVENT_CLASS = message_factory.GetMessageClass(
+        pool.FindMessageTypeByName("specdeck_tb.Event"))
+    return _EVENT_CLASS
+
+
+_TENSOR_FORMATS = {1: ("<f", "float_val"), 2: ("<d", "double_val"), 3: ("<i", "int_val"),
+                   9: ("<q", "int64_val")}
+
+
+def _tensor_scalar(t) -> float | None:
+    fmt = _TENSOR_FORMATS.get(t.dtype)
+    if fmt is None or any(d.size != 1 for d in t.tensor_shape.dim):
+        return None
+    if t.tensor_content:
+        if len(t.tensor_content) != struct.calcsize(fmt[0]):
+            return None
+        return float(struct.unpack(fmt[0], t.tensor_content)[0])
+    vals = getattr(t, fmt[1])
+    return float(vals[0]) if len(vals) == 1 else None
+
+
+class TensorBoardSource:
+    """Reads one run's event files on its host, each byte once (offsets in the store)."""
+
+    def __init__(self, host, store, run_id: str, directory: str):
+        self.host, self.store, self.run_id = host, store, run_id
+        self.dir = host.path(directory)
+        self.bad: set[str] = set()
+        self.errors: list[str] = []
+
+    def key(self, path: str) -> str:
+        return "tb:" + path
+
+    async def files(self) -> list[tuple[str, int]]:
+        res = await self.host.run(
+            f"find {shlex.quote(self.dir)} -type f -name {shlex.quote(TB_GLOB)} "
+            "-printf '%s %p\\n' 2>/dev/null | sort -k2", check=False)
+        out = []
+        for ln in res.stdout.splitlines():
+            size, _, path = ln.partition(" ")
+            if size.isdigit() and path:
+                out.append((path, int(size)))
+        return out
+
+    async def baseline(self) -> None:
+        """Files there before the run started are earlier runs': start at their end."""
+        for path, size in await self.files():
+            self.store.metric_source_init(self.run_id, self.key(path), size)
+
+    async def poll(self) -> int:
+        """Store what the event files gained since the stored offsets; returns points stored.
+
+        A corrupt file is reported once (``self.errors``) and not read further."""
+        stored = 0
+        for path, size in await self.files():
+            if path in self.bad:
+                continue
+            key = self.key(path)
+            offset = self.store.metric_source_offset(self.run_id, key) or 0
+            while size > offset:
+                buf = await self.host.read_from(path, offset, min(size - offset, TB_READ))
+                try:
+                    records, used = read_records(buf, f"{self.host.name}:{path}")
+                    rows = [r for rec in records for r in scalars(rec)]
+                except EventFileError as e:
+                    self.bad.add(path)
+                    self.errors.append(f"{self.host.name}:{path}: unreadable event file "
+                                       f"({e}); its later points are not read")
+                    break
+                if not used or not self.store.add_source_metrics(
+                        self.run_id, key, offset, offset + used, rows):
+                    break  # a torn record waits; or another specdeck stored this piece first
+                stored += len(rows)
+                offset += used
+        return stored
+
+
+def tensorboard_source(action, host, store, run_id: str) -> TensorBoardSource | None:
+    spec = getattr(action, "metrics_spec", lambda: None)()
+    if spec is None or not spec.tensorboard or host is None:
+        return None
+    return TensorBoardSource(host, store, run_id, spec.tensorboard)
+
+
+async def baseline_sources(action, ctx) -> None:
+    """Before a launch: skip the event files earlier runs left in the dir."""
+    src = tensorboard_source(action, ctx.host, ctx.store, ctx.run_id)
+    if src is not None:
+        await src.baseline()
+
+
+async def alongside(source: TensorBoardSource | None, work, *, every: float = 1.0,
+                    on_error=None):
+    """Await ``work`` while polling ``source``; poll once more after it (the final points)."""
+    if source is None:
+        return await work
+
+    async def loop():
+        while True:
+            await _safe_poll(source, on_error)
+            await asyncio.sleep(every)
+
+    task = asyncio.create_task(loop())
+    try:
+        result = await work
+    finally:
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+    await _safe_poll(source, on_error)
+    return result
+
+
+async def _safe_poll(source: TensorBoardSource, on_error) -> None:
+    from core.errors import HostUnreachable
+
+    try:
+        await source.poll()
+    except HostUnreachable:
+        pass  # the log follower reports the outage; the next poll resumes at the offsets
+    except OSError as e:  # a file vanished or became unreadable between listing and reading
+        msg = f"{source.host.name}:{source.dir}: event files not read: {e}"
+        if msg not in source.bad:
+            source.bad.add(msg)
+            source.errors.append(msg)
+    while source.errors:
+        msg = source.errors.pop(0)
+        if on_error:
+            on_error(msg)
