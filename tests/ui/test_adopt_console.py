@@ -114,8 +114,10 @@ async def test_stop_pressed_while_starting_leaves_no_process(tmp_path, monkeypat
             await settle(pilot)
             app.query_one(PlanPane).select("slow")
             await settle(pilot)
-            await pilot.press("enter")
+            await pilot.press("r", "y")  # run, confirmed (enter only inspects)
+            deadline = asyncio.get_running_loop().time() + 30
             while not launching.is_set():
+                assert asyncio.get_running_loop().time() < deadline, "the run never launched"
                 await pilot.pause()
             assert store.live_run("slow")["state"] == "starting"
             await pilot.press("x")
