@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import sys
 
+from core.text import sanitize
+
 STATUS_STYLE = {"pending": "", "in_progress": "yellow", "done": "green", "failed": "red",
                 "skipped": "dim", "succeeded": "green", "running": "yellow", "stopped": "red",
                 "lost": "red", "interrupted": "red", "error": "red", "warning": "yellow"}
@@ -58,11 +60,11 @@ def table(headers: list[str], rows: list[list[str]], *, title: str | None = None
                      min_width=16 if i in wrap else None)
     for k, r in enumerate(rows):
         style = styles[k] if styles else None
-        t.add_row(*(escape(str(c)) for c in r),
+        t.add_row(*(escape(sanitize(str(c))) for c in r),
                   style=STATUS_STYLE.get(style or "", style) or None)
     con = console(stream)
     if title:
-        con.print(escape(title), overflow="fold")
+        con.print(escape(sanitize(title)), overflow="fold")
     con.print(t)
 
 
@@ -84,6 +86,6 @@ def print_markdown_tables(md: str, stream=None) -> None:
             block.append([c.strip() for c in s[1:-1].split("|")])
             continue
         flush()
-        stream.write(line + "\n")
+        stream.write(sanitize(line, newlines=False) + "\n")
     flush()
     stream.flush()

@@ -863,6 +863,10 @@ class _QuietCtx:
 
 async def copy_verified(src, sp: str, dst, dp: str) -> str:
     """Copy one file between hosts through specdeck (resumable, sha256-verified); its hash."""
-    size = (await src.stat(sp)).size
+    st = await src.stat(sp)
+    if st is None:
+        raise ActionFailed(f"{sp} does not exist on {src.name} (was the checkpoint deleted "
+                           "before it could be copied?)")
+    size = st.size
     return (await Relay(RelayParams(src=f"{src.name}:{sp}", dst=f"{dst.name}:{dp}"))._one(
         _QuietCtx(), src, sp, dst, dp, size, None, None))["sha256"]
