@@ -77,21 +77,22 @@ class RemoteCommandFailed(SpecdeckError):
     Attributes:
         host: The host name from the plan.
         command: The command as sent to the host's shell.
-        exit_status: Its exit status (None when killed by a signal).
+        remote_status: The remote command's exit status (None when killed by a signal);
+            not the CLI's exit status, which stays that of an action failure (1).
         signal: The signal name when it was killed by one.
         stderr: The last lines of its standard error.
     """
 
     default_title = "Command failed"
 
-    def __init__(self, host: str, command: str, exit_status: int | None, stderr: str,
+    def __init__(self, host: str, command: str, remote_status: int | None, stderr: str,
                  signal: str | None = None):
         self.host = host
         self.command = command
-        self.exit_status = exit_status
+        self.remote_status = remote_status
         self.signal = signal
         tail = "\n".join(stderr.rstrip().splitlines()[-10:])
-        how = f"signal {signal}" if signal else f"exit status {exit_status}"
+        how = f"signal {signal}" if signal else f"exit status {remote_status}"
         msg = f"on host {host!r}: `{command}` failed with {how}"
         if tail:
             msg += "\n" + "\n".join("    " + line for line in tail.splitlines())
