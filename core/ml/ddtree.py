@@ -1,4 +1,4 @@
-"""DDTree draft trees from one DFlash block (spec §5), pure-Python builder.
+"""DDTree draft trees from one DFlash block (docs/evaluation.md §3), pure-Python builder.
 
 The drafter's B-1 output positions give independent per-depth distributions. DDTree keeps the
 ``budget`` highest-scoring prefix-closed paths, scoring a path (t_1..t_m) by the surrogate

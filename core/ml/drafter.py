@@ -1,6 +1,6 @@
-"""DFlash block-diffusion drafter (spec §2, §8 items 1-3, 9, 12), written from the spec.
+"""DFlash block-diffusion drafter (docs/drafter.md §1-§6).
 
-The module tree and parameter names equal the published z-lab checkpoints (spec §2.6), so a
+The module tree and parameter names equal the published z-lab checkpoints (docs/drafter.md §1), so a
 z-lab directory (``config.json`` + ``model.safetensors``) loads with strict keys::
 
     fc.weight [H, K*H]   hidden_norm.weight [H]   norm.weight [H]
@@ -10,7 +10,7 @@ z-lab directory (``config.json`` + ``model.safetensors``) loads with strict keys
 
 There is no embedding and no LM head: both are borrowed from the target at run time.
 
-How a forward works (KV injection, spec §2.3). The target features of the committed
+How a forward works (KV injection, docs/drafter.md §3). The target features of the committed
 positions ``F[c, K*H]`` become context rows ``ctx = hidden_norm(fc(F))``. In every layer the
 *same* ``k_proj``/``v_proj`` are applied to ``ctx`` and to the normalised block states, so the
 keys are ``[ctx ; block]``; queries come from the block only. Context K/V of a position depend
@@ -19,14 +19,14 @@ only on that position's features, which is why (a) inference can cache them once
 with a mask (:func:`multi_anchor_forward`).
 
 Which keys a query sees is each layer's :class:`~core.ml.drafter_config.AttentionRule`, the
-serving engines' rule (spec §4.3): full-attention layers see the context before the anchor and
+serving engines' rule (docs/drafter.md §5): full-attention layers see the context before the anchor and
 the whole block; sliding layers are causal with a window counted back from each query's own
 position (context and block keys alike); top-level / ``dflash_config`` causality overrides
 apply. Every path (inference, DDTree, offline, training) gets its masks from the same rules.
 
 Two entry points share all code:
 
-* inference: :meth:`DFlashDrafter.forward` (spec §8 item 3 signature) with a
+* inference: :meth:`DFlashDrafter.forward` (docs/drafter.md §3) with a
   :class:`DraftCache`; no mask for layers where nothing is hidden;
 * training / batched offline eval: :func:`multi_anchor_forward`, with the dense boolean SDPA
   mask of :func:`anchor_block_mask` (``t < a_j``, strict).
@@ -392,7 +392,7 @@ class DFlashDrafter(nn.Module):
             h = layer.forward_blocks(h, cos, sin, ck, cv, ctx_bias[layer.self_attn.rule.window], B)
         return self.norm(h)
 
-    # -- spec §8 item 3 inference forward ------------------------------------------------------
+    # -- inference forward (docs/drafter.md §3) ------------------------------------------------------
 
     def forward(
         self,
@@ -462,7 +462,7 @@ def multi_anchor_forward(
     anchor_positions: Tensor | None = None,
     impl: str = "dense",
 ) -> Tensor:
-    """All anchor blocks of a sequence in one masked forward (training path, spec §4.3).
+    """All anchor blocks of a sequence in one masked forward (training path, docs/drafter.md §5).
 
     Args:
         drafter: the drafter.
@@ -478,13 +478,13 @@ def multi_anchor_forward(
         anchor_positions: [b, A] positions of the anchors (default: looked up in
             ``ctx_positions``; give it when the context is cut at the anchors).
         impl: ``dense`` (one SDPA call per layer with the dense mask of
-            :func:`anchor_block_mask`, spec §8 item 7) or ``blockwise``
+            :func:`anchor_block_mask`, docs/training.md §2) or ``blockwise``
             (:meth:`DraftAttention.forward_blocks`: same result, cost linear in the number of
             anchors; used by offline eval).
 
     Returns:
         [b, A*B, H] normalised hidden states; block j's rows equal the inference path's output
-        for context ``F[:a_j]`` and the same block (spec §8 item 9).
+        for context ``F[:a_j]`` and the same block (docs/training.md §2).
     """
     if ctx_positions is None:
         b, S, _ = ctx_feats.shape
@@ -509,7 +509,7 @@ CONFIG_NAME = "config.json"
 
 
 def expected_tensors(config: DFlashConfig) -> dict[str, tuple[int, ...]]:
-    """Checkpoint tensor names and shapes for ``config`` (spec §2.6)."""
+    """Checkpoint tensor names and shapes for ``config`` (docs/drafter.md §1)."""
     with torch.device("meta"):
         model = DFlashDrafter(config)
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}

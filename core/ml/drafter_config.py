@@ -1,4 +1,4 @@
-"""DFlash drafter configuration: reads both published config layouts (spec §2.5, §8 item 1).
+"""DFlash drafter configuration: reads both published config layouts (docs/drafter.md §6).
 
 Pure Python (no torch), so a config can be inspected without loading weights.
 
@@ -16,7 +16,7 @@ We always save the z-lab layout (:meth:`DFlashConfig.to_dict`), keeping every fi
 source config we do not interpret (``max_window_layers``, ``use_sliding_window``, ``eos_token_id``,
 ``dflash_config.causal`` ...), so a drafter fine-tuned from a published one keeps its layout.
 
-Attention rule per draft layer (the serving engines', spec §4.3): :meth:`DFlashConfig.attention_rules`.
+Attention rule per draft layer (the serving engines', docs/drafter.md §5): :meth:`DFlashConfig.attention_rules`.
 A layer is *causal* when, in this precedence, the top-level ``is_causal``, else
 ``dflash_config.is_causal``, else ``dflash_config.causal`` says so (each overrides every layer),
 else iff ``layer_types[i] == "sliding_attention"`` (vLLM ``qwen3_dflash._dflash_layer_causal``).
@@ -41,7 +41,7 @@ LAYER_SLIDING = "sliding_attention"
 
 @dataclass(frozen=True)
 class AttentionRule:
-    """Which keys one draft layer's queries see (spec §4.3; vLLM/SGLang/SpecForge rule).
+    """Which keys one draft layer's queries see (docs/drafter.md §5; vLLM/SGLang/SpecForge rule).
 
     The query at absolute position q of a block anchored at a sees context key positions
     ``p < a`` and block key positions ``a..a+B-1``, restricted to ``p <= q`` when ``causal`` and
@@ -300,7 +300,7 @@ class DFlashConfig:
     # ------------------------------------------------------------------ writing
 
     def to_dict(self) -> dict[str, Any]:
-        """The z-lab ``config.json`` layout (spec §2.5 / §8 item 12)."""
+        """The z-lab ``config.json`` layout (docs/drafter.md §6)."""
         out: dict[str, Any] = dict(self.extra)
         out.update(
             {

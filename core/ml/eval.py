@@ -5,11 +5,11 @@
         [--max-new-tokens N] [--device auto|cpu|cuda] [--dtype auto|float32|bfloat16|float16]
         [--limit N] [--ignore-eos] [--speedup] [--rows-per-pass R] [--seed S]
 
-online: chain speculative decoding (spec §3) per prompt, greedy; with ``--tree-budget K`` also
-DDTree with K nodes (spec §5); with ``--speedup`` also a block-size-1 run through the same
+online: chain speculative decoding (docs/evaluation.md §2) per prompt, greedy; with ``--tree-budget K`` also
+DDTree with K nodes (docs/evaluation.md §3); with ``--speedup`` also a block-size-1 run through the same
 harness (speedup = mean TPOT(B=1) / mean TPOT(run)).
 offline: tau from an extract cache (``--cache``, from ``core.ml.extract``), batched over all
-anchors of a sequence (spec §6): trajectory (top-level figures, comparable with online) and
+anchors of a sequence (docs/evaluation.md §1): trajectory (top-level figures, comparable with online) and
 all-anchor (``all_anchor``); with ``--tree-budget`` also DDTree offline (``ddtree``).
 
 stdout: JSON lines (progress per prompt, one metric line per method, then

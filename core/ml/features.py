@@ -1,4 +1,4 @@
-"""Target context features for DFlash (spec §2.2, §8 item 4).
+"""Target context features for DFlash (docs/drafter.md §2).
 
 The feature of tapped layer id ``l`` (0-based decoder layer) is the output of decoder layer
 ``l``, which is ``hidden_states[l + 1]`` in transformers' ``output_hidden_states`` indexing

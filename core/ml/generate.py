@@ -1,4 +1,4 @@
-"""Online speculative decoding with a DFlash drafter: chain (spec §3) and DDTree (spec §5).
+"""Online speculative decoding with a DFlash drafter: chain (docs/evaluation.md §2) and DDTree (docs/evaluation.md §3).
 
 Greedy (temperature 0) only: drafts are argmax, the target's argmax decides acceptance, so the
 committed tokens are exactly the target's greedy decoding (lossless; tests check it token for
@@ -70,7 +70,7 @@ class Proposer(Protocol):
 
 
 class DFlashProposer:
-    """Drafts with a :class:`DFlashDrafter`, the target's embeddings and LM head (spec §3 b).
+    """Drafts with a :class:`DFlashDrafter`, the target's embeddings and LM head (docs/evaluation.md §2).
 
     The draft cache holds context K/V of every committed position < block start; each call
     appends the features of the positions committed since the previous call.
@@ -142,7 +142,7 @@ def greedy_generate(model: nn.Module, prompt: Sequence[int], max_new_tokens: int
 @torch.no_grad()
 def chain_generate(proposer: Proposer | None, runner: TargetRunner, prompt: Sequence[int], max_new_tokens: int,
                    block_size: int, mask_token_id: int, stop_ids: Sequence[int] = ()) -> GenerationResult:
-    """Chain DFlash speculative decoding (greedy), spec §3.
+    """Chain DFlash speculative decoding (greedy), docs/evaluation.md §2.
 
     Args:
         proposer: the drafter wrapper (None only with ``block_size == 1``: plain decoding
@@ -192,7 +192,7 @@ def chain_generate(proposer: Proposer | None, runner: TargetRunner, prompt: Sequ
 @torch.no_grad()
 def ddtree_generate(proposer: Proposer, runner: TargetRunner, prompt: Sequence[int], max_new_tokens: int,
                     block_size: int, mask_token_id: int, budget: int, stop_ids: Sequence[int] = ()) -> GenerationResult:
-    """DDTree speculative decoding (greedy), spec §5: one tree of ``budget`` nodes per round.
+    """DDTree speculative decoding (greedy), docs/evaluation.md §3: one tree of ``budget`` nodes per round.
 
     ``tau_round`` = accepted nodes including the root (= accepted drafts + 1), as for chain.
     """

@@ -1,4 +1,4 @@
-"""Anchor-block masks and inputs shared by training, offline eval and inference (spec §4.3, §8.7).
+"""Anchor-block masks and inputs shared by training, offline eval and inference (docs/drafter.md §5, docs/training.md §2).
 
 Block j of a sequence starts at anchor ``a_j`` and holds ``[x_{a_j}, MASK * (B-1)]`` at
 positions ``a_j .. a_j+B-1``. It may see the context rows at positions ``< a_j`` (strict: the

@@ -1,4 +1,4 @@
-"""Offline tau from cached target features (spec §6 "Offline evaluation").
+"""Offline tau from cached target features (docs/evaluation.md §4).
 
 For every anchor a of a cached sequence (every response position), the drafter sees the
 features of positions < a and the block ``[x_a, MASK...]``; its streak s(a) counts leading

@@ -2,7 +2,7 @@
 
 Text prompts go through the target's tokenizer and chat template as one user turn with
 ``add_generation_prompt=True`` and ``enable_thinking=False`` (Qwen3 drafters were trained and
-benchmarked with thinking off; spec §6). A tokenizer without a chat template encodes the raw
+benchmarked with thinking off; docs/evaluation.md §1). A tokenizer without a chat template encodes the raw
 text, with a warning on stderr.
 """
 

@@ -14,7 +14,7 @@ arbitrary unpickling (dataclasses, Paths, numpy scalars...) is refused unless
 
 The drafter config comes from ``--config`` (a config.json or a drafter directory), else the
 checkpoint's ``config`` entry, else a ``config.json`` beside the checkpoint. Keys are matched
-strictly against the drafter's tensor names (spec §2.6) after removing ``--prefix`` (and an
+strictly against the drafter's tensor names (docs/drafter.md §1) after removing ``--prefix`` (and an
 automatic ``module.`` / ``_orig_mod.`` / ``model.`` prefix); target embeddings/LM head are dropped.
 """
 

@@ -1,6 +1,6 @@
 """Acceptance-length (tau) metrics: pure Python, no torch, count-returning.
 
-Definitions (spec §6; the same convention as z-lab/dflash and DDTree):
+Definitions (docs/evaluation.md §1; the same convention as z-lab/dflash and DDTree):
 
 * A *round* is one target verification step. Its **acceptance length** is
   ``tau_round = accepted draft tokens + 1`` (the +1 is the target's bonus/correction token),

@@ -155,7 +155,7 @@ def fit_tiny_drafter(drafter: DFlashDrafter, target: Any, steps: int = 200, num_
     """Quickly fit a tiny drafter to a tiny target's greedy outputs, so demos show tau > 1.
 
     NOT the reference trainer (that is ``core.ml.train``): a few hundred AdamW steps of the
-    multi-anchor forward with hard greedy labels and the decay weights of spec §4.4, enough to
+    multi-anchor forward with hard greedy labels and the decay weights of docs/training.md §3, enough to
     memorise the training prompts' continuations (``prompts`` first, then random ones up to
     ``num_seqs``). Returns the drafter in eval mode.
     """

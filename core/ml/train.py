@@ -1,4 +1,4 @@
-"""``python -m core.ml.train``: the reference DFlash trainer (spec §4, §8 items 7-9).
+"""``python -m core.ml.train``: the reference DFlash trainer (docs/training.md).
 
     python -m core.ml.train --config FILE.yaml [--out DIR] [--resume PATH|auto] [--max-steps N]
                             [--set KEY=VALUE ...] [--describe] [--print-config] [--debug-dump-weights DIR]

@@ -8,7 +8,7 @@ keys are errors that name the file and suggest the closest known key
 (``train.yaml: unknown key 'gama' in section 'loss' (did you mean 'gamma'?)``). Relative paths
 are relative to the config file.
 
-The defaults are the v5 trainer (spec §4). The v4 behaviours are explicit options, all off by
+The defaults are the v5 trainer (docs/training.md). The v4 behaviours are explicit options, all off by
 default; a v4-legacy config differs from a v5 one in exactly these knobs (:data:`V4_KNOBS`):
 
 =========================  ====================  ==================================================
@@ -140,7 +140,7 @@ class TrainSection:
     weight_decay: float = knob(0.0, "AdamW weight decay")
     betas: list[float] = knob([0.9, 0.999], "AdamW betas")
     grad_clip: float = knob(1.0, "clip the global grad norm (0: off)")
-    attention: str = knob("dense", "multi-anchor attention: dense (one SDPA with the block mask, spec §8.7) or "
+    attention: str = knob("dense", "multi-anchor attention: dense (one SDPA with the block mask, docs/training.md §2) or "
                                    "blockwise (same result, memory linear in anchors)", ATTENTION)
     log_every: int = knob(1, "print a metrics line every N steps")
     checkpoint_every: int = knob(500, "write step_N.pt every N steps (and always at the end)")
@@ -150,7 +150,7 @@ class TrainSection:
 
 @dataclass
 class LossSection:
-    """Loss (spec §4.4). Defaults: hard CE with position decay; v4 options off."""
+    """Loss (docs/training.md §3). Defaults: hard CE with position decay; v4 options off."""
 
     labels: str = knob("target", "target: argmax of the target logits at a+k-1 (from the final layer); "
                                  "data: the data token x_(a+k) (identical on greedy regenerations)", LABEL_SOURCES)
@@ -423,7 +423,7 @@ def check(cfg: TrainConfig, where: str) -> None:
 
 
 def default_gamma(block_size: int) -> float:
-    """gamma by block size: 7 for 16, 5 for 10, 4 for 8, else 7 (spec §4.4, §8 item 8)."""
+    """gamma by block size: 7 for 16, 5 for 10, 4 for 8, else 7 (docs/training.md §3)."""
     return GAMMA_BY_BLOCK.get(block_size, 7.0)
 
 

@@ -1,4 +1,4 @@
-"""Loss and training metrics of the reference DFlash trainer (spec §4.4, §4.8, §8 item 8).
+"""Loss and training metrics of the reference DFlash trainer (docs/training.md §3 and §6).
 
 Notation: A anchor blocks of size B; draft slot k = 1..B-1 of block j predicts position
 ``a_j + k``; slot 0 (the anchor token itself) is never supervised. ``m[j, k-1]`` is 1 when the
@@ -137,7 +137,7 @@ def dflash_loss(
     with torch.no_grad():
         hit = (logits.argmax(-1) == labels) & (m > 0)
         correct, total = hit.sum(0).float(), m.sum(0)
-        run = torch.cumprod(hit.float(), dim=1).sum(1)  # exact streak from slot 1 (spec §4.8, SF)
+        run = torch.cumprod(hit.float(), dim=1).sum(1)  # exact streak from slot 1 (docs/training.md §6, SF)
         has = m[:, 0] > 0
     return LossOutput(loss, float(num.detach()), float(den), correct.cpu(), total.cpu(),
                       float(run[has].sum()), int(has.sum()))
@@ -151,7 +151,7 @@ def per_position_accuracy(correct: Tensor, total: Tensor) -> list[float]:
 def expected_acceptance_length(acc: list[float]) -> float:
     """EAL: expected accepted *draft* tokens per block from teacher-forced accuracies.
 
-    ``eal = sum_{k=1}^{B-1} prod_{i=1}^{k} acc_i`` (spec §4.8, speculators ``metrics.py``):
+    ``eal = sum_{k=1}^{B-1} prod_{i=1}^{k} acc_i`` (docs/training.md §6, speculators ``metrics.py``):
     the expected streak if each slot were right independently with probability ``acc_i``. It
     has no +1 bonus token, so ``1 + eal`` is the matching estimate of tau (acceptance length
     per verification round). Teacher-forced: slot k sees the true context, not earlier drafts.
@@ -178,7 +178,7 @@ class TrainForward(torch.nn.Module):
 
     Args:
         drafter: the :class:`~core.ml.drafter.DFlashDrafter` being trained.
-        attention: ``dense`` (one SDPA per layer with the spec §8.7 block mask) or
+        attention: ``dense`` (one SDPA per layer with the docs/training.md §2 block mask) or
             ``blockwise`` (the same attention computed block by block).
     """
 

@@ -1,4 +1,4 @@
-"""Sliding-window drafter layers follow the serving engines' rule (issue 14 §1, spec §4.3).
+"""Sliding-window drafter layers follow the serving engines' rule (issue 14 §1, docs/drafter.md §5).
 
 vLLM (``qwen3_dflash._dflash_layer_causal``), SGLang and SpecForge treat a ``sliding_attention``
 draft layer as causal with a window measured from each query's own absolute position: the query

@@ -1,5 +1,5 @@
 """Drafter: config layouts, published configs, z-lab checkpoint loading, save/reload,
-training-path == inference-path equivalence (spec §8 items 1, 2, 9, 12)."""
+training-path == inference-path equivalence (docs/drafter.md, docs/training.md §2)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ ZLAB_TINY = {
 
 
 def zlab_tensor_names(L: int) -> list[str]:
-    """The published tensor names, written out from spec §2.6 (not from our module)."""
+    """The published tensor names, written out from docs/drafter.md §1 (not from our module)."""
     names = ["fc.weight", "hidden_norm.weight", "norm.weight"]
     for i in range(L):
         p = f"layers.{i}."
@@ -194,7 +194,7 @@ def test_saved_drafter_reloads_to_identical_outputs(tmp_path, device, tiny):
 # ----------------------------------------------------------------------------- training == inference
 
 
-# causality overrides (spec §4.3 precedence): none, all layers non-causal, all layers causal
+# causality overrides (docs/drafter.md §5 precedence): none, all layers non-causal, all layers causal
 OVERRIDES = {"rule": {}, "is_causal=false": {"is_causal": False}, "dflash.causal=true": {"dflash_extra": {"causal": True}}}
 
 
@@ -211,7 +211,7 @@ def _equivalence_case(tiny, device, sliding_window=None, override="rule", seed=0
 
 
 def _inference_blocks(drafter, feats, anchors, block_emb):
-    """Per anchor: drafter.forward with context F[:a] and the same block, no mask (spec §8.3)."""
+    """Per anchor: drafter.forward with context F[:a] and the same block, no mask (docs/drafter.md §3)."""
     B, out = drafter.block_size, []
     for j, a in enumerate(anchors[0].tolist()):
         pos = torch.arange(a + B, device=feats.device)[None]

@@ -1,4 +1,4 @@
-"""Target features: hidden_states[id + 1] (spec §2.2, §8 item 4), for Qwen3 and hybrid Qwen3.5."""
+"""Target features: hidden_states[id + 1] (docs/drafter.md §2), for Qwen3 and hybrid Qwen3.5."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Online chain and DDTree decoding are lossless: token-for-token equal to plain greedy decoding
-of the target, for attention-only (Qwen3) and hybrid recurrent (Qwen3.5) targets (spec §8.5-6)."""
+of the target, for attention-only (Qwen3) and hybrid recurrent (Qwen3.5) targets (docs/evaluation.md §2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Offline tau from cached features (spec §6): batched == one-anchor-at-a-time, and
+"""Offline tau from cached features (docs/evaluation.md §4): batched == one-anchor-at-a-time, and
 trajectory-offline tau == online tau on the target's own greedy output."""
 
 from __future__ import annotations
