@@ -19,6 +19,7 @@ from typing import Callable
 
 import pytest
 
+from tests.integration.slurm import SlurmCluster, missing
 from tests.integration.sshd import (
     SshAgent,
     SshClientHome,
@@ -113,3 +114,15 @@ def tiny_models(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "core.ml.tiny", str(root), "--fit-steps", "0"],
                    check=True, capture_output=True, cwd=Path(__file__).resolve().parents[2])
     return root
+
+
+@pytest.fixture
+def slurm(tmp_path):
+    """A real single-node Slurm cluster for one test (skipped where Slurm is not installed)."""
+    why = missing()
+    if why:
+        pytest.skip(why)
+    cluster = SlurmCluster(tmp_path / "slurm")
+    cluster.start()
+    yield cluster
+    cluster.stop()

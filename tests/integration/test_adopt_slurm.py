@@ -15,20 +15,8 @@ from core.errors import InvalidInput
 from core.plan import parse_plan
 from core.runner import Runner
 from core.store import Store
-from tests.integration.slurm import SlurmCluster, missing
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
-
-
-@pytest.fixture
-def slurm(tmp_path):
-    why = missing()
-    if why:
-        pytest.skip(why)
-    cluster = SlurmCluster(tmp_path / "slurm")
-    cluster.start()
-    yield cluster
-    cluster.stop()
 
 
 async def test_plain_sbatch_job_adopted_by_id_and_followed_to_its_exit_code(slurm, tmp_path):

@@ -10,20 +10,8 @@ import pytest
 from core.plan import parse_plan
 from core.runner import Runner
 from core.store import Store
-from tests.integration.slurm import SlurmCluster, missing
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
-
-
-@pytest.fixture
-def slurm(tmp_path):
-    why = missing()
-    if why:
-        pytest.skip(why)
-    cluster = SlurmCluster(tmp_path / "slurm")
-    cluster.start()
-    yield cluster
-    cluster.stop()
 
 
 def plan_for(tmp_path, cluster, command):
