@@ -53,6 +53,7 @@ from core.actions.base import registry
 from core.hosts import bulk
 from core.plan import Plan, params_summary
 from core.runner import Runner
+from core.session import Session, open_store
 
 STOP_GRACE_S = 30.0
 
@@ -785,7 +786,7 @@ def make_app(plan: Plan, store, *, hosts=None, probe_hosts: bool = True,
     bridge = bridge or EventBridge()
     # Relays started from the console move bytes below the UI thread's priority.
     bulk.set_background_nice(CONSOLE_BULK_NICE)
-    runner = Runner(plan, store, emit=bridge, hosts=hosts)
+    runner = Session.open(plan, store=store, emit=bridge, hosts=hosts).runner
     return SpecdeckApp(plan, runner, bridge, probe_hosts=probe_hosts, reconcile=reconcile,
                        gpu_every=gpu_every, autorun=autorun)
 
@@ -803,9 +804,7 @@ def run_console(plan: Plan, state: str | None = None, *, autorun: bool = False) 
     """Open the console on ``plan`` (state: the store path; default per plan). Returns 0.
 
     ``autorun``: run every runnable item once the console is up (``specdeck demo``)."""
-    from core.store import Store, state_path_for
-
-    store = Store(state_path_for(plan, state))
+    store = open_store(plan, state)
     try:
         app = make_app(plan, store, autorun=autorun)
         code = app.run()
