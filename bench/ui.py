@@ -295,7 +295,7 @@ async def flood(root: Path, rate: int, seconds: float, *, relay: bool = True,
         await idle_done.wait()
         idle_to = time.perf_counter()
         if relay:
-            app._start("relay", False)  # noqa: SLF001 - r + y, without moving the cursor
+            app.start_item("relay", False)  # r + y, without moving the cursor
         await pilot.press("r", "y")  # run the selected item, confirming
         await app.workers.wait_for_complete()
         await pilot.pause()

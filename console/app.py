@@ -601,9 +601,9 @@ class SpecdeckApp(App[int]):
         title, body = run_text(item, params_summary(item), detached, attempt, status)
         again = again or status in ("done", "skipped")
         self.push_screen(ConfirmModal(title, body, confirm="Run"),
-                         lambda yes: yes and self._start(item_id, again))
+                         lambda yes: yes and self.start_item(item_id, again))
 
-    def _start(self, item_id: str, again: bool) -> None:
+    def start_item(self, item_id: str, again: bool) -> None:
         self._work(partial(self.services.run_item, item_id, again=again), f"run:{item_id}",
                    "runs")
 

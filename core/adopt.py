@@ -200,8 +200,8 @@ def _is_specdeck(cmdline: str) -> bool:
     if ".specdeck/runs/" in cmdline:
         return True
     heads = [posixpath.basename(w) for w in words[:2]]
-    return "specdeck" in heads or any(words[i:i + 2] in (["-m", "core"], ["-m", "console"])
-                                      for i in range(min(len(words), 3)))
+    entry = (["-m", "console.cli"], ["-m", "console"], ["-m", "core"])  # core: older versions
+    return "specdeck" in heads or any(words[i:i + 2] in entry for i in range(min(len(words), 3)))
 
 
 async def _probe_pid(runner, host, spec: AdoptSpec, log: str | None) -> dict:
@@ -354,7 +354,7 @@ async def adopt_item(runner: "Runner", item: "Item", spec: AdoptSpec, *,
     runner.store.journal("adopted", f"adopted {info['what']} as {run_id}", item_id=item.id,
                          run_id=run_id, host=host_name, data=info)
     where = f"{info['log']} from byte {info['base']}" if info["log"] else "the pane, from now on"
-    runner._set_status(item.id, "in_progress", f"adopted {info['what']} as run {run_id}", run_id)
+    runner.set_status(item.id, "in_progress", f"adopted {info['what']} as run {run_id}", run_id)
     runner.emit(Notice(item.id, f"{item.id}: adopted {info['what']} on {host_name} as run "
                        f"{run_id}; log: {where}"))
     if not follow:
@@ -413,8 +413,7 @@ class Adopted:
             st = await slurm.inspect(host, {**run, "job_id": self.info["job"]})
         else:
             st = await _inspect_tmux(host, self.info)
-        if st.state == "lost" and (run["id"] in runner._stopping
-                                   or runner.store.run(run["id"])["error"] == "stop requested"):
+        if st.state == "lost" and runner.stop_requested(run["id"]):
             return jobs.CapsuleState("ended")  # it ended because it was stopped
         return st
 
@@ -490,7 +489,7 @@ async def _inspect_tmux(host, info: dict) -> jobs.CapsuleState:
         return jobs.CapsuleState("running", pid=info.get("pane_pid"))
     first = panes[0]
     if len(first) >= 3 and first[2].isdigit() and first[2] != "0":
-        return jobs.CapsuleState("ended", None, jobs._signame(int(first[2])))
+        return jobs.CapsuleState("ended", None, jobs.signame(int(first[2])))
     if len(first) >= 2 and first[1].isdigit():
         return jobs.CapsuleState("ended", int(first[1]), None)
     return jobs.CapsuleState("lost")
