@@ -2,9 +2,9 @@
 
 Exit statuses (:mod:`console.cli.exit_codes`, the one place that decides them): 0 success;
 1 an action failed; 2 invalid input (nothing was written; an unusable state database too);
-3 a host could not be reached, or a command on it was ended by a signal; 130 / 143
-interrupted by Ctrl-C / SIGTERM (detached runs keep going, runs inside specdeck are marked
-interrupted). Diagnostics and progress go to stderr; stdout carries only what a script asked
+3 a host could not be reached, or a command specdeck ran on it was ended by a signal;
+130 / 143 interrupted by Ctrl-C / SIGTERM (detached runs keep going, runs inside specdeck
+are marked interrupted). Diagnostics and progress go to stderr; stdout carries only what a script asked
 for (``status --json``, ``export``, ``logs``).
 
 The commands, by theme: :mod:`~console.cli.plans` (validate, status, mark, export, import,

@@ -4,15 +4,16 @@
 0      success
 1      an action failed (a run failed, a command on a host exited non-zero)
 2      invalid input: a plan, a flag, a file, an unusable state database; nothing written
-3      a host could not be reached, or a command on it was ended by a signal (the host,
-       its OOM killer or its scheduler ended it: the command never got to finish)
+3      a host could not be reached, or a command specdeck itself ran on it (a probe, a
+       kill) was ended by a signal: the host ended it before it could answer. (An item's
+       run ended by a signal is that item's failure: 1.)
 130    interrupted by Ctrl-C (detached runs keep going; runs inside specdeck: interrupted)
 143    terminated by SIGTERM (the same)
 141    stdout's reader went away (``| head -1``), as git exits
 =====  ==================================================================================
 
-A remote command's own exit status never becomes specdeck's: a remote 127 exits 1, a remote
-command killed by a signal exits 3, and neither ever exits 0.
+A remote command's own exit status never becomes specdeck's: a remote 127 exits 1, a
+signalled one 3, and neither ever exits 0.
 """
 
 from __future__ import annotations
