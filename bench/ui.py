@@ -187,7 +187,7 @@ def child_first_frame(plan_path: str, db: str, out: str) -> None:
     plan = load_plan(plan_path)
     store = Store(db)
     bridge = EventBridge()
-    app = Probe(plan, Session.open(plan, store=store, emit=bridge).runner, bridge, gpu_every=0)
+    app = Probe(Session.open(plan, store=store, emit=bridge), bridge, gpu_every=0)
     t_built = time.time()
     app.run(headless=True, size=(120, 40))
     store.close()

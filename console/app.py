@@ -52,7 +52,6 @@ from core.errors import SpecdeckError
 from core.actions.base import registry
 from core.hosts import bulk
 from core.plan import Plan, params_summary
-from core.runner import Runner
 from core.session import Session, open_store
 
 STOP_GRACE_S = 30.0
@@ -120,16 +119,17 @@ class SpecdeckApp(App[int]):
         super().notify(sanitize(str(message), max_len=2000),
                        title=sanitize(str(title), max_len=200), **kwargs)
 
-    def __init__(self, plan: Plan, runner: Runner, bridge: EventBridge, *,
+    def __init__(self, session: Session, bridge: EventBridge, *,
                  probe_hosts: bool = True, reconcile: bool = True, gpu_every: float = 15.0,
                  autorun: bool = False):
         super().__init__()
         self._autorun = autorun
-        self.plan = plan
-        self.runner = runner
+        self.session = session
+        self.plan = session.plan
+        self.runner = session.runner
         self.bridge = bridge
-        self.services = Services(plan, runner, self.post_message, flush_logs=bridge.flush)
-        self.statuses = runner.statuses()
+        self.services = Services(session, self.post_message, flush_logs=bridge.flush)
+        self.statuses = self.runner.statuses()
         self.selected: str | None = None
         self.pinned: dict[str, str] = {}
         """item id -> run id drawn on the metrics chart whatever is selected."""
@@ -335,7 +335,7 @@ class SpecdeckApp(App[int]):
 
     async def on_unmount(self) -> None:
         self.bridge.unbind()
-        await self.runner.close()
+        await self.session.close()
 
     # -- workers -------------------------------------------------------------------------
     def _work(self, work, name: str, group: str, *, exclusive: bool = False) -> Worker:
@@ -786,8 +786,8 @@ def make_app(plan: Plan, store, *, hosts=None, probe_hosts: bool = True,
     bridge = bridge or EventBridge()
     # Relays started from the console move bytes below the UI thread's priority.
     bulk.set_background_nice(CONSOLE_BULK_NICE)
-    runner = Session.open(plan, store=store, emit=bridge, hosts=hosts).runner
-    return SpecdeckApp(plan, runner, bridge, probe_hosts=probe_hosts, reconcile=reconcile,
+    session = Session.open(plan, store=store, emit=bridge, hosts=hosts)
+    return SpecdeckApp(session, bridge, probe_hosts=probe_hosts, reconcile=reconcile,
                        gpu_every=gpu_every, autorun=autorun)
 
 
