@@ -354,4 +354,3 @@ def outcome_of(state: CapsuleState, *, stopped: bool = False, capsule: str = "",
         st = "stopped" if stopped else ("succeeded" if ok else "failed")
         return Outcome(st, state.exit_code, state.signal, capsule, run_id)
     return Outcome("lost", None, None, capsule, run_id)
-

@@ -79,4 +79,3 @@ def main(argv: list[str] | None = None) -> int:
 
         err(f"specdeck: {describe_fault(e)}")
         return exit_codes.for_error(e)
-

@@ -61,7 +61,6 @@ class Printer:
             err(f"[{ts}] {paint(ev.message, ev.level, sys.stderr)}")
 
 
-
 def run_with(plan, args, work, *, show_events: bool = True):
     """``work(runner)`` in a session on ``plan`` (state: ``--state``); the runner's events are
     printed on stderr unless ``show_events`` is False (``-q`` keeps log lines quiet)."""

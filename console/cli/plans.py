@@ -157,8 +157,6 @@ def cmd_kinds(args) -> int:
     return 0
 
 
-
-
 def register(add) -> None:
     sp = add("validate", cmd_validate, "check a plan; exit 2 with file:line:col errors if invalid")
     sp.add_argument("plan")
