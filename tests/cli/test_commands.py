@@ -259,3 +259,18 @@ def test_every_command_has_a_happy_path_and_a_usage_error():
         module, _, fn = name.rpartition(".")
         assert callable(getattr(test_demo if module else globals(), fn, None)
                         if module else globals().get(fn)), name
+
+
+def test_python_dash_m_is_the_same_cli():
+    """``python -m console`` and ``python -m console.cli`` are the installed ``specdeck``;
+    ``python -m core`` is not a CLI any more (core is a library)."""
+    import sys
+
+    want = specdeck("--version").stdout
+    for module in ("console", "console.cli"):
+        res = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True,
+                             text=True, timeout=60)
+        assert (res.returncode, res.stdout) == (0, want), res.stderr
+    res = subprocess.run([sys.executable, "-m", "core"], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode != 0 and "cannot be directly executed" in res.stderr
