@@ -5,7 +5,7 @@ one file (1 GB by default). Each repeat times, interleaved, the whole of:
 
 * ``pipe``: ``ssh A cat f | ssh B 'cat > f'`` (the user's ssh defaults, no verification, no
   fsync);
-* ``relay 1``: ``python -m core run PLAN copy`` of one relay item with ``streams: 1``
+* ``relay 1``: ``python -m console.cli run PLAN copy`` of one relay item with ``streams: 1``
   (interpreter start-up, connections, check, copy, sha256 verification, fsync, rename);
 * ``relay N``: the same with ``streams: N`` (4 by default).
 
@@ -70,7 +70,7 @@ def relay_once(tmp: Path, a: str, b: str, streams: int, tag: str) -> float:
     state = tmp / f"state-{tag}.db"
     env = {**os.environ, "SPECDECK_STATE": str(state), "PYTHONPATH": str(ROOT)}
     t0 = time.perf_counter()
-    res = subprocess.run([sys.executable, "-m", "core", "run", str(plan), "copy"], env=env,
+    res = subprocess.run([sys.executable, "-m", "console.cli", "run", str(plan), "copy"], env=env,
                          capture_output=True, text=True)
     dt = time.perf_counter() - t0
     if res.returncode != 0:

@@ -158,7 +158,7 @@ def child_first_frame(plan_path: str, db: str, out: str) -> None:
     from console.app import SpecdeckApp
     from console.bridge import EventBridge
     from core.plan import load_plan
-    from core.runner import Runner
+    from core.session import Session
     from core.store import Store
 
     t_imported = time.time()
@@ -187,7 +187,7 @@ def child_first_frame(plan_path: str, db: str, out: str) -> None:
     plan = load_plan(plan_path)
     store = Store(db)
     bridge = EventBridge()
-    app = Probe(plan, Runner(plan, store, emit=bridge), bridge, gpu_every=0)
+    app = Probe(Session.open(plan, store=store, emit=bridge), bridge, gpu_every=0)
     t_built = time.time()
     app.run(headless=True, size=(120, 40))
     store.close()
@@ -295,7 +295,7 @@ async def flood(root: Path, rate: int, seconds: float, *, relay: bool = True,
         await idle_done.wait()
         idle_to = time.perf_counter()
         if relay:
-            app._start("relay", False)  # noqa: SLF001 - r + y, without moving the cursor
+            app.start_item("relay", False)  # r + y, without moving the cursor
         await pilot.press("r", "y")  # run the selected item, confirming
         await app.workers.wait_for_complete()
         await pilot.pause()

@@ -52,7 +52,7 @@ from core.errors import SpecdeckError
 from core.actions.base import registry
 from core.hosts import bulk
 from core.plan import Plan, params_summary
-from core.runner import Runner
+from core.session import Session, open_store
 
 STOP_GRACE_S = 30.0
 
@@ -119,16 +119,17 @@ class SpecdeckApp(App[int]):
         super().notify(sanitize(str(message), max_len=2000),
                        title=sanitize(str(title), max_len=200), **kwargs)
 
-    def __init__(self, plan: Plan, runner: Runner, bridge: EventBridge, *,
+    def __init__(self, session: Session, bridge: EventBridge, *,
                  probe_hosts: bool = True, reconcile: bool = True, gpu_every: float = 15.0,
                  autorun: bool = False):
         super().__init__()
         self._autorun = autorun
-        self.plan = plan
-        self.runner = runner
+        self.session = session
+        self.plan = session.plan
+        self.runner = session.runner
         self.bridge = bridge
-        self.services = Services(plan, runner, self.post_message, flush_logs=bridge.flush)
-        self.statuses = runner.statuses()
+        self.services = Services(session, self.post_message, flush_logs=bridge.flush)
+        self.statuses = self.runner.statuses()
         self.selected: str | None = None
         self.pinned: dict[str, str] = {}
         """item id -> run id drawn on the metrics chart whatever is selected."""
@@ -334,7 +335,7 @@ class SpecdeckApp(App[int]):
 
     async def on_unmount(self) -> None:
         self.bridge.unbind()
-        await self.runner.close()
+        await self.session.close()
 
     # -- workers -------------------------------------------------------------------------
     def _work(self, work, name: str, group: str, *, exclusive: bool = False) -> Worker:
@@ -600,9 +601,9 @@ class SpecdeckApp(App[int]):
         title, body = run_text(item, params_summary(item), detached, attempt, status)
         again = again or status in ("done", "skipped")
         self.push_screen(ConfirmModal(title, body, confirm="Run"),
-                         lambda yes: yes and self._start(item_id, again))
+                         lambda yes: yes and self.start_item(item_id, again))
 
-    def _start(self, item_id: str, again: bool) -> None:
+    def start_item(self, item_id: str, again: bool) -> None:
         self._work(partial(self.services.run_item, item_id, again=again), f"run:{item_id}",
                    "runs")
 
@@ -785,8 +786,8 @@ def make_app(plan: Plan, store, *, hosts=None, probe_hosts: bool = True,
     bridge = bridge or EventBridge()
     # Relays started from the console move bytes below the UI thread's priority.
     bulk.set_background_nice(CONSOLE_BULK_NICE)
-    runner = Runner(plan, store, emit=bridge, hosts=hosts)
-    return SpecdeckApp(plan, runner, bridge, probe_hosts=probe_hosts, reconcile=reconcile,
+    session = Session.open(plan, store=store, emit=bridge, hosts=hosts)
+    return SpecdeckApp(session, bridge, probe_hosts=probe_hosts, reconcile=reconcile,
                        gpu_every=gpu_every, autorun=autorun)
 
 
@@ -803,9 +804,7 @@ def run_console(plan: Plan, state: str | None = None, *, autorun: bool = False) 
     """Open the console on ``plan`` (state: the store path; default per plan). Returns 0.
 
     ``autorun``: run every runnable item once the console is up (``specdeck demo``)."""
-    from core.store import Store, state_path_for
-
-    store = Store(state_path_for(plan, state))
+    store = open_store(plan, state)
     try:
         app = make_app(plan, store, autorun=autorun)
         code = app.run()

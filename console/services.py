@@ -20,8 +20,8 @@ from textual.message import Message
 from console import messages as m
 from core.compare import build_comparison
 from core.errors import HostUnreachable, InvalidInput, SpecdeckError
-from core.plan import Item, Plan
-from core.runner import Runner
+from core.plan import Item
+from core.session import Session
 
 LOG_TAIL = 2000
 """Lines of a stored log loaded when a run is shown (the pane keeps at most LogPane.MAX)."""
@@ -54,17 +54,17 @@ class Services:
     """The console's view of core: one instance per app, used only from its loop.
 
     Args:
-        plan: The plan.
-        runner: The runner (its ``emit`` is the app's :class:`~console.bridge.EventBridge`).
+        session: The plan opened with its store and runner (events go to the app's
+            :class:`~console.bridge.EventBridge`).
         post: Where result messages go (the app's ``post_message``).
         flush_logs: The bridge's ``flush`` (see :meth:`load_log`).
     """
 
-    def __init__(self, plan: Plan, runner: Runner, post: Callable[[Message], object], *,
+    def __init__(self, session: Session, post: Callable[[Message], object], *,
                  flush_logs: Callable[[str], None] = lambda run_id: None):
-        self.plan = plan
-        self.runner = runner
-        self.store = runner.store
+        self.plan = session.plan
+        self.runner = session.runner
+        self.store = session.store
         self.post = post
         self.flush_logs = flush_logs
         """Posts a run's lines the bridge still holds (they are stored already)."""

@@ -200,8 +200,8 @@ def _is_specdeck(cmdline: str) -> bool:
     if ".specdeck/runs/" in cmdline:
         return True
     heads = [posixpath.basename(w) for w in words[:2]]
-    return "specdeck" in heads or any(words[i:i + 2] in (["-m", "core"], ["-m", "console"])
-                                      for i in range(min(len(words), 3)))
+    entry = (["-m", "console.cli"], ["-m", "console"], ["-m", "core"])  # core: older versions
+    return "specdeck" in heads or any(words[i:i + 2] in entry for i in range(min(len(words), 3)))
 
 
 async def _probe_pid(runner, host, spec: AdoptSpec, log: str | None) -> dict:
@@ -354,7 +354,7 @@ async def adopt_item(runner: "Runner", item: "Item", spec: AdoptSpec, *,
     runner.store.journal("adopted", f"adopted {info['what']} as {run_id}", item_id=item.id,
                          run_id=run_id, host=host_name, data=info)
     where = f"{info['log']} from byte {info['base']}" if info["log"] else "the pane, from now on"
-    runner._set_status(item.id, "in_progress", f"adopted {info['what']} as run {run_id}", run_id)
+    runner.set_status(item.id, "in_progress", f"adopted {info['what']} as run {run_id}", run_id)
     runner.emit(Notice(item.id, f"{item.id}: adopted {info['what']} on {host_name} as run "
                        f"{run_id}; log: {where}"))
     if not follow:
@@ -413,8 +413,7 @@ class Adopted:
             st = await slurm.inspect(host, {**run, "job_id": self.info["job"]})
         else:
             st = await _inspect_tmux(host, self.info)
-        if st.state == "lost" and (run["id"] in runner._stopping
-                                   or runner.store.run(run["id"])["error"] == "stop requested"):
+        if st.state == "lost" and runner.stop_requested(run["id"]):
             return jobs.CapsuleState("ended")  # it ended because it was stopped
         return st
 
@@ -490,7 +489,7 @@ async def _inspect_tmux(host, info: dict) -> jobs.CapsuleState:
         return jobs.CapsuleState("running", pid=info.get("pane_pid"))
     first = panes[0]
     if len(first) >= 3 and first[2].isdigit() and first[2] != "0":
-        return jobs.CapsuleState("ended", None, jobs._signame(int(first[2])))
+        return jobs.CapsuleState("ended", None, jobs.signame(int(first[2])))
     if len(first) >= 2 and first[1].isdigit():
         return jobs.CapsuleState("ended", int(first[1]), None)
     return jobs.CapsuleState("lost")
@@ -572,44 +571,3 @@ async def _stop_tree(host, roots: list[int], grace_s: float, poll: float = 0.2) 
             return
         await kill("KILL", left)
         await asyncio.sleep(poll)
-
-
-# -- the CLI command ---------------------------------------------------------------------
-def cmd_adopt(args) -> int:
-    from core.cli import _with_runner
-    from core.plan import load_plan
-
-    plan = load_plan(args.plan)
-    item = plan.item(args.item)
-    log = args.log
-    host_name = args.host or (item.action.host if item.action else None)
-    if host_name is not None and host_name in plan.hosts and plan.hosts[host_name].local \
-            and log and not log.startswith(("/", "~")):
-        log = os.path.abspath(log)  # a path typed here, for this machine
-    spec = AdoptSpec(pid=args.pid, slurm_job=args.slurm_job, tmux=args.tmux, log=log,
-                     from_start=args.from_start)
-
-    async def go(runner):
-        await runner.reconcile()
-        return await adopt_item(runner, item, spec, host_name=args.host)
-
-    status = asyncio.run(_with_runner(plan, args, go))
-    return 0 if status in ("done", "in_progress") else 1
-
-
-def register_cli(add) -> None:
-    sp = add("adopt", cmd_adopt, "make a run started outside specdeck an item's run, and "
-             "follow it")
-    sp.add_argument("plan")
-    sp.add_argument("item")
-    g = sp.add_mutually_exclusive_group(required=True)
-    g.add_argument("--pid", type=int, help="a process (nohup torchrun...) on the item's host")
-    g.add_argument("--slurm-job", metavar="ID", help="a Slurm job id (the host is the login node)")
-    g.add_argument("--tmux", metavar="SESSION", help="a tmux session on the item's host")
-    sp.add_argument("--log", help="the file its output goes to, on the host (relative: to "
-                    "its workdir; to here for a local host); default: the PID's stdout file, "
-                    "the job's StdOut, the tmux pane from now on")
-    sp.add_argument("--from-start", action="store_true",
-                    help="store the log from the file's start, not from now")
-    sp.add_argument("--host", help="the plan host it runs on (default: the item's)")
-    sp.add_argument("-q", "--quiet", action="store_true", help="do not echo log lines")

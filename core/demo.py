@@ -25,12 +25,10 @@ action's ``check()`` finds its output and marks the item done.
 from __future__ import annotations
 
 import ast
-import asyncio
 import json
 import os
 import sys
 import sysconfig
-import time
 from pathlib import Path
 
 import yaml
@@ -164,68 +162,48 @@ def write_workspace(root: Path, quick: bool, state: str | None = None) -> Path:
     return plan
 
 
-def run_demo(args) -> int:
-    from core.cli import Printer
+def open_workspace(directory: str | None, quick: bool, state: str | None = None
+                   ) -> tuple[Path, Path, str]:
+    """Write (or refresh) the demo workspace; return its root, its plan file and the state
+    database it uses (``state``, else ``$SPECDECK_STATE``, else ``ROOT/state.db``)."""
+    root = Path(directory or "specdeck-demo").resolve()
+    chosen = state or os.environ.get("SPECDECK_STATE")
+    path = str(Path(chosen).resolve()) if chosen else str(root / "state.db")
+    return root, write_workspace(root, quick, path if chosen else None), path
+
+
+async def run_campaign(session) -> tuple[dict, list, dict]:
+    """Run every item of the demo plan in ``session`` (a :class:`core.session.Session`).
+
+    Returns the runner's summary, the eval rows of the tau table (not ``WATCHED``'s, which
+    are tau over training) and tau over training (:func:`tau_over_training`'s series).
+    """
+    runner, store = session.runner, session.store
+    await runner.reconcile()
+    summary = await runner.run_items(None)
+    rows = store.eval_results()
+    run = store.latest_run(WATCHED)
+    over = {n: dict(store.metric_series(run["id"], n))
+            for n in ("tau", "tau_ci95_lo", "tau_ci95_hi")} if run else {}
+    if run:  # checkpoints not evaluated: a newer one was waiting, or the eval failed
+        over["not evaluated"] = {e["step"]: e["state"]
+                                 for e in store.watch_entries(run["id"])
+                                 if e["state"] != "done"}
+    return summary, [r for r in rows if r["item_id"] != WATCHED], over
+
+
+def results_text(rows: list, over: dict) -> str:
+    """The tau table (prompts x drafters), tau over training and the verdicts (v5 vs v4 and
+    each drafter vs the baseline); empty when no eval ran."""
     from core.compare import build_comparison, to_markdown, verdict_lines
-    from core.plan import load_plan
-    from core.runner import Runner
-    from core.store import Store
 
-    root = Path(args.dir or "specdeck-demo").resolve()
-    quick = bool(getattr(args, "quick", False))
-    chosen = args.state or os.environ.get("SPECDECK_STATE")
-    state = str(Path(chosen).resolve()) if chosen else str(root / "state.db")
-    plan_path = write_workspace(root, quick, state if chosen else None)
-    plan = load_plan(plan_path)
-    print(f"demo workspace: {root}\nplan: {plan_path}\nstate: {state}", file=sys.stderr)
-    interactive = not args.headless and sys.stdout.isatty()
-    if interactive:
-        from core import cli
-
-        if cli._UI_OPENER is not None:
-            code = cli._UI_OPENER(plan, state=state, autorun=True)
-            print(f"reopen the demo: `specdeck ui {plan_path}` (state: {state})",
-                  file=sys.stderr)
-            return code
-    t0 = time.monotonic()
-
-    async def go():
-        store = Store(state)
-        runner = Runner(plan, store, emit=Printer(quiet=True))
-        try:
-            await runner.reconcile()
-            summary = await runner.run_items(None)
-            rows = store.eval_results()
-            run = store.latest_run(WATCHED)
-            over = {n: dict(store.metric_series(run["id"], n))
-                    for n in ("tau", "tau_ci95_lo", "tau_ci95_hi")} if run else {}
-            if run:  # checkpoints not evaluated: a newer one was waiting, or the eval failed
-                over["not evaluated"] = {e["step"]: e["state"]
-                                         for e in store.watch_entries(run["id"])
-                                         if e["state"] != "done"}
-        finally:
-            await runner.close()
-            store.close()
-        return summary, rows, over
-
-    summary, rows, over = asyncio.run(go())
-    dt = time.monotonic() - t0
-    from core.cli import main as cli_main
-
-    cli_main(["status", str(plan_path), "--no-reconcile"])
-    table = [r for r in rows if r["item_id"] != WATCHED]  # tau over training: below
-    if table:
-        comp = build_comparison(table, [("v5", "v4")])
-        print()
-        print(to_markdown(comp, pivot=True, verdicts=False))
-        print(tau_over_training(over))
-        print("Verdicts (paired over prompts, 95 %):")
-        for line in verdict_lines(comp):
-            print(f"- {line}")
-    print(f"\ndemo wall time: {dt:.0f} s ({'quick' if quick else 'full'})", file=sys.stderr)
-    print(f"next: `specdeck ui {plan_path}` or `specdeck compare {plan_path}` "
-          f"(the plan records its state: {state})", file=sys.stderr)
-    return 1 if summary["failed"] or summary["unreachable"] else 0
+    if not rows:
+        return ""
+    comp = build_comparison(rows, [("v5", "v4")])
+    return ("\n" + to_markdown(comp, pivot=True, verdicts=False) + "\n"
+            + tau_over_training(over) + "\n"
+            + "Verdicts (paired over prompts, 95 %):\n"
+            + "".join(f"- {line}\n" for line in verdict_lines(comp)))
 
 
 def tau_over_training(series: dict[str, dict[int, float]], width: int = 40) -> str:

@@ -2,8 +2,7 @@
 
 ``SpecdeckError(message, title=, hint=)`` is the base: the console shows ``title`` and
 ``message`` in a notification or modal, the CLI prints ``message`` and the ``hint`` (what to do
-next). Each error class maps to a CLI exit status (``exit_status``): 1 an action failed, 2 the
-input is invalid, 3 a host cannot be reached.
+next). The CLI's exit status for each is decided in one place, ``console/cli/exit_codes.py``.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ class SpecdeckError(Exception):
         hint: What to do next.
     """
 
-    exit_status = 1
     default_title = "specdeck error"
 
     def __init__(self, message: str, *, title: str | None = None, hint: str | None = None):
@@ -36,7 +34,6 @@ class SpecdeckError(Exception):
 class InvalidInput(SpecdeckError):
     """Bad input from the user (a plan, a flag, a file); nothing was written."""
 
-    exit_status = 2
     default_title = "Invalid input"
 
 
@@ -56,7 +53,6 @@ class HostUnreachable(SpecdeckError):
     Kept apart from :class:`RemoteCommandFailed`: the remote command never got to fail.
     """
 
-    exit_status = 3
     default_title = "Host unreachable"
 
     def __init__(self, host: str, reason: str, *, hint: str | None = None):
@@ -78,7 +74,7 @@ class RemoteCommandFailed(SpecdeckError):
         host: The host name from the plan.
         command: The command as sent to the host's shell.
         remote_status: The remote command's exit status (None when killed by a signal);
-            not the CLI's exit status, which stays that of an action failure (1).
+            never the CLI's exit status (``console/cli/exit_codes.py`` decides that).
         signal: The signal name when it was killed by one.
         stderr: The last lines of its standard error.
     """

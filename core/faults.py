@@ -30,8 +30,10 @@ def describe_fault(exc: BaseException) -> str:
 
 @dataclass
 class Interruption:
+    """What ended the work: Ctrl-C (SIGINT) or SIGTERM (the CLI's exit status follows it)."""
+
     name: str = "interrupted (Ctrl-C)"
-    exit_status: int = 130
+    signum: int = signal.SIGINT
 
 
 _current: Interruption | None = None
@@ -49,7 +51,7 @@ def watch_signals_in_loop() -> None:
     task = asyncio.current_task()
 
     def on_term() -> None:
-        how.name, how.exit_status = "terminated (SIGTERM)", 143
+        how.name, how.signum = "terminated (SIGTERM)", signal.SIGTERM
         if task is not None and not task.done():
             task.cancel()
 
@@ -62,12 +64,12 @@ def watch_signals_in_loop() -> None:
 @contextlib.contextmanager
 def terminate_as_interrupt() -> Iterator[Interruption]:
     """While inside, SIGTERM does what Ctrl-C does (the main task is cancelled, so
-    in-process runs are marked interrupted and hosts closed), then exit status 143."""
+    in-process runs are marked interrupted and hosts closed)."""
     global _current
     how = _current = Interruption()
 
     def on_term(signum, frame) -> None:
-        how.name, how.exit_status = "terminated (SIGTERM)", 143
+        how.name, how.signum = "terminated (SIGTERM)", signal.SIGTERM
         handler = signal.getsignal(signal.SIGINT)
         if callable(handler):
             handler(signal.SIGINT, frame)  # asyncio.run's handler, or default_int_handler

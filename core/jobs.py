@@ -35,8 +35,8 @@ from typing import Callable
 from core.actions.base import Launch, Outcome
 from core.errors import HostUnreachable
 from core.hosts.base import Host
-from core.text import MAX_JSON_DEPTH, json_line
-from core.metrics_sources import regex_metrics
+from core.text import json_line
+from core.metrics_sources import parse_metrics
 
 CAPSULES = ".specdeck/runs"
 CHUNK = 4 << 20
@@ -84,7 +84,9 @@ def capsule_path(host: Host, run_id: str) -> str:
     return host.path(f"{CAPSULES}/{run_id}")
 
 
-def _cmd_script(launch: Launch, host: Host, capsule: str | None = None) -> str:
+def cmd_script(launch: Launch, host: Host, capsule: str | None = None) -> str:
+    """The capsule's ``cmd.sh``: the host's and the launch's environment, then the command
+    (a Slurm batch script runs the same file)."""
     lines = ["#!/usr/bin/env bash"]
     env = {**host.env, **dict(launch.env)}
     if capsule:
@@ -102,7 +104,7 @@ async def start(host: Host, run_id: str, launch: Launch, *, timeout: float = 20.
     """Start ``launch`` detached on ``host``; return ``{capsule, pid, pstart}``."""
     d = capsule_path(host, run_id)
     await host.makedirs(host.path(launch.cwd or "."))
-    await host.write_file(f"{d}/cmd.sh", _cmd_script(launch, host, d).encode(), mode=0o700)
+    await host.write_file(f"{d}/cmd.sh", cmd_script(launch, host, d).encode(), mode=0o700)
     await host.write_file(f"{d}/wrapper.sh", _WRAPPER.encode(), mode=0o700)
     q = shlex.quote(d)
     # The braces keep the background job's stdio off the channel, so run() returns at once.
@@ -120,7 +122,8 @@ async def start(host: Host, run_id: str, launch: Launch, *, timeout: float = 20.
         await asyncio.sleep(0.02)
 
 
-def _signame(num: int) -> str:
+def signame(num: int) -> str:
+    """``9`` -> ``KILL``: a signal's name as runs record it (the number if unknown)."""
     try:
         return _signal.Signals(num).name.removeprefix("SIG")
     except ValueError:
@@ -136,7 +139,7 @@ async def inspect(host: Host, capsule: str) -> CapsuleState:
     if words[0] == "ended":
         kind, num = words[1], int(words[2])
         if kind == "signal":
-            return CapsuleState("ended", None, _signame(num))
+            return CapsuleState("ended", None, signame(num))
         return CapsuleState("ended", num, None)
     if words[0] == "running":
         return CapsuleState("running", pid=int(words[1]))
@@ -248,47 +251,6 @@ def describe_leftovers(found: list[tuple[int, str]]) -> str:
             f"running: {shown}{more}")
 
 
-# -- metrics from log lines --------------------------------------------------------------
-def parse_metrics(line: bytes, regex: re.Pattern | None = None) -> list[tuple[int, str, float]]:
-    """Metrics carried by one log line.
-
-    A JSON object with an integer ``step`` gives one metric per numeric field (lists become
-    ``name[i]``, nested objects ``name.sub``). With ``regex`` (named groups, ``step`` among
-    them), a text line such as ``step=10 loss=2.3`` gives its numeric groups.
-    """
-    s = line.strip()
-    out: list[tuple[int, str, float]] = []
-    if s.startswith(b"{") and b'"step"' in s:
-        obj = json_line(s)
-        if isinstance(obj, dict):
-            step = obj.get("step")
-            if isinstance(step, (int, float)) and not isinstance(step, bool) and step == int(step):
-                _flatten(int(step), obj, "", out)
-                return out
-    if regex is not None:
-        m = regex.search(s.decode("utf-8", "replace"))
-        if m:
-            out += regex_metrics(m)
-    return out
-
-
-def _flatten(step: int, obj, prefix: str, out: list, depth: int = 0) -> None:
-    if depth > MAX_JSON_DEPTH or len(out) > 4096:
-        return
-    items = obj.items() if isinstance(obj, dict) else enumerate(obj)
-    for k, v in items:
-        if prefix == "" and k == "step":
-            continue
-        name = f"{prefix}[{k}]" if isinstance(k, int) else (f"{prefix}.{k}" if prefix else str(k))
-        if isinstance(v, bool):
-            continue
-        if isinstance(v, (int, float)):
-            if v == v and abs(v) != float("inf"):
-                out.append((step, name, float(v)))
-        elif isinstance(v, (dict, list)) and len(v) <= 256:
-            _flatten(step, v, name, out, depth + 1)
-
-
 # -- log following -----------------------------------------------------------------------
 def parse_artefact(line: bytes) -> tuple[str, str, int | None] | None:
     """``{"event": "checkpoint", "step": N, "path": P}`` -> ("checkpoint", P, N)."""
@@ -392,4 +354,3 @@ def outcome_of(state: CapsuleState, *, stopped: bool = False, capsule: str = "",
         st = "stopped" if stopped else ("succeeded" if ok else "failed")
         return Outcome(st, state.exit_code, state.signal, capsule, run_id)
     return Outcome("lost", None, None, capsule, run_id)
-

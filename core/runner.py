@@ -198,14 +198,15 @@ class Runner:
         """The action a run goes through (an adopted run's: :class:`core.adopt.Adopted`)."""
         return adopt.wrap(self.action(item), run)
 
-    def _set_status(self, item_id: str, status: str, reason: str = "",
-                    run_id: str | None = None) -> None:
+    def set_status(self, item_id: str, status: str, reason: str = "",
+                   run_id: str | None = None) -> None:
+        """Record an item's status (and the run it is about) and tell whoever watches."""
         self.store.set_status(item_id, status, reason=reason, run_id=run_id)
         self.emit(StatusChanged(item_id, status, reason))
 
     def mark(self, item_id: str, status: str, reason: str = "marked by operator") -> None:
         self.plan.item(item_id)
-        self._set_status(item_id, status, reason)
+        self.set_status(item_id, status, reason)
 
     def live_run(self, item_id: str) -> dict | None:
         return self.store.live_run(item_id)
@@ -307,7 +308,7 @@ class Runner:
                             f"{live['capsule']} on {live['host']})")
                 return self._end(item, live["id"], "failed", error=msg)
             if live is None:
-                self._set_status(item.id, "failed", msg)
+                self.set_status(item.id, "failed", msg)
         except Exception:  # noqa: BLE001 - the store itself may be the fault (disk full)
             pass
         return "failed"
@@ -340,10 +341,10 @@ class Runner:
         again = item.id in self.again
         self.again.discard(item.id)
         if chk.state == "done" and not again:
-            self._set_status(item.id, "done", f"check: {chk.reason or 'already done'}")
+            self.set_status(item.id, "done", f"check: {chk.reason or 'already done'}")
             return "done"
         if chk.state == "blocked":
-            self._set_status(item.id, "failed", f"blocked: {chk.reason}")
+            self.set_status(item.id, "failed", f"blocked: {chk.reason}")
             self.emit(Notice(item.id, f"{item.id}: cannot run: {chk.reason}", "error"))
             return "failed"
         run_id = f"{item.id}-{time.strftime('%m%d-%H%M%S')}-{secrets.token_hex(2)}"
@@ -356,13 +357,13 @@ class Runner:
                 await self.attach_run(live)
             return self.statuses()[item.id]
         ctx.run_id = run_id
-        self._set_status(item.id, "in_progress", f"run {run_id}", run_id)
+        self.set_status(item.id, "in_progress", f"run {run_id}", run_id)
         if not action.detached:
             return await self._run_in_process(item, action, ctx, run_id)
         try:
-            if not self._stop_requested(run_id):
+            if not self.stop_requested(run_id):
                 await action.prepare(ctx)
-            if self._stop_requested(run_id):  # a stop while starting: nothing is created
+            if self.stop_requested(run_id):  # a stop while starting: nothing is created
                 return self._end(item, run_id, "stopped", error="stopped before it was launched")
             launch = action.command(ctx)
             # Plan vars used in shell text are read from the environment (core.shellvars).
@@ -379,8 +380,9 @@ class Runner:
         self.emit(RunStarted(item.id, run_id, item.action.host, launched.get("pid")))
         return await self._follow_and_finish(item, action, host, self.store.run(run_id))
 
-    def _stop_requested(self, run_id: str) -> bool:
-        """A stop arrived (from this process or another) while the run was starting."""
+    def stop_requested(self, run_id: str) -> bool:
+        """A stop of the run was asked for, by this process or another (a run still starting,
+        or an adopted process found gone)."""
         return run_id in self._stopping or self.store.run(run_id).get("error") == "stop requested"
 
     async def _launched(self, run: dict, grace_s: float) -> dict:
@@ -436,7 +438,7 @@ class Runner:
                               result=result):
             status = RUN_TO_ITEM[state]
             reason = f"run {run_id} {state}" + (f": {error}" if error else "")
-            self._set_status(item.id, status, reason, run_id)
+            self.set_status(item.id, status, reason, run_id)
             self.emit(RunEnded(item.id, run_id, state, exit_code, signal, error))
         return self.statuses()[item.id]
 

@@ -25,10 +25,10 @@ def _isolate(tmp_path_factory, monkeypatch):
 
 
 def run_cli(*args, cwd=None, env=None, timeout=120, input=None):
-    """Run ``python -m core`` (the real CLI) in a subprocess; returns CompletedProcess."""
+    """Run ``python -m console.cli`` (the real CLI) in a subprocess; returns CompletedProcess."""
     e = {**os.environ, **(env or {})}
     e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, "-m", "core", *map(str, args)], cwd=cwd, env=e,
+    return subprocess.run([sys.executable, "-m", "console.cli", *map(str, args)], cwd=cwd, env=e,
                           capture_output=True, text=True, timeout=timeout, input=input)
 
 

@@ -1,4 +1,4 @@
-"""The headless CLI contract, exercised through the real `python -m core` on the local host."""
+"""The headless CLI contract, exercised through the real `python -m console.cli` on the local host."""
 
 from __future__ import annotations
 
@@ -139,7 +139,7 @@ items:
 """)
     state = tmp_path / "s.db"
     env = {**os.environ, "SPECDECK_STATE": str(state), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "core", "run", str(plan), "long"], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "console.cli", "run", str(plan), "long"], env=env,
                             stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:  # wait until the run is live and streaming
         if "line 3" in line:
@@ -227,7 +227,7 @@ items:
 """)
     state = tmp_path / "s.db"
     env = {**os.environ, "SPECDECK_STATE": str(state), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "core", "run", str(plan), "sleeper"], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "console.cli", "run", str(plan), "sleeper"], env=env,
                             stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:
         if "│ up" in line:
@@ -257,7 +257,7 @@ items:
 """)
     state = tmp_path / "s.db"
     env = {**os.environ, "SPECDECK_STATE": str(state), "PYTHONPATH": str(ROOT)}
-    first = subprocess.Popen([sys.executable, "-m", "core", "run", str(plan), "job"], env=env,
+    first = subprocess.Popen([sys.executable, "-m", "console.cli", "run", str(plan), "job"], env=env,
                              stderr=subprocess.PIPE, text=True)
     for line in first.stderr:
         if "│ start" in line:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from core.cli import build_parser
-from core.cli_conventions import hoist_globals
+from console.cli import build_parser
+from console.cli.conventions import hoist_globals
 from core.store import Store
 from tests.conftest import ROOT, run_cli
 
@@ -88,7 +88,7 @@ def test_output_piped_to_head_closes_quietly(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for cmd in (f"metrics {plan} t --csv --state {state}", "--help",
                 f"metrics {plan} t --jsonl --state {state}"):
-        res = subprocess.run(f"{sys.executable} -m core {cmd} | head -1", shell=True, env=env,
+        res = subprocess.run(f"{sys.executable} -m console.cli {cmd} | head -1", shell=True, env=env,
                              capture_output=True, text=True, timeout=60)
         assert res.stdout.count("\n") == 1, cmd
         assert "Traceback" not in res.stderr and "BrokenPipe" not in res.stderr, res.stderr
@@ -97,7 +97,7 @@ def test_output_piped_to_head_closes_quietly(tmp_path):
 
 def _run_on_tty(argv: list[str], env: dict) -> str:
     master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "core", *argv], stdout=slave,
+    proc = subprocess.Popen([sys.executable, "-m", "console.cli", *argv], stdout=slave,
                             stderr=subprocess.DEVNULL, env=env)
     os.close(slave)
     out = b""
@@ -168,7 +168,7 @@ def _complete(line: str, tmp_path: Path) -> list[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "_ARGCOMPLETE": "1",
            "_ARGCOMPLETE_SHELL": "bash", "COMP_LINE": line, "COMP_POINT": str(len(line)),
            "_ARGCOMPLETE_STDOUT_FILENAME": str(out), "_ARGCOMPLETE_IFS": "\n"}
-    subprocess.run([sys.executable, "-m", "core"], env=env, capture_output=True, timeout=60,
+    subprocess.run([sys.executable, "-m", "console.cli"], env=env, capture_output=True, timeout=60,
                    cwd=tmp_path)
     return sorted(x.strip() for x in out.read_text().split("\n") if x.strip())
 
@@ -179,7 +179,7 @@ def test_completion_offers_commands_items_and_hosts(tmp_path):
     assert "metrics" in _complete("specdeck me", tmp_path)
     assert _complete(f"specdeck run {plan} train", tmp_path) == ["train-v4", "train-v5"]
     assert _complete(f"specdeck logs {plan} e", tmp_path) == ["eval"]
-    from core.cli_conventions import complete_hosts
+    from console.cli.conventions import complete_hosts
 
     ns = argparse.Namespace(plan=str(plan))
     assert complete_hosts("h", ns) == ["here"]
@@ -357,8 +357,7 @@ def test_ui_takes_state_after_the_plan_and_the_demo_says_how_to_reopen(tmp_path,
                                                                         capsys):
     import argparse as ap
 
-    from core import cli
-    from core.demo import run_demo
+    from console.cli import main, ui
 
     plan = _local_plan(tmp_path, [_shell("a", "true")])
     seen = []
@@ -367,12 +366,12 @@ def test_ui_takes_state_after_the_plan_and_the_demo_says_how_to_reopen(tmp_path,
         seen.append((p.name, state, autorun))
         return 0
 
-    monkeypatch.setattr(cli, "_UI_OPENER", None)
-    assert cli.main(["ui", str(plan), "--state", str(tmp_path / "x.db")], ui_opener=opener) == 0
+    monkeypatch.setattr(ui, "open_console", opener)
+    assert main(["ui", str(plan), "--state", str(tmp_path / "x.db")]) == 0
     assert seen == [("c", str(tmp_path / "x.db"), False)]
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
     args = ap.Namespace(dir=str(tmp_path / "demo"), quick=True, headless=False, state=None)
-    assert run_demo(args) == 0
+    assert ui.cmd_demo(args) == 0
     err = capsys.readouterr().err
     demo = tmp_path / "demo" / "demo.yaml"
     assert f"reopen the demo: `specdeck ui {demo}`" in err
@@ -386,7 +385,7 @@ def test_bash_completion_end_to_end(tmp_path):
         pytest.skip("bash not installed")
     shim = tmp_path / "bin" / "specdeck"
     shim.parent.mkdir()
-    shim.write_text(f"#!/bin/sh\nexec {sys.executable} -m core \"$@\"\n")
+    shim.write_text(f"#!/bin/sh\nexec {sys.executable} -m console.cli \"$@\"\n")
     shim.chmod(0o755)
     (tmp_path / "c.bash").write_text(run_cli("completion", "bash").stdout)
     plan = _local_plan(tmp_path, [_shell("train-v5", "true"), _shell("eval", "true")])

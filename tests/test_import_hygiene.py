@@ -25,13 +25,14 @@ def loaded_after(stmt: str) -> set[str]:
     return {m.split(".")[0] for m in out.split()}
 
 
-@pytest.mark.parametrize("stmt", ["import core", "import core.cli", "import core.runner",
-                                  "import core.actions", "import core.store"])
+@pytest.mark.parametrize("stmt", ["import core", "import core.session", "import core.runner",
+                                  "import core.actions", "import core.store",
+                                  "import console.cli", "import console.cli.ui"])
 def test_core_loads_no_textual_no_torch(stmt):
     mods = loaded_after(stmt)
     assert "textual" not in mods
     assert "torch" not in mods and "transformers" not in mods
-    assert "console" not in mods
+    assert "console" not in mods or stmt.startswith("import console.cli")
 
 
 def test_console_does_not_load_torch():

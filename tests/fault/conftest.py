@@ -68,7 +68,7 @@ def digest(path: Path) -> str:
 def popen_cli(*args, env=None):
     e = {**os.environ, **(env or {})}
     e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
-    return subprocess.Popen([sys.executable, "-m", "core", *map(str, args)], env=e,
+    return subprocess.Popen([sys.executable, "-m", "console.cli", *map(str, args)], env=e,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -1,6 +1,6 @@
 """Faults and hostile set-ups around relay integrity (issue 16, class 4).
 
-Each case runs the real CLI (``python -m core``) against real sshd hosts on 127.0.0.x or
+Each case runs the real CLI (``python -m console.cli``) against real sshd hosts on 127.0.0.x or
 local hosts, and asserts the outcome: exit status, the message, files untouched.
 
 * a symbolic link at any temporary name is refused, the file it points to untouched;

@@ -129,7 +129,7 @@ def test_full_disk_creating_the_database_leaves_nothing(tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    res = subprocess.run([sys.executable, "-m", "core", "--state", str(db), "status", str(plan)],
+    res = subprocess.run([sys.executable, "-m", "console.cli", "--state", str(db), "status", str(plan)],
                          preexec_fn=no_space, capture_output=True, text=True, env=env,
                          timeout=60)
     assert "Traceback" not in res.stderr

@@ -110,7 +110,7 @@ def _scenario(ssh_home, sshd, tmp_path, remote, log, pid, child) -> None:
 
     # adopt --pid --log, then kill -9 of specdeck mid-way
     e = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "core", "adopt", str(plan), "train-v4",
+    proc = subprocess.Popen([sys.executable, "-m", "console.cli", "adopt", str(plan), "train-v4",
                              "--pid", str(pid), "--log", str(log)], env=e,
                             stderr=subprocess.PIPE, text=True)
     seen = 0
@@ -122,7 +122,7 @@ def _scenario(ssh_home, sshd, tmp_path, remote, log, pid, child) -> None:
     proc.kill()
     proc.wait()
     time.sleep(0.5)  # lines written while nobody follows
-    attach = subprocess.Popen([sys.executable, "-m", "core", "attach", str(plan), "train-v4",
+    attach = subprocess.Popen([sys.executable, "-m", "console.cli", "attach", str(plan), "train-v4",
                                "-q"], env=e, stderr=subprocess.PIPE, text=True)
     time.sleep(2.0)
     res = run_cli("stop", plan, "train-v4", "--yes", "--grace", "3", env=env, timeout=60)

@@ -71,7 +71,7 @@ def test_tensorboard_hf_and_regex_curves_exactly_once_across_kill_9(sshd, tmp_pa
                                      r"eval @ (?P<step>\d+): acc=(?P<eval_acc>[\d.]+)"]}}}}]}))
     state = tmp_path / "s.db"
     env = {**os.environ, "SPECDECK_STATE": str(state), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "core", "run", str(plan), "train"], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "console.cli", "run", str(plan), "train"], env=env,
                             stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:
         if "│ step 24 " in line:

@@ -85,7 +85,7 @@ def test_kill_mid_transfer_then_rerun_resumes_from_part(two_hosts, tmp_path):
     plan = relay_plan(tmp_path, a.alias, b.alias, "big.bin", "big.bin", bwlimit="150M")
     state = tmp_path / "s.db"
     env = {**os.environ, "SPECDECK_STATE": str(state), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "core", "run", str(plan), "copy"], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "console.cli", "run", str(plan), "copy"], env=env,
                             stderr=subprocess.PIPE, text=True)
     part = tmp_path / "B" / "big.bin.part"
     for line in proc.stderr:
@@ -218,7 +218,7 @@ def test_model_directory_relays_file_by_file_with_manifest(two_hosts, tmp_path):
 def _run_and_kill_at_half(tmp_path: Path, plan: Path, state: Path, size: int) -> None:
     """`specdeck run` in a subprocess, SIGKILLed once its progress passes about half."""
     env = {**os.environ, "SPECDECK_STATE": str(state), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "core", "run", str(plan), "copy"], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "console.cli", "run", str(plan), "copy"], env=env,
                             stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:
         m = re.search(r" (\d+\.\d)% ", line)

@@ -39,7 +39,7 @@ def test_kill_9_of_run_then_attach_stores_every_line_once(sshd, tmp_path):
                     "for i in $(seq 1 240); do echo \"line $i\"; sleep 0.05; done")
     state = tmp_path / "s.db"
     env = {**os.environ, "SPECDECK_STATE": str(state), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "core", "run", str(plan), "job"], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "console.cli", "run", str(plan), "job"], env=env,
                             stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:
         if "│ line 40" in line:

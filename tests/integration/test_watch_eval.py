@@ -93,7 +93,7 @@ def test_kill_9_mid_training_then_attach_no_duplicate_no_missing_eval(sshd_facto
     plan = make_plan(tmp_path, tiny_models, gpu, ev)
     state = tmp_path / "s.db"
     env = {**os.environ, "SPECDECK_STATE": str(state), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([PY, "-m", "core", "run", str(plan), "--all"], env=env,
+    proc = subprocess.Popen([PY, "-m", "console.cli", "run", str(plan), "--all"], env=env,
                             stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:  # kill once the first tau is in and training goes on
         if "tau " in line and "at step" in line:

@@ -1,26 +1,91 @@
 """A remote command's own exit status never becomes specdeck's (the CLI contract: 1 an action
-failed, 2 invalid input, 3 host unreachable)."""
+failed, 2 invalid input, 3 a host unreachable or a command on it ended by a signal), and
+``console/cli/exit_codes.py`` is the only place that maps an error to a status."""
+
+import ast
+import sqlite3
 
 import pytest
 
-from core import cli
-from core.errors import RemoteCommandFailed
+from console.cli import exit_codes
+from console.cli import entry as cli_main
+from core.errors import (ActionFailed, HostKeyRejected, HostUnreachable, InvalidInput,
+                         PlanError, RemoteCommandFailed, SpecdeckError)
+from core.faults import Interruption
+from tests.conftest import ROOT
 
 
-@pytest.mark.parametrize("remote, sig", [(127, None), (0, None), (None, "KILL"), (3, None)])
-def test_remote_failure_exits_1_whatever_the_remote_status(monkeypatch, capsys, remote, sig):
-    err = RemoteCommandFailed("ct129", "python -m core.ml.eval", remote, "boom\n", signal=sig)
-    assert err.remote_status == remote and err.exit_status == 1
-
+def _main_raising(monkeypatch, err) -> int:
+    """``specdeck kinds`` through the real ``main``, its command raising ``err``."""
     def fails(args):
         raise err
 
-    monkeypatch.setattr(cli, "cmd_kinds", fails, raising=False)
-    parser = cli.build_parser()
-    monkeypatch.setattr(cli, "build_parser", lambda: parser)
-    for action in parser._subparsers._group_actions[0].choices.values():
-        if action.prog.endswith(" kinds"):
-            action.set_defaults(fn=fails)
-    assert cli.main(["kinds"]) == 1
+    parser = cli_main.build_parser()
+    for sub in parser._subparsers._group_actions[0].choices.values():
+        if sub.prog.endswith(" kinds"):
+            sub.set_defaults(fn=fails)
+    monkeypatch.setattr(cli_main, "build_parser", lambda: parser)
+    return cli_main.main(["kinds"])
+
+
+@pytest.mark.parametrize("remote, sig, status", [(127, None, 1), (0, None, 1), (3, None, 1),
+                                                 (2, None, 1), (None, "KILL", 3),
+                                                 (None, "TERM", 3)])
+def test_remote_failure_never_exits_the_remote_status(monkeypatch, capsys, remote, sig, status):
+    err = RemoteCommandFailed("ct129", "python -m core.ml.eval", remote, "boom\n", signal=sig)
+    assert err.remote_status == remote
+    assert _main_raising(monkeypatch, err) == status
     out = capsys.readouterr().err
-    assert "ct129" in out and ("signal KILL" if sig else f"exit status {remote}") in out
+    assert "ct129" in out and ("signal KILL" if sig == "KILL" else
+                               "signal TERM" if sig else f"exit status {remote}") in out
+
+
+@pytest.mark.parametrize("err, status", [
+    (InvalidInput("bad flag"), 2), (PlanError([]), 2), (HostUnreachable("gpu", "refused"), 3),
+    (HostKeyRejected("gpu", "changed key"), 3), (ActionFailed("no"), 1),
+    (SpecdeckError("other"), 1), (sqlite3.DatabaseError("malformed"), 2),
+    (RecursionError(), 2), (ValueError("surprise"), 1), (OSError(5, "I/O error"), 1)])
+def test_every_error_kind_has_its_status(monkeypatch, capsys, err, status):
+    assert exit_codes.for_error(err) == status
+    assert _main_raising(monkeypatch, err) == status
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_interruptions_exit_as_shells_report_signals():
+    import signal
+
+    assert exit_codes.for_interruption(Interruption()) == 130
+    assert exit_codes.for_interruption(Interruption("terminated", signal.SIGTERM)) == 143
+
+
+@pytest.mark.parametrize("summary, named, status", [
+    ({"unreachable": ["a"], "failed": ["b"], "waiting": [], "unadopted": []}, True, 3),
+    ({"unreachable": [], "failed": ["b"], "waiting": [], "unadopted": []}, False, 1),
+    ({"unreachable": [], "failed": [], "waiting": ["c"], "unadopted": []}, True, 1),
+    ({"unreachable": [], "failed": [], "waiting": ["c"], "unadopted": []}, False, 0),
+    ({"unreachable": [], "failed": [], "waiting": ["c"], "unadopted": ["c"]}, True, 0)])
+def test_run_summary_status(summary, named, status):
+    assert exit_codes.for_run(summary, named=named) == status
+
+
+def test_no_other_module_maps_errors_to_statuses():
+    """No ``exit_status`` attribute on errors, no status literal returned from an except
+    clause anywhere but exit_codes."""
+    for path in sorted((ROOT / "core").rglob("*.py")) + sorted((ROOT / "console").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel == "console/cli/exit_codes.py" or rel.startswith("core/ml/"):
+            continue  # core/ml/ tasks are separate programs with their own statuses
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                for stmt in node.body:
+                    if isinstance(stmt, ast.Assign):
+                        names = [t.id for t in stmt.targets if isinstance(t, ast.Name)]
+                        assert "exit_status" not in names, f"{rel}: {node.name}.exit_status"
+            if isinstance(node, ast.ExceptHandler):
+                for sub in ast.walk(node):
+                    if (isinstance(sub, ast.Return) and isinstance(sub.value, ast.Constant)
+                            and isinstance(sub.value.value, int)
+                            and not isinstance(sub.value.value, bool) and rel.startswith("console/cli/")):
+                        raise AssertionError(f"{rel}:{sub.lineno}: an exit status literal "
+                                             "in an except clause; use exit_codes")

@@ -197,11 +197,11 @@ def register(add) -> None:
     sp.add_argument("shell", choices=["bash", "zsh", "fish"], help="the shell to complete in")
 
 
-def quiet_broken_pipe() -> int:
-    """stdout's reader went away (``| head -1``): exit quietly, as git does."""
+def quiet_broken_pipe() -> None:
+    """stdout's reader went away (``| head -1``): end quietly, as git does (no warning when
+    Python flushes stdout at exit)."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
     except (OSError, ValueError):
         pass
-    return 141

@@ -1,11 +1,19 @@
-"""CLI commands over results: ``compare`` (the tau table) and ``diff`` (two runs' configs)."""
+"""Result commands: ``compare`` (the tau table), ``diff`` (two runs' configs) and ``metrics``
+(a run's stored curves: CSV, JSON lines or a summary table).
+
+``metrics`` gives every point the store holds for the run: JSON log lines, regexes, HF dict
+lines, TensorBoard scalars (the tag is the name) and tau over training (``tau``,
+``tau_pooled``, ...). CSV and JSON lines carry ``step,name,value,time`` (``time``: Unix seconds
+when the point was made, the event's wall time for TensorBoard, else when specdeck stored it).
+"""
 
 from __future__ import annotations
 
-import asyncio
+import csv
 import json
 import sys
 
+from console.cli.output import run_with
 from core.errors import InvalidInput
 from core.plan import load_plan
 
@@ -21,7 +29,6 @@ def _flatten(d, prefix="") -> dict:
 
 
 def cmd_compare(args) -> int:
-    from core.cli import _with_runner
     from core.compare import build_comparison, to_csv, to_json, to_markdown
 
     if args.detect is not None and not args.detect > 0:
@@ -36,7 +43,7 @@ def cmd_compare(args) -> int:
             rows = [r for r in rows if r["role"] == "baseline" or r["step"] == args.step]
         return rows
 
-    rows = asyncio.run(_with_runner(plan, args, go, emit=lambda e: None))
+    rows = run_with(plan, args, go, show_events=False)
     if not rows:
         raise InvalidInput(f"plan {plan.name!r} has no eval results yet"
                            + (f" for {args.item}" if args.item else ""),
@@ -48,7 +55,7 @@ def cmd_compare(args) -> int:
     elif args.csv:
         sys.stdout.write(to_csv(comp))
     else:
-        from core.cli_render import colour_on, print_markdown_tables
+        from console.cli.render import colour_on, print_markdown_tables
 
         md = to_markdown(comp, pivot=args.pivot)
         if args.markdown or not colour_on(sys.stdout):
@@ -85,14 +92,13 @@ def _diff_side(store, plan, spec: str) -> tuple[str, dict]:
 
 
 def cmd_diff(args) -> int:
-    from core.cli import _with_runner
 
     plan = load_plan(args.plan)
 
     async def go(runner):
         return [_diff_side(runner.store, plan, s) for s in (args.item_a, args.item_b)]
 
-    (la, a), (lb, b) = asyncio.run(_with_runner(plan, args, go, emit=lambda e: None))
+    (la, a), (lb, b) = run_with(plan, args, go, show_events=False)
     fa, fb = _flatten(a), _flatten(b)
     missing = object()
     differ = sorted(k for k in set(fa) | set(fb) if fa.get(k, missing) != fb.get(k, missing))
@@ -105,7 +111,7 @@ def cmd_diff(args) -> int:
     if not keys:
         print(f"{la} and {lb}: same settings")
         return 0
-    from core.cli_render import table
+    from console.cli.render import table
 
     def show(d, k):
         return json.dumps(d[k], ensure_ascii=False) if k in d else "(absent)"
@@ -116,10 +122,63 @@ def cmd_diff(args) -> int:
     return 0
 
 
-def register(add) -> None:
-    from core.adopt import register_cli
+FIELDS = ("step", "name", "value", "time")
 
-    register_cli(add)
+
+def pick_run(store, item_id: str, which: str | None) -> dict:
+    """The run ``which`` names (an attempt number or a run id); default: the latest."""
+    runs = store.runs_for_item(item_id)
+    if not runs:
+        raise InvalidInput(f"item {item_id!r} has no runs yet",
+                           hint=f"start one: `specdeck run <plan> {item_id}`")
+    if which is None:
+        return runs[-1]
+    for r in runs:
+        if which in (str(r["attempt"]), r["id"]):
+            return r
+    have = ", ".join(f"{r['attempt']} ({r['id']})" for r in runs)
+    raise InvalidInput(f"item {item_id!r} has no run {which!r}; its runs: {have}")
+
+
+def cmd_metrics(args) -> int:
+    plan = load_plan(args.plan)
+    plan.item(args.item)
+    names = [n.strip() for n in args.names.split(",") if n.strip()] if args.names else None
+
+    async def go(runner):
+        run = pick_run(runner.store, args.item, args.run)
+        return run, runner.store.metric_rows(run["id"], names)
+
+    run, rows = run_with(plan, args, go, show_events=False)
+    if args.csv:
+        w = csv.writer(sys.stdout, lineterminator="\n")
+        w.writerow(FIELDS)
+        for r in rows:
+            w.writerow([r["step"], r["name"], repr(r["value"]), f"{r['time']:.3f}"])
+        sys.stdout.flush()
+        return 0
+    if args.jsonl:
+        for r in rows:
+            sys.stdout.write(json.dumps({k: r[k] for k in FIELDS}) + "\n")
+        sys.stdout.flush()
+        return 0
+    if not rows:
+        print(f"{args.item}: run {run['id']} (attempt {run['attempt']}) has no metrics"
+              + (f" named {', '.join(names)}" if names else ""), file=sys.stderr)
+        return 0
+    series: dict[str, list[dict]] = {}
+    for r in rows:
+        series.setdefault(r["name"], []).append(r)
+    from console.cli.render import table
+
+    table(["name", "points", "steps", "last value"],
+          [[n, str(len(s)), f"{s[0]['step']}..{s[-1]['step']}", f"{s[-1]['value']:.6g}"]
+           for n, s in sorted(series.items())],
+          title=f"{args.item}: run {run['id']} (attempt {run['attempt']})")
+    return 0
+
+
+def register(add) -> None:
     sp = add("compare", cmd_compare, "the tau table: prompt x drafter vs baseline")
     sp.add_argument("plan")
     sp.add_argument("--item", help="only this eval item's results")
@@ -142,3 +201,12 @@ def register(add) -> None:
                     "its Nth attempt")
     sp.add_argument("item_b", metavar="ITEM[#N]", help="the other run, the same way")
     sp.add_argument("--json", action="store_true")
+    sp = add("metrics", cmd_metrics, "a run's stored curves: CSV, JSON lines or a summary",
+             example="specdeck metrics plans/v5.yaml train-v5 --csv --names loss,tau > v5.csv")
+    sp.add_argument("plan", help="the plan file (YAML)")
+    sp.add_argument("item", help="the item whose run's metrics to print")
+    sp.add_argument("--run", metavar="N", help="attempt number or run id (default: the latest)")
+    g = sp.add_mutually_exclusive_group()
+    g.add_argument("--csv", action="store_true", help="CSV with header step,name,value,time")
+    g.add_argument("--jsonl", action="store_true", help="one JSON object per point (same keys)")
+    sp.add_argument("--names", metavar="A,B", help="only these metric names, comma-separated")

@@ -1,5 +1,5 @@
 import sys
 
-from core.cli import main
+from console.cli import main
 
 sys.exit(main())

@@ -1,4 +1,4 @@
-"""`specdeck demo --headless --quick` (the CI variant of the demo) runs the whole campaign
+"""The installed `specdeck demo --headless --quick` (the CI variant of the demo) runs the whole campaign
 locally and ends with a tau table; a second run reuses everything (checks mark items done)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.cli.conftest import specdeck as run_cli
 
 pytestmark = [pytest.mark.ml, pytest.mark.slow]
 

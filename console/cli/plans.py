@@ -1,0 +1,184 @@
+"""Plan commands: ``validate``, ``status``, ``mark``, ``export``, ``import``, ``kinds``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+from console.cli.output import GLYPHS, err, run_with
+from console.cli.render import table
+from core.errors import InvalidInput
+from core.plan import load_plan, params_summary, plan_to_todos, todos_to_plan_yaml
+from core.text import sanitize
+
+
+def _run_json(run: dict | None) -> dict | None:
+    if not run:
+        return None
+    return {k: run.get(k) for k in ("id", "host", "state", "pid", "exit_code", "signal",
+                                     "started_at", "ended_at")}
+
+
+def cmd_validate(args) -> int:
+    plan = load_plan(args.plan)
+    kinds = sorted({it.action.kind for it in plan.items if it.action})
+    manual = sum(1 for it in plan.items if it.manual)
+    print(f"{args.plan}: ok: plan {plan.name!r}, {len(plan.items)} items "
+          f"({manual} manual), {len(plan.hosts)} hosts, kinds: {', '.join(kinds) or 'none'}")
+    return 0
+
+
+def cmd_status(args) -> int:
+    plan = load_plan(args.plan)
+
+    async def go(runner):
+        changes = []
+        runner.watch = False  # status never waits for tau-over-training evals
+        if not args.no_reconcile and runner.store.live_runs():
+            changes = await runner.reconcile()
+        st = runner.statuses()
+        latest = runner.store.latest_runs()
+        alerts = [e for e in runner.store.events() if e["kind"] == "alert"]
+        return changes, st, latest, alerts
+
+    changes, st, latest, alerts = run_with(plan, args, go, show_events=False)
+    if args.json:
+        out = {"plan": plan.name, "items": [{
+            "id": it.id, "content": it.content, "priority": it.priority, "status": st[it.id],
+            "needs": list(it.needs),
+            "action": ({"kind": it.action.kind, "host": it.action.host,
+                        "params": params_summary(it)} if it.action else None),
+            "run": _run_json(latest.get(it.id))} for it in plan.items],
+            "alerts": [{"item": a["item_id"], "run": a["run_id"], "at": a["at"],
+                        "message": a["message"]} for a in alerts]}
+        print(json.dumps(out, indent=2))
+        return 0
+    for c in changes:
+        how = ""
+        if c.get("signal"):
+            how = f" (signal {c['signal']})"
+        elif c.get("exit_code") is not None:
+            how = f" (exit {c['exit_code']})"
+        err(f"meanwhile: {c['item']}: run {c['run']} {c['was']} -> {c['now']}{how}"
+            + (f": {c.get('error') or c.get('reason')}" if c.get("error") or c.get("reason") else ""))
+    rows = []
+    for it in plan.items:
+        run = latest.get(it.id)
+        kind = it.action.kind if it.action else "manual"
+        where = f"@{it.action.host}" if it.action and it.action.host else ""
+        r = ""
+        if run:
+            how = (f" signal {run['signal']}" if run["signal"] else
+                   (f" exit {run['exit_code']}" if run["exit_code"] is not None else ""))
+            r = f"{run['state']}{how} #{run['attempt']}"
+        rows.append([f"{GLYPHS[st[it.id]]} {st[it.id]}", it.id, it.priority, kind + where,
+                     it.content, r])
+    table(["status", "item", "priority", "action", "what", "latest run"], rows,
+          title=f"plan {plan.name} ({plan.path})", styles=[st[it.id] for it in plan.items],
+          wrap={4})
+    for a in alerts[-5:]:
+        print(sanitize(f"  ALERT {time.strftime('%m-%d %H:%M', time.localtime(a['at']))} "
+                       f"{a['item_id']}: {a['message']}"))
+    return 0
+
+
+def cmd_mark(args) -> int:
+    plan = load_plan(args.plan)
+    plan.item(args.item)
+
+    async def go(runner):
+        if args.status in ("done", "skipped", "pending") and runner.store.live_run(args.item):
+            raise InvalidInput(f"item {args.item!r} has a live run; stop it first "
+                               f"(`specdeck stop {args.plan} {args.item}`)")
+        runner.mark(args.item, args.status)
+
+    run_with(plan, args, go, show_events=False)
+    print(f"{args.item}: {args.status}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    plan = load_plan(args.plan)
+
+    async def go(runner):
+        return runner.statuses()
+
+    st = run_with(plan, args, go, show_events=False)
+    if args.markdown:
+        from core.plan import plan_to_markdown
+
+        sys.stdout.write(plan_to_markdown(plan, st))
+        return 0
+    text = json.dumps(plan_to_todos(plan, st), indent=2, ensure_ascii=False)
+    # C1 controls (U+0080-U+009F) stay escaped: still the same JSON, safe on a terminal
+    print(re.sub("[\x7f-\x9f]", lambda m: f"\\u{ord(m.group()):04x}", text))
+    return 0
+
+
+def cmd_import(args) -> int:
+    from core.plan import load_todos, parse_plan
+
+    src = Path(args.todos)
+    todos = load_todos(src)
+    out = Path(args.output)
+    if out.is_dir() or args.output.endswith(os.sep):
+        raise InvalidInput(f"{out}: is a directory; name the plan file to write",
+                           hint=f"e.g. -o {out / 'plan.yaml'}")
+    if out.exists() and not args.force:
+        raise InvalidInput(f"{out}: already exists; not overwritten", hint="pass --force")
+    if out.exists() and not out.is_file():
+        raise InvalidInput(f"{out}: is not a regular file; not overwritten")
+    text = todos_to_plan_yaml(todos, args.name or out.stem, str(src))
+    parse_plan(text, str(out))  # what we write must validate
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, out)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise InvalidInput(f"{out}: cannot write: {e.strerror or e}",
+                           hint="choose a writable path with -o") from None
+    err(f"wrote {out} ({len(todos)} items)")
+    return 0
+
+
+def cmd_kinds(args) -> int:
+    from core.actions import registry
+
+    for k in registry.kinds():
+        print(f"{k:<16} {registry.get(k).summary}")
+    return 0
+
+
+def register(add) -> None:
+    sp = add("validate", cmd_validate, "check a plan; exit 2 with file:line:col errors if invalid")
+    sp.add_argument("plan")
+    sp = add("status", cmd_status, "items with their status and latest run")
+    sp.add_argument("plan")
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
+    sp.add_argument("--no-reconcile", action="store_true",
+                    help="do not contact hosts to refresh live runs")
+    sp = add("mark", cmd_mark, "set an item's status by hand")
+    sp.add_argument("plan")
+    sp.add_argument("item")
+    sp.add_argument("status", choices=["pending", "in_progress", "done", "skipped"])
+    sp = add("export", cmd_export, "print the plan's state: todowrite JSON or a Markdown checklist")
+    sp.add_argument("plan")
+    fmt = sp.add_mutually_exclusive_group(required=True)
+    fmt.add_argument("--todowrite", action="store_true",
+                     help="todowrite JSON: [{content, status, priority, id, needs}]")
+    fmt.add_argument("--markdown", action="store_true",
+                     help="a Markdown checklist (- [x] done items), with ids and needs")
+    sp = add("import", cmd_import, "make a plan of manual items from a todowrite JSON list")
+    sp.add_argument("todos")
+    sp.add_argument("-o", "--output", required=True, help="the plan file to write")
+    sp.add_argument("--name", help="plan name (default: the output file's stem)")
+    sp.add_argument("--force", action="store_true", help="overwrite an existing plan file")
+    sp = add("kinds", cmd_kinds, "list the action kinds")
