@@ -596,7 +596,7 @@ class SpecdeckApp(App[int]):
             return
         runs = self.services.store.runs_for_item(item_id)
         attempt = max((r["attempt"] for r in runs), default=0) + 1
-        detached = getattr(registry.get(item.action.kind), "detached", True)
+        detached = registry.get(item.action.kind).detached
         title, body = run_text(item, params_summary(item), detached, attempt, status)
         again = again or status in ("done", "skipped")
         self.push_screen(ConfirmModal(title, body, confirm="Run"),

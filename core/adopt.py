@@ -128,7 +128,7 @@ def adopt_hint(plan, item_id: str) -> str:
 def unadopted(runner: "Runner", item: "Item") -> str | None:
     """Why ``item`` must not be launched now (a run started outside specdeck), or None."""
     st = runner.statuses()
-    if st.get(item.id) == "in_progress" and getattr(item, "adopt", None) is None \
+    if st.get(item.id) == "in_progress" and item.adopt is None \
             and runner.store.live_run(item.id) is None:
         return (f"{item.id}: in_progress with no run specdeck knows (started outside "
                 f"specdeck?): not launched again; adopt it: {adopt_hint(runner.plan, item.id)}")
@@ -143,7 +143,7 @@ def unadopted(runner: "Runner", item: "Item") -> str | None:
 def from_plan(runner: "Runner", item: "Item") -> bool:
     """Adopt the run the item's ``adopt:`` names (instead of launching one): while it is
     in_progress, or before specdeck has run it at all; a rerun after its end launches."""
-    return getattr(item, "adopt", None) is not None and (
+    return item.adopt is not None and (
         runner.statuses()[item.id] == "in_progress" or not runner.store.runs_for_item(item.id))
 
 

@@ -118,10 +118,6 @@ def state_path_for(plan, explicit: str | None = None) -> Path:
     return default_state_path(plan.name)
 
 
-class StoreBusy(Exception):
-    pass
-
-
 class Store:
     """Verb methods over the state database. The only code that knows table names.
 
@@ -257,12 +253,12 @@ class Store:
 
     def live_run(self, item_id: str) -> dict | None:
         rows = list(self.db["runs"].rows_where(
-            "item_id = ? AND state IN ('starting', 'running')", [item_id],
+            f"item_id = ? AND state IN {LIVE_STATES}", [item_id],
             order_by="attempt DESC", limit=1))
         return rows[0] if rows else None
 
     def live_runs(self) -> list[dict]:
-        return list(self.db["runs"].rows_where("state IN ('starting', 'running')",
+        return list(self.db["runs"].rows_where(f"state IN {LIVE_STATES}",
                                                order_by="started_at"))
 
     def latest_run(self, item_id: str) -> dict | None:

@@ -6,11 +6,5 @@ importing this package imports every kind module so the registry is complete.
 """
 
 from core.actions.base import registry  # noqa: F401
-from core.actions import manual, shell, stop  # noqa: F401  (register themselves)
-
-for _mod in ("relay", "venv", "extract_weights", "extract_hidden", "train", "eval"):
-    try:
-        __import__(f"core.actions.{_mod}")
-    except ModuleNotFoundError as e:  # a kind not built yet
-        if e.name != f"core.actions.{_mod}":
-            raise
+from core.actions import (eval, extract_hidden, extract_weights, manual, relay,  # noqa: F401
+                          shell, stop, train, venv)  # (each registers its kind on import)

@@ -39,7 +39,7 @@ async def test_bridge_translates_events():
     bridge.bind(posted.append)
     bridge(ev.StatusChanged("x", "done", "ok"))
     bridge(ev.HostStateChanged(None, "h", "reconnecting", "reset"))
-    bridge(ev.Notice("x", "x: log stream reconnecting (h: reset)", "warning"))
+    bridge(ev.LogStreamChanged("x", "r1", "reconnecting", "h", "reset"))
     bridge(ev.Notice("x", "x: something else"))
     for pct in range(10, 60, 10):  # progress floods too: only the latest per flush is posted
         bridge(ev.Progress("x", f"{pct}%", {"done": pct}))
