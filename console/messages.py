@@ -16,6 +16,8 @@ from typing import Any
 
 from textual.message import Message
 
+from core.records import Run
+
 
 # -- from the runner (core.events, via console.bridge) -----------------------------------
 @dataclass
@@ -109,9 +111,9 @@ class SessionOpened(Message):
 class ItemDetailLoaded(Message):
     item_id: str
     status: str
-    runs: list[dict]
+    runs: list[Run]
     history: list[dict]
-    live: dict | None
+    live: Run | None
 
 
 @dataclass
@@ -125,7 +127,7 @@ class CheckFinished(Message):
 @dataclass
 class LogLoaded(Message):
     item_id: str
-    run: dict | None
+    run: Run | None
     lines: list[str]
 
 

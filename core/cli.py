@@ -27,6 +27,7 @@ from core.errors import InvalidInput, PlanError, SpecdeckError
 from core.events import (Event, HostStateChanged, LogLinesReceived, LogStreamChanged, Notice,
                          Progress, RunEnded, RunStarted, StatusChanged)
 from core.plan import Plan, load_plan, params_summary, plan_to_todos, todos_to_plan_yaml
+from core.records import Run
 from core.cli_render import paint, table
 from core.text import collapse_cr, sanitize
 
@@ -100,11 +101,11 @@ async def _with_runner(plan: Plan, args, fn, *, emit=None):
         store.close()
 
 
-def _run_json(run: dict | None) -> dict | None:
+def _run_json(run: "Run | None") -> dict | None:
     if not run:
         return None
-    return {k: run.get(k) for k in ("id", "host", "state", "pid", "exit_code", "signal",
-                                     "started_at", "ended_at")}
+    return {k: getattr(run, k) for k in ("id", "host", "state", "pid", "exit_code", "signal",
+                                         "started_at", "ended_at")}
 
 
 # -- commands ----------------------------------------------------------------------------
@@ -157,9 +158,9 @@ def cmd_status(args) -> int:
         where = f"@{it.action.host}" if it.action and it.action.host else ""
         r = ""
         if run:
-            how = (f" signal {run['signal']}" if run["signal"] else
-                   (f" exit {run['exit_code']}" if run["exit_code"] is not None else ""))
-            r = f"{run['state']}{how} #{run['attempt']}"
+            how = (f" signal {run.signal}" if run.signal else
+                   (f" exit {run.exit_code}" if run.exit_code is not None else ""))
+            r = f"{run.state}{how} #{run.attempt}"
         rows.append([f"{GLYPHS[st[it.id]]} {st[it.id]}", it.id, it.priority, kind + where,
                      it.content, r])
     table(["status", "item", "priority", "action", "what", "latest run"], rows,
@@ -248,7 +249,7 @@ def cmd_logs(args) -> int:
 
         def flush() -> None:
             nonlocal printed
-            data = store.log_bytes(run["id"], printed)
+            data = store.log_bytes(run.id, printed)
             if data:
                 text = data.decode("utf-8", "replace")
                 if not args.raw:  # a tqdm bar's \r redraws: the last one, as a terminal shows
@@ -267,11 +268,11 @@ def cmd_logs(args) -> int:
                 await asyncio.sleep(0.1)
             await task
             flush()
-        final = store.run(run["id"])
-        if final["state"] not in ("starting", "running"):
-            how = (f"signal {final['signal']}" if final["signal"] else f"exit {final['exit_code']}"
-                   if final["exit_code"] is not None else "exit status unknown")
-            _err(f"[run {final['id']} {final['state']} ({how})]")
+        final = store.run(run.id)
+        if not final.live:
+            how = (f"signal {final.signal}" if final.signal else f"exit {final.exit_code}"
+                   if final.exit_code is not None else "exit status unknown")
+            _err(f"[run {final.id} {final.state} ({how})]")
 
     asyncio.run(_with_runner(plan, args, go, emit=lambda e: None))
     return 0
@@ -287,12 +288,12 @@ def cmd_stop(args) -> int:
         if live is None:
             # a command that exited may have left children running: those end too
             run, n = await runner.end_leftovers(args.item, grace_s=min(args.grace, 10.0))
-            _err(f"{args.item}: run {run['id']}: ended {n} process(es) it left running" if n
+            _err(f"{args.item}: run {run.id}: ended {n} process(es) it left running" if n
                  else f"{args.item}: no live run")
             return 0
-        what = (f"run {live['id']} of item {args.item!r} on host {live['host']!r} "
-                + (f"(adopted {json.loads(live['adopt'])['what']}: its process tree)"
-                   if live.get("adopt") else f"(process group {live['pid']})"))
+        what = (f"run {live.id} of item {args.item!r} on host {live.host!r} "
+                + (f"(adopted {live.adopt['what']}: its process tree)"
+                   if live.adopt else f"(process group {live.pid})"))
         if not args.yes:
             if not sys.stdin.isatty():
                 raise InvalidInput(f"refusing to stop {what} without confirmation",
@@ -302,8 +303,8 @@ def cmd_stop(args) -> int:
             if sys.stdin.readline().strip().lower() not in ("y", "yes"):
                 _err("not stopped")
                 return 1
-        outcome = await runner.stop_run(live["id"], grace_s=args.grace)
-        _err(f"{args.item}: run {live['id']} {outcome.state}"
+        outcome = await runner.stop_run(live.id, grace_s=args.grace)
+        _err(f"{args.item}: run {live.id} {outcome.state}"
              + (f" (signal {outcome.signal})" if outcome.signal else
                 f" (exit {outcome.exit_code})" if outcome.exit_code is not None else
                 " (exit status unknown)"))

@@ -33,7 +33,7 @@ def cmd_compare(args) -> int:
     async def go(runner):
         rows = runner.store.eval_results(args.item)
         if args.step is not None:
-            rows = [r for r in rows if r["role"] == "baseline" or r["step"] == args.step]
+            rows = [r for r in rows if r.role == "baseline" or r.step == args.step]
         return rows
 
     rows = asyncio.run(_with_runner(plan, args, go, emit=lambda e: None))
@@ -66,14 +66,14 @@ def _diff_side(store, plan, spec: str) -> tuple[str, dict]:
     """``ITEM`` (its latest run with a recorded config) or ``ITEM#N`` (attempt N)."""
     item, _, attempt = spec.partition("#")
     plan.item(item)
-    runs = [r for r in store.runs_for_item(item) if r["config"]]
+    runs = [r for r in store.runs_for_item(item) if r.config]
     if attempt:
         if not attempt.isdigit():
             raise InvalidInput(f"{spec!r}: ITEM#N takes an attempt number")
-        runs = [r for r in runs if r["attempt"] == int(attempt)]
+        runs = [r for r in runs if r.attempt == int(attempt)]
         if not runs:
-            have = ", ".join(f"#{r['attempt']}" for r in store.runs_for_item(item)
-                             if r["config"]) or "none"
+            have = ", ".join(f"#{r.attempt}" for r in store.runs_for_item(item)
+                             if r.config) or "none"
             raise InvalidInput(f"item {item!r} has no attempt #{attempt} with a recorded "
                                f"config (recorded: {have})")
     if not runs:
@@ -81,7 +81,7 @@ def _diff_side(store, plan, spec: str) -> tuple[str, dict]:
                            hint="a core.ml.train run records its resolved config when it "
                                 "ends; a command: trainer, its argv and config file at launch")
     run = runs[-1]
-    return f"{item}#{run['attempt']}", json.loads(run["config"])
+    return f"{item}#{run.attempt}", run.config
 
 
 def cmd_diff(args) -> int:

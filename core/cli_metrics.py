@@ -28,9 +28,9 @@ def pick_run(store, item_id: str, which: str | None) -> dict:
     if which is None:
         return runs[-1]
     for r in runs:
-        if which in (str(r["attempt"]), r["id"]):
+        if which in (str(r.attempt), r.id):
             return r
-    have = ", ".join(f"{r['attempt']} ({r['id']})" for r in runs)
+    have = ", ".join(f"{r.attempt} ({r.id})" for r in runs)
     raise InvalidInput(f"item {item_id!r} has no run {which!r}; its runs: {have}")
 
 
@@ -43,7 +43,7 @@ def cmd_metrics(args) -> int:
 
     async def go(runner):
         run = pick_run(runner.store, args.item, args.run)
-        return run, runner.store.metric_rows(run["id"], names)
+        return run, runner.store.metric_rows(run.id, names)
 
     run, rows = asyncio.run(_with_runner(plan, args, go, emit=lambda e: None))
     if args.csv:
@@ -59,7 +59,7 @@ def cmd_metrics(args) -> int:
         sys.stdout.flush()
         return 0
     if not rows:
-        print(f"{args.item}: run {run['id']} (attempt {run['attempt']}) has no metrics"
+        print(f"{args.item}: run {run.id} (attempt {run.attempt}) has no metrics"
               + (f" named {', '.join(names)}" if names else ""), file=sys.stderr)
         return 0
     series: dict[str, list[dict]] = {}
@@ -70,7 +70,7 @@ def cmd_metrics(args) -> int:
     table(["name", "points", "steps", "last value"],
           [[n, str(len(s)), f"{s[0]['step']}..{s[-1]['step']}", f"{s[-1]['value']:.6g}"]
            for n, s in sorted(series.items())],
-          title=f"{args.item}: run {run['id']} (attempt {run['attempt']})")
+          title=f"{args.item}: run {run.id} (attempt {run.attempt})")
     return 0
 
 

@@ -197,11 +197,11 @@ def run_demo(args) -> int:
             summary = await runner.run_items(None)
             rows = store.eval_results()
             run = store.latest_run(WATCHED)
-            over = {n: dict(store.metric_series(run["id"], n))
+            over = {n: dict(store.metric_series(run.id, n))
                     for n in ("tau", "tau_ci95_lo", "tau_ci95_hi")} if run else {}
             if run:  # checkpoints not evaluated: a newer one was waiting, or the eval failed
                 over["not evaluated"] = {e["step"]: e["state"]
-                                         for e in store.watch_entries(run["id"])
+                                         for e in store.watch_entries(run.id)
                                          if e["state"] != "done"}
         finally:
             await runner.close()
@@ -213,7 +213,7 @@ def run_demo(args) -> int:
     from core.cli import main as cli_main
 
     cli_main(["status", str(plan_path), "--no-reconcile"])
-    table = [r for r in rows if r["item_id"] != WATCHED]  # tau over training: below
+    table = [r for r in rows if r.item_id != WATCHED]  # tau over training: below
     if table:
         comp = build_comparison(table, [("v5", "v4")])
         print()

@@ -386,18 +386,13 @@ class TensorBoardSource:
         return stored
 
 
-def tensorboard_source(action, host, store, run_id: str) -> TensorBoardSource | None:
-    spec = getattr(action, "metrics_spec", lambda: None)()
+def tensorboard_source(spec: MetricsParams | None, host, store,
+                       run_id: str) -> TensorBoardSource | None:
+    """The reader of the TensorBoard files ``spec`` (an action's ``metrics:``) names."""
     if spec is None or not spec.tensorboard or host is None:
         return None
     return TensorBoardSource(host, store, run_id, spec.tensorboard)
 
-
-async def baseline_sources(action, ctx) -> None:
-    """Before a launch: skip the event files earlier runs left in the dir."""
-    src = tensorboard_source(action, ctx.host, ctx.store, ctx.run_id)
-    if src is not None:
-        await src.baseline()
 
 
 async def alongside(source: TensorBoardSource | None, work, *, every: float = 1.0,

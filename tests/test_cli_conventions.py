@@ -269,7 +269,7 @@ def test_diff_of_a_command_trainer_uses_its_argv_and_config_file(tmp_path):
     assert json.loads(res.stdout) == {"config.data.path": {"train#1": "/d/one",
                                                            "train#2": "/d/two"}}
     store = Store(state)
-    rec = json.loads(store.latest_run("train")["config"])
+    rec = store.latest_run("train").config
     assert rec["argv"]["config"] == "cfg.yaml" and rec["argv"]["bf16"] is True
     assert rec["config_file"] == str(cfg)
 

@@ -11,7 +11,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from core.actions.base import Action, CheckResult, Launch, register
-from core.metrics_sources import MetricsParams, baseline_sources, line_metrics
+from core.metrics_sources import MetricsParams, line_metrics
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class Shell(Action):
         return self.params.metrics
 
     async def prepare(self, ctx) -> None:
-        await baseline_sources(self, ctx)
+        await ctx.skip_earlier_metrics(self.metrics_spec())
 
     def command(self, ctx) -> Launch:
         cmd = self.params.command

@@ -38,15 +38,15 @@ class Stop(Action):
         return []
 
     async def check(self, ctx) -> CheckResult:
-        live = ctx.services().live_run(self.params.item)
+        live = ctx.live_run(self.params.item)
         if live is None:
             return CheckResult.done(f"{self.params.item} has no live run")
-        return CheckResult.ready(f"will stop run {live['id']} on {live['host']}")
+        return CheckResult.ready(f"will stop run {live.id} on {live.host}")
 
     async def run(self, ctx) -> dict:
-        live = ctx.services().live_run(self.params.item)
+        live = ctx.live_run(self.params.item)
         if live is None:
             return {"stopped": None}
-        ctx.progress(f"stopping {self.params.item} run {live['id']} on {live['host']}")
-        outcome = await ctx.services().stop_run(live["id"], grace_s=self.params.grace_s)
-        return {"stopped": live["id"], "signal": outcome.signal, "state": outcome.state}
+        ctx.progress(f"stopping {self.params.item} run {live.id} on {live.host}")
+        outcome = await ctx.stop_run(live.id, grace_s=self.params.grace_s)
+        return {"stopped": live.id, "signal": outcome.signal, "state": outcome.state}
