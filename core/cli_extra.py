@@ -96,7 +96,7 @@ def cmd_diff(args) -> int:
     fa, fb = _flatten(a), _flatten(b)
     missing = object()
     differ = sorted(k for k in set(fa) | set(fb) if fa.get(k, missing) != fb.get(k, missing))
-    # where each run wrote (core.ml.train_config.RUN_KEYS, and a resume's source) is no setting
+    # where each run wrote (core.ml.train.config.RUN_KEYS, and a resume's source) is no setting
     where = [k for k in differ if k.split(".")[0] in WHERE_KEYS]
     keys = [k for k in differ if k not in where]
     if args.json:

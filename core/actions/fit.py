@@ -10,7 +10,7 @@
   unless the item says so (``block_size: N`` evaluates both at N; or
   ``allow_block_size_mismatch: true``): tau ranges over 1..B, so different B do not compare.
 
-Pure Python (``core.ml.train_config`` and ``core.ml.drafter_config`` load neither torch nor
+Pure Python (``core.ml.train.config`` and ``core.ml.drafter_config`` load neither torch nor
 transformers). Every message names both sides and the fix.
 """
 
@@ -88,7 +88,7 @@ def train_item_block_size(plan: Any, item_id: str) -> int | None:
     if drafter.get("init"):
         init = read_local_json(local_path(plan, item.action.host, config_json_of(drafter["init"])))
         return drafter_block_size(init)
-    from core.ml.train_config import DrafterSection
+    from core.ml.train.config import DrafterSection
 
     b = drafter.get("block_size", DrafterSection().block_size)
     return b if isinstance(b, int) else None
@@ -112,7 +112,7 @@ def load_train_doc(plan: Any, params: Any) -> dict[str, Any] | None:
 def trainer_config_problems(plan: Any, item: Any, params: Any, doc: dict[str, Any]) -> list[str]:
     """Why a train item's config cannot run: its own checks, then, on a local host, the sizes
     of the target (config.json), ``drafter.init`` and the feature cache (manifest.json)."""
-    from core.ml import train_config as tc
+    from core.ml.train import config as tc
 
     where = Path(params.config).name
     try:
