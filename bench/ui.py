@@ -158,7 +158,7 @@ def child_first_frame(plan_path: str, db: str, out: str) -> None:
     from console import messages as m
     from console.app import SpecdeckApp
     from console.bridge import EventBridge
-    from core.plan import load_plan
+    from core.planfile import load_plan
     from core.runner import Runner
     from core.store import Store
 
@@ -224,7 +224,7 @@ async def flood(root: Path, rate: int, seconds: float, *, relay: bool = True,
     from console.app import make_app
     from console.widgets.plan_list import PlanPane
     from core.actions import registry
-    from core.plan import load_plan
+    from core.planfile import load_plan
     from core.store import Store
 
     here = root / "flood-host"

@@ -49,7 +49,7 @@ from console.widgets.metrics_pane import MetricsPane
 from console.widgets.plan_list import PlanPane
 from console.widgets.tau_table import TauPane
 from core.errors import SpecdeckError
-from core.actions.base import registry
+from core.actions import registry
 from core.hosts import bulk
 from core.plan import Plan, params_summary
 from core.runner import Runner

@@ -570,7 +570,7 @@ async def _stop_tree(host, roots: list[int], grace_s: float, poll: float = 0.2) 
 # -- the CLI command ---------------------------------------------------------------------
 def cmd_adopt(args) -> int:
     from core.cli import _with_runner
-    from core.plan import load_plan
+    from core.planfile import load_plan
 
     plan = load_plan(args.plan)
     item = plan.item(args.item)

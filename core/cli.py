@@ -26,7 +26,9 @@ from core.cli_conventions import VersionAction, autocomplete, hoist_globals, pol
 from core.errors import InvalidInput, PlanError, SpecdeckError
 from core.events import (Event, HostStateChanged, LogLinesReceived, LogStreamChanged, Notice,
                          Progress, RunEnded, RunStarted, StatusChanged)
-from core.plan import Plan, load_plan, params_summary, plan_to_todos, todos_to_plan_yaml
+from core.plan import Plan, params_summary
+from core.planfile import load_plan
+from core.todos import plan_to_todos, todos_to_plan_yaml
 from core.records import Run
 from core.cli_render import paint, table
 from core.text import collapse_cr, sanitize
@@ -321,7 +323,7 @@ def cmd_export(args) -> int:
 
     st = asyncio.run(_with_runner(plan, args, go, emit=lambda e: None))
     if args.markdown:
-        from core.plan import plan_to_markdown
+        from core.todos import plan_to_markdown
 
         sys.stdout.write(plan_to_markdown(plan, st))
         return 0
@@ -332,7 +334,8 @@ def cmd_export(args) -> int:
 
 
 def cmd_import(args) -> int:
-    from core.plan import load_todos, parse_plan
+    from core.planfile import parse_plan
+    from core.todos import load_todos
 
     src = Path(args.todos)
     todos = load_todos(src)

@@ -14,7 +14,7 @@ import json
 import sys
 
 from core.errors import InvalidInput
-from core.plan import load_plan
+from core.planfile import load_plan
 
 FIELDS = ("step", "name", "value", "time")
 

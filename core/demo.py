@@ -167,7 +167,7 @@ def write_workspace(root: Path, quick: bool, state: str | None = None) -> Path:
 def run_demo(args) -> int:
     from core.cli import Printer
     from core.compare import build_comparison, to_markdown, verdict_lines
-    from core.plan import load_plan
+    from core.planfile import load_plan
     from core.runner import Runner
     from core.store import Store
 

@@ -34,8 +34,8 @@ from typing import Any, Callable, Literal, Mapping
 
 from core.errors import HostUnreachable
 from core.hosts.base import Host
-from core.text import MAX_JSON_DEPTH, json_line
-from core.metrics_sources import regex_metrics
+from core.text import json_line
+from core.metrics_sources import parse_metrics
 
 CAPSULES = ".specdeck/runs"
 CHUNK = 4 << 20
@@ -275,46 +275,6 @@ def describe_leftovers(found: list[tuple[int, str]]) -> str:
 
 
 # -- metrics from log lines --------------------------------------------------------------
-def parse_metrics(line: bytes, regex: re.Pattern | None = None) -> list[tuple[int, str, float]]:
-    """Metrics carried by one log line.
-
-    A JSON object with an integer ``step`` gives one metric per numeric field (lists become
-    ``name[i]``, nested objects ``name.sub``). With ``regex`` (named groups, ``step`` among
-    them), a text line such as ``step=10 loss=2.3`` gives its numeric groups.
-    """
-    s = line.strip()
-    out: list[tuple[int, str, float]] = []
-    if s.startswith(b"{") and b'"step"' in s:
-        obj = json_line(s)
-        if isinstance(obj, dict):
-            step = obj.get("step")
-            if isinstance(step, (int, float)) and not isinstance(step, bool) and step == int(step):
-                _flatten(int(step), obj, "", out)
-                return out
-    if regex is not None:
-        m = regex.search(s.decode("utf-8", "replace"))
-        if m:
-            out += regex_metrics(m)
-    return out
-
-
-def _flatten(step: int, obj, prefix: str, out: list, depth: int = 0) -> None:
-    if depth > MAX_JSON_DEPTH or len(out) > 4096:
-        return
-    items = obj.items() if isinstance(obj, dict) else enumerate(obj)
-    for k, v in items:
-        if prefix == "" and k == "step":
-            continue
-        name = f"{prefix}[{k}]" if isinstance(k, int) else (f"{prefix}.{k}" if prefix else str(k))
-        if isinstance(v, bool):
-            continue
-        if isinstance(v, (int, float)):
-            if v == v and abs(v) != float("inf"):
-                out.append((step, name, float(v)))
-        elif isinstance(v, (dict, list)) and len(v) <= 256:
-            _flatten(step, v, name, out, depth + 1)
-
-
 # -- log following -----------------------------------------------------------------------
 def parse_artefact(line: bytes) -> tuple[str, str, int | None] | None:
     """``{"event": "checkpoint", "step": N, "path": P}`` -> ("checkpoint", P, N)."""

@@ -162,7 +162,7 @@ class Watcher:
         try:
             if not resume or (await jobs.inspect(ev, capsule)).state in ("missing", "nopid"):
                 ckpt = [a for a in self.store.artefacts(self.item.id, "checkpoint")
-                        if a.run_id == self.run_id and a.step == step][0]["path"]
+                        if a.run_id == self.run_id and a.step == step][0].path
                 train_host = await self.runner.host(self.item.action.host)
                 self.store.watch_update(self.run_id, step, state="running", host=ev.name,
                                         capsule=capsule)

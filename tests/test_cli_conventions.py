@@ -313,7 +313,7 @@ def test_imported_ids_are_cut_at_a_word_boundary(tmp_path):
 # -- the demo's state --------------------------------------------------------------------
 def test_demo_plan_records_its_state_for_every_command(tmp_path, monkeypatch):
     from core.demo import write_workspace
-    from core.plan import load_plan
+    from core.planfile import load_plan
 
     plan_path = write_workspace(tmp_path / "demo", quick=True)
     plan = load_plan(plan_path)

@@ -30,8 +30,7 @@ if TYPE_CHECKING:
     from core.plan import Item, Plan
     from core.records import Artefact, EvalRow, Run
 
-__all__ = ["Action", "ActionContext", "CheckResult", "Launch", "Outcome", "register",
-           "registry"]
+__all__ = ["Action", "ActionContext", "CheckResult", "Launch", "Outcome"]
 
 
 @dataclass(frozen=True)
@@ -217,26 +216,3 @@ class Action(ABC):
                    grace_s: float) -> jobs.CapsuleState:
         """SIGTERM the run's process group, ``grace_s``, then SIGKILL; returns its end."""
         return await jobs.stop(host, run.capsule, grace_s=grace_s)
-
-
-class _Registry:
-    def __init__(self) -> None:
-        self._kinds: dict[str, type[Action]] = {}
-
-    def add(self, cls: type[Action]) -> type[Action]:
-        self._kinds[cls.kind] = cls
-        return cls
-
-    def get(self, kind: str) -> type[Action]:
-        return self._kinds[kind]
-
-    def kinds(self) -> list[str]:
-        return sorted(self._kinds)
-
-
-registry = _Registry()
-
-
-def register(cls: type[Action]) -> type[Action]:
-    """Class decorator: make ``cls.kind`` usable in plans."""
-    return registry.add(cls)

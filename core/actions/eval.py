@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from core.actions import fit
-from core.actions.base import Action, CheckResult, Launch, register
+from core.actions.base import Action, CheckResult, Launch
 from core.actions.mlbase import (host_python, ml_failure, prompts_on_host, py_module, read_json,
                                  resolve_ref, validate_prompts, validate_ref)
 from core.errors import ActionFailed
@@ -70,7 +70,6 @@ class EvalParams:
         return out
 
 
-@register
 class Eval(Action):
     kind = "eval"
     Params = EvalParams

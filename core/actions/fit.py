@@ -94,11 +94,21 @@ def train_item_block_size(plan: Any, item_id: str) -> int | None:
     return b if isinstance(b, int) else None
 
 
+def deep_set(doc: dict, dotted: str, value: Any) -> None:
+    """Set ``a.b.c`` in a nested config dict (an ``overrides:`` key), making the mappings."""
+    cur = doc
+    parts = dotted.split(".")
+    for p in parts[:-1]:
+        cur = cur.setdefault(p, {})
+        if not isinstance(cur, dict):
+            raise ValueError(f"override {dotted!r}: {p!r} is not a mapping in the config")
+    cur[parts[-1]] = value
+
+
 def load_train_doc(plan: Any, params: Any) -> dict[str, Any] | None:
     """A train item's config YAML with its overrides merged (None when unreadable)."""
     import yaml
 
-    from core.actions.train import deep_set
 
     try:
         doc = yaml.safe_load((plan.dir / params.config).read_text()) or {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
-from core.actions.base import Action, CheckResult, Launch, register
+from core.actions.base import Action, CheckResult, Launch
 from core.metrics_sources import MetricsParams, line_metrics
 
 
@@ -28,7 +28,6 @@ class ShellParams:
         return [(("command",), "command must not be empty")] if not self.command.strip() else []
 
 
-@register
 class Shell(Action):
     kind = "shell"
     Params = ShellParams

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.actions.base import Action, CheckResult, register
+from core.actions.base import Action, CheckResult
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,6 @@ class StopParams:
         return [(("grace_s",), "grace_s must be >= 0")] if self.grace_s < 0 else []
 
 
-@register
 class Stop(Action):
     kind = "stop"
     Params = StopParams

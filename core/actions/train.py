@@ -30,7 +30,9 @@ from typing import Any, Literal
 import yaml
 
 from core import jobs
-from core.actions.base import Action, CheckResult, Launch, register
+from core.actions.base import Action, CheckResult, Launch
+from core.actions import fit
+from core.actions.fit import deep_set
 from core.actions.mlbase import host_python, ml_failure
 from core.metrics_sources import MetricsParams, line_metrics
 from core.records import Run
@@ -101,17 +103,6 @@ class TrainParams:
         return out
 
 
-def deep_set(doc: dict, dotted: str, value: Any) -> None:
-    cur = doc
-    parts = dotted.split(".")
-    for p in parts[:-1]:
-        cur = cur.setdefault(p, {})
-        if not isinstance(cur, dict):
-            raise ValueError(f"override {dotted!r}: {p!r} is not a mapping in the config")
-    cur[parts[-1]] = value
-
-
-@register
 class Train(Action):
     kind = "train"
     Params = TrainParams
@@ -342,7 +333,6 @@ def _watch_block_size(spec: Any, plan, item) -> list:
     """watch_eval's baseline must share the trained drafter's block size unless it says so."""
     from types import SimpleNamespace
 
-    from core.actions import fit
 
     if not isinstance(spec, dict) or not isinstance(spec.get("baseline"), str):
         return []

@@ -91,7 +91,7 @@ def test_fault_same_size_rewrite_is_copied_again_and_unchanged_is_not_rehashed(
     import asyncio
 
     from core.hosts.local import LocalHost
-    from core.plan import parse_plan
+    from core.planfile import parse_plan
     from core.runner import Runner
 
     make_file(tmp_path / "A" / "step.pt", 3 * MB)

@@ -18,7 +18,7 @@ import pytest
 from core import adopt as adopt_mod
 from core.adopt import AdoptSpec, adopt_item, from_plan
 from core.errors import InvalidInput
-from core.plan import parse_plan
+from core.planfile import parse_plan
 from core.runner import Runner
 from core.store import Store
 from tests.conftest import ROOT, run_cli

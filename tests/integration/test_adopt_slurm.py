@@ -12,7 +12,7 @@ import pytest
 
 from core.adopt import AdoptSpec, adopt_item
 from core.errors import InvalidInput
-from core.plan import parse_plan
+from core.planfile import parse_plan
 from core.runner import Runner
 from core.store import Store
 

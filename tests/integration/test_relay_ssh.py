@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from core.plan import parse_plan
+from core.planfile import parse_plan
 from core.runner import Runner
 from core.store import Store
 from tests.conftest import ROOT, run_cli

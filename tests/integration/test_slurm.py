@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from core.plan import parse_plan
+from core.planfile import parse_plan
 from core.runner import Runner
 from core.store import Store
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from core import jobs
-from core.plan import parse_plan
+from core.planfile import parse_plan
 from core.runner import Runner
 from core.store import Store
 from tests.conftest import run_cli

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from console.app import make_app
-from core.plan import load_plan
+from core.planfile import load_plan
 from core.records import EvalRow
 from core.store import Store
 

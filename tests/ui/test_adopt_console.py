@@ -12,7 +12,7 @@ from console.screens.adopt import AdoptModal
 from console.screens.confirm import ConfirmModal
 from console.widgets.item_detail import ItemDetail
 from console.widgets.plan_list import PlanPane
-from core.plan import load_plan
+from core.planfile import load_plan
 from core.store import Store
 from tests.ui.conftest import build, process_alive, settle, wait_for
 

@@ -17,7 +17,8 @@ from console.widgets.item_detail import ItemDetail
 from console.widgets.log_pane import LogPane, pretty_json
 from console.widgets.metrics_pane import MetricsPane, ema, families
 from console.widgets.plan_list import PlanPane
-from core.plan import load_plan, params_summary
+from core.plan import params_summary
+from core.planfile import load_plan
 from core.records import Run
 from core.store import Store
 from tests.ui.conftest import ROOT, build, pick, process_alive, settle, wait_for
@@ -370,7 +371,7 @@ CHILD = r"""
 import sys
 sys.path.insert(0, sys.argv[3])
 from console.app import make_app
-from core.plan import load_plan
+from core.planfile import load_plan
 from core.store import Store
 plan = load_plan(sys.argv[1])
 store = Store(sys.argv[2])

@@ -160,7 +160,7 @@ async def test_source_changed_during_copy_is_caught_and_nothing_renamed(tmp_path
 async def test_stop_run_cancels_an_in_process_relay_and_the_rerun_resumes(tmp_path, monkeypatch):
     """The console's stop (x) on a relay it runs: cancelled at once, state stopped, the .part
     kept, and the progress lines were the run's log."""
-    from core.plan import parse_plan
+    from core.planfile import parse_plan
     from core.runner import Runner
     from core.store import Store
 
@@ -223,7 +223,7 @@ async def test_plan_sha256_is_the_reference_for_a_fresh_copy(tmp_path, monkeypat
 
 
 async def test_stopping_an_in_process_run_whose_specdeck_died_ends_it(tmp_path):
-    from core.plan import parse_plan
+    from core.planfile import parse_plan
     from core.runner import Runner
     from core.store import Store
 
