@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
 from core import jobs
+from core.actions.base import Action
 from core.errors import ActionFailed, InvalidInput
 
 if TYPE_CHECKING:
@@ -356,7 +357,7 @@ async def adopt_item(runner: "Runner", item: "Item", spec: AdoptSpec, *,
     runner.store.journal("adopted", f"adopted {info['what']} as {run_id}", item_id=item.id,
                          run_id=run_id, host=host_name, data=info)
     where = f"{info['log']} from byte {info['base']}" if info["log"] else "the pane, from now on"
-    runner._set_status(item.id, "in_progress", f"adopted {info['what']} as run {run_id}", run_id)
+    runner.set_status(item.id, "in_progress", f"adopted {info['what']} as run {run_id}", run_id)
     runner.emit(Notice(item.id, f"{item.id}: adopted {info['what']} on {host_name} as run "
                        f"{run_id}; log: {where}"))
     if not follow:
@@ -390,18 +391,24 @@ def wrap(action, run: "Run | None"):
     return Adopted(action, info) if info and action is not None else action
 
 
-class Adopted:
+class Adopted(Action):
     """An item's action seen through an adopted run: inspect, follow and stop the adopted
-    thing; everything else (finish, metrics_regex, watch_eval...) is the item's action's."""
+    thing (its pid, Slurm job or tmux session); metrics, watch_eval and finish are the item's
+    action's (its follow reads the adopted log)."""
 
     detached = True
 
-    def __init__(self, inner, info: dict):
+    def __init__(self, inner: Action, info: dict):
+        super().__init__(inner.params)
+        self.kind = inner.kind
         self.inner = inner
         self.info = info
 
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
+    def metrics_regex(self):
+        return self.inner.metrics_regex()
+
+    def metrics_spec(self):
+        return self.inner.metrics_spec()
 
     async def inspect(self, ctx, host, run: "Run") -> jobs.CapsuleState:
         how = self.info["how"]
@@ -483,7 +490,7 @@ async def _inspect_tmux(host, info: dict) -> jobs.CapsuleState:
         return jobs.CapsuleState("running", pid=info.get("pane_pid"))
     first = panes[0]
     if len(first) >= 3 and first[2].isdigit() and first[2] != "0":
-        return jobs.CapsuleState("ended", None, jobs._signame(int(first[2])))
+        return jobs.CapsuleState("ended", None, jobs.signame(int(first[2])))
     if len(first) >= 2 and first[1].isdigit():
         return jobs.CapsuleState("ended", int(first[1]), None)
     return jobs.CapsuleState("lost")

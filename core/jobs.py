@@ -110,7 +110,9 @@ def capsule_path(host: Host, run_id: str) -> str:
     return host.path(f"{CAPSULES}/{run_id}")
 
 
-def _cmd_script(launch: Launch, host: Host, capsule: str | None = None) -> str:
+def cmd_script(launch: Launch, host: Host, capsule: str | None = None) -> str:
+    """The capsule's ``cmd.sh``: exports, ``cd``, then the launch's command (core.slurm
+    submits the same script)."""
     lines = ["#!/usr/bin/env bash"]
     env = {**host.env, **dict(launch.env)}
     if capsule:
@@ -128,7 +130,7 @@ async def start(host: Host, run_id: str, launch: Launch, *, timeout: float = 20.
     """Start ``launch`` detached on ``host``; return ``{capsule, pid, pstart}``."""
     d = capsule_path(host, run_id)
     await host.makedirs(host.path(launch.cwd or "."))
-    await host.write_file(f"{d}/cmd.sh", _cmd_script(launch, host, d).encode(), mode=0o700)
+    await host.write_file(f"{d}/cmd.sh", cmd_script(launch, host, d).encode(), mode=0o700)
     await host.write_file(f"{d}/wrapper.sh", _WRAPPER.encode(), mode=0o700)
     q = shlex.quote(d)
     # The braces keep the background job's stdio off the channel, so run() returns at once.
@@ -146,7 +148,8 @@ async def start(host: Host, run_id: str, launch: Launch, *, timeout: float = 20.
         await asyncio.sleep(0.02)
 
 
-def _signame(num: int) -> str:
+def signame(num: int) -> str:
+    """``9`` -> ``KILL`` (the number itself when it names no signal here)."""
     try:
         return _signal.Signals(num).name.removeprefix("SIG")
     except ValueError:
@@ -162,7 +165,7 @@ async def inspect(host: Host, capsule: str) -> CapsuleState:
     if words[0] == "ended":
         kind, num = words[1], int(words[2])
         if kind == "signal":
-            return CapsuleState("ended", None, _signame(num))
+            return CapsuleState("ended", None, signame(num))
         return CapsuleState("ended", num, None)
     if words[0] == "running":
         return CapsuleState("running", pid=int(words[1]))

@@ -259,14 +259,15 @@ class Runner:
         """The action a run goes through (an adopted run's: :class:`core.adopt.Adopted`)."""
         return adopt.wrap(self.action(item), run)
 
-    def _set_status(self, item_id: str, status: str, reason: str = "",
-                    run_id: str | None = None) -> None:
+    def set_status(self, item_id: str, status: str, reason: str = "",
+                   run_id: str | None = None) -> None:
+        """Record an item's status (and the run it follows) and tell the faces."""
         self.store.set_status(item_id, status, reason=reason, run_id=run_id)
         self.emit(StatusChanged(item_id, status, reason))
 
     def mark(self, item_id: str, status: str, reason: str = "marked by operator") -> None:
         self.plan.item(item_id)
-        self._set_status(item_id, status, reason)
+        self.set_status(item_id, status, reason)
 
     def live_run(self, item_id: str) -> "Run | None":
         return self.store.live_run(item_id)
@@ -368,7 +369,7 @@ class Runner:
                             f"{live.capsule} on {live.host})")
                 return self._end(item, live.id, "failed", error=msg)
             if live is None:
-                self._set_status(item.id, "failed", msg)
+                self.set_status(item.id, "failed", msg)
         except Exception:  # noqa: BLE001 - the store itself may be the fault (disk full)
             pass
         return "failed"
@@ -401,10 +402,10 @@ class Runner:
         again = item.id in self.again
         self.again.discard(item.id)
         if chk.state == "done" and not again:
-            self._set_status(item.id, "done", f"check: {chk.reason or 'already done'}")
+            self.set_status(item.id, "done", f"check: {chk.reason or 'already done'}")
             return "done"
         if chk.state == "blocked":
-            self._set_status(item.id, "failed", f"blocked: {chk.reason}")
+            self.set_status(item.id, "failed", f"blocked: {chk.reason}")
             self.emit(Notice(item.id, f"{item.id}: cannot run: {chk.reason}", "error"))
             return "failed"
         run_id = f"{item.id}-{time.strftime('%m%d-%H%M%S')}-{secrets.token_hex(2)}"
@@ -417,7 +418,7 @@ class Runner:
                 await self.attach_run(live)
             return self.statuses()[item.id]
         ctx.run_id = run_id
-        self._set_status(item.id, "in_progress", f"run {run_id}", run_id)
+        self.set_status(item.id, "in_progress", f"run {run_id}", run_id)
         if not action.detached:
             return await self._run_in_process(item, action, ctx, run_id)
         try:
@@ -500,7 +501,7 @@ class Runner:
                               result=result):
             status = RUN_TO_ITEM[state]
             reason = f"run {run_id} {state}" + (f": {error}" if error else "")
-            self._set_status(item.id, status, reason, run_id)
+            self.set_status(item.id, status, reason, run_id)
             self.emit(RunEnded(item.id, run_id, state, exit_code, signal, error))
         return self.statuses()[item.id]
 

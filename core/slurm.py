@@ -47,7 +47,7 @@ async def submit(host, run_id: str, launch: Launch, sp) -> dict:
     """Write the capsule and batch script, sbatch it; return ``{capsule, job_id}``."""
     d = jobs.capsule_path(host, run_id)
     await host.makedirs(d)
-    await host.write_file(f"{d}/cmd.sh", jobs._cmd_script(launch, host).encode(), mode=0o700)
+    await host.write_file(f"{d}/cmd.sh", jobs.cmd_script(launch, host).encode(), mode=0o700)
     script = _BATCH.format(name=shlex.quote(f"specdeck-{run_id}"), log=shlex.quote(f"{d}/log"),
                            capsule=shlex.quote(d), cmd=shlex.quote(f"{d}/cmd.sh"),
                            options="\n".join(_options(sp)))
