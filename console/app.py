@@ -537,7 +537,7 @@ class SpecdeckApp(App[int]):
             self.query_one(ItemDetail).show(msg.item_id, msg.status, msg.runs, msg.live,
                                             {n: self.statuses.get(n, "pending")
                                              for n in item.needs},
-                                            msg.history[-1]["reason"] if msg.history else "")
+                                            msg.history[-1].reason if msg.history else "")
 
     @on(m.CheckFinished)
     @_until_closed

@@ -16,7 +16,7 @@ from typing import Any
 
 from textual.message import Message
 
-from core.records import Run
+from core.records import Event, Run, StatusChange
 
 
 # -- from the runner (core.events, via console.bridge) -----------------------------------
@@ -101,7 +101,7 @@ class SessionOpened(Message):
 
     changes: list[dict]
     """``Runner.reconcile()``'s ``[{run, item, was, now, ...}]``."""
-    meanwhile: list[dict]
+    meanwhile: list[Event]
     """Journal events (run ends) since the last console session."""
     since: float | None
     """When the last console session closed (None: never opened before)."""
@@ -112,7 +112,7 @@ class ItemDetailLoaded(Message):
     item_id: str
     status: str
     runs: list[Run]
-    history: list[dict]
+    history: list[StatusChange]
     live: Run | None
 
 
@@ -158,4 +158,4 @@ class GpuSampled(Message):
 
 @dataclass
 class JournalLoaded(Message):
-    events: list[dict]
+    events: list[Event]

@@ -22,7 +22,7 @@ from core.compare import build_comparison
 from core.errors import HostUnreachable, InvalidInput, SpecdeckError
 from core.plan import Item, Plan
 from core.runner import Runner
-from core.records import Run
+from core.records import Event, Run
 
 LOG_TAIL = 2000
 """Lines of a stored log loaded when a run is shown (the pane keeps at most LogPane.MAX)."""
@@ -83,17 +83,17 @@ class Services:
         """
         mark = self.store.seen_mark()
         if mark is not None:
-            since_id, since = mark["event_id"], mark["at"]
+            since_id, since = mark.event_id, mark.at
         else:  # a store from before the mark: the last console session's open/close
             marks = self.store.events(kinds=("console_opened", "console_closed"),
                                       newest_first=True, limit=1)
-            since_id = marks[0]["id"] if marks else None
-            since = marks[0]["at"] if marks else None
-        ends: dict[str, dict] = {}
+            since_id = marks[0].id if marks else None
+            since = marks[0].at if marks else None
+        ends: dict[str, Event] = {}
         if since_id is not None:
             for e in self.store.events(since_id=since_id, kinds=RUN_END_KINDS):
-                ends.pop(e["run_id"], None)
-                ends[e["run_id"]] = e
+                ends.pop(e.run_id, None)
+                ends[e.run_id] = e
         self.store.journal("console_opened", f"console opened on plan {self.plan.name}")
         self.heartbeat()
         changes = await self.runner.reconcile() if reconcile else []

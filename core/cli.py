@@ -130,7 +130,7 @@ def cmd_status(args) -> int:
             changes = await runner.reconcile()
         st = runner.statuses()
         latest = runner.store.latest_runs()
-        alerts = [e for e in runner.store.events() if e["kind"] == "alert"]
+        alerts = runner.store.events(kinds=["alert"])
         return changes, st, latest, alerts
 
     changes, st, latest, alerts = asyncio.run(_with_runner(plan, args, go, emit=lambda e: None))
@@ -141,8 +141,8 @@ def cmd_status(args) -> int:
             "action": ({"kind": it.action.kind, "host": it.action.host,
                         "params": params_summary(it)} if it.action else None),
             "run": _run_json(latest.get(it.id))} for it in plan.items],
-            "alerts": [{"item": a["item_id"], "run": a["run_id"], "at": a["at"],
-                        "message": a["message"]} for a in alerts]}
+            "alerts": [{"item": a.item_id, "run": a.run_id, "at": a.at,
+                        "message": a.message} for a in alerts]}
         print(json.dumps(out, indent=2))
         return 0
     for c in changes:
@@ -169,8 +169,8 @@ def cmd_status(args) -> int:
           title=f"plan {plan.name} ({plan.path})", styles=[st[it.id] for it in plan.items],
           wrap={4})
     for a in alerts[-5:]:
-        print(sanitize(f"  ALERT {time.strftime('%m-%d %H:%M', time.localtime(a['at']))} "
-                       f"{a['item_id']}: {a['message']}"))
+        print(sanitize(f"  ALERT {time.strftime('%m-%d %H:%M', time.localtime(a.at))} "
+                       f"{a.item_id}: {a.message}"))
     return 0
 
 

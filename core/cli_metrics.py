@@ -50,25 +50,25 @@ def cmd_metrics(args) -> int:
         w = csv.writer(sys.stdout, lineterminator="\n")
         w.writerow(FIELDS)
         for r in rows:
-            w.writerow([r["step"], r["name"], repr(r["value"]), f"{r['time']:.3f}"])
+            w.writerow([r.step, r.name, repr(r.value), f"{r.time:.3f}"])
         sys.stdout.flush()
         return 0
     if args.jsonl:
         for r in rows:
-            sys.stdout.write(json.dumps({k: r[k] for k in FIELDS}) + "\n")
+            sys.stdout.write(json.dumps({k: getattr(r, k) for k in FIELDS}) + "\n")
         sys.stdout.flush()
         return 0
     if not rows:
         print(f"{args.item}: run {run.id} (attempt {run.attempt}) has no metrics"
               + (f" named {', '.join(names)}" if names else ""), file=sys.stderr)
         return 0
-    series: dict[str, list[dict]] = {}
+    series: dict[str, list] = {}
     for r in rows:
-        series.setdefault(r["name"], []).append(r)
+        series.setdefault(r.name, []).append(r)
     from core.cli_render import table
 
     table(["name", "points", "steps", "last value"],
-          [[n, str(len(s)), f"{s[0]['step']}..{s[-1]['step']}", f"{s[-1]['value']:.6g}"]
+          [[n, str(len(s)), f"{s[0].step}..{s[-1].step}", f"{s[-1].value:.6g}"]
            for n, s in sorted(series.items())],
           title=f"{args.item}: run {run.id} (attempt {run.attempt})")
     return 0

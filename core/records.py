@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, ClassVar, dataclass_transform
 
 LIVE_STATES = ("starting", "running")
 """A run in one of these has not ended (the store's queries use the same tuple)."""
@@ -21,14 +21,29 @@ def _json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) and value else None
 
 
-def _from_row(cls, row: dict, decoded: tuple[str, ...]):
-    names = {f.name for f in fields(cls)}
-    kw = {k: (_json(v) if k in decoded else v) for k, v in row.items() if k in names}
-    return cls(**kw)
+@dataclass_transform(frozen_default=True)
+def record(*json_fields: str):
+    """Class decorator: a frozen dataclass whose ``json_fields`` are JSON in the table."""
+    def make(cls):
+        cls.JSON_FIELDS = json_fields
+        return dataclass(frozen=True)(cls)
+    return make
 
 
-@dataclass(frozen=True)
-class Run:
+class Record:
+    """A record built from a table row: its columns by name, JSON columns decoded."""
+
+    JSON_FIELDS: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def from_row(cls, row: dict):
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: (_json(v) if k in cls.JSON_FIELDS else v)
+                      for k, v in row.items() if k in names})
+
+
+@record("result", "config", "adopt")
+class Run(Record):
     """One attempt at an item: a detached command, an in-process action or an adopted one."""
 
     id: str
@@ -70,15 +85,16 @@ class Run:
     def live(self) -> bool:
         return self.state in LIVE_STATES
 
+
     @classmethod
     def from_row(cls, row: dict) -> "Run":
-        run = _from_row(cls, row, ("result", "config", "adopt"))
+        run = super().from_row(row)
         fix = {k: 0 for k in ("log_offset", "log_lines", "log_base") if getattr(run, k) is None}
         return replace(run, **fix) if fix else run
 
 
-@dataclass(frozen=True)
-class Artefact:
+@record("data")
+class Artefact(Record):
     """A file a run produced (a checkpoint, an eval result) at a path on its host."""
 
     run_id: str
@@ -92,13 +108,10 @@ class Artefact:
     data: Any = None
     id: int | None = None
 
-    @classmethod
-    def from_row(cls, row: dict) -> "Artefact":
-        return _from_row(cls, row, ("data",))
 
 
-@dataclass(frozen=True)
-class EvalRow:
+@record("rounds", "per_position", "settings")
+class EvalRow(Record):
     """One prompt's acceptance result of one drafter in one eval run."""
 
     run_id: str
@@ -116,14 +129,62 @@ class EvalRow:
     at: float | None = None
     id: int | None = None
 
-    @classmethod
-    def from_row(cls, row: dict) -> "EvalRow":
-        return _from_row(cls, row, ("rounds", "per_position", "settings"))
 
     def to_row(self) -> dict:
         """The columns to insert (JSON ones encoded; ``id`` left to the database)."""
         row = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "id"}
-        for k in ("rounds", "per_position", "settings"):
+        for k in self.JSON_FIELDS:
             if row[k] is not None and not isinstance(row[k], str):
                 row[k] = json.dumps(row[k])
         return row
+
+
+@record("data")
+class Event(Record):
+    """One line of the store's append-only journal."""
+
+    id: int
+    """Its place in the journal (ids only grow)."""
+    at: float
+    kind: str
+    """``run_claimed``, ``run_succeeded``..., ``alert``, ``console_opened``...: what happened."""
+    message: str = ""
+    """What the journal says, for a person."""
+    item_id: str | None = None
+    run_id: str | None = None
+    """The run it is about (None for a console's or a host's event)."""
+    host: str | None = None
+    data: Any = None
+
+
+
+@record()
+class StatusChange(Record):
+    """An item's status as it was set (the status history)."""
+
+    item_id: str
+    status: str
+    at: float
+    run_id: str | None = None
+    """The run whose start or end set it, if any."""
+    reason: str = ""
+    id: int | None = None
+
+
+@record()
+class SeenMark(Record):
+    """Where a console last saw the journal: the event id it had seen, and when."""
+
+    name: str
+    event_id: int
+    at: float
+
+
+@record()
+class MetricPoint(Record):
+    """One stored value of a run's metric at a step (``time``: when it was stored or logged)."""
+
+    step: int
+    name: str
+    value: float
+    time: float

@@ -31,7 +31,8 @@ from typing import Any, Iterable, Iterator
 from sqlite_utils import Database
 from sqlite_utils.migrations import Migrations
 
-from core.records import ENDED_STATES, LIVE_STATES, Artefact, EvalRow, Run
+from core.records import (ENDED_STATES, LIVE_STATES, Artefact, EvalRow, Event, MetricPoint, Run,
+                          SeenMark, StatusChange)
 
 migrations = Migrations("specdeck")
 
@@ -213,9 +214,9 @@ class Store:
             self.db["status_history"].insert({"item_id": item_id, "status": status, "at": now,
                                               "reason": reason, "run_id": run_id})
 
-    def status_history(self, item_id: str) -> list[dict]:
-        return list(self.db["status_history"].rows_where("item_id = ?", [item_id],
-                                                         order_by="id"))
+    def status_history(self, item_id: str) -> list[StatusChange]:
+        return [StatusChange.from_row(r) for r in
+                self.db["status_history"].rows_where("item_id = ?", [item_id], order_by="id")]
 
     # -- runs ----------------------------------------------------------------------------
     def claim_run(self, run_id: str, item_id: str, kind: str, host: str | None, *,
@@ -370,7 +371,7 @@ class Store:
             return self._event(kind, item_id, run_id, host, message, data)
 
     def events(self, *, since_id: int = 0, limit: int | None = None,
-               kinds: Iterable[str] | None = None, newest_first: bool = False) -> list[dict]:
+               kinds: Iterable[str] | None = None, newest_first: bool = False) -> list[Event]:
         """Journal rows after ``since_id`` (of ``kinds`` only), oldest first unless
         ``newest_first`` (then ``limit`` keeps the newest)."""
         where, args = "id > ?", [since_id]
@@ -378,8 +379,8 @@ class Store:
             kinds = list(kinds)
             where += f" AND kind IN ({', '.join('?' * len(kinds))})"
             args += kinds
-        return list(self.db["events"].rows_where(where, args, limit=limit,
-                                                 order_by="id DESC" if newest_first else "id"))
+        return [Event.from_row(r) for r in self.db["events"].rows_where(
+            where, args, limit=limit, order_by="id DESC" if newest_first else "id")]
 
     def last_event_id(self) -> int:
         return self.db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
@@ -397,10 +398,10 @@ class Store:
                                            pk="name")
         return eid
 
-    def seen_mark(self, name: str = "console") -> dict | None:
-        """``{event_id, at}`` of the last :meth:`mark_seen`, or None if none was recorded."""
+    def seen_mark(self, name: str = "console") -> SeenMark | None:
+        """The last :meth:`mark_seen` (event id and time), or None if none was recorded."""
         rows = list(self.db["console_seen"].rows_where("name = ?", [name]))
-        return rows[0] if rows else None
+        return SeenMark(**rows[0]) if rows else None
 
     # -- metrics -------------------------------------------------------------------------
     def add_metrics(self, run_id: str, rows: Iterable[tuple[int, str, float]]) -> None:
@@ -438,14 +439,14 @@ class Store:
                             "VALUES (?, ?, ?, ?)", [run_id, source, new_offset, time.time()])
         return True
 
-    def metric_rows(self, run_id: str, names: Iterable[str] | None = None) -> list[dict]:
-        """Every stored point of a run as ``{step, name, value, time}``, by step then name."""
+    def metric_rows(self, run_id: str, names: Iterable[str] | None = None) -> list[MetricPoint]:
+        """Every stored point of a run, by step then name."""
         where, args = "run_id = ?", [run_id]
         if names is not None:
             names = list(names)
             where += f" AND name IN ({', '.join('?' * len(names))})"
             args += names
-        return [{"step": r[0], "name": r[1], "value": r[2], "time": r[3]} for r in
+        return [MetricPoint(*r) for r in
                 self.db.execute(f"SELECT step, name, value, at FROM metrics WHERE {where} "
                                 "ORDER BY step, name", args)]
 

@@ -80,7 +80,7 @@ def test_tensorboard_hf_and_regex_curves_exactly_once_across_kill_9(sshd, tmp_pa
     proc.wait()
     store = Store(state)
     run = store.latest_run("train")
-    before = {r["name"] for r in store.metric_rows(run.id)}
+    before = {r.name for r in store.metric_rows(run.id)}
     assert "txt_loss" in before
     store.close()
 
@@ -95,7 +95,7 @@ def test_tensorboard_hf_and_regex_curves_exactly_once_across_kill_9(sshd, tmp_pa
     rows = store.metric_rows(run.id)
     by = {}
     for r in rows:
-        by.setdefault(r["name"], []).append((r["step"], r["value"]))
+        by.setdefault(r.name, []).append((r.step, r.value))
     assert "old/loss" not in by  # the earlier run's event file was skipped
     want = {
         "train/loss": [(s, 5.0 / s) for s in range(1, STEPS + 1)],

@@ -350,7 +350,7 @@ async def test_recovery_tells_what_happened_meanwhile(live_plan):
         await settle(pilot)
         opened = of(seen, m.SessionOpened)[0]
         assert [(c["item"], c["now"]) for c in opened.changes] == [("broken", "failed")]
-        assert [e["run_id"] for e in opened.meanwhile] == ["hello-0101-01"]
+        assert [e.run_id for e in opened.meanwhile] == ["hello-0101-01"]
         assert len(notes) == 1  # one summary, not a toast per run
         title, text = notes[0]
         assert title == "While the console was closed: 1 failed, 1 succeeded"
@@ -360,12 +360,12 @@ async def test_recovery_tells_what_happened_meanwhile(live_plan):
         await settle(pilot)
         assert isinstance(app.screen, JournalScreen)
         assert any("broken-0101-01" in x for x in app.screen.meanwhile)
-        kinds = [e["kind"] for e in app.screen.events]
+        kinds = [e.kind for e in app.screen.events]
         assert "console_opened" in kinds and "run_failed" in kinds and "run_succeeded" in kinds
         await pilot.press("escape")
         await pilot.press("q")
         await pilot.pause()
-    kinds = [e["kind"] for e in store.events()]
+    kinds = [e.kind for e in store.events()]
     assert kinds[-1] == "console_closed"
 
 
@@ -387,8 +387,8 @@ async def test_quit_never_stops_runs_and_says_which_keep_going(live_plan):
     assert run.state == "running" and process_alive(run.pid)
     text = keep_going_text(plan, app.keep_going)
     assert f"slow: run {started.run_id} on here" in text and "specdeck attach" in text
-    closed = [e for e in store.events() if e["kind"] == "console_closed"][-1]
-    assert started.run_id in closed["message"]
+    closed = store.events(kinds=["console_closed"])[-1]
+    assert started.run_id in closed.message
     # the next console attaches to it and shows it live; stop it to clean up
     seen2: list = []
     app2 = build(plan, store)

@@ -415,7 +415,7 @@ async def test_unclean_exit_then_reopen_tells_each_change_once(tmp_path, go):
             mark = store.seen_mark()
             ends = store.events(kinds=["run_succeeded"])
             if (quick and quick.state == "succeeded" and long_ and long_.state == "running"
-                    and mark and ends and mark["event_id"] >= ends[-1]["id"]):
+                    and mark and ends and mark.event_id >= ends[-1].id):
                 break
             assert child.poll() is None, child.stderr.read().decode()
             assert loop.time() < deadline, "the console did not run quick and long"
@@ -426,7 +426,7 @@ async def test_unclean_exit_then_reopen_tells_each_change_once(tmp_path, go):
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
     assert process_alive(long_.pid)
-    kinds = [e["kind"] for e in store.events()]
+    kinds = [e.kind for e in store.events()]
     assert kinds.count("console_opened") == 1 and kinds[-1] != "console_closed"
     # while no console is open: long ends on its host, and a CLI run ends (journalled)
     go.touch()
@@ -441,7 +441,7 @@ async def test_unclean_exit_then_reopen_tells_each_change_once(tmp_path, go):
         await settle(pilot)
         assert [(c["item"], c["was"], c["now"]) for c in opened.changes] == [
             ("long", "running", "succeeded")]
-        assert [e["run_id"] for e in opened.meanwhile] == ["by-cli-0101-01"]
+        assert [e.run_id for e in opened.meanwhile] == ["by-cli-0101-01"]
         summary = [n for n in notes if n[0] and n[0].startswith("While the console")]
         assert len(summary) == 1
         title, text = summary[0]

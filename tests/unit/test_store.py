@@ -31,7 +31,7 @@ def test_one_live_run_per_item_and_attempts():
     assert not s.end_run("r1", "succeeded")  # idempotent: the first end wins
     r2 = s.claim_run("r2", "it", "shell", "h", owner="o")
     assert r2.attempt == 2
-    kinds = [e["kind"] for e in s.events()]
+    kinds = [e.kind for e in s.events()]
     assert kinds == ["run_claimed", "run_failed", "run_claimed"]
 
 
@@ -64,4 +64,4 @@ def test_status_history_and_migrations_idempotent(tmp_path):
     s.close()
     s = Store(path)  # reopening applies no migration twice
     assert s.item_statuses() == {"a": "done"}
-    assert [h["status"] for h in s.status_history("a")] == ["in_progress", "done"]
+    assert [h.status for h in s.status_history("a")] == ["in_progress", "done"]
