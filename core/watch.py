@@ -120,9 +120,9 @@ class Watcher:
         newest = pending[-1]
         for e in pending[:-1]:
             self.store.watch_update(self.run_id, e["step"], state="skipped",
-                                    error=f"superseded by step {newest.step}")
+                                    error=f"superseded by step {newest['step']}")
             self.store.journal("watch_skipped", f"tau eval of step {e['step']} skipped: "
-                               f"step {newest.step} is newer", item_id=self.item.id,
+                               f"step {newest['step']} is newer", item_id=self.item.id,
                                run_id=self.run_id)
         return newest
 
