@@ -48,7 +48,7 @@ async def main() -> None:
         t0 = time.perf_counter()
         await jobs.follow(host, store, "tp", info["capsule"])
         dt = time.perf_counter() - t0
-        lines = store.run("tp")["log_lines"]
+        lines = store.run("tp").log_lines
         assert lines == N, lines
         t0 = time.perf_counter()
         subprocess.run(ssh_argv(tmp, servers[0].alias) + ["cat", f"{info['capsule']}/log"], check=True,

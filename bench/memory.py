@@ -68,14 +68,15 @@ def child(task: str, argv: list[str], target: str) -> None:
     cfg = AutoConfig.from_pretrained(target, local_files_only=True)
     mt = cfg.model_type
     importlib.import_module(f"transformers.models.{mt}.modeling_{mt}")
-    from core.ml import drafter, eval, generate, offline, target as tgt, train, train_loss, weights  # noqa: F401
+    from core.ml import drafter, eval, generate, offline, target as tgt, weights  # noqa: F401
+    from core.ml.train import loss, trainer  # noqa: F401
     from core.ml.runio import run_main
 
     base = peak_mb()
     if task == "eval":
         rc = run_main(eval.main, argv)
     elif task == "train":
-        rc = run_main(train.main, argv)
+        rc = run_main(trainer.main, argv)
     elif task == "full_load":
         m = tgt.load_target(target, "cpu", torch.float32)
         rc = 0 if m is not None else 1

@@ -74,6 +74,7 @@ def log(rec: dict) -> None:
 
 # -- the dataset ---------------------------------------------------------------------------
 def build_dataset(root: Path, items: int, runs: int, points: int) -> tuple[Path, Path]:
+    from core.records import EvalRow
     from core.store import Store
 
     plan_path, db = root / "big.yaml", root / "big.db"
@@ -137,10 +138,10 @@ def build_dataset(root: Path, items: int, runs: int, points: int) -> tuple[Path,
         for p in range(80):
             rounds = [1 + (p * 7 + d * 3 + k) % 8 for k in range(200)]
             pp = [sum(1 for r in rounds if r - 1 >= k) / len(rounds) for k in range(1, 8)]
-            evals.append({"run_id": f"eval-{d:03d}-01", "item_id": f"eval-{d:03d}",
-                          "drafter": name, "role": role, "prompt_id": f"p{p:02d}",
-                          "tau": sum(rounds) / len(rounds), "rounds": rounds,
-                          "per_position": pp, "settings": settings, "step": None})
+            evals.append(EvalRow(run_id=f"eval-{d:03d}-01", item_id=f"eval-{d:03d}",
+                                 drafter=name, role=role, prompt_id=f"p{p:02d}",
+                                 tau=sum(rounds) / len(rounds), rounds=rounds,
+                                 per_position=pp, settings=settings))
     store.add_eval_results(evals)
     total = store.db.execute("SELECT COUNT(*) FROM metrics").fetchone()[0]
     nruns = store.db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
@@ -157,7 +158,7 @@ def child_first_frame(plan_path: str, db: str, out: str) -> None:
     from console import messages as m
     from console.app import SpecdeckApp
     from console.bridge import EventBridge
-    from core.plan import load_plan
+    from core.planfile import load_plan
     from core.session import Session
     from core.store import Store
 
@@ -223,7 +224,7 @@ async def flood(root: Path, rate: int, seconds: float, *, relay: bool = True,
     from console.app import make_app
     from console.widgets.plan_list import PlanPane
     from core.actions import registry
-    from core.plan import load_plan
+    from core.planfile import load_plan
     from core.store import Store
 
     here = root / "flood-host"
@@ -305,9 +306,9 @@ async def flood(root: Path, rate: int, seconds: float, *, relay: bool = True,
     relay_state = None
     if relay:
         r = store.latest_run("relay")
-        relay_state = r and r["state"]
-        if r and r["state"] == "succeeded" and r["ended_at"] and r["started_at"]:
-            mbs = (512 << 20) / max(r["ended_at"] - r["started_at"], 1e-6) / 1e6
+        relay_state = r and r.state
+        if r and r.state == "succeeded" and r.ended_at and r.started_at:
+            mbs = (512 << 20) / max(r.ended_at - r.started_at, 1e-6) / 1e6
             relay_state = f"succeeded, 512 MiB at {mbs:.0f} MB/s alongside the flood"
     store.close()
     idle = [t for t in ticks if idle_from <= t <= idle_to]

@@ -49,9 +49,10 @@ from console.widgets.metrics_pane import MetricsPane
 from console.widgets.plan_list import PlanPane
 from console.widgets.tau_table import TauPane
 from core.errors import SpecdeckError
-from core.actions.base import registry
+from core.actions import registry
 from core.hosts import bulk
 from core.plan import Plan, params_summary
+from core.records import Run
 from core.session import Session, open_store
 
 STOP_GRACE_S = 30.0
@@ -179,7 +180,7 @@ class SpecdeckApp(App[int]):
             self.query_one(pane).border_title = title
         live = self.services.store.live_runs()
         if live:  # reopened: the cursor on the most recent live run
-            self.query_one(PlanPane).select(live[-1]["item_id"])
+            self.query_one(PlanPane).select(live[-1].item_id)
         self.query_one("#plan-options").focus()
         self.watch(self.screen, "focused", self._focus_moved, init=False)
         self._apply_layout()
@@ -331,7 +332,7 @@ class SpecdeckApp(App[int]):
             # do not reconcile a second time what open_session just did)
             self.runner.reconcile_on_reconnect = True
         for run in live if self._reconcile else ():
-            self._work(partial(self.services.attach, run), f"follow:{run['id']}", "follow")
+            self._work(partial(self.services.attach, run), f"follow:{run.id}", "follow")
 
     async def on_unmount(self) -> None:
         self.bridge.unbind()
@@ -426,7 +427,7 @@ class SpecdeckApp(App[int]):
             if run is None:
                 self.notify(f"{event.item_id} has no run to pin yet", severity="warning")
                 return
-            self.pinned[event.item_id] = run["id"]
+            self.pinned[event.item_id] = run.id
         self.query_one(PlanPane).set_pinned(event.item_id, event.item_id in self.pinned)
         self._load_metrics()
 
@@ -537,7 +538,7 @@ class SpecdeckApp(App[int]):
             self.query_one(ItemDetail).show(msg.item_id, msg.status, msg.runs, msg.live,
                                             {n: self.statuses.get(n, "pending")
                                              for n in item.needs},
-                                            msg.history[-1]["reason"] if msg.history else "")
+                                            msg.history[-1].reason if msg.history else "")
 
     @on(m.CheckFinished)
     @_until_closed
@@ -596,8 +597,8 @@ class SpecdeckApp(App[int]):
             self.notify(f"{item_id} is running; its log is on the right (x stops it)")
             return
         runs = self.services.store.runs_for_item(item_id)
-        attempt = max((r["attempt"] for r in runs), default=0) + 1
-        detached = getattr(registry.get(item.action.kind), "detached", True)
+        attempt = max((r.attempt for r in runs), default=0) + 1
+        detached = registry.get(item.action.kind).detached
         title, body = run_text(item, params_summary(item), detached, attempt, status)
         again = again or status in ("done", "skipped")
         self.push_screen(ConfirmModal(title, body, confirm="Run"),
@@ -645,8 +646,8 @@ class SpecdeckApp(App[int]):
             return
         self.push_screen(ConfirmModal("Stop run?", stop_text(live, STOP_GRACE_S), confirm="Stop"),
                          lambda yes: yes and self._work(
-                             partial(self.services.stop_run, live["id"], STOP_GRACE_S),
-                             f"stop:{live['id']}", "stop"))
+                             partial(self.services.stop_run, live.id, STOP_GRACE_S),
+                             f"stop:{live.id}", "stop"))
 
     def action_adopt(self) -> None:
         """Adopt a run started outside specdeck (PID, Slurm job, tmux) as the item's run."""
@@ -744,7 +745,7 @@ class SpecdeckApp(App[int]):
     async def action_quit(self) -> None:
         inproc = self.services.in_process_runs()
         if inproc:
-            names = ", ".join(f"{r['item_id']} ({r['id']})" for r in inproc)
+            names = ", ".join(f"{r.item_id} ({r.id})" for r in inproc)
             self.push_screen(ConfirmModal(
                 "Quit?", f"These runs happen inside this console and will be interrupted "
                 f"(run them again to resume): {names}. Runs on hosts keep going.",
@@ -791,10 +792,10 @@ def make_app(plan: Plan, store, *, hosts=None, probe_hosts: bool = True,
                        gpu_every=gpu_every, autorun=autorun)
 
 
-def keep_going_text(plan: Plan, runs: list[dict]) -> str:
+def keep_going_text(plan: Plan, runs: "list[Run]") -> str:
     if not runs:
         return ""
-    names = "\n".join(f"  {r['item_id']}: run {r['id']} on {r['host']}" for r in runs)
+    names = "\n".join(f"  {r.item_id}: run {r.id} on {r.host}" for r in runs)
     where = plan.path or plan.name
     return (f"still running on their hosts (quitting never stops runs):\n{names}\n"
             f"`specdeck attach {where}` follows them; `specdeck ui {where}` shows them.")

@@ -28,10 +28,6 @@ from textual.message import Message
 from console import messages as m
 from core import events as ev
 
-_LOG_STREAM = getattr(ev, "LogStreamChanged", None)
-"""core.events.LogStreamChanged when this core has it (proposed); else the Notice text."""
-
-
 class EventBridge:
     """The runner's ``emit`` callback for the console.
 
@@ -106,15 +102,9 @@ class EventBridge:
             return m.HostStateChanged(event.host, event.state, event.reason)
         if isinstance(event, ev.Progress):
             return m.ProgressReported(event.item_id, event.message, dict(event.fields))
-        if _LOG_STREAM is not None and isinstance(event, _LOG_STREAM):
-            return m.LogStreamChanged(event.item_id or "", event.state,
-                                      getattr(event, "reason", ""))
+        if isinstance(event, ev.LogStreamChanged):
+            return m.LogStreamChanged(event.item_id or "", event.state, event.reason)
         if isinstance(event, ev.Notice):
-            # Until core has a LogStreamChanged event, the runner reports log-stream trouble
-            # as a notice: recognise it here.
-            for state in ("reconnecting", "following"):
-                if f": log stream {state}" in event.message and event.item_id:
-                    return m.LogStreamChanged(event.item_id, state, event.message)
             return m.NoticePosted(event.item_id, event.message, event.level)
         return None
 

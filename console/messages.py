@@ -16,6 +16,8 @@ from typing import Any
 
 from textual.message import Message
 
+from core.records import Event, Run, StatusChange
+
 
 # -- from the runner (core.events, via console.bridge) -----------------------------------
 @dataclass
@@ -99,7 +101,7 @@ class SessionOpened(Message):
 
     changes: list[dict]
     """``Runner.reconcile()``'s ``[{run, item, was, now, ...}]``."""
-    meanwhile: list[dict]
+    meanwhile: list[Event]
     """Journal events (run ends) since the last console session."""
     since: float | None
     """When the last console session closed (None: never opened before)."""
@@ -109,9 +111,9 @@ class SessionOpened(Message):
 class ItemDetailLoaded(Message):
     item_id: str
     status: str
-    runs: list[dict]
-    history: list[dict]
-    live: dict | None
+    runs: list[Run]
+    history: list[StatusChange]
+    live: Run | None
 
 
 @dataclass
@@ -125,7 +127,7 @@ class CheckFinished(Message):
 @dataclass
 class LogLoaded(Message):
     item_id: str
-    run: dict | None
+    run: Run | None
     lines: list[str]
 
 
@@ -156,4 +158,4 @@ class GpuSampled(Message):
 
 @dataclass
 class JournalLoaded(Message):
-    events: list[dict]
+    events: list[Event]

@@ -21,6 +21,7 @@ from console import messages as m
 from core.compare import build_comparison
 from core.errors import HostUnreachable, InvalidInput, SpecdeckError
 from core.plan import Item
+from core.records import Event, Run
 from core.session import Session
 
 LOG_TAIL = 2000
@@ -71,7 +72,7 @@ class Services:
         self._tau_signature: tuple | None = None
 
     # -- session -------------------------------------------------------------------------
-    async def open_session(self, *, reconcile: bool = True) -> list[dict]:
+    async def open_session(self, *, reconcile: bool = True) -> "list[Run]":
         """Tell what happened since a console last saw the store; return the runs still live.
 
         "Last saw" is the store's console mark (:meth:`heartbeat` moves it every few seconds
@@ -82,17 +83,17 @@ class Services:
         """
         mark = self.store.seen_mark()
         if mark is not None:
-            since_id, since = mark["event_id"], mark["at"]
+            since_id, since = mark.event_id, mark.at
         else:  # a store from before the mark: the last console session's open/close
             marks = self.store.events(kinds=("console_opened", "console_closed"),
                                       newest_first=True, limit=1)
-            since_id = marks[0]["id"] if marks else None
-            since = marks[0]["at"] if marks else None
-        ends: dict[str, dict] = {}
+            since_id = marks[0].id if marks else None
+            since = marks[0].at if marks else None
+        ends: dict[str, Event] = {}
         if since_id is not None:
             for e in self.store.events(since_id=since_id, kinds=RUN_END_KINDS):
-                ends.pop(e["run_id"], None)
-                ends[e["run_id"]] = e
+                ends.pop(e.run_id, None)
+                ends[e.run_id] = e
         self.store.journal("console_opened", f"console opened on plan {self.plan.name}")
         self.heartbeat()
         changes = await self.runner.reconcile() if reconcile else []
@@ -109,19 +110,19 @@ class Services:
     def close_session(self) -> list[dict]:
         """Journal the close; return the live runs, which keep going on their hosts."""
         live = self.store.live_runs()
-        names = ", ".join(f"{r['item_id']} ({r['id']} on {r['host']})" for r in live)
+        names = ", ".join(f"{r.item_id} ({r.id} on {r.host})" for r in live)
         self.store.journal("console_closed", "console closed" +
                            (f"; still running: {names}" if live else ""))
         self.heartbeat()
         return live
 
-    async def attach(self, run: dict) -> None:
+    async def attach(self, run: "Run") -> None:
         """Follow a live run found on open until it ends (log lines flow as events)."""
         try:
             await self.runner.attach_run(run)
         except HostUnreachable as e:
-            self.post(m.NoticePosted(run["item_id"], f"{run['item_id']}: cannot follow run "
-                                     f"{run['id']}: {e.message}", "warning"))
+            self.post(m.NoticePosted(run.item_id, f"{run.item_id}: cannot follow run "
+                                     f"{run.id}: {e.message}", "warning"))
 
     # -- hosts ---------------------------------------------------------------------------
     async def probe_host(self, name: str, *, gpu: bool = True) -> None:
@@ -154,23 +155,23 @@ class Services:
     def statuses(self) -> dict[str, str]:
         return self.runner.statuses()
 
-    def live_run(self, item_id: str) -> dict | None:
+    def live_run(self, item_id: str) -> "Run | None":
         return self.store.live_run(item_id)
 
-    def latest_run(self, item_id: str) -> dict | None:
+    def latest_run(self, item_id: str) -> "Run | None":
         return self.store.latest_run(item_id)
 
     def connected_hosts(self) -> list[str]:
         return [n for n, h in self.runner.hosts.items() if h.status.state.value == "connected"]
 
-    def in_process_runs(self) -> list[dict]:
+    def in_process_runs(self) -> "list[Run]":
         """Live runs happening inside this console (a relay): quitting interrupts them."""
         out = []
         for r in self.store.live_runs():
-            if r["owner"] != self.runner.owner:
+            if r.owner != self.runner.owner:
                 continue
             try:
-                action = self.runner.action(self.plan.item(r["item_id"]))
+                action = self.runner.action(self.plan.item(r.item_id))
             except SpecdeckError:
                 continue
             if action is not None and not action.detached:
@@ -208,33 +209,33 @@ class Services:
         if run:
             # Lines the bridge still holds are in the store already: post them first, so
             # they land before the tail (and are ignored) instead of after it (twice).
-            self.flush_logs(run["id"])
-        lines = self.store.log_tail(run["id"], LOG_TAIL) if run else []
+            self.flush_logs(run.id)
+        lines = self.store.log_tail(run.id, LOG_TAIL) if run else []
         self.post(m.LogLoaded(item_id, run, lines))
 
     async def load_metrics(self, item_id: str | None, pinned: list[str]) -> None:
         """Curves of the pinned runs plus the item's latest attempts that have metrics."""
-        runs: list[dict] = []
+        runs: list[Run] = []
         for rid in pinned:
             r = self.store.run(rid)
             if r:
                 runs.append(r)
         if item_id:
-            own = [r for r in self.store.runs_for_item(item_id) if r["id"] not in pinned]
+            own = [r for r in self.store.runs_for_item(item_id) if r.id not in pinned]
             runs += own[-OVERLAY_RUNS:]
         out = []
         for r in runs:
-            names = self.store.metric_names(r["id"])
+            names = self.store.metric_names(r.id)
             if not names:
                 continue
             series, times = {}, {}
             for n in names:
-                pts = self.store.metric_series(r["id"], n, max_points=MAX_POINTS,
+                pts = self.store.metric_series(r.id, n, max_points=MAX_POINTS,
                                                with_time=True)
                 series[n] = [(p[0], p[1]) for p in pts]
                 times[n] = [p[2] for p in pts]
-            out.append({"run_id": r["id"], "label": f"{r['item_id']}#{r['attempt']}",
-                        "started_at": r.get("started_at"), "series": series,
+            out.append({"run_id": r.id, "label": f"{r.item_id}#{r.attempt}",
+                        "started_at": r.started_at, "series": series,
                         "times": times})
         self.post(m.MetricsLoaded(item_id, out))
 
@@ -246,18 +247,18 @@ class Services:
         :class:`InvalidInput` when nothing was evaluated at that step.
         """
         rows = self.store.eval_results()
-        signature = (len(rows), max((r["id"] for r in rows), default=0), step)
+        signature = (len(rows), max((r.id for r in rows), default=0), step)
         if signature == self._tau_signature and not force:
             return
         if step is not None:
-            steps = sorted({r["step"] for r in rows
-                            if r["role"] != "baseline" and r["step"] is not None})
+            steps = sorted({r.step for r in rows
+                            if r.role != "baseline" and r.step is not None})
             if step not in steps:
                 raise InvalidInput(
                     f"no tau evaluated at step {step}",
                     hint=(f"evaluated steps: {', '.join(map(str, steps[-12:]))}" if steps
                           else "no checkpoint has been evaluated yet (watch_eval)"))
-            rows = [r for r in rows if r["role"] == "baseline" or r["step"] == step]
+            rows = [r for r in rows if r.role == "baseline" or r.step == step]
         self._tau_signature = signature
         self.post(m.TauLoaded(build_comparison(rows), step))
 

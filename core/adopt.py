@@ -33,6 +33,7 @@ command to use, and a ``stop`` item aimed at it has nothing to stop until it is 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import posixpath
@@ -43,12 +44,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
 from core import jobs
+from core.actions.base import Action
 from core.errors import ActionFailed, InvalidInput
 
 if TYPE_CHECKING:
     from core.plan import Item
-    from core.runner import Runner
+    from core.records import Run
 
+# ``runner`` below is the core.runner.Runner that calls in (not imported: it imports us).
 HOWS = ("pid", "slurm", "tmux")
 _BOOT = "$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo noboot)"
 UNKNOWN_EXIT = ("the adopted run ended; its exit status is unknown (specdeck did not start "
@@ -125,10 +128,10 @@ def adopt_hint(plan, item_id: str) -> str:
             f"{item_id} pending` if nothing runs")
 
 
-def unadopted(runner: "Runner", item: "Item") -> str | None:
+def unadopted(runner, item: "Item") -> str | None:
     """Why ``item`` must not be launched now (a run started outside specdeck), or None."""
     st = runner.statuses()
-    if st.get(item.id) == "in_progress" and getattr(item, "adopt", None) is None \
+    if st.get(item.id) == "in_progress" and item.adopt is None \
             and runner.store.live_run(item.id) is None:
         return (f"{item.id}: in_progress with no run specdeck knows (started outside "
                 f"specdeck?): not launched again; adopt it: {adopt_hint(runner.plan, item.id)}")
@@ -140,10 +143,10 @@ def unadopted(runner: "Runner", item: "Item") -> str | None:
     return None
 
 
-def from_plan(runner: "Runner", item: "Item") -> bool:
+def from_plan(runner, item: "Item") -> bool:
     """Adopt the run the item's ``adopt:`` names (instead of launching one): while it is
     in_progress, or before specdeck has run it at all; a rerun after its end launches."""
-    return getattr(item, "adopt", None) is not None and (
+    return item.adopt is not None and (
         runner.statuses()[item.id] == "in_progress" or not runner.store.runs_for_item(item.id))
 
 
@@ -238,10 +241,10 @@ async def _probe_pid(runner, host, spec: AdoptSpec, log: str | None) -> dict:
         raise InvalidInput(f"pid {pid} on {host.name} is specdeck's own ({cmdline[:80]!r}), "
                            "not a run to adopt")
     for r in runner.store.live_runs():
-        if r["host"] == host.name and r["pid"] == pid:
-            raise InvalidInput(f"pid {pid} on {host.name} is run {r['id']} of item "
-                               f"{r['item_id']!r}, which specdeck already follows",
-                               hint=f"`specdeck attach PLAN {r['item_id']}`")
+        if r.host == host.name and r.pid == pid:
+            raise InvalidInput(f"pid {pid} on {host.name} is run {r.id} of item "
+                               f"{r.item_id!r}, which specdeck already follows",
+                               hint=f"`specdeck attach PLAN {r.item_id}`")
     if log is None:
         if stdout_target.startswith("/") and not stdout_target.startswith(("/dev/", "/proc/")) \
                 and not stdout_target.endswith(" (deleted)"):
@@ -313,7 +316,7 @@ async def probe(runner, host, spec: AdoptSpec) -> dict:
 
 
 # -- adopting ----------------------------------------------------------------------------
-async def adopt_item(runner: "Runner", item: "Item", spec: AdoptSpec, *,
+async def adopt_item(runner, item: "Item", spec: AdoptSpec, *,
                      host_name: str | None = None, follow: bool = True) -> str:
     """Make what ``spec`` names the item's live run; follow it (``follow``) until it ends.
 
@@ -334,8 +337,8 @@ async def adopt_item(runner: "Runner", item: "Item", spec: AdoptSpec, *,
                            f"(hosts: {', '.join(runner.plan.hosts)})")
     live = runner.store.live_run(item.id)
     if live is not None:
-        raise InvalidInput(f"item {item.id!r} already has live run {live['id']} on "
-                           f"{live['host']}", hint="stop it first, or `specdeck attach`")
+        raise InvalidInput(f"item {item.id!r} already has live run {live.id} on "
+                           f"{live.host}", hint="stop it first, or `specdeck attach`")
     host = await runner.host(host_name)
     info = await probe(runner, host, spec)
     run_id = f"{item.id}-{time.strftime('%m%d-%H%M%S')}-{secrets.token_hex(2)}"
@@ -378,64 +381,62 @@ async def _tmux_keep(host, info: dict, capsule: str) -> None:
 
 
 # -- what the runner uses ----------------------------------------------------------------
-def info_of(run: dict | None) -> dict | None:
-    if not run or not run.get("adopt"):
-        return None
-    return json.loads(run["adopt"])
+def info_of(run: "Run | None") -> dict | None:
+    return run.adopt if run is not None else None
 
 
-def wrap(action, run: dict | None):
+def wrap(action, run: "Run | None"):
     """The action to run ``run`` through: :class:`Adopted` for an adopted run."""
     info = info_of(run)
     return Adopted(action, info) if info and action is not None else action
 
 
-class Adopted:
+class Adopted(Action):
     """An item's action seen through an adopted run: inspect, follow and stop the adopted
-    thing; everything else (finish, metrics_regex, watch_eval...) is the item's action's."""
+    thing (its pid, Slurm job or tmux session); metrics, watch_eval and finish are the item's
+    action's (its follow reads the adopted log)."""
 
     detached = True
 
-    def __init__(self, inner, info: dict):
+    def __init__(self, inner: Action, info: dict):
+        super().__init__(inner.params)
+        self.kind = inner.kind
         self.inner = inner
         self.info = info
 
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
+    def metrics_regex(self):
+        return self.inner.metrics_regex()
 
-    async def inspect(self, runner, host, run: dict) -> jobs.CapsuleState:
+    def metrics_spec(self):
+        return self.inner.metrics_spec()
+
+    async def inspect(self, ctx, host, run: "Run") -> jobs.CapsuleState:
         how = self.info["how"]
         if how == "pid":
             st = await _inspect_pid(host, self.info)
         elif how == "slurm":
             from core import slurm
 
-            st = await slurm.inspect(host, {**run, "job_id": self.info["job"]})
+            st = await slurm.inspect(host, dataclasses.replace(run, job_id=self.info["job"]))
         else:
             st = await _inspect_tmux(host, self.info)
-        if st.state == "lost" and runner.stop_requested(run["id"]):
+        if st.state == "lost" and ctx.stop_requested(run.id):
             return jobs.CapsuleState("ended")  # it ended because it was stopped
         return st
 
-    async def follow(self, runner, host, run: dict, on_lines) -> jobs.CapsuleState:
-        def inspector():
-            return self.inspect(runner, host, run)
+    async def follow(self, ctx, host, run: "Run", on_lines) -> jobs.CapsuleState:
+        # the item's action follows (train: metrics, checkpoints and watch_eval alongside),
+        # reading the adopted log and asking this wrapper whether it ended
+        return await self.inner.follow(ctx, host, run, on_lines, log_path=self.info["log"],
+                                       inspector=lambda: self.inspect(ctx, host, run))
 
-        inner = getattr(self.inner, "follow", None)
-        if inner is not None:  # train: metrics, checkpoints and watch_eval alongside
-            return await inner(runner, host, run, on_lines, log_path=self.info["log"],
-                               inspector=inspector)
-        return await jobs.follow(host, runner.store, run["id"], run["capsule"], on_lines=on_lines,
-                                 regex=getattr(self.inner, "metrics_regex", lambda: None)(),
-                                 poll=runner.poll, inspector=inspector,
-                                 log_path=self.info["log"])
-
-    async def stop(self, runner, host, run: dict, grace_s: float) -> jobs.CapsuleState:
+    async def stop(self, ctx, host, run: "Run", grace_s: float) -> jobs.CapsuleState:
         how = self.info["how"]
         if how == "slurm":
             from core import slurm
 
-            return await slurm.cancel(host, {**run, "job_id": self.info["job"]}, grace_s=grace_s)
+            return await slurm.cancel(host, dataclasses.replace(run, job_id=self.info["job"]),
+                                      grace_s=grace_s)
         if how == "pid":
             st = await _inspect_pid(host, self.info)
             if st.state != "running":

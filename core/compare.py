@@ -49,9 +49,10 @@ import csv
 import io
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from core import stats
+from core.records import EvalRow
 
 COMPARED_SETTINGS = ("mode", "block_size", "tree_budget", "target", "prompts", "dtype")
 """Settings that must be equal for two rows' figures to be comparable."""
@@ -226,17 +227,17 @@ def _ratio(a: float | None, b: float | None) -> tuple[float | None, float | None
     return a - b, (100.0 * a / b if b else None)
 
 
-def _prompt_tau(row: Mapping) -> float | None:
-    if row.get("tau") is not None:
-        return float(row["tau"])
-    rounds = row.get("rounds")
+def _prompt_tau(row: EvalRow) -> float | None:
+    if row.tau is not None:
+        return float(row.tau)
+    rounds = row.rounds
     return _mean([float(r) for r in rounds]) if rounds else None
 
 
-def _pooled(rows: Sequence[Mapping]) -> float | None:
+def _pooled(rows: Sequence[EvalRow]) -> float | None:
     total = n = 0
     for r in rows:
-        rounds = r.get("rounds")
+        rounds = r.rounds
         if rounds is None:
             return None
         total += sum(int(x) for x in rounds)
@@ -244,24 +245,24 @@ def _pooled(rows: Sequence[Mapping]) -> float | None:
     return total / n if n else None
 
 
-def _row_per_position(row: Mapping) -> list[float]:
+def _row_per_position(row: EvalRow) -> list[float]:
     """The row's p_k; from its rounds when it has none (p_k = share of rounds whose
     acceptance length is above k, k = 1 .. block size - 1)."""
-    if row.get("per_position"):
-        return list(row["per_position"])
-    rounds = row.get("rounds")
+    if row.per_position:
+        return list(row.per_position)
+    rounds = row.rounds
     if not rounds:
         return []
-    bs = (row.get("settings") or {}).get("block_size") or max(int(x) for x in rounds)
+    bs = (row.settings or {}).get("block_size") or max(int(x) for x in rounds)
     return [sum(1 for x in rounds if int(x) > k) / len(rounds) for k in range(1, int(bs))]
 
 
-def _per_position(rows: Iterable[Mapping]) -> tuple[float, ...]:
+def _per_position(rows: Iterable[EvalRow]) -> tuple[float, ...]:
     num: list[float] = []
     den: list[float] = []
     for r in rows:
         pp = _row_per_position(r)
-        rounds = r.get("rounds")
+        rounds = r.rounds
         w = float(len(rounds)) if rounds is not None else 1.0
         for k, p in enumerate(pp):
             if k >= len(num):
@@ -279,7 +280,7 @@ class _Entry:
     step: int | None
     settings: dict
     skey: tuple
-    rows: dict[str, dict] = field(default_factory=dict)
+    rows: dict[str, EvalRow] = field(default_factory=dict)
     """prompt id -> row (the latest one)."""
     run_ids: list[str] = field(default_factory=list)
     label: str = ""
@@ -290,7 +291,7 @@ def _differing(a: Mapping, b: Mapping) -> tuple[str, ...]:
                  if _key_of({k: a.get(k)}) != _key_of({k: b.get(k)}))
 
 
-def build_comparison(rows: Iterable[Mapping[str, Any]],
+def build_comparison(rows: Iterable[EvalRow],
                      pairs: Sequence[tuple[str, str]] = (), *, seed: int = stats.SEED,
                      detect: float = stats.DETECT) -> Comparison:
     """Compare every drafter in ``rows`` with its baseline, per prompt and overall.
@@ -314,21 +315,21 @@ def build_comparison(rows: Iterable[Mapping[str, Any]],
     warnings: list[str] = []
     prompts: list[str] = []
     for r in rows:
-        settings = dict(r.get("settings") or {})
-        role = r.get("role") or "drafter"
-        step = r.get("step")
-        name = str(r.get("drafter") or "?")
+        settings = dict(r.settings or {})
+        role = r.role or "drafter"
+        step = r.step
+        name = str(r.drafter or "?")
         key = (name, role, step, _key_of(settings))
         e = entries.get(key)
         if e is None:
             e = entries[key] = _Entry(name, role, step, settings, key[3])
-        pid = str(r.get("prompt_id"))
+        pid = str(r.prompt_id)
         if pid in e.rows:
-            warnings.append(f"{name}: prompt {pid} measured again (run {r.get('run_id')}); "
+            warnings.append(f"{name}: prompt {pid} measured again (run {r.run_id}); "
                             "the later figure is used")
-        e.rows[pid] = dict(r)
-        if r.get("run_id") and r["run_id"] not in e.run_ids:
-            e.run_ids.append(r["run_id"])
+        e.rows[pid] = r
+        if r.run_id and r.run_id not in e.run_ids:
+            e.run_ids.append(r.run_id)
         if pid not in prompts:
             prompts.append(pid)
 
@@ -352,7 +353,7 @@ def build_comparison(rows: Iterable[Mapping[str, Any]],
             tau = _prompt_tau(row)
             btau = _prompt_tau(base.rows[pid]) if base and pid in base.rows else None
             delta, pct = _ratio(tau, btau)
-            rounds = row.get("rounds")
+            rounds = row.rounds
             cells.append(Cell(pid, e.label, e.role, tau, btau, delta, pct,
                               len(rounds) if rounds is not None else None, mismatch))
         overall.append(_overall(e, base, mismatch, seed, detect))
@@ -420,10 +421,10 @@ def _pick_baseline(e: _Entry, baselines: list[_Entry], warnings: list[str]
     return best, _differing(e.settings, best.settings)
 
 
-def _figures(label: str, rows: Sequence[Mapping], seed: int) -> tuple:
+def _figures(label: str, rows: Sequence[EvalRow], seed: int) -> tuple:
     """(macro, pooled, macro_ci95, pooled_ci95, rounds) of ``rows`` (one per prompt)."""
     taus = [t for t in map(_prompt_tau, rows) if t is not None]
-    groups = [r.get("rounds") for r in rows]
+    groups = [r.rounds for r in rows]
     has_rounds = bool(rows) and all(g is not None for g in groups)
     return (_mean(taus), _pooled(rows),
             stats.mean_ci(taus, rng=stats.rng_for(label, "macro", seed=seed)),

@@ -29,10 +29,9 @@ import re
 import shlex
 import signal as _signal
 import time
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping
 
-from core.actions.base import Launch, Outcome
 from core.errors import HostUnreachable
 from core.hosts.base import Host
 from core.text import json_line
@@ -68,6 +67,33 @@ if [ "$curboot" = "$boot" ]; then
 fi
 if [ -f "$D/exit" ]; then echo "ended $(cat "$D/exit")"; else echo lost; fi
 """
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A command to run detached in a capsule on the action's host."""
+
+    command: str
+    """Shell text, run by bash in the capsule; every spliced value already quoted."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    launcher: str = "process"
+    """``process`` (setsid capsule) or ``slurm`` (sbatch); see core.jobs."""
+    slurm: Mapping[str, Any] = field(default_factory=dict)
+    metrics_regex: str | None = None
+    """For trainers that print text: a regex with named groups, ``step`` among them."""
+
+
+@dataclass
+class Outcome:
+    """How a detached run ended."""
+
+    state: Literal["succeeded", "failed", "stopped", "lost"]
+    exit_code: int | None = None
+    signal: str | None = None
+    capsule: str = ""
+    """The capsule directory on the host (result files live beside the log)."""
+    run_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -291,7 +317,7 @@ async def follow(host: Host, store, run_id: str, capsule: str, *,
             return CapsuleState("running")
         try:
             row = store.run(run_id)
-            stored, base = row["log_offset"], row.get("log_base") or 0
+            stored, base = row.log_offset, row.log_base or 0
             if parser is not None and (seen is None or stored != seen):
                 parser.prime(store, run_id, stored)  # counts carried by earlier lines
             if seen is None or stored < seen:
@@ -322,7 +348,7 @@ async def follow(host: Host, store, run_id: str, capsule: str, *,
                         metrics.extend(parser.parse(line) if parser is not None
                                        else parse_metrics(line, pattern))
                     if not store.append_log(run_id, stored, new, metrics, artefacts) and parser:
-                        parser.prime(store, run_id, store.run(run_id)["log_offset"])
+                        parser.prime(store, run_id, store.run(run_id).log_offset)
                 if on_lines:  # lines end at \n only: a tqdm bar's \r redraws stay one line
                     text = piece.decode("utf-8", "replace")
                     on_lines(text[:-1].split("\n") if text.endswith("\n") else text.split("\n"))

@@ -424,18 +424,13 @@ class TensorBoardSource:
         return stored
 
 
-def tensorboard_source(action, host, store, run_id: str) -> TensorBoardSource | None:
-    spec = getattr(action, "metrics_spec", lambda: None)()
+def tensorboard_source(spec: MetricsParams | None, host, store,
+                       run_id: str) -> TensorBoardSource | None:
+    """The reader of the TensorBoard files ``spec`` (an action's ``metrics:``) names."""
     if spec is None or not spec.tensorboard or host is None:
         return None
     return TensorBoardSource(host, store, run_id, spec.tensorboard)
 
-
-async def baseline_sources(action, ctx) -> None:
-    """Before a launch: skip the event files earlier runs left in the dir."""
-    src = tensorboard_source(action, ctx.host, ctx.store, ctx.run_id)
-    if src is not None:
-        await src.baseline()
 
 
 async def alongside(source: TensorBoardSource | None, work, *, every: float = 1.0,
@@ -478,3 +473,44 @@ async def _safe_poll(source: TensorBoardSource, on_error) -> None:
         msg = source.errors.pop(0)
         if on_error:
             on_error(msg)
+
+
+# -- metrics in log lines ----------------------------------------------------------------
+def parse_metrics(line: bytes, regex: re.Pattern | None = None) -> list[tuple[int, str, float]]:
+    """Metrics carried by one log line.
+
+    A JSON object with an integer ``step`` gives one metric per numeric field (lists become
+    ``name[i]``, nested objects ``name.sub``). With ``regex`` (named groups, ``step`` among
+    them), a text line such as ``step=10 loss=2.3`` gives its numeric groups.
+    """
+    s = line.strip()
+    out: list[tuple[int, str, float]] = []
+    if s.startswith(b"{") and b'"step"' in s:
+        obj = json_line(s)
+        if isinstance(obj, dict):
+            step = obj.get("step")
+            if isinstance(step, (int, float)) and not isinstance(step, bool) and step == int(step):
+                _flatten(int(step), obj, "", out)
+                return out
+    if regex is not None:
+        m = regex.search(s.decode("utf-8", "replace"))
+        if m:
+            out += regex_metrics(m)
+    return out
+
+
+def _flatten(step: int, obj, prefix: str, out: list, depth: int = 0) -> None:
+    if depth > MAX_JSON_DEPTH or len(out) > 4096:
+        return
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+    for k, v in items:
+        if prefix == "" and k == "step":
+            continue
+        name = f"{prefix}[{k}]" if isinstance(k, int) else (f"{prefix}.{k}" if prefix else str(k))
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, (int, float)):
+            if v == v and abs(v) != float("inf"):
+                out.append((step, name, float(v)))
+        elif isinstance(v, (dict, list)) and len(v) <= 256:
+            _flatten(step, v, name, out, depth + 1)

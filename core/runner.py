@@ -34,6 +34,7 @@ from core.hosts import Host, make_host
 from core.hosts.base import HostState
 from core.plan import Item, Plan
 from core.progress import describe
+from core.records import Artefact, EvalRow, Run
 from core.store import Store
 from core.text import collapse_cr
 
@@ -68,21 +69,25 @@ def owner_alive(owner: str | None) -> bool | None:
 
 
 class _Context(ActionContext):
+    """The runner's :class:`ActionContext`: each verb is one store or runner call."""
+
     def __init__(self, runner: "Runner", item: Item, host: Host | None, run_id: str | None):
-        self.runner = runner
+        self._runner = runner
+        self._store = runner.store
         self.plan = runner.plan
         self.item = item
         self.host = host
         self.run_id = run_id
+        self.poll = runner.poll
 
     def host_named(self, name: str) -> Host:
-        return self.runner.hosts[name]
+        return self._runner.hosts[name]
 
     async def connected(self, name: str) -> Host:
-        return await self.runner.host(name)
+        return await self._runner.host(name)
 
     def progress(self, message: str, **fields: Any) -> None:
-        self.runner.emit(Progress(self.item.id, message, fields))
+        self._runner.emit(Progress(self.item.id, message, fields))
         if self.in_process and self.run_id:
             self._journal(message, fields)
 
@@ -101,19 +106,72 @@ class _Context(ActionContext):
         if fields:
             self._logged_at = now
         line = f"[{time.strftime('%H:%M:%S', time.localtime(now))}] {message}"
-        store = self.runner.store
-        run = store.run(self.run_id)
-        if run is not None and store.append_log(self.run_id, run["log_offset"] or 0,
-                                                (line + "\n").encode()):
-            self.runner.emit(LogLinesReceived(self.item.id, self.run_id, [line],
-                                              from_progress=True))
+        run = self._store.run(self.run_id)
+        if run is not None and self._store.append_log(self.run_id, run.log_offset,
+                                                      (line + "\n").encode()):
+            self._runner.emit(LogLinesReceived(self.item.id, self.run_id, [line],
+                                               from_progress=True))
 
-    def services(self) -> "Runner":
-        return self.runner
+    # -- reading -------------------------------------------------------------------------
+    def runs(self, item_id: str | None = None) -> list[Run]:
+        return self._store.runs_for_item(item_id or self.item.id)
 
-    @property
-    def store(self):  # read-only uses by actions that record results (eval, train)
-        return self.runner.store
+    def live_run(self, item_id: str) -> Run | None:
+        return self._store.live_run(item_id)
+
+    def artefacts(self, item_id: str | None = None, kind: str | None = None) -> list[Artefact]:
+        return self._store.artefacts(item_id or self.item.id, kind)
+
+    def stop_requested(self, run_id: str) -> bool:
+        return self._runner._stop_requested(run_id)
+
+    # -- recording -----------------------------------------------------------------------
+    def _this_run(self) -> str:
+        if not self.run_id:
+            raise SpecdeckError(f"item {self.item.id!r}: nothing is recorded while checking")
+        return self.run_id
+
+    def record_artefact(self, kind: str, path: str, step: int | None = None,
+                        data: dict | None = None) -> bool:
+        return self._store.add_artefact(self._this_run(), self.item.id, kind, path, step, data)
+
+    def record_eval_rows(self, rows: list[EvalRow]) -> None:
+        self._store.add_eval_results(rows)
+
+    def record_metrics(self, rows: Iterable[tuple[int, str, float]]) -> None:
+        self._store.add_metrics(self._this_run(), rows)
+
+    def record_config(self, config: dict) -> None:
+        self._store.update_run(self._this_run(), config=config)
+
+    # -- acting on runs ------------------------------------------------------------------
+    async def stop_run(self, run_id: str, *, grace_s: float) -> Outcome:
+        return await self._runner.stop_run(run_id, grace_s=grace_s)
+
+    async def follow_log(self, host: Host, run: Run, on_lines=None, *, regex=None,
+                         inspector=None, log_path: str | None = None) -> jobs.CapsuleState:
+        def on_state(state: str) -> None:
+            self._runner.emit(LogStreamChanged(self.item.id, run.id, state, host.name,
+                                               host.status.reason or host.status.state.value))
+
+        return await jobs.follow(host, self._store, run.id, run.capsule, on_lines=on_lines,
+                                 on_state=on_state, regex=regex, poll=self.poll,
+                                 inspector=inspector, log_path=log_path)
+
+    async def skip_earlier_metrics(self, spec: Any) -> None:
+        from core.metrics_sources import tensorboard_source
+
+        src = tensorboard_source(spec, self.host, self._store, self._this_run())
+        if src is not None:
+            await src.baseline()
+
+    def checkpoint_watcher(self, run: Run, spec: Any):
+        from core.watch import Watcher
+
+        if not self._runner.watch:
+            return None
+        return Watcher(self._runner, self.plan.item(run.item_id), run.id, spec,
+                       poll=max(self.poll, 0.2))
 
 
 class Runner:
@@ -158,6 +216,9 @@ class Runner:
 
     reconcile_on_reconnect = False
     """Reconcile a host's live runs each time it reconnects (the console turns this on)."""
+    watch = True
+    """Evaluate training checkpoints as they appear (``watch_eval``); ``status`` turns it
+    off, since it never waits for those evals."""
 
     async def _safe_reconcile(self, host: str) -> None:
         try:
@@ -194,7 +255,7 @@ class Runner:
             return None
         return registry.get(item.action.kind)(item.action.params)
 
-    def run_action(self, item: Item, run: dict | None) -> Action | None:
+    def run_action(self, item: Item, run: "Run | None") -> Action | None:
         """The action a run goes through (an adopted run's: :class:`core.adopt.Adopted`)."""
         return adopt.wrap(self.action(item), run)
 
@@ -208,7 +269,7 @@ class Runner:
         self.plan.item(item_id)
         self.set_status(item_id, status, reason)
 
-    def live_run(self, item_id: str) -> dict | None:
+    def live_run(self, item_id: str) -> "Run | None":
         return self.store.live_run(item_id)
 
     # -- check ---------------------------------------------------------------------------
@@ -302,11 +363,11 @@ class Runner:
         self.emit(Notice(item.id, f"{item.id}: {msg}", "error"))
         try:
             live = self.store.live_run(item.id)
-            if live is not None and live["owner"] == self.owner and live["id"] not in self._in_process:
-                if live.get("capsule"):
+            if live is not None and live.owner == self.owner and live.id not in self._in_process:
+                if live.capsule:
                     msg += (f" (specdeck stopped following it; its command may still run in "
-                            f"{live['capsule']} on {live['host']})")
-                return self._end(item, live["id"], "failed", error=msg)
+                            f"{live.capsule} on {live.host})")
+                return self._end(item, live.id, "failed", error=msg)
             if live is None:
                 self.set_status(item.id, "failed", msg)
         except Exception:  # noqa: BLE001 - the store itself may be the fault (disk full)
@@ -320,7 +381,7 @@ class Runner:
             raise SpecdeckError(f"item {item.id!r} is manual: mark it done when it is")
         live = self.store.live_run(item.id)
         if live is not None:
-            self.emit(Notice(item.id, f"{item.id}: run {live['id']} is live; attaching"))
+            self.emit(Notice(item.id, f"{item.id}: run {live.id} is live; attaching"))
             await self.attach_run(live)
             return self.statuses()[item.id]
         if adopt.from_plan(self, item):  # the plan says where its run already is
@@ -348,7 +409,7 @@ class Runner:
             self.emit(Notice(item.id, f"{item.id}: cannot run: {chk.reason}", "error"))
             return "failed"
         run_id = f"{item.id}-{time.strftime('%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-        launcher = getattr(action, "launcher_name", lambda: "process")()
+        launcher = action.launcher_name()
         run = self.store.claim_run(run_id, item.id, item.action.kind,
                                    item.action.host, owner=self.owner, launcher=launcher)
         if run is None:  # another process claimed it a moment ago
@@ -369,8 +430,17 @@ class Runner:
             # Plan vars used in shell text are read from the environment (core.shellvars).
             launch = dataclasses.replace(launch, env={**shellvars.plan_env(self.plan.vars),
                                                       **dict(launch.env)})
-            launched = await self._launch(host, run_id, launch, action)
-        except (ActionFailed, HostUnreachable) as e:
+            launched = await action.launch(ctx, host, run_id, launch)
+        except HostUnreachable as e:
+            # The run ends here (never left `starting`); the item counts as unreachable. Its
+            # command may have started before the host went away: the run keeps its capsule,
+            # so `specdeck stop` finds what it left running.
+            capsule = jobs.capsule_path(host, run_id)
+            self.store.update_run(run_id, capsule=capsule)
+            self._end(item, run_id, "failed", error=f"{e} (while starting it; anything it "
+                      f"started is in {capsule} on {host.name})")
+            raise
+        except ActionFailed as e:
             return self._end(item, run_id, "failed", error=str(e))
         except Exception as e:  # noqa: BLE001 - a fault of the host, the disk or a library
             return self._end(item, run_id, "failed", error=describe_fault(e))
@@ -383,28 +453,22 @@ class Runner:
     def stop_requested(self, run_id: str) -> bool:
         """A stop of the run was asked for, by this process or another (a run still starting,
         or an adopted process found gone)."""
-        return run_id in self._stopping or self.store.run(run_id).get("error") == "stop requested"
+        return run_id in self._stopping or self.store.run(run_id).error == "stop requested"
 
-    async def _launched(self, run: dict, grace_s: float) -> dict:
+    async def _launched(self, run: "Run", grace_s: float) -> "Run":
         """Wait until a starting run is launched (or not) by whoever is starting it; a
         launcher that died meanwhile is reconciled. The stop then ends what it created."""
         deadline = time.monotonic() + max(120.0, grace_s)
-        while run["state"] == "starting":
-            if run["owner"] != self.owner and owner_alive(run["owner"]) is False:
+        while run.state == "starting":
+            if run.owner != self.owner and owner_alive(run.owner) is False:
                 await self._reconcile_run(run, follow=False)
             elif time.monotonic() > deadline:
-                raise SpecdeckError(f"run {run['id']} is still starting; stop it again once "
+                raise SpecdeckError(f"run {run.id} is still starting; stop it again once "
                                     "it runs")
             else:
                 await asyncio.sleep(0.05)
-            run = self.store.run(run["id"])
+            run = self.store.run(run.id)
         return run
-
-    async def _launch(self, host: Host, run_id: str, launch, action: Action) -> dict:
-        launcher = getattr(action, "launch", None)
-        if launcher is not None:  # actions with their own launcher (slurm, torchrun)
-            return await launcher(self, host, run_id, launch)
-        return await jobs.start(host, run_id, launch)
 
     async def _run_in_process(self, item: Item, action: Action, ctx: _Context, run_id: str) -> str:
         self.store.update_run(run_id, state="running", pid=os.getpid())
@@ -442,8 +506,8 @@ class Runner:
             self.emit(RunEnded(item.id, run_id, state, exit_code, signal, error))
         return self.statuses()[item.id]
 
-    async def _follow_and_finish(self, item: Item, action: Action, host: Host, run: dict) -> str:
-        run_id = run["id"]
+    async def _follow_and_finish(self, item: Item, action: Action, host: Host, run: "Run") -> str:
+        run_id = run.id
 
         def lines(ls: list[str]) -> None:
             ls = [collapse_cr(x) for x in ls]  # a tqdm bar's redraws: one line
@@ -455,17 +519,8 @@ class Runner:
                         self.emit(Progress(item.id, msg))
                         break
 
-        def state(s: str) -> None:
-            self.emit(LogStreamChanged(item.id, run_id, s, host.name,
-                                       host.status.reason or host.status.state.value))
-
-        regex = getattr(action, "metrics_regex", lambda: None)()
-        follower = getattr(action, "follow", None)
-        if follower is not None:
-            work = follower(self, host, run, lines)
-        else:
-            work = jobs.follow(host, self.store, run_id, run["capsule"], on_lines=lines,
-                               on_state=state, regex=regex, poll=self.poll)
+        ctx = _Context(self, item, host, run_id)
+        work = action.follow(ctx, host, run, lines)
         st = await self._with_metric_files(item, action, host, run_id, work)
         return await self._finish(item, action, host, run_id, st)
 
@@ -474,17 +529,17 @@ class Runner:
         """Await ``work`` while the run's metric files (TensorBoard) are read alongside."""
         from core.metrics_sources import alongside, tensorboard_source
 
-        src = tensorboard_source(action, host, self.store, run_id)
+        src = tensorboard_source(action.metrics_spec(), host, self.store, run_id)
         return await alongside(src, work, every=max(self.poll * 10, 0.5),
                                on_error=lambda m: self.emit(Notice(item.id, m, "warning")))
 
     async def _finish(self, item: Item, action: Action, host: Host, run_id: str,
                       st: jobs.CapsuleState) -> str:
         run = self.store.run(run_id)
-        if run["state"] not in ("starting", "running"):
+        if not run.live:
             return self.statuses()[item.id]
-        stopped = run_id in self._stopping or bool(run.get("error") == "stop requested")
-        outcome = jobs.outcome_of(st, stopped=stopped, capsule=run["capsule"] or "", run_id=run_id)
+        stopped = run_id in self._stopping or bool(run.error == "stop requested")
+        outcome = jobs.outcome_of(st, stopped=stopped, capsule=run.capsule or "", run_id=run_id)
         left = await self._leftovers(run)
         ctx = _Context(self, item, host, run_id)
         try:
@@ -497,57 +552,57 @@ class Runner:
         return self._end(item, run_id, outcome.state, result=result, exit_code=outcome.exit_code,
                          signal=outcome.signal, error=left)
 
-    async def _leftovers(self, run: dict) -> str | None:
+    async def _leftovers(self, run: "Run") -> str | None:
         """Processes a finished run left behind (a background or daemonised child), told."""
-        if not run.get("capsule") or not run.get("host"):
+        if not run.capsule or not run.host:
             return None
         try:
-            found = await jobs.leftovers(self.hosts[run["host"]], run["capsule"])
+            found = await jobs.leftovers(self.hosts[run.host], run.capsule)
         except Exception:  # noqa: BLE001 - best effort: the run's end is what matters
             return None
         if not found:
             return None
         plan = self.plan.path or self.plan.name
-        msg = (jobs.describe_leftovers(found) + f"; `specdeck stop {plan} {run['item_id']}` "
+        msg = (jobs.describe_leftovers(found) + f"; `specdeck stop {plan} {run.item_id}` "
                "ends them")
-        self.emit(Notice(run["item_id"], f"{run['item_id']}: {msg}", "warning"))
-        self.store.journal("leftovers", msg, item_id=run["item_id"], run_id=run["id"],
-                           host=run["host"])
+        self.emit(Notice(run.item_id, f"{run.item_id}: {msg}", "warning"))
+        self.store.journal("leftovers", msg, item_id=run.item_id, run_id=run.id,
+                           host=run.host)
         return msg
 
     async def end_leftovers(self, item_id: str, *, grace_s: float = 10.0) -> tuple[dict | None, int]:
         """End the processes the item's latest (ended) run left running: (run, count)."""
         run = self.store.latest_run(item_id)
-        if run is None or not run.get("capsule") or not run.get("host"):
+        if run is None or not run.capsule or not run.host:
             return run, 0
         try:
-            host = await self.host(run["host"])
-            n = await jobs.end_leftovers(host, run["capsule"], grace_s=grace_s)
+            host = await self.host(run.host)
+            n = await jobs.end_leftovers(host, run.capsule, grace_s=grace_s)
         except HostUnreachable as e:
             self.emit(Notice(item_id, f"{item_id}: could not look for processes run "
-                             f"{run['id']} left behind: {e}", "warning"))
+                             f"{run.id} left behind: {e}", "warning"))
             return run, 0
         if n:
             self.store.journal("leftovers_ended", f"ended {n} leftover process(es)",
-                               item_id=item_id, run_id=run["id"], host=run["host"])
+                               item_id=item_id, run_id=run.id, host=run.host)
         return run, n
 
     # -- attach, reconcile, stop ---------------------------------------------------------
-    async def attach_run(self, run: dict) -> str:
+    async def attach_run(self, run: "Run") -> str:
         """Follow a live run until it ends, then finish it."""
-        item = self.plan.item(run["item_id"])
+        item = self.plan.item(run.item_id)
         action = self.run_action(item, run)
-        if run["state"] == "starting" or not run.get("capsule"):
+        if run.state == "starting" or not run.capsule:
             return await self._reconcile_run(run, follow=True)
-        host = await self.host(run["host"])
-        self.emit(RunStarted(item.id, run["id"], run["host"], run.get("pid"), attached=True))
+        host = await self.host(run.host)
+        self.emit(RunStarted(item.id, run.id, run.host, run.pid, attached=True))
         return await self._follow_and_finish(item, action, host, run)
 
     async def attach(self, ids: Iterable[str] | None = None) -> list[str]:
         """Attach to every live run (of ``ids``) and follow them until they end."""
-        runs = [r for r in self.store.live_runs() if ids is None or r["item_id"] in set(ids)]
+        runs = [r for r in self.store.live_runs() if ids is None or r.item_id in set(ids)]
         await asyncio.gather(*(self.attach_run(r) for r in runs))
-        return [r["id"] for r in runs]
+        return [r.id for r in runs]
 
     async def reconcile(self, *, hosts: Iterable[str] | None = None, follow: bool = False
                         ) -> list[dict]:
@@ -557,170 +612,160 @@ class Runner:
         """
         changes = []
         for run in self.store.live_runs():
-            if hosts is not None and run["host"] not in set(hosts):
+            if hosts is not None and run.host not in set(hosts):
                 continue
             try:
-                self.plan.item(run["item_id"])
+                self.plan.item(run.item_id)
             except SpecdeckError:
                 continue  # the item left the plan; keep its history untouched
             try:
                 await self._reconcile_run(run, follow=follow)
             except HostUnreachable as e:
-                changes.append({"run": run["id"], "item": run["item_id"], "was": run["state"],
+                changes.append({"run": run.id, "item": run.item_id, "was": run.state,
                                 "now": "unknown", "reason": str(e)})
                 continue
-            after = self.store.run(run["id"])
-            if after["state"] != run["state"]:
-                changes.append({"run": run["id"], "item": run["item_id"], "was": run["state"],
-                                "now": after["state"], "exit_code": after["exit_code"],
-                                "signal": after["signal"], "error": after["error"]})
-                self.emit(Notice(run["item_id"], f"{run['item_id']}: run {run['id']} "
-                                 f"{after['state']} while specdeck was away"))
+            after = self.store.run(run.id)
+            if after.state != run.state:
+                changes.append({"run": run.id, "item": run.item_id, "was": run.state,
+                                "now": after.state, "exit_code": after.exit_code,
+                                "signal": after.signal, "error": after.error})
+                self.emit(Notice(run.item_id, f"{run.item_id}: run {run.id} "
+                                 f"{after.state} while specdeck was away"))
         return changes
 
-    async def _reconcile_run(self, run: dict, *, follow: bool) -> str:
-        item = self.plan.item(run["item_id"])
+    async def _reconcile_run(self, run: "Run", *, follow: bool) -> str:
+        item = self.plan.item(run.item_id)
         action = self.run_action(item, run)
         if action is None:
-            return self._end(item, run["id"], "interrupted", error="item is no longer an action")
+            return self._end(item, run.id, "interrupted", error="item is no longer an action")
         if not action.detached:
-            alive = owner_alive(run["owner"])
+            alive = owner_alive(run.owner)
             if alive is False:
-                return self._end(item, run["id"], "interrupted",
+                return self._end(item, run.id, "interrupted",
                                  error="the specdeck process running it exited; run it again "
                                        "to resume")
-            if follow and run["id"] not in self._in_process:
+            if follow and run.id not in self._in_process:
                 return await self._follow_owned(item, run)
             return self.statuses()[item.id]
-        host = await self.host(run["host"])
-        capsule = run.get("capsule") or jobs.capsule_path(host, run["id"])
-        inspector = getattr(action, "inspect", None)
-        st = await (inspector(self, host, run) if inspector else jobs.inspect(host, capsule))
-        if st.state in ("nopid", "missing") and run["state"] == "starting":
-            if owner_alive(run["owner"]) is True and run["owner"] != self.owner:
+        host = await self.host(run.host)
+        capsule = run.capsule or jobs.capsule_path(host, run.id)
+        ctx = _Context(self, item, host, run.id)
+        st = await action.inspect(ctx, host, run)
+        if st.state in ("nopid", "missing") and run.state == "starting":
+            if owner_alive(run.owner) is True and run.owner != self.owner:
                 return self.statuses()[item.id]  # another specdeck is launching it right now
-            return self._end(item, run["id"], "interrupted",
+            return self._end(item, run.id, "interrupted",
                              error="specdeck stopped before the run was launched")
-        if run["state"] == "starting" or not run.get("capsule"):
-            self.store.update_run(run["id"], state="running", capsule=capsule, pid=st.pid)
-            run = self.store.run(run["id"])
+        if run.state == "starting" or not run.capsule:
+            self.store.update_run(run.id, state="running", capsule=capsule, pid=st.pid)
+            run = self.store.run(run.id)
         if st.state == "running":
             if follow:
                 return await self.attach_run(run)
             return self.statuses()[item.id]
         # Ended (or lost) while nobody followed: drain the log, then finish.
-        follower = getattr(action, "follow", None)
-        if follower is not None:
-            work = follower(self, host, run, lambda ls: None)
-        else:
-            work = jobs.follow(host, self.store, run["id"], capsule, poll=self.poll,
-                               regex=getattr(action, "metrics_regex", lambda: None)())
-        st = await self._with_metric_files(item, action, host, run["id"], work)
-        return await self._finish(item, action, host, run["id"], st)
+        work = action.follow(ctx, host, run, lambda ls: None)
+        st = await self._with_metric_files(item, action, host, run.id, work)
+        return await self._finish(item, action, host, run.id, st)
 
-    async def _follow_owned(self, item: Item, run: dict) -> str:
+    async def _follow_owned(self, item: Item, run: "Run") -> str:
         """Follow an in-process run that another specdeck owns (its relay, its venv): show
         its log as that process stores it, until it records the end (or dies)."""
-        run_id = run["id"]
-        self.emit(RunStarted(item.id, run_id, run["host"], run.get("pid"), attached=True))
-        shown = self.store.run(run_id)["log_offset"] or 0
+        run_id = run.id
+        self.emit(RunStarted(item.id, run_id, run.host, run.pid, attached=True))
+        shown = self.store.run(run_id).log_offset or 0
         while True:
             cur = self.store.run(run_id)
-            if (cur["log_offset"] or 0) > shown:
+            if (cur.log_offset or 0) > shown:
                 data = self.store.log_bytes(run_id, shown)
                 cut = data.rfind(b"\n") + 1
                 if cut:
                     self.emit(LogLinesReceived(item.id, run_id,
                                                data[:cut].decode("utf-8", "replace").splitlines()))
                     shown += cut
-            if cur["state"] not in ("starting", "running"):
-                self.emit(RunEnded(item.id, run_id, cur["state"], cur["exit_code"],
-                                   cur["signal"], cur["error"]))
+            if not cur.live:
+                self.emit(RunEnded(item.id, run_id, cur.state, cur.exit_code,
+                                   cur.signal, cur.error))
                 return self.statuses()[item.id]
-            if owner_alive(cur["owner"]) is False:
+            if owner_alive(cur.owner) is False:
                 return self._end(item, run_id, "interrupted",
                                  error="the specdeck process running it exited; run it again "
                                        "to resume")
             await asyncio.sleep(max(self.poll, 0.1))
 
-    async def _stop_in_process(self, item: Item, run: dict, grace_s: float) -> Outcome:
+    async def _stop_in_process(self, item: Item, run: "Run", grace_s: float) -> Outcome:
         """Cancel an in-process action (a relay keeps its .part: a rerun resumes)."""
-        run_id = run["id"]
+        run_id = run.id
         work = self._in_process.get(run_id)
-        if work is None and owner_alive(run["owner"]) is False:
+        if work is None and owner_alive(run.owner) is False:
             # its specdeck died (killed, laptop closed): nothing runs any more
             self._end(item, run_id, "interrupted", error="the specdeck running it is gone")
             run = self.store.run(run_id)
-            return Outcome(run["state"], run["exit_code"], run["signal"], run["capsule"] or "",
+            return Outcome(run.state, run.exit_code, run.signal, run.capsule or "",
                            run_id)
         if work is None:
             raise SpecdeckError(
-                f"run {run_id} runs inside another specdeck (pid {run['pid']}, "
-                f"{run['owner']})", hint="stop that specdeck (Ctrl-C or q in its console)")
+                f"run {run_id} runs inside another specdeck (pid {run.pid}, "
+                f"{run.owner})", hint="stop that specdeck (Ctrl-C or q in its console)")
         self._stopping.add(run_id)
         self.store.journal("stop_requested", f"stop {run_id} (in-process)", item_id=item.id,
                            run_id=run_id)
         work.cancel()
         deadline = time.monotonic() + max(grace_s, 1.0)
-        while self.store.run(run_id)["state"] in ("starting", "running"):
+        while self.store.run(run_id).live:
             if time.monotonic() > deadline:
                 raise SpecdeckError(f"run {run_id} did not end {grace_s:g} s after its cancel")
             await asyncio.sleep(0.05)
         run = self.store.run(run_id)
-        return Outcome(run["state"], run["exit_code"], run["signal"], run["capsule"] or "", run_id)
+        return Outcome(run.state, run.exit_code, run.signal, run.capsule or "", run_id)
 
     DRAIN_TIMEOUT_S = 120.0
 
-    async def _drain(self, item: Item, action: Action, host: Host, run: dict,
+    async def _drain(self, item: Item, action: Action, host: Host, run: "Run",
                      st: jobs.CapsuleState) -> None:
         """Store the rest of an ended run's log (exactly once) before its end is recorded:
         a run stopped while nobody followed it keeps every line it wrote."""
-        if not run.get("capsule"):
+        if not run.capsule:
             return
 
         async def ended() -> jobs.CapsuleState:
             return st
 
+        ctx = _Context(self, item, host, run.id)
         try:
-            await asyncio.wait_for(jobs.follow(
-                host, self.store, run["id"], run["capsule"], poll=self.poll,
-                regex=getattr(action, "metrics_regex", lambda: None)(), inspector=ended),
-                self.DRAIN_TIMEOUT_S)
+            await asyncio.wait_for(ctx.follow_log(host, run, regex=action.metrics_regex(),
+                                                  inspector=ended), self.DRAIN_TIMEOUT_S)
         except asyncio.TimeoutError:
-            self.emit(Notice(item.id, f"{item.id}: the end of run {run['id']}'s log could not "
-                             f"be read from {run['host']} (`specdeck logs` has what was stored)",
+            self.emit(Notice(item.id, f"{item.id}: the end of run {run.id}'s log could not "
+                             f"be read from {run.host} (`specdeck logs` has what was stored)",
                              "warning"))
 
     async def stop_run(self, run_id: str, *, grace_s: float = 30.0) -> Outcome:
         """Stop a live run: SIGTERM to its group, ``grace_s``, SIGKILL. Ends it as stopped."""
         run = self.store.run(run_id)
-        if run is None or run["state"] not in ("starting", "running"):
+        if run is None or not run.live:
             raise SpecdeckError(f"run {run_id} is not live")
-        item = self.plan.item(run["item_id"])
+        item = self.plan.item(run.item_id)
         action = self.run_action(item, run)
         if action is not None and not action.detached:
             return await self._stop_in_process(item, run, grace_s)
         self._stopping.add(run_id)
         self.store.update_run(run_id, error="stop requested")
         self.store.journal("stop_requested", f"stop {run_id} (grace {grace_s}s)",
-                           item_id=item.id, run_id=run_id, host=run["host"])
-        if run["state"] == "starting":  # never mark lost what its start is creating
+                           item_id=item.id, run_id=run_id, host=run.host)
+        if run.state == "starting":  # never mark lost what its start is creating
             run = await self._launched(run, grace_s)
-            if run["state"] not in ("starting", "running"):
-                return Outcome(run["state"], run["exit_code"], run["signal"],
-                               run["capsule"] or "", run_id)
+            if not run.live:
+                return Outcome(run.state, run.exit_code, run.signal,
+                               run.capsule or "", run_id)
             action = self.run_action(item, run)
-        host = await self.host(run["host"])
-        stopper = getattr(action, "stop", None)
-        if stopper is not None:
-            st = await stopper(self, host, run, grace_s)
-        else:
-            st = await jobs.stop(host, run["capsule"], grace_s=grace_s)
+        host = await self.host(run.host)
+        st = await action.stop(_Context(self, item, host, run_id), host, run, grace_s)
         if st.state == "running":
-            raise SpecdeckError(f"run {run_id} on {run['host']} did not stop after SIGKILL")
+            raise SpecdeckError(f"run {run_id} on {run.host} did not stop after SIGKILL")
         await self._drain(item, action, host, self.store.run(run_id), st)
         # Finish it here; a follower (this process's or another's) finishing it too is a
         # no-op, since ending a run is idempotent in the store.
         await self._finish(item, action, host, run_id, st)
         run = self.store.run(run_id)
-        return Outcome(run["state"], run["exit_code"], run["signal"], run["capsule"] or "", run_id)
+        return Outcome(run.state, run.exit_code, run.signal, run.capsule or "", run_id)

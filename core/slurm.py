@@ -12,7 +12,8 @@ import shlex
 import time
 
 from core import jobs
-from core.actions.base import Launch
+from core.jobs import Launch
+from core.records import Run
 from core.errors import ActionFailed
 
 LIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
@@ -69,9 +70,9 @@ def _signame(sig: str) -> str:
         return sig
 
 
-async def inspect(host, run: dict) -> jobs.CapsuleState:
-    job = run.get("job_id")
-    capsule = run.get("capsule") or jobs.capsule_path(host, run["id"])
+async def inspect(host, run: "Run") -> jobs.CapsuleState:
+    job = run.job_id
+    capsule = run.capsule or jobs.capsule_path(host, run.id)
     if not job:
         raw = await host.read_from(f"{capsule}/job_id", 0, 64)
         job = raw.decode().strip()
@@ -110,9 +111,9 @@ async def inspect(host, run: dict) -> jobs.CapsuleState:
     return cap if cap.state == "ended" else jobs.CapsuleState("lost")
 
 
-async def cancel(host, run: dict, *, grace_s: float = 30.0) -> jobs.CapsuleState:
+async def cancel(host, run: "Run", *, grace_s: float = 30.0) -> jobs.CapsuleState:
     """scancel (Slurm sends SIGTERM, waits KillWait, then SIGKILL); wait for the end."""
-    job = run.get("job_id")
+    job = run.job_id
     await host.run(["scancel", str(job)], check=True)
     deadline = time.monotonic() + max(grace_s, 5) + 60
     while time.monotonic() < deadline:

@@ -31,8 +31,8 @@ from typing import Any, Iterable, Iterator
 from sqlite_utils import Database
 from sqlite_utils.migrations import Migrations
 
-LIVE_STATES = ("starting", "running")
-ENDED_STATES = ("succeeded", "failed", "stopped", "lost", "interrupted")
+from core.records import (ENDED_STATES, LIVE_STATES, Artefact, EvalRow, Event, MetricPoint, Run,
+                          SeenMark, StatusChange)
 
 migrations = Migrations("specdeck")
 
@@ -116,10 +116,6 @@ def state_path_for(plan, explicit: str | None = None) -> Path:
     if not os.environ.get("SPECDECK_STATE") and getattr(plan, "state", None):
         return Path(plan.state)
     return default_state_path(plan.name)
-
-
-class StoreBusy(Exception):
-    pass
 
 
 class Store:
@@ -218,13 +214,13 @@ class Store:
             self.db["status_history"].insert({"item_id": item_id, "status": status, "at": now,
                                               "reason": reason, "run_id": run_id})
 
-    def status_history(self, item_id: str) -> list[dict]:
-        return list(self.db["status_history"].rows_where("item_id = ?", [item_id],
-                                                         order_by="id"))
+    def status_history(self, item_id: str) -> list[StatusChange]:
+        return [StatusChange.from_row(r) for r in
+                self.db["status_history"].rows_where("item_id = ?", [item_id], order_by="id")]
 
     # -- runs ----------------------------------------------------------------------------
     def claim_run(self, run_id: str, item_id: str, kind: str, host: str | None, *,
-                  owner: str, launcher: str = "process") -> dict | None:
+                  owner: str, launcher: str = "process") -> Run | None:
         """Create a run for ``item_id`` unless it already has a live one.
 
         Returns the new run, or None when another live run exists (then attach to it).
@@ -251,33 +247,31 @@ class Store:
         with self._immediate():
             self.db["runs"].update(run_id, fields)
 
-    def run(self, run_id: str) -> dict | None:
-        rows = list(self.db["runs"].rows_where("id = ?", [run_id]))
+    def _runs(self, where: str, args: list, **kw: Any) -> list[Run]:
+        return [Run.from_row(r) for r in self.db["runs"].rows_where(where, args, **kw)]
+
+    def run(self, run_id: str) -> Run | None:
+        rows = self._runs("id = ?", [run_id])
         return rows[0] if rows else None
 
-    def live_run(self, item_id: str) -> dict | None:
-        rows = list(self.db["runs"].rows_where(
-            "item_id = ? AND state IN ('starting', 'running')", [item_id],
-            order_by="attempt DESC", limit=1))
+    def live_run(self, item_id: str) -> Run | None:
+        rows = self._runs(f"item_id = ? AND state IN {LIVE_STATES}", [item_id],
+                          order_by="attempt DESC", limit=1)
         return rows[0] if rows else None
 
-    def live_runs(self) -> list[dict]:
-        return list(self.db["runs"].rows_where("state IN ('starting', 'running')",
-                                               order_by="started_at"))
+    def live_runs(self) -> list[Run]:
+        return self._runs(f"state IN {LIVE_STATES}", [], order_by="started_at")
 
-    def latest_run(self, item_id: str) -> dict | None:
-        rows = list(self.db["runs"].rows_where("item_id = ?", [item_id],
-                                               order_by="attempt DESC", limit=1))
+    def latest_run(self, item_id: str) -> Run | None:
+        rows = self._runs("item_id = ?", [item_id], order_by="attempt DESC", limit=1)
         return rows[0] if rows else None
 
-    def runs_for_item(self, item_id: str) -> list[dict]:
-        return list(self.db["runs"].rows_where("item_id = ?", [item_id], order_by="attempt"))
+    def runs_for_item(self, item_id: str) -> list[Run]:
+        return self._runs("item_id = ?", [item_id], order_by="attempt")
 
-    def latest_runs(self) -> dict[str, dict]:
-        out: dict[str, dict] = {}
-        for r in self.db.query("SELECT * FROM runs ORDER BY attempt"):
-            out[r["item_id"]] = r
-        return out
+    def latest_runs(self) -> dict[str, Run]:
+        """Each item's latest run, by item id."""
+        return {r.item_id: r for r in self._runs("1 = 1", [], order_by="attempt")}
 
     def end_run(self, run_id: str, state: str, *, exit_code: int | None = None,
                 signal: str | None = None, error: str | None = None,
@@ -285,7 +279,7 @@ class Store:
         """Mark a live run ended. Returns False when it had already ended (idempotent)."""
         with self._immediate():
             run = self.run(run_id)
-            if run is None or run["state"] in ENDED_STATES:
+            if run is None or run.state in ENDED_STATES:
                 return False
             fields: dict[str, Any] = {"state": state, "ended_at": time.time(),
                                       "exit_code": exit_code, "signal": signal, "error": error}
@@ -293,7 +287,7 @@ class Store:
                 fields["result"] = json.dumps(result)
             self.db["runs"].update(run_id, fields)
             how = f"signal {signal}" if signal else f"exit {exit_code}"
-            self._event(f"run_{state}", run["item_id"], run_id, run["host"],
+            self._event(f"run_{state}", run.item_id, run_id, run.host,
                         f"{state} ({how})" + (f": {error}" if error else ""))
         return True
 
@@ -377,7 +371,7 @@ class Store:
             return self._event(kind, item_id, run_id, host, message, data)
 
     def events(self, *, since_id: int = 0, limit: int | None = None,
-               kinds: Iterable[str] | None = None, newest_first: bool = False) -> list[dict]:
+               kinds: Iterable[str] | None = None, newest_first: bool = False) -> list[Event]:
         """Journal rows after ``since_id`` (of ``kinds`` only), oldest first unless
         ``newest_first`` (then ``limit`` keeps the newest)."""
         where, args = "id > ?", [since_id]
@@ -385,8 +379,8 @@ class Store:
             kinds = list(kinds)
             where += f" AND kind IN ({', '.join('?' * len(kinds))})"
             args += kinds
-        return list(self.db["events"].rows_where(where, args, limit=limit,
-                                                 order_by="id DESC" if newest_first else "id"))
+        return [Event.from_row(r) for r in self.db["events"].rows_where(
+            where, args, limit=limit, order_by="id DESC" if newest_first else "id")]
 
     def last_event_id(self) -> int:
         return self.db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
@@ -404,10 +398,10 @@ class Store:
                                            pk="name")
         return eid
 
-    def seen_mark(self, name: str = "console") -> dict | None:
-        """``{event_id, at}`` of the last :meth:`mark_seen`, or None if none was recorded."""
+    def seen_mark(self, name: str = "console") -> SeenMark | None:
+        """The last :meth:`mark_seen` (event id and time), or None if none was recorded."""
         rows = list(self.db["console_seen"].rows_where("name = ?", [name]))
-        return rows[0] if rows else None
+        return SeenMark(**rows[0]) if rows else None
 
     # -- metrics -------------------------------------------------------------------------
     def add_metrics(self, run_id: str, rows: Iterable[tuple[int, str, float]]) -> None:
@@ -445,14 +439,14 @@ class Store:
                             "VALUES (?, ?, ?, ?)", [run_id, source, new_offset, time.time()])
         return True
 
-    def metric_rows(self, run_id: str, names: Iterable[str] | None = None) -> list[dict]:
-        """Every stored point of a run as ``{step, name, value, time}``, by step then name."""
+    def metric_rows(self, run_id: str, names: Iterable[str] | None = None) -> list[MetricPoint]:
+        """Every stored point of a run, by step then name."""
         where, args = "run_id = ?", [run_id]
         if names is not None:
             names = list(names)
             where += f" AND name IN ({', '.join('?' * len(names))})"
             args += names
-        return [{"step": r[0], "name": r[1], "value": r[2], "time": r[3]} for r in
+        return [MetricPoint(*r) for r in
                 self.db.execute(f"SELECT step, name, value, at FROM metrics WHERE {where} "
                                 "ORDER BY step, name", args)]
 
@@ -474,26 +468,18 @@ class Store:
         return rows
 
     # -- eval results and artefacts ------------------------------------------------------
-    def add_eval_results(self, rows: list[dict]) -> None:
+    def add_eval_results(self, rows: Iterable[EvalRow]) -> None:
         now = time.time()
         with self._immediate():
             for r in rows:
-                r = dict(r)
-                for k in ("rounds", "per_position", "settings"):
-                    if k in r and not isinstance(r[k], (str, type(None))):
-                        r[k] = json.dumps(r[k])
-                r.setdefault("at", now)
-                self.db["eval_results"].insert(r)
+                row = r.to_row()
+                row["at"] = row["at"] or now
+                self.db["eval_results"].insert(row)
 
-    def eval_results(self, item_id: str | None = None) -> list[dict]:
+    def eval_results(self, item_id: str | None = None) -> list[EvalRow]:
         where, args = ("item_id = ?", [item_id]) if item_id else (None, [])
-        rows = self.db["eval_results"].rows_where(where, args, order_by="id")
-        out = []
-        for r in rows:
-            for k in ("rounds", "per_position", "settings"):
-                r[k] = json.loads(r[k]) if r[k] else None
-            out.append(r)
-        return out
+        return [EvalRow.from_row(r) for r in
+                self.db["eval_results"].rows_where(where, args, order_by="id")]
 
     def add_artefact(self, run_id: str, item_id: str, kind: str, path: str,
                      step: int | None = None, data: dict | None = None) -> bool:
@@ -509,10 +495,11 @@ class Store:
             self._event("artefact", item_id, run_id, None, f"{kind} {path}")
         return True
 
-    def artefacts(self, item_id: str, kind: str | None = None) -> list[dict]:
+    def artefacts(self, item_id: str, kind: str | None = None) -> list[Artefact]:
         where = "item_id = ?" + (" AND kind = ?" if kind else "")
         args = [item_id] + ([kind] if kind else [])
-        return list(self.db["artefacts"].rows_where(where, args, order_by="step, id"))
+        return [Artefact.from_row(r) for r in
+                self.db["artefacts"].rows_where(where, args, order_by="step, id")]
 
     # -- tau over training (watch_eval) --------------------------------------------------
     def watch_entries(self, run_id: str) -> list[dict]:

@@ -79,3 +79,9 @@ def collapse_cr(line: str) -> str:
         return line
     parts = [p for p in line.split("\r") if p.strip()]
     return parts[-1] if parts else ""
+
+
+def short(value: object, n: int = 70) -> str:
+    """``repr(value)`` for a message, cut at ``n`` characters (saying how long it was)."""
+    r = repr(value)
+    return r if len(r) <= n else r[:n] + f"… ({len(r)} chars)"

@@ -104,13 +104,13 @@ class Watcher:
         every = self.spec.get("every", "checkpoint")
         last = max(known, default=None)
         for a in self.store.artefacts(self.item.id, "checkpoint"):
-            if a["run_id"] != self.run_id or a["step"] is None or a["step"] in known:
+            if a.run_id != self.run_id or a.step is None or a.step in known:
                 continue
-            if isinstance(every, int) and last is not None and a["step"] - last < every:
+            if isinstance(every, int) and last is not None and a.step - last < every:
                 continue
-            self.store.watch_add(self.run_id, self.item.id, a["step"])
-            known.add(a["step"])
-            last = a["step"] if last is None else max(last, a["step"])
+            self.store.watch_add(self.run_id, self.item.id, a.step)
+            known.add(a.step)
+            last = a.step if last is None else max(last, a.step)
 
     def _next(self) -> dict | None:
         """The newest pending checkpoint; older pending ones are recorded as skipped."""
@@ -162,7 +162,7 @@ class Watcher:
         try:
             if not resume or (await jobs.inspect(ev, capsule)).state in ("missing", "nopid"):
                 ckpt = [a for a in self.store.artefacts(self.item.id, "checkpoint")
-                        if a["run_id"] == self.run_id and a["step"] == step][0]["path"]
+                        if a.run_id == self.run_id and a.step == step][0].path
                 train_host = await self.runner.host(self.item.action.host)
                 self.store.watch_update(self.run_id, step, state="running", host=ev.name,
                                         capsule=capsule)
@@ -221,11 +221,11 @@ class Watcher:
                                     f"failed: {exc}", "error"))
 
     def _baseline_done(self) -> bool:
-        return any(r["role"] == "baseline" and r["run_id"] == self.run_id
+        return any(r.role == "baseline" and r.run_id == self.run_id
                    for r in self.store.eval_results(self.item.id))
 
     def _record(self, step: int, res: dict, base: dict | None) -> None:
-        from core.actions.eval import _rows
+        from core.actions.eval import eval_rows
 
         metrics = [(step, "tau", float(res["tau"]))]
         ci = stats.mean_ci([float(p["tau"]) for p in res.get("per_prompt") or []
@@ -238,19 +238,19 @@ class Watcher:
         for k, v in enumerate(res.get("per_position_acceptance") or []):
             metrics.append((step, f"tau_acc[{k}]", float(v)))
         self.store.add_metrics(self.run_id, metrics)
-        ctx = type("C", (), {"run_id": self.run_id, "item": self.item})()
-        rows = _rows(ctx, res, self.item.id, "drafter", step)  # compare labels it item@step
+        # compare labels it item@step
+        rows = eval_rows(self.run_id, self.item.id, res, self.item.id, "drafter", step)
         if base is not None:
-            rows += _rows(ctx, base, "baseline", "baseline", None)
+            rows += eval_rows(self.run_id, self.item.id, base, "baseline", "baseline", None)
             self.store.add_metrics(self.run_id, [(step, "tau_baseline", float(base["tau"]))])
         self.store.add_eval_results(rows)
 
     def _prompt_taus(self, step: int) -> dict[str, float]:
         """The chain method's per-prompt tau of this run's eval at ``step``."""
-        return {r["prompt_id"]: float(r["tau"]) for r in self.store.eval_results(self.item.id)
-                if r["run_id"] == self.run_id and r["step"] == step and r["role"] == "drafter"
-                and (r["settings"] or {}).get("method", "chain") == "chain"
-                and r["tau"] is not None}
+        return {r.prompt_id: float(r.tau) for r in self.store.eval_results(self.item.id)
+                if r.run_id == self.run_id and r.step == step and r.role == "drafter"
+                and (r.settings or {}).get("method", "chain") == "chain"
+                and r.tau is not None}
 
     def _paired(self, a: int, b: int) -> stats.Paired | None:
         """Step ``a``'s per-prompt tau against step ``b``'s (None: under 2 shared prompts)."""

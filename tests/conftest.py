@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -35,3 +36,21 @@ def run_cli(*args, cwd=None, env=None, timeout=120, input=None):
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture
+def slow_starts(monkeypatch):
+    """Every detached launch takes a second (a slow host): returns the event set when one
+    begins, so that a test can act while its run is still ``starting``."""
+    from core import jobs
+
+    real = jobs.start
+    launching = asyncio.Event()
+
+    async def slow_start(*a, **kw):
+        launching.set()
+        await asyncio.sleep(1.0)
+        return await real(*a, **kw)
+
+    monkeypatch.setattr(jobs, "start", slow_start)
+    return launching

@@ -269,7 +269,7 @@ def test_diff_of_a_command_trainer_uses_its_argv_and_config_file(tmp_path):
     assert json.loads(res.stdout) == {"config.data.path": {"train#1": "/d/one",
                                                            "train#2": "/d/two"}}
     store = Store(state)
-    rec = json.loads(store.latest_run("train")["config"])
+    rec = store.latest_run("train").config
     assert rec["argv"]["config"] == "cfg.yaml" and rec["argv"]["bf16"] is True
     assert rec["config_file"] == str(cfg)
 
@@ -313,7 +313,7 @@ def test_imported_ids_are_cut_at_a_word_boundary(tmp_path):
 # -- the demo's state --------------------------------------------------------------------
 def test_demo_plan_records_its_state_for_every_command(tmp_path, monkeypatch):
     from core.demo import write_workspace
-    from core.plan import load_plan
+    from core.planfile import load_plan
 
     plan_path = write_workspace(tmp_path / "demo", quick=True)
     plan = load_plan(plan_path)

@@ -18,23 +18,10 @@ from tests.conftest import ROOT
 
 PACKAGES = ("core", "console", "bench")
 
-KNOWN_CYCLES: list[set[str]] = [
-    # removed at merge (issue 17, core library branch): core.actions.base imports core.plan's
-    # Item/Plan while core.plan loads core.actions' registry (plan model / loading / todowrite
-    # split), and core.adopt annotates with core.runner.Runner while the runner calls adopt
-    # (actions get a context, not the runner).
-    {"core.actions", "core.actions.base", "core.actions.manual", "core.actions.shell",
-     "core.actions.stop", "core.adopt", "core.jobs", "core.plan", "core.runner", "core.slurm"},
-    # removed at merge (issue 23, the detached watcher): core.watch imports eval._rows while
-    # train imports watch; core.actions.fit and core.actions.train import each other lazily.
-    {"core.actions.eval", "core.actions.fit", "core.actions.train", "core.watch"},
-]
+KNOWN_CYCLES: list[set[str]] = []
 """Cycles another branch of this round removes; each entry must still exist (no stale one)."""
 
-KNOWN_PRIVATE: set[tuple[str, str]] = {
-    # removed at merge: issue 23 (the detached watcher) no longer reads eval._rows
-    ("core/watch.py", "_rows"),
-}
+KNOWN_PRIVATE: set[tuple[str, str]] = set()
 """(reader, private name) pairs another branch of this round removes."""
 
 

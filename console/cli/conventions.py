@@ -133,7 +133,7 @@ def polish(parser: argparse.ArgumentParser) -> None:
 
 # -- completion --------------------------------------------------------------------------
 def _plan_of(parsed_args):
-    from core.plan import load_plan
+    from core.planfile import load_plan
 
     path = getattr(parsed_args, "plan", None)
     if not path:

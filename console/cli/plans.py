@@ -13,15 +13,18 @@ from pathlib import Path
 from console.cli.output import GLYPHS, err, run_with
 from console.cli.render import table
 from core.errors import InvalidInput
-from core.plan import load_plan, params_summary, plan_to_todos, todos_to_plan_yaml
+from core.plan import params_summary
+from core.records import Run
+from core.planfile import load_plan
+from core.todos import plan_to_todos, todos_to_plan_yaml
 from core.text import sanitize
 
 
-def _run_json(run: dict | None) -> dict | None:
+def _run_json(run: "Run | None") -> dict | None:
     if not run:
         return None
-    return {k: run.get(k) for k in ("id", "host", "state", "pid", "exit_code", "signal",
-                                     "started_at", "ended_at")}
+    return {k: getattr(run, k) for k in ("id", "host", "state", "pid", "exit_code", "signal",
+                                         "started_at", "ended_at")}
 
 
 def cmd_validate(args) -> int:
@@ -43,7 +46,7 @@ def cmd_status(args) -> int:
             changes = await runner.reconcile()
         st = runner.statuses()
         latest = runner.store.latest_runs()
-        alerts = [e for e in runner.store.events() if e["kind"] == "alert"]
+        alerts = runner.store.events(kinds=["alert"])
         return changes, st, latest, alerts
 
     changes, st, latest, alerts = run_with(plan, args, go, show_events=False)
@@ -54,8 +57,8 @@ def cmd_status(args) -> int:
             "action": ({"kind": it.action.kind, "host": it.action.host,
                         "params": params_summary(it)} if it.action else None),
             "run": _run_json(latest.get(it.id))} for it in plan.items],
-            "alerts": [{"item": a["item_id"], "run": a["run_id"], "at": a["at"],
-                        "message": a["message"]} for a in alerts]}
+            "alerts": [{"item": a.item_id, "run": a.run_id, "at": a.at,
+                        "message": a.message} for a in alerts]}
         print(json.dumps(out, indent=2))
         return 0
     for c in changes:
@@ -73,17 +76,17 @@ def cmd_status(args) -> int:
         where = f"@{it.action.host}" if it.action and it.action.host else ""
         r = ""
         if run:
-            how = (f" signal {run['signal']}" if run["signal"] else
-                   (f" exit {run['exit_code']}" if run["exit_code"] is not None else ""))
-            r = f"{run['state']}{how} #{run['attempt']}"
+            how = (f" signal {run.signal}" if run.signal else
+                   (f" exit {run.exit_code}" if run.exit_code is not None else ""))
+            r = f"{run.state}{how} #{run.attempt}"
         rows.append([f"{GLYPHS[st[it.id]]} {st[it.id]}", it.id, it.priority, kind + where,
                      it.content, r])
     table(["status", "item", "priority", "action", "what", "latest run"], rows,
           title=f"plan {plan.name} ({plan.path})", styles=[st[it.id] for it in plan.items],
           wrap={4})
     for a in alerts[-5:]:
-        print(sanitize(f"  ALERT {time.strftime('%m-%d %H:%M', time.localtime(a['at']))} "
-                       f"{a['item_id']}: {a['message']}"))
+        print(sanitize(f"  ALERT {time.strftime('%m-%d %H:%M', time.localtime(a.at))} "
+                       f"{a.item_id}: {a.message}"))
     return 0
 
 
@@ -110,7 +113,7 @@ def cmd_export(args) -> int:
 
     st = run_with(plan, args, go, show_events=False)
     if args.markdown:
-        from core.plan import plan_to_markdown
+        from core.todos import plan_to_markdown
 
         sys.stdout.write(plan_to_markdown(plan, st))
         return 0
@@ -121,7 +124,8 @@ def cmd_export(args) -> int:
 
 
 def cmd_import(args) -> int:
-    from core.plan import load_todos, parse_plan
+    from core.planfile import parse_plan
+    from core.todos import load_todos
 
     src = Path(args.todos)
     todos = load_todos(src)

@@ -15,7 +15,7 @@ import sys
 
 from console.cli.output import run_with
 from core.errors import InvalidInput
-from core.plan import load_plan
+from core.planfile import load_plan
 
 
 def _flatten(d, prefix="") -> dict:
@@ -40,7 +40,7 @@ def cmd_compare(args) -> int:
     async def go(runner):
         rows = runner.store.eval_results(args.item)
         if args.step is not None:
-            rows = [r for r in rows if r["role"] == "baseline" or r["step"] == args.step]
+            rows = [r for r in rows if r.role == "baseline" or r.step == args.step]
         return rows
 
     rows = run_with(plan, args, go, show_events=False)
@@ -73,14 +73,14 @@ def _diff_side(store, plan, spec: str) -> tuple[str, dict]:
     """``ITEM`` (its latest run with a recorded config) or ``ITEM#N`` (attempt N)."""
     item, _, attempt = spec.partition("#")
     plan.item(item)
-    runs = [r for r in store.runs_for_item(item) if r["config"]]
+    runs = [r for r in store.runs_for_item(item) if r.config]
     if attempt:
         if not attempt.isdigit():
             raise InvalidInput(f"{spec!r}: ITEM#N takes an attempt number")
-        runs = [r for r in runs if r["attempt"] == int(attempt)]
+        runs = [r for r in runs if r.attempt == int(attempt)]
         if not runs:
-            have = ", ".join(f"#{r['attempt']}" for r in store.runs_for_item(item)
-                             if r["config"]) or "none"
+            have = ", ".join(f"#{r.attempt}" for r in store.runs_for_item(item)
+                             if r.config) or "none"
             raise InvalidInput(f"item {item!r} has no attempt #{attempt} with a recorded "
                                f"config (recorded: {have})")
     if not runs:
@@ -88,7 +88,7 @@ def _diff_side(store, plan, spec: str) -> tuple[str, dict]:
                            hint="a core.ml.train run records its resolved config when it "
                                 "ends; a command: trainer, its argv and config file at launch")
     run = runs[-1]
-    return f"{item}#{run['attempt']}", json.loads(run["config"])
+    return f"{item}#{run.attempt}", run.config
 
 
 def cmd_diff(args) -> int:
@@ -102,7 +102,7 @@ def cmd_diff(args) -> int:
     fa, fb = _flatten(a), _flatten(b)
     missing = object()
     differ = sorted(k for k in set(fa) | set(fb) if fa.get(k, missing) != fb.get(k, missing))
-    # where each run wrote (core.ml.train_config.RUN_KEYS, and a resume's source) is no setting
+    # where each run wrote (core.ml.train.config.RUN_KEYS, and a resume's source) is no setting
     where = [k for k in differ if k.split(".")[0] in WHERE_KEYS]
     keys = [k for k in differ if k not in where]
     if args.json:
@@ -134,9 +134,9 @@ def pick_run(store, item_id: str, which: str | None) -> dict:
     if which is None:
         return runs[-1]
     for r in runs:
-        if which in (str(r["attempt"]), r["id"]):
+        if which in (str(r.attempt), r.id):
             return r
-    have = ", ".join(f"{r['attempt']} ({r['id']})" for r in runs)
+    have = ", ".join(f"{r.attempt} ({r.id})" for r in runs)
     raise InvalidInput(f"item {item_id!r} has no run {which!r}; its runs: {have}")
 
 
@@ -147,34 +147,34 @@ def cmd_metrics(args) -> int:
 
     async def go(runner):
         run = pick_run(runner.store, args.item, args.run)
-        return run, runner.store.metric_rows(run["id"], names)
+        return run, runner.store.metric_rows(run.id, names)
 
     run, rows = run_with(plan, args, go, show_events=False)
     if args.csv:
         w = csv.writer(sys.stdout, lineterminator="\n")
         w.writerow(FIELDS)
         for r in rows:
-            w.writerow([r["step"], r["name"], repr(r["value"]), f"{r['time']:.3f}"])
+            w.writerow([r.step, r.name, repr(r.value), f"{r.time:.3f}"])
         sys.stdout.flush()
         return 0
     if args.jsonl:
         for r in rows:
-            sys.stdout.write(json.dumps({k: r[k] for k in FIELDS}) + "\n")
+            sys.stdout.write(json.dumps({k: getattr(r, k) for k in FIELDS}) + "\n")
         sys.stdout.flush()
         return 0
     if not rows:
-        print(f"{args.item}: run {run['id']} (attempt {run['attempt']}) has no metrics"
+        print(f"{args.item}: run {run.id} (attempt {run.attempt}) has no metrics"
               + (f" named {', '.join(names)}" if names else ""), file=sys.stderr)
         return 0
-    series: dict[str, list[dict]] = {}
+    series: dict[str, list] = {}
     for r in rows:
-        series.setdefault(r["name"], []).append(r)
+        series.setdefault(r.name, []).append(r)
     from console.cli.render import table
 
     table(["name", "points", "steps", "last value"],
-          [[n, str(len(s)), f"{s[0]['step']}..{s[-1]['step']}", f"{s[-1]['value']:.6g}"]
+          [[n, str(len(s)), f"{s[0].step}..{s[-1].step}", f"{s[-1].value:.6g}"]
            for n, s in sorted(series.items())],
-          title=f"{args.item}: run {run['id']} (attempt {run['attempt']})")
+          title=f"{args.item}: run {run.id} (attempt {run.attempt})")
     return 0
 
 

@@ -11,7 +11,7 @@ from console.cli import exit_codes
 from console.cli.output import err, run_with
 from core.adopt import AdoptSpec, adopt_item
 from core.errors import InvalidInput
-from core.plan import load_plan
+from core.planfile import load_plan
 from core.text import collapse_cr, sanitize
 
 
@@ -72,7 +72,7 @@ def cmd_logs(args) -> int:
 
         def flush() -> None:
             nonlocal printed
-            data = store.log_bytes(run["id"], printed)
+            data = store.log_bytes(run.id, printed)
             if data:
                 text = data.decode("utf-8", "replace")
                 if not args.raw:  # a tqdm bar's \r redraws: the last one, as a terminal shows
@@ -91,11 +91,11 @@ def cmd_logs(args) -> int:
                 await asyncio.sleep(0.1)
             await task
             flush()
-        final = store.run(run["id"])
-        if final["state"] not in ("starting", "running"):
-            how = (f"signal {final['signal']}" if final["signal"] else f"exit {final['exit_code']}"
-                   if final["exit_code"] is not None else "exit status unknown")
-            err(f"[run {final['id']} {final['state']} ({how})]")
+        final = store.run(run.id)
+        if not final.live:
+            how = (f"signal {final.signal}" if final.signal else f"exit {final.exit_code}"
+                   if final.exit_code is not None else "exit status unknown")
+            err(f"[run {final.id} {final.state} ({how})]")
 
     run_with(plan, args, go, show_events=False)
     return 0
@@ -111,12 +111,12 @@ def cmd_stop(args) -> int:
         if live is None:
             # a command that exited may have left children running: those end too
             run, n = await runner.end_leftovers(args.item, grace_s=min(args.grace, 10.0))
-            err(f"{args.item}: run {run['id']}: ended {n} process(es) it left running" if n
+            err(f"{args.item}: run {run.id}: ended {n} process(es) it left running" if n
                 else f"{args.item}: no live run")
             return 0
-        what = (f"run {live['id']} of item {args.item!r} on host {live['host']!r} "
-                + (f"(adopted {json.loads(live['adopt'])['what']}: its process tree)"
-                   if live.get("adopt") else f"(process group {live['pid']})"))
+        what = (f"run {live.id} of item {args.item!r} on host {live.host!r} "
+                + (f"(adopted {live.adopt['what']}: its process tree)"
+                   if live.adopt else f"(process group {live.pid})"))
         if not args.yes:
             if not sys.stdin.isatty():
                 raise InvalidInput(f"refusing to stop {what} without confirmation",
@@ -126,8 +126,8 @@ def cmd_stop(args) -> int:
             if sys.stdin.readline().strip().lower() not in ("y", "yes"):
                 err("not stopped")
                 return exit_codes.FAILED
-        outcome = await runner.stop_run(live["id"], grace_s=args.grace)
-        err(f"{args.item}: run {live['id']} {outcome.state}"
+        outcome = await runner.stop_run(live.id, grace_s=args.grace)
+        err(f"{args.item}: run {live.id} {outcome.state}"
             + (f" (signal {outcome.signal})" if outcome.signal else
                f" (exit {outcome.exit_code})" if outcome.exit_code is not None else
                " (exit status unknown)"))

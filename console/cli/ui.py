@@ -12,7 +12,7 @@ import time
 
 from console.cli import exit_codes
 from console.cli.output import Printer
-from core.plan import load_plan
+from core.planfile import load_plan
 
 
 def open_console(plan, *, state: str | None = None, autorun: bool = False) -> int:

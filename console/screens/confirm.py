@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 
 from textual import on
 from textual.app import ComposeResult
@@ -10,6 +9,8 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
+
+from core.records import Run
 
 
 class ConfirmModal(ModalScreen[bool]):
@@ -49,21 +50,21 @@ class ConfirmModal(ModalScreen[bool]):
         self.dismiss(yes)
 
 
-def stop_text(run: dict, grace_s: float) -> str:
+def stop_text(run: "Run", grace_s: float) -> str:
     """What stopping ``run`` kills, and where."""
-    if not run.get("host"):  # an in-process action (relay, venv...) of this specdeck
-        return (f"Stop run {run['id']} of item {run['item_id']}, running inside this "
-                f"specdeck (pid {run.get('pid') or '?'})?\n\nIts work is cancelled now and "
+    if not run.host:  # an in-process action (relay, venv...) of this specdeck
+        return (f"Stop run {run.id} of item {run.item_id}, running inside this "
+                f"specdeck (pid {run.pid or '?'})?\n\nIts work is cancelled now and "
                 "its ssh clients killed; a relay keeps its .part file, so running the item "
                 "again resumes it. The item becomes failed (stopped).")
-    if run.get("adopt"):  # started outside specdeck, adopted (core.adopt)
-        what = json.loads(run["adopt"])["what"]
-        return (f"Stop run {run['id']} of item {run['item_id']} on host {run['host']}: the "
+    if run.adopt:  # started outside specdeck, adopted (core.adopt)
+        what = run.adopt["what"]
+        return (f"Stop run {run.id} of item {run.item_id} on host {run.host}: the "
                 f"adopted {what}?\n\nSIGTERM to its process tree (scancel for a Slurm job, "
                 f"the session for tmux), {grace_s:g} s grace, then SIGKILL. The item becomes "
                 "failed (stopped).")
-    return (f"Stop run {run['id']} of item {run['item_id']} on host {run['host']}?\n\n"
-            f"SIGTERM to its process group (pid {run.get('pid') or '?'}) on {run['host']}, "
+    return (f"Stop run {run.id} of item {run.item_id} on host {run.host}?\n\n"
+            f"SIGTERM to its process group (pid {run.pid or '?'}) on {run.host}, "
             f"{grace_s:g} s grace, then SIGKILL. The item becomes failed (stopped); it can "
             "run again.")
 

@@ -12,6 +12,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
 from console.widgets.vim import table_keys
+from core.records import Event
 from core.text import sanitize
 
 KIND_STYLE = {"run_succeeded": "green", "run_failed": "bold red", "run_lost": "bold red",
@@ -19,15 +20,15 @@ KIND_STYLE = {"run_succeeded": "green", "run_failed": "bold red", "run_lost": "b
               "console_opened": "bright_black", "console_closed": "bright_black"}
 
 
-def meanwhile_summary(changes: list[dict], meanwhile: list[dict]) -> tuple[list[str], str, bool]:
+def meanwhile_summary(changes: list[dict], meanwhile: list[Event]) -> tuple[list[str], str, bool]:
     """Lines, a title (``While the console was closed: 1 failed, 2 succeeded``) and whether
     every run ended well, from reconcile's changes and the journal's run ends (one per run:
     Services.open_session tells each change once)."""
     lines = [f"{c['item']}: run {c['run']} {c['was']} → {c['now']}"
              + (f" ({c.get('error') or c.get('reason')})"
                 if c.get("error") or c.get("reason") else "") for c in changes]
-    lines += [f"{e['item_id']}: {e['message']}  [{e['run_id']}]" for e in meanwhile]
-    ends = [c["now"] for c in changes] + [e["kind"].removeprefix("run_") for e in meanwhile]
+    lines += [f"{e.item_id}: {e.message}  [{e.run_id}]" for e in meanwhile]
+    ends = [c["now"] for c in changes] + [e.kind.removeprefix("run_") for e in meanwhile]
     counts = ", ".join(f"{ends.count(s)} {s}" for s in sorted(set(ends)))
     return lines, f"While the console was closed: {counts}", all(s == "succeeded" for s in ends)
 
@@ -41,7 +42,7 @@ class JournalScreen(ModalScreen[None]):
 
     BINDINGS = [Binding("escape,q,e", "dismiss", "Close")]
 
-    def __init__(self, meanwhile: list[str], events: list[dict]):
+    def __init__(self, meanwhile: list[str], events: list[Event]):
         super().__init__()
         self.meanwhile = meanwhile
         self.events = events
@@ -62,10 +63,9 @@ class JournalScreen(ModalScreen[None]):
         table = self.query_one(DataTable)
         table.add_columns("when", "event", "item", "host", "message")
         for e in reversed(self.events):
-            table.add_row(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["at"])),
-                          Text(e["kind"], style=KIND_STYLE.get(e["kind"], "")),
-                          e.get("item_id") or "", e.get("host") or "",
-                          sanitize(e.get("message") or "", max_len=200))
+            table.add_row(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at)),
+                          Text(e.kind, style=KIND_STYLE.get(e.kind, "")),
+                          e.item_id or "", e.host or "", sanitize(e.message or "", max_len=200))
         table.focus()
 
     def action_dismiss(self) -> None:

@@ -36,9 +36,9 @@ def when(ts: float | None) -> str:
 
 
 def _duration(run: dict) -> str:
-    if not run.get("ended_at") or not run.get("started_at"):
+    if not run.ended_at or not run.started_at:
         return ""
-    s = run["ended_at"] - run["started_at"]
+    s = run.ended_at - run.started_at
     if s < 60:
         return f"{s:.1f}s"
     if s < 3600:
@@ -48,20 +48,20 @@ def _duration(run: dict) -> str:
 
 def run_line(run: dict) -> Text:
     """``#2 failed exit 1 · 3.2s · 2026-06-01 12:00`` (and the whole error, wrapped)."""
-    state = run["state"]
+    state = run.state
     how = ""
-    if run.get("signal"):
-        how = f" sig {run['signal']}"
-    elif run.get("exit_code") not in (None, 0):
-        how = f" exit {run['exit_code']}"
+    if run.signal:
+        how = f" sig {run.signal}"
+    elif run.exit_code not in (None, 0):
+        how = f" exit {run.exit_code}"
     t = Text(overflow="fold")
-    t.append(f"#{run['attempt']} ", style="bold")
+    t.append(f"#{run.attempt} ", style="bold")
     t.append(f"{state}{how}", style=RUN_STYLE.get(state, ""))
     dur = _duration(run)
-    t.append((f" · {dur}" if dur else "") + f" · {when(run.get('started_at'))}",
+    t.append((f" · {dur}" if dur else "") + f" · {when(run.started_at)}",
              style="bright_black")
-    if run.get("error") and state != "succeeded":
-        t.append(f"\n   {sanitize(run['error'], max_len=2000)}", style="red")
+    if run.error and state != "succeeded":
+        t.append(f"\n   {sanitize(run.error, max_len=2000)}", style="red")
     return t
 
 
@@ -182,9 +182,9 @@ class ItemDetail(VerticalScroll):
             grid.add_row("live", Text("no run specdeck knows (started outside it?): "
                                       "a adopts it; it is never launched twice", style="yellow"))
         if self.live:
-            where = f"on {self.live['host']}" if self.live.get("host") else "in specdeck"
-            grid.add_row("live", Text(f"{self.live['id']} {where} "
-                                      f"(pid {self.live.get('pid') or '?'})", style="yellow"))
+            where = f"on {self.live.host}" if self.live.host else "in specdeck"
+            grid.add_row("live", Text(f"{self.live.id} {where} "
+                                      f"(pid {self.live.pid or '?'})", style="yellow"))
         body = Group(head, Text(sanitize(item.content), style="italic"), grid)
         self.query_one("#detail-body", Static).update(body)
         self._draw_progress()

@@ -30,6 +30,7 @@ from textual.containers import Vertical
 from textual.widgets import Input, Log, Static
 
 from console.widgets.vim import scroll_keys
+from core.records import Run
 from core.text import sanitize
 
 MAX_LINES = 5000
@@ -138,13 +139,13 @@ class LogPane(Vertical):
         return self.query_one("#log", Log)
 
     # -- attributes down -----------------------------------------------------------------
-    def show_run(self, item_id: str, run: dict | None, lines: list[str]) -> None:
+    def show_run(self, item_id: str, run: Run | None, lines: list[str]) -> None:
         """Show ``run`` (None: the item has no run yet) starting with its stored tail."""
         self.item_id = item_id
-        self.run_id = run["id"] if run else None
-        self.host = run["host"] if run else None
-        self.stream = ("following" if run and run["state"] in ("starting", "running")
-                       else (run["state"] if run else "–"))
+        self.run_id = run.id if run else None
+        self.host = run.host if run else None
+        self.stream = ("following" if run and run.live
+                       else (run.state if run else "–"))
         self.dropped = 0
         self.matches, self.match_index = [], -1
         self._raw.clear()
@@ -173,7 +174,7 @@ class LogPane(Vertical):
     def run_started(self, item_id: str, run_id: str, host: str | None) -> None:
         """A new run of the shown item: switch to it with an empty log."""
         if item_id == self.item_id and run_id != self.run_id:
-            self.show_run(item_id, {"id": run_id, "host": host, "state": "running"}, [])
+            self.show_run(item_id, Run(run_id, item_id, host=host, state="running"), [])
 
     def host_state(self, host: str, state: str) -> None:
         """The shown run's host changed state (reconnecting / unreachable / connected)."""

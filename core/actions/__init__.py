@@ -1,16 +1,7 @@
-"""Action kinds: one module per kind, each registering its class on import.
+"""Action kinds: one module per kind (typed params, a side-effect-free check, a run).
 
-``registry.get(kind)`` returns the class; ``registry.kinds()`` lists what plans may use.
-Kinds register themselves with the :func:`register` decorator from ``core.actions.base``;
-importing this package imports every kind module so the registry is complete.
+:mod:`core.actions.base` is what every kind is; :mod:`core.actions.registry` lists the
+kinds plans may use. Dependencies flow one way: the registry imports the kinds, the kinds
+import the base, and the base imports neither (nor the plan loader, which imports the
+registry). This package's own import loads nothing.
 """
-
-from core.actions.base import registry  # noqa: F401
-from core.actions import manual, shell, stop  # noqa: F401  (register themselves)
-
-for _mod in ("relay", "venv", "extract_weights", "extract_hidden", "train", "eval"):
-    try:
-        __import__(f"core.actions.{_mod}")
-    except ModuleNotFoundError as e:  # a kind not built yet
-        if e.name != f"core.actions.{_mod}":
-            raise

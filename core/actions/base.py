@@ -17,15 +17,20 @@ Two shapes of action exist:
 
 from __future__ import annotations
 
-from abc import ABC
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Mapping
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Literal
 
+from core import jobs
 from core.errors import ActionFailed
+from core.jobs import Launch, Outcome
 
 if TYPE_CHECKING:
     from core.hosts.base import Host
     from core.plan import Item, Plan
+    from core.records import Artefact, EvalRow, Run
+
+__all__ = ["Action", "ActionContext", "CheckResult", "Launch", "Outcome"]
 
 
 @dataclass(frozen=True)
@@ -46,51 +51,89 @@ class CheckResult:
         return cls("blocked", reason)
 
 
-@dataclass(frozen=True)
-class Launch:
-    """A command to run detached in a capsule on the action's host."""
-
-    command: str
-    """Shell text, run by bash in the capsule; every spliced value already quoted."""
-    env: Mapping[str, str] = field(default_factory=dict)
-    cwd: str | None = None
-    launcher: str = "process"
-    """``process`` (setsid capsule) or ``slurm`` (sbatch); see core.jobs."""
-    slurm: Mapping[str, Any] = field(default_factory=dict)
-    metrics_regex: str | None = None
-    """For trainers that print text: a regex with named groups, ``step`` among them."""
-
-
-@dataclass
-class Outcome:
-    """How a detached run ended."""
-
-    state: Literal["succeeded", "failed", "stopped", "lost"]
-    exit_code: int | None = None
-    signal: str | None = None
-    capsule: str = ""
-    """The capsule directory on the host (result files live beside the log)."""
-    run_id: str = ""
-
-
 class ActionContext(ABC):
-    """What an action may use; the runner provides it. Never the store directly."""
+    """What an action may use, and all it may use; the runner provides it.
+
+    Never the runner or the store: reads of what earlier runs recorded and writes of what
+    this run produced go through the named verbs below.
+    """
 
     plan: "Plan"
     item: "Item"
     host: "Host | None"
+    """The item's host (connected), or None for an action without one."""
     run_id: str | None
+    """The run being started, followed or finished; None while only checking."""
+    poll: float = 0.1
+    """Seconds between polls of a followed log."""
 
-    def host_named(self, name: str) -> "Host":  # pragma: no cover - interface
-        raise NotImplementedError
+    # -- hosts ---------------------------------------------------------------------------
+    @abstractmethod
+    def host_named(self, name: str) -> "Host":
+        """A plan host by name, as built (not necessarily connected)."""
 
-    def progress(self, message: str, **fields: Any) -> None:  # pragma: no cover - interface
+    @abstractmethod
+    async def connected(self, name: str) -> "Host":
+        """A plan host by name, connected (raises HostUnreachable)."""
+
+    # -- telling -------------------------------------------------------------------------
+    @abstractmethod
+    def progress(self, message: str, **fields: Any) -> None:
         """Report progress (printed by the CLI, shown by the console, journaled sparsely)."""
-        raise NotImplementedError
 
-    def services(self) -> Any:  # pragma: no cover - interface
-        """Runner services for actions that act on other runs (stop, artefacts)."""
-        raise NotImplementedError
+    # -- reading what runs recorded ------------------------------------------------------
+    @abstractmethod
+    def runs(self, item_id: str | None = None) -> "list[Run]":
+        """The runs of an item (default: this one), oldest attempt first."""
+
+    @abstractmethod
+    def live_run(self, item_id: str) -> "Run | None":
+        """The item's live (starting or running) run, if any."""
+
+    @abstractmethod
+    def artefacts(self, item_id: str | None = None, kind: str | None = None
+                  ) -> "list[Artefact]":
+        """What an item's runs produced (default: this item's), by step."""
+
+    @abstractmethod
+    def stop_requested(self, run_id: str) -> bool:
+        """Whether a stop of ``run_id`` was asked for (here or by another specdeck)."""
+
+    # -- recording what this run produced ------------------------------------------------
+    @abstractmethod
+    def record_artefact(self, kind: str, path: str, step: int | None = None,
+                        data: dict | None = None) -> bool:
+        """Record an artefact of this run once (False when it was known already)."""
+
+    @abstractmethod
+    def record_eval_rows(self, rows: "list[EvalRow]") -> None:
+        """Record this run's per-prompt eval results."""
+
+    @abstractmethod
+    def record_metrics(self, rows: Iterable[tuple[int, str, float]]) -> None:
+        """Record ``(step, name, value)`` points of this run."""
+
+    @abstractmethod
+    def record_config(self, config: dict) -> None:
+        """Record the configuration this run was launched with (``specdeck diff``)."""
+
+    # -- acting on runs ------------------------------------------------------------------
+    @abstractmethod
+    async def stop_run(self, run_id: str, *, grace_s: float) -> Outcome:
+        """Stop another live run (the stop action)."""
+
+    @abstractmethod
+    async def follow_log(self, host: "Host", run: "Run", on_lines=None, *, regex=None,
+                         inspector=None, log_path: str | None = None) -> jobs.CapsuleState:
+        """Copy a run's log into the store until the run ends (:func:`core.jobs.follow`)."""
+
+    @abstractmethod
+    async def skip_earlier_metrics(self, spec: Any) -> None:
+        """Before a launch: metric files (TensorBoard) earlier runs left are not this run's."""
+
+    @abstractmethod
+    def checkpoint_watcher(self, run: "Run", spec: Any) -> Any:
+        """A :class:`core.watch.Watcher` evaluating ``run``'s checkpoints as they appear."""
 
 
 class Action(ABC):
@@ -135,25 +178,41 @@ class Action(ABC):
     async def run(self, ctx: ActionContext) -> dict:
         raise NotImplementedError(f"{self.kind} is a detached action")
 
+    # -- hooks the runner calls on detached runs (override to launch, inspect, follow or
+    # stop some other way: Slurm, torchrun over several nodes, an adopted process) ------
+    def launcher_name(self) -> str:
+        """The ``launcher`` recorded on the run: ``process`` unless the action says."""
+        return "process"
 
-class _Registry:
-    def __init__(self) -> None:
-        self._kinds: dict[str, type[Action]] = {}
+    def metrics_regex(self) -> Any:
+        """How log lines become metrics: a regex with named groups (``step`` among them), a
+        parser with ``parse(line)`` (:mod:`core.metrics_sources`), or None (JSON lines)."""
+        return None
 
-    def add(self, cls: type[Action]) -> type[Action]:
-        self._kinds[cls.kind] = cls
-        return cls
+    def metrics_spec(self) -> Any:
+        """The action's ``metrics:`` params (:class:`core.metrics_sources.MetricsParams`),
+        read for metric files (TensorBoard) alongside the log; None for none."""
+        return None
 
-    def get(self, kind: str) -> type[Action]:
-        return self._kinds[kind]
+    async def launch(self, ctx: ActionContext, host: "Host", run_id: str,
+                     launch: Launch) -> dict:
+        """Start ``launch`` detached; returns what :func:`core.jobs.start` returns (capsule,
+        pid, pstart; job_id for Slurm)."""
+        return await jobs.start(host, run_id, launch)
 
-    def kinds(self) -> list[str]:
-        return sorted(self._kinds)
+    async def inspect(self, ctx: ActionContext, host: "Host", run: "Run") -> jobs.CapsuleState:
+        """Where a run stands on its host (running, ended, lost...)."""
+        return await jobs.inspect(host, run.capsule or jobs.capsule_path(host, run.id))
 
+    async def follow(self, ctx: ActionContext, host: "Host", run: "Run", on_lines, *,
+                     log_path: str | None = None, inspector=None) -> jobs.CapsuleState:
+        """Follow a run's log into the store until it ends; returns how it ended.
+        ``log_path`` / ``inspector``: another log file and end test (an adopted run's)."""
+        return await ctx.follow_log(host, run, on_lines, regex=self.metrics_regex(),
+                                    inspector=inspector or (lambda: self.inspect(ctx, host, run)),
+                                    log_path=log_path)
 
-registry = _Registry()
-
-
-def register(cls: type[Action]) -> type[Action]:
-    """Class decorator: make ``cls.kind`` usable in plans."""
-    return registry.add(cls)
+    async def stop(self, ctx: ActionContext, host: "Host", run: "Run",
+                   grace_s: float) -> jobs.CapsuleState:
+        """SIGTERM the run's process group, ``grace_s``, then SIGKILL; returns its end."""
+        return await jobs.stop(host, run.capsule, grace_s=grace_s)

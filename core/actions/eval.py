@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 from core.actions import fit
-from core.actions.base import Action, CheckResult, Launch, register
+from core.actions.base import Action, CheckResult, Launch
 from core.actions.mlbase import (host_python, ml_failure, prompts_on_host, py_module, read_json,
                                  resolve_ref, validate_prompts, validate_ref)
 from core.errors import ActionFailed
 from core.ml.runio import parse_bytes
 from core.params import to_plain
+from core.records import EvalRow
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,6 @@ class EvalParams:
         return out
 
 
-@register
 class Eval(Action):
     kind = "eval"
     Params = EvalParams
@@ -95,9 +95,9 @@ class Eval(Action):
                               ).hexdigest()[:16]
 
     async def check(self, ctx) -> CheckResult:
-        run = ctx.store.latest_run(ctx.item.id)
-        if run and run["state"] == "succeeded" and run["result"]:
-            res = json.loads(run["result"])
+        run = (ctx.runs() or [None])[-1]
+        if run and run.state == "succeeded" and run.result:
+            res = run.result
             if res.get("settings_key") == self.settings_key() and \
                     res.get("drafter_path") == _display(ctx, self.params.drafter):
                 return CheckResult.done(f"tau {res.get('tau'):.3f} already measured with "
@@ -161,10 +161,11 @@ class Eval(Action):
         if self.params.baseline:
             base = await read_json(host, posixpath.join(outcome.capsule, "baseline/result.json"))
         label = self.params.label or ctx.item.id
-        rows = _rows(ctx, mine, label, "drafter", self.params.step)
+        rows = eval_rows(ctx.run_id, ctx.item.id, mine, label, "drafter", self.params.step)
         if base is not None:
-            rows += _rows(ctx, base, self.params.baseline_label, "baseline", None)
-        ctx.store.add_eval_results(rows)
+            rows += eval_rows(ctx.run_id, ctx.item.id, base, self.params.baseline_label,
+                              "baseline", None)
+        ctx.record_eval_rows(rows)
         out = {"tau": mine.get("tau"), "tau_pooled": mine.get("tau_pooled"),
                "settings_key": self.settings_key(),
                "drafter_path": _display(ctx, self.params.drafter), "dtype": mine.get("dtype"),
@@ -183,8 +184,10 @@ def _display(ctx, ref: str) -> str:
         return ref
 
 
-def _rows(ctx, res: dict, label: str, role: str, step: int | None) -> list[dict]:
-    """One store row per prompt (and per method: chain, and DDTree when measured)."""
+def eval_rows(run_id: str, item_id: str, res: dict, label: str, role: str,
+              step: int | None) -> list[EvalRow]:
+    """The rows a result.json records: one per prompt (and per method: chain, and DDTree
+    when measured), labelled ``label`` in the role ``drafter`` or ``baseline``."""
     settings = {"mode": res.get("mode"), "block_size": res.get("block_size"),
                 "target": (res.get("target") or {}).get("fingerprint"),
                 "prompts": (res.get("prompts") or {}).get("sha256"),
@@ -199,8 +202,6 @@ def _rows(ctx, res: dict, label: str, role: str, step: int | None) -> list[dict]
                          {**settings, "method": "ddtree", "tree_budget": budget}, res["ddtree"]))
     for name, st, sec in sections:
         for pp in sec.get("per_prompt", []):
-            out.append({"run_id": ctx.run_id, "item_id": ctx.item.id, "drafter": name,
-                        "role": role, "prompt_id": str(pp.get("id")), "tau": pp.get("tau"),
-                        "rounds": pp.get("rounds"), "per_position": pp.get("per_position_acceptance"),
-                        "settings": st, "step": step})
+            out.append(EvalRow(run_id, item_id, name, role, str(pp.get("id")), pp.get("tau"),
+                               pp.get("rounds"), pp.get("per_position_acceptance"), st, step))
     return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from core.actions.base import Action, CheckResult, Launch, register
+from core.actions.base import Action, CheckResult, Launch
 from core.actions.mlbase import (host_python, ml_failure, prompts_on_host, py_module,
                                  read_json, validate_prompts)
 from core.errors import ActionFailed
@@ -43,7 +43,6 @@ class ExtractHiddenParams:
         return out
 
 
-@register
 class ExtractHidden(Action):
     kind = "extract_hidden"
     Params = ExtractHiddenParams

@@ -12,7 +12,7 @@ import json
 import struct
 from dataclasses import dataclass
 
-from core.actions.base import Action, CheckResult, Launch, register
+from core.actions.base import Action, CheckResult, Launch
 from core.actions.mlbase import (host_python, ml_failure, py_module, resolve_ref, validate_ref)
 from core.errors import ActionFailed
 
@@ -52,7 +52,6 @@ class ExtractWeightsParams:
     """A drafter config.json or dir, when the checkpoint carries none."""
 
 
-@register
 class ExtractWeights(Action):
     kind = "extract_weights"
     Params = ExtractWeightsParams

@@ -10,7 +10,7 @@
   unless the item says so (``block_size: N`` evaluates both at N; or
   ``allow_block_size_mismatch: true``): tau ranges over 1..B, so different B do not compare.
 
-Pure Python (``core.ml.train_config`` and ``core.ml.drafter_config`` load neither torch nor
+Pure Python (``core.ml.train.config`` and ``core.ml.drafter_config`` load neither torch nor
 transformers). Every message names both sides and the fix.
 """
 
@@ -88,17 +88,27 @@ def train_item_block_size(plan: Any, item_id: str) -> int | None:
     if drafter.get("init"):
         init = read_local_json(local_path(plan, item.action.host, config_json_of(drafter["init"])))
         return drafter_block_size(init)
-    from core.ml.train_config import DrafterSection
+    from core.ml.train.config import DrafterSection
 
     b = drafter.get("block_size", DrafterSection().block_size)
     return b if isinstance(b, int) else None
+
+
+def deep_set(doc: dict, dotted: str, value: Any) -> None:
+    """Set ``a.b.c`` in a nested config dict (an ``overrides:`` key), making the mappings."""
+    cur = doc
+    parts = dotted.split(".")
+    for p in parts[:-1]:
+        cur = cur.setdefault(p, {})
+        if not isinstance(cur, dict):
+            raise ValueError(f"override {dotted!r}: {p!r} is not a mapping in the config")
+    cur[parts[-1]] = value
 
 
 def load_train_doc(plan: Any, params: Any) -> dict[str, Any] | None:
     """A train item's config YAML with its overrides merged (None when unreadable)."""
     import yaml
 
-    from core.actions.train import deep_set
 
     try:
         doc = yaml.safe_load((plan.dir / params.config).read_text()) or {}
@@ -112,7 +122,7 @@ def load_train_doc(plan: Any, params: Any) -> dict[str, Any] | None:
 def trainer_config_problems(plan: Any, item: Any, params: Any, doc: dict[str, Any]) -> list[str]:
     """Why a train item's config cannot run: its own checks, then, on a local host, the sizes
     of the target (config.json), ``drafter.init`` and the feature cache (manifest.json)."""
-    from core.ml import train_config as tc
+    from core.ml.train import config as tc
 
     where = Path(params.config).name
     try:

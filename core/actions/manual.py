@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.actions.base import Action, CheckResult, register
+from core.actions.base import Action, CheckResult
 
 
 @dataclass(frozen=True)
@@ -13,7 +13,6 @@ class ManualParams:
     """Optional instructions shown with the item."""
 
 
-@register
 class Manual(Action):
     kind = "manual"
     Params = ManualParams

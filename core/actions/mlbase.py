@@ -108,16 +108,16 @@ def resolve_ref(ctx, ref: str) -> str:
     if not m:
         return ref
     item, which, step = m.group(1), m.group(2), m.group(3)
-    arts = ctx.store.artefacts(item, "checkpoint")
+    arts = ctx.artefacts(item, "checkpoint")
     if not arts:
         raise ActionFailed(f"{ref}: item {item!r} has recorded no checkpoint yet",
                            hint=f"run {item} first (or wait for its first checkpoint)")
     if which == "latest":
-        return max(arts, key=lambda a: (a["step"] or -1, a["id"]))["path"]
+        return max(arts, key=lambda a: (a.step or -1, a.id)).path
     for a in arts:
-        if a["step"] == int(step):
-            return a["path"]
-    have = ", ".join(f"step_{a['step']}" for a in arts)
+        if a.step == int(step):
+            return a.path
+    have = ", ".join(f"step_{a.step}" for a in arts)
     raise ActionFailed(f"{ref}: no checkpoint at step {step} (recorded: {have})")
 
 

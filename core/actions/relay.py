@@ -52,7 +52,7 @@ import shlex
 import time
 from dataclasses import dataclass
 
-from core.actions.base import Action, CheckResult, register
+from core.actions.base import Action, CheckResult
 from core.errors import ActionFailed, HostUnreachable
 from core.hosts import bulk
 
@@ -271,7 +271,6 @@ class _Record:
         return f"{self.digest} {self.size}\nsrc {self.src_id}\ndst {self.dst_id}\n".encode()
 
 
-@register
 class Relay(Action):
     kind = "relay"
     Params = RelayParams

@@ -10,8 +10,8 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
-from core.actions.base import Action, CheckResult, Launch, register
-from core.metrics_sources import MetricsParams, baseline_sources, line_metrics
+from core.actions.base import Action, CheckResult, Launch
+from core.metrics_sources import MetricsParams, line_metrics
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,6 @@ class ShellParams:
         return [(("command",), "command must not be empty")] if not self.command.strip() else []
 
 
-@register
 class Shell(Action):
     kind = "shell"
     Params = ShellParams
@@ -46,7 +45,7 @@ class Shell(Action):
         return self.params.metrics
 
     async def prepare(self, ctx) -> None:
-        await baseline_sources(self, ctx)
+        await ctx.skip_earlier_metrics(self.metrics_spec())
 
     def command(self, ctx) -> Launch:
         cmd = self.params.command

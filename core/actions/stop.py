@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.actions.base import Action, CheckResult, register
+from core.actions.base import Action, CheckResult
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,6 @@ class StopParams:
         return [(("grace_s",), "grace_s must be >= 0")] if self.grace_s < 0 else []
 
 
-@register
 class Stop(Action):
     kind = "stop"
     Params = StopParams
@@ -38,15 +37,15 @@ class Stop(Action):
         return []
 
     async def check(self, ctx) -> CheckResult:
-        live = ctx.services().live_run(self.params.item)
+        live = ctx.live_run(self.params.item)
         if live is None:
             return CheckResult.done(f"{self.params.item} has no live run")
-        return CheckResult.ready(f"will stop run {live['id']} on {live['host']}")
+        return CheckResult.ready(f"will stop run {live.id} on {live.host}")
 
     async def run(self, ctx) -> dict:
-        live = ctx.services().live_run(self.params.item)
+        live = ctx.live_run(self.params.item)
         if live is None:
             return {"stopped": None}
-        ctx.progress(f"stopping {self.params.item} run {live['id']} on {live['host']}")
-        outcome = await ctx.services().stop_run(live["id"], grace_s=self.params.grace_s)
-        return {"stopped": live["id"], "signal": outcome.signal, "state": outcome.state}
+        ctx.progress(f"stopping {self.params.item} run {live.id} on {live.host}")
+        outcome = await ctx.stop_run(live.id, grace_s=self.params.grace_s)
+        return {"stopped": live.id, "signal": outcome.signal, "state": outcome.state}

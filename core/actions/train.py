@@ -30,9 +30,12 @@ from typing import Any, Literal
 import yaml
 
 from core import jobs
-from core.actions.base import Action, CheckResult, Launch, register
+from core.actions.base import Action, CheckResult, Launch
+from core.actions import fit
+from core.actions.fit import deep_set
 from core.actions.mlbase import host_python, ml_failure
-from core.metrics_sources import MetricsParams, baseline_sources, line_metrics
+from core.metrics_sources import MetricsParams, line_metrics
+from core.records import Run
 
 
 CKPT = re.compile(r"^step_(\d+)\.pt$")
@@ -100,17 +103,6 @@ class TrainParams:
         return out
 
 
-def deep_set(doc: dict, dotted: str, value: Any) -> None:
-    cur = doc
-    parts = dotted.split(".")
-    for p in parts[:-1]:
-        cur = cur.setdefault(p, {})
-        if not isinstance(cur, dict):
-            raise ValueError(f"override {dotted!r}: {p!r} is not a mapping in the config")
-    cur[parts[-1]] = value
-
-
-@register
 class Train(Action):
     kind = "train"
     Params = TrainParams
@@ -186,20 +178,19 @@ class Train(Action):
             await host.write_file(f"{self._capsule}/train.yaml", self._train_yaml)
         self._resume_from = None
         if self.params.resume:
-            prev = [r for r in ctx.store.runs_for_item(ctx.item.id) if r["id"] != ctx.run_id]
+            prev = [r for r in ctx.runs() if r.id != ctx.run_id]
             for r in reversed(prev):
-                arts = ctx.store.artefacts(ctx.item.id, "checkpoint")
-                mine = [a for a in arts if a["run_id"] == r["id"]]
+                arts = ctx.artefacts(kind="checkpoint")
+                mine = [a for a in arts if a.run_id == r.id]
                 if mine and not self.params.out:
-                    self._outdir = posixpath.dirname(mine[-1]["path"])
+                    self._outdir = posixpath.dirname(mine[-1].path)
                     self._resume_from = "auto"
                     break
             if self.params.out and await host.stat(f"{self._outdir}/latest") is not None:
                 self._resume_from = "auto"
-        await baseline_sources(self, ctx)
+        await ctx.skip_earlier_metrics(self.metrics_spec())
         if self.params.command:
-            ctx.store.update_run(ctx.run_id, config=await command_config(
-                host, self._capsule, self.params.command))
+            ctx.record_config(await command_config(host, self._capsule, self.params.command))
 
     def _trainer(self, ctx, module_prefix: list[str]) -> str:
         if self.params.command:
@@ -229,7 +220,7 @@ class Train(Action):
                       launcher=p.launcher, metrics_regex=p.metrics_regex)
 
     # -- launcher hooks (used by the runner) ---------------------------------------------
-    async def launch(self, runner, host, run_id: str, launch: Launch) -> dict:
+    async def launch(self, ctx, host, run_id: str, launch: Launch) -> dict:
         p = self.params
         if p.launcher == "slurm":
             from core import slurm
@@ -240,7 +231,7 @@ class Train(Action):
             info = await jobs.start(host, run_id, self._node_launch(launch, 0, master, host,
                                                                     run_id))
             for rank, name in enumerate(p.nodes, start=1):
-                node = await runner.host(name)
+                node = await ctx.connected(name)
                 # Each node gets its own capsule with the config in it: nothing is assumed
                 # about a filesystem shared with node 0 (the target and features are).
                 if self.params.config:
@@ -251,9 +242,6 @@ class Train(Action):
             return info
         return await jobs.start(host, run_id, launch)
 
-    def _item_id(self, run_id: str, runner) -> str:
-        return runner.store.run(run_id)["item_id"]
-
     def _node_launch(self, launch: Launch, rank: int, master: str, node, run_id: str) -> Launch:
         cmd = launch.command
         cmd = re.sub(r"--node_rank \d+", f"--node_rank {rank}", cmd)
@@ -262,16 +250,16 @@ class Train(Action):
         return Launch(cmd, env=launch.env, cwd=jobs.capsule_path(node, run_id),
                       launcher=launch.launcher, metrics_regex=launch.metrics_regex)
 
-    async def inspect(self, runner, host, run: dict) -> jobs.CapsuleState:
+    async def inspect(self, ctx, host, run: Run) -> jobs.CapsuleState:
         if self.params.launcher == "slurm":
             from core import slurm
 
             return await slurm.inspect(host, run)
-        st = await jobs.inspect(host, run["capsule"] or jobs.capsule_path(host, run["id"]))
+        st = await super().inspect(ctx, host, run)
         if self.params.nodes and st.state == "ended":
             for name in self.params.nodes:
-                node = await runner.host(name)
-                other = await jobs.inspect(node, jobs.capsule_path(node, run["id"]))
+                node = await ctx.connected(name)
+                other = await jobs.inspect(node, jobs.capsule_path(node, run.id))
                 if other.state == "running":
                     return other
                 if other.state == "ended" and (other.exit_code or other.signal) and not (
@@ -279,41 +267,33 @@ class Train(Action):
                     st = other
         return st
 
-    async def follow(self, runner, host, run: dict, on_lines, *, log_path: str | None = None,
+    async def follow(self, ctx, host, run: Run, on_lines, *, log_path: str | None = None,
                      inspector=None) -> jobs.CapsuleState:
-        """Follow the log; with ``watch_eval``, evaluate checkpoints alongside (and drain).
-        ``log_path`` / ``inspector``: another log and end test (an adopted run's)."""
-        def follow_log():
-            return jobs.follow(host, runner.store, run["id"], run["capsule"], on_lines=on_lines,
-                               regex=self.metrics_regex(), poll=runner.poll,
-                               inspector=inspector or (lambda: self.inspect(runner, host, run)),
-                               log_path=log_path)
-
+        """Follow the log; with ``watch_eval``, evaluate checkpoints alongside (and drain)."""
+        follow_log = super().follow(ctx, host, run, on_lines, log_path=log_path,
+                                    inspector=inspector)
         spec = self.params.watch_eval
-        if spec is None or not getattr(runner, "watch", True):
-            return await follow_log()
-        from core.watch import Watcher
-
+        watcher = ctx.checkpoint_watcher(run, spec) if spec is not None else None
+        if watcher is None:
+            return await follow_log
         done = asyncio.Event()
-        watcher = Watcher(runner, runner.plan.item(run["item_id"]), run["id"], spec,
-                          poll=max(runner.poll, 0.2))
         wtask = asyncio.create_task(watcher.run(done))
         try:
-            st = await follow_log()
+            st = await follow_log
         finally:
             done.set()
         await wtask  # the checkpoints still waiting (the final one) are evaluated
         return st
 
-    async def stop(self, runner, host, run: dict, grace_s: float) -> jobs.CapsuleState:
+    async def stop(self, ctx, host, run: Run, grace_s: float) -> jobs.CapsuleState:
         if self.params.launcher == "slurm":
             from core import slurm
 
             return await slurm.cancel(host, run, grace_s=grace_s)
         for name in self.params.nodes:
-            node = await runner.host(name)
-            asyncio.ensure_future(jobs.stop(node, jobs.capsule_path(node, run["id"]), grace_s=grace_s))
-        return await jobs.stop(host, run["capsule"], grace_s=grace_s)
+            node = await ctx.connected(name)
+            asyncio.ensure_future(jobs.stop(node, jobs.capsule_path(node, run.id), grace_s=grace_s))
+        return await super().stop(ctx, host, run, grace_s)
 
     async def finish(self, ctx, outcome) -> dict:
         host = ctx.host
@@ -325,12 +305,12 @@ class Train(Action):
                 m = CKPT.match(name)
                 if m:
                     path = posixpath.join(outdir, name)
-                    ctx.store.add_artefact(ctx.run_id, ctx.item.id, "checkpoint", path, int(m.group(1)))
+                    ctx.record_artefact("checkpoint", path, int(m.group(1)))
                     found.append(int(m.group(1)))
             raw = await host.read_from(posixpath.join(outdir, "resolved_config.yaml"), 0, 1 << 20)
             if raw:
                 try:
-                    ctx.store.update_run(ctx.run_id, config=yaml.safe_load(raw))
+                    ctx.record_config(yaml.safe_load(raw))
                 except yaml.YAMLError:
                     pass
         result = {"out": outdir, "checkpoints": sorted(found)}
@@ -343,9 +323,9 @@ class Train(Action):
     async def _find_out(self, ctx, outcome) -> str | None:
         if self.params.out:
             return ctx.host.path(self.params.out)
-        arts = [a for a in ctx.store.artefacts(ctx.item.id, "checkpoint") if a["run_id"] == ctx.run_id]
+        arts = [a for a in ctx.artefacts(kind="checkpoint") if a.run_id == ctx.run_id]
         if arts:
-            return posixpath.dirname(arts[-1]["path"])
+            return posixpath.dirname(arts[-1].path)
         return posixpath.join(outcome.capsule or jobs.capsule_path(ctx.host, ctx.run_id), "out")
 
 
@@ -353,7 +333,6 @@ def _watch_block_size(spec: Any, plan, item) -> list:
     """watch_eval's baseline must share the trained drafter's block size unless it says so."""
     from types import SimpleNamespace
 
-    from core.actions import fit
 
     if not isinstance(spec, dict) or not isinstance(spec.get("baseline"), str):
         return []

@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Literal
 
-from core.actions.base import Action, CheckResult, Launch, register
+from core.actions.base import Action, CheckResult, Launch
 from core.errors import ActionFailed
 from core.versions import normalize, parse_requirement, satisfies
 
@@ -86,7 +86,6 @@ class VenvParams:
         return out
 
 
-@register
 class Venv(Action):
     kind = "venv"
     Params = VenvParams

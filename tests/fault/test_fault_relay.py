@@ -82,7 +82,7 @@ def test_fault_symlink_at_a_temporary_name_is_refused(ssh_hosts, tmp_path, name,
     assert victim.read_text() == "the operator's notes\n"
     assert (tmp_path / "B" / f"ckpt.pt{name}").is_symlink()
     assert not (tmp_path / "B" / "ckpt.pt").exists()
-    assert Store(tmp_path / "s.db").latest_run("copy")["state"] == "failed"
+    assert Store(tmp_path / "s.db").latest_run("copy").state == "failed"
 
 
 def test_fault_same_size_rewrite_is_copied_again_and_unchanged_is_not_rehashed(
@@ -91,7 +91,7 @@ def test_fault_same_size_rewrite_is_copied_again_and_unchanged_is_not_rehashed(
     import asyncio
 
     from core.hosts.local import LocalHost
-    from core.plan import parse_plan
+    from core.planfile import parse_plan
     from core.runner import Runner
 
     make_file(tmp_path / "A" / "step.pt", 3 * MB)
@@ -116,22 +116,22 @@ def test_fault_same_size_rewrite_is_copied_again_and_unchanged_is_not_rehashed(
             await runner.close()
 
     assert asyncio.run(again()) == "done"
-    first_run = store.latest_run("copy")["id"]
+    first_run = store.latest_run("copy").id
     hashed.clear()
     assert asyncio.run(again()) == "done"
-    assert store.latest_run("copy")["id"] == first_run  # check said done: no new run
+    assert store.latest_run("copy").id == first_run  # check said done: no new run
     assert hashed == []  # both identities as recorded: nothing re-read
     # the trainer writes the next checkpoint over it: same size, new bytes
     new = make_file(tmp_path / "A" / "step.pt", 3 * MB)
     assert asyncio.run(again()) == "done"
-    assert store.latest_run("copy")["id"] != first_run  # copied again
+    assert store.latest_run("copy").id != first_run  # copied again
     assert sha(tmp_path / "B" / "step.pt") == new
     # touched, same bytes: re-hashed (the source), found equal, not copied
-    second_run = store.latest_run("copy")["id"]
+    second_run = store.latest_run("copy").id
     os.utime(tmp_path / "A" / "step.pt", (time.time() + 5, time.time() + 5))
     hashed.clear()
     assert asyncio.run(again()) == "done"
-    assert store.latest_run("copy")["id"] == second_run
+    assert store.latest_run("copy").id == second_run
     assert hashed == ["kpro6:step.pt"]
 
 

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from core.errors import InvalidInput, PlanError
 from core.jobs import parse_artefact
 from core.metrics_sources import parse_metrics
-from core.plan import parse_plan, todos_to_plan_yaml
+from core.planfile import parse_plan
+from core.todos import todos_to_plan_yaml
 from core.progress import describe
 from tests.fault.conftest import cli, digest, local_plan, rows, write_plan
 

@@ -18,7 +18,7 @@ import pytest
 from core import adopt as adopt_mod
 from core.adopt import AdoptSpec, adopt_item, from_plan
 from core.errors import InvalidInput
-from core.plan import parse_plan
+from core.planfile import parse_plan
 from core.runner import Runner
 from core.store import Store
 from tests.conftest import ROOT, run_cli
@@ -140,9 +140,9 @@ def _scenario(ssh_home, sshd, tmp_path, remote, log, pid, child) -> None:
           f"each once; {len(written)} written")
     store = Store(tmp_path / "s.db")
     run = store.latest_run("train-v4")
-    info = json.loads(run["adopt"])
+    info = run.adopt
     assert log.read_bytes()[:info["base"]].count(b"\n") == first - 1  # the adoption point
-    assert (run["state"], run["exit_code"], run["launcher"]) == ("stopped", None, "adopt:pid")
+    assert (run.state, run.exit_code, run.launcher) == ("stopped", None, "adopt:pid")
     store.close()
     doc = json.loads(run_cli("status", plan, "--json", env=env).stdout)
     assert doc["items"][0]["run"]["state"] == "stopped"
@@ -209,9 +209,9 @@ async def test_plan_adopt_field_is_adopted_by_run_and_ends_with_unknown_status(t
         proc.wait()
         assert summary["failed"] == ["train-v4"] and not (wd / "LAUNCHED").exists()
         run = store.latest_run("train-v4")
-        assert (run["state"], run["exit_code"], run["signal"]) == ("lost", None, None)
-        assert "exit status is unknown" in run["error"]
-        assert _numbers(store.log_bytes(run["id"]).decode()) == list(range(1, 31))
+        assert (run.state, run.exit_code, run.signal) == ("lost", None, None)
+        assert "exit status is unknown" in run.error
+        assert _numbers(store.log_bytes(run.id).decode()) == list(range(1, 31))
         # that run has ended: running the item again launches it, it does not re-adopt
         assert not from_plan(runner, runner.plan.item("train-v4"))
         assert adopt_mod.unadopted(runner, runner.plan.item("train-v4")) is None
@@ -250,20 +250,20 @@ async def test_tmux_session_adopted_then_stopped(tmp_path, tmux_session):
     try:
         await adopt_item(runner, runner.plan.item("train-v4"), AdoptSpec(tmux=s), follow=False)
         run = store.live_run("train-v4")
-        assert run["launcher"] == "adopt:tmux"
+        assert run.launcher == "adopt:tmux"
         follower = asyncio.create_task(runner.attach_run(run))
         for _ in range(100):  # the pane's output, piped into the capsule from now on
-            if store.run(run["id"])["log_lines"] >= 5:
+            if store.run(run.id).log_lines >= 5:
                 break
             await asyncio.sleep(0.05)
         pane = int(_tmux("list-panes", "-t", f"={s}", "-F", "#{pane_pid}").stdout)
         child = int((wd / "child.pid").read_text())
-        outcome = await runner.stop_run(run["id"], grace_s=2)
+        outcome = await runner.stop_run(run.id, grace_s=2)
         assert outcome.state == "stopped"
         await asyncio.wait_for(follower, 10)
         assert _tmux("has-session", "-t", f"={s}").returncode != 0
         assert not _alive(pane) and not _alive(child)
-        nums = _numbers(store.log_bytes(run["id"]).decode().replace("\r", ""))
+        nums = _numbers(store.log_bytes(run.id).decode().replace("\r", ""))
         assert len(nums) >= 5 and nums == list(range(nums[0], nums[-1] + 1))
         assert runner.statuses()["train-v4"] == "failed"
     finally:
@@ -281,14 +281,14 @@ async def test_tmux_dead_pane_gives_the_exit_status(tmp_path, tmux_session):
         status = await asyncio.wait_for(
             adopt_item(runner, runner.plan.item("train-v4"), AdoptSpec(tmux=s)), 30)
         run = store.latest_run("train-v4")
-        assert (status, run["state"], run["exit_code"]) == ("failed", "failed", 3)
-        assert "bye" in store.log_bytes(run["id"]).decode()
+        assert (status, run.state, run.exit_code) == ("failed", "failed", 3)
+        assert "bye" in store.log_bytes(run.id).decode()
     finally:
         await runner.close()
         store.close()
 
 
-async def test_stop_while_starting_ends_what_the_start_creates(tmp_path, monkeypatch):
+async def test_stop_while_starting_ends_what_the_start_creates(tmp_path, slow_starts):
     wd = tmp_path / "wd"
     wd.mkdir()
     plan = _plan(tmp_path, {"local": True, "workdir": str(wd)},
@@ -297,26 +297,18 @@ async def test_stop_while_starting_ends_what_the_start_creates(tmp_path, monkeyp
     doc["items"][0].pop("status")
     plan.write_text(json.dumps(doc))
     runner, store = await _runner(plan, tmp_path)
-    real = Runner._launch
-    launching = asyncio.Event()
-
-    async def slow_launch(self, *a, **kw):  # a slow host: the launch takes a second
-        launching.set()
-        await asyncio.sleep(1.0)
-        return await real(self, *a, **kw)
-
-    monkeypatch.setattr(Runner, "_launch", slow_launch)
+    launching = slow_starts
     try:
         task = asyncio.create_task(runner.run_item(runner.plan.item("train-v4")))
         await asyncio.wait_for(launching.wait(), 10)
         run = store.live_run("train-v4")
-        assert run["state"] == "starting"
-        outcome = await asyncio.wait_for(runner.stop_run(run["id"], grace_s=2), 30)
+        assert run.state == "starting"
+        outcome = await asyncio.wait_for(runner.stop_run(run.id, grace_s=2), 30)
         assert outcome.state == "stopped"
         assert await asyncio.wait_for(task, 10) == "failed"
         pid = int((wd / "started.pid").read_text())
         assert not _alive(pid)
-        assert store.run(run["id"])["state"] == "stopped"
+        assert store.run(run.id).state == "stopped"
     finally:
         await runner.close()
         store.close()
@@ -350,11 +342,11 @@ async def test_adopted_train_item_records_metrics_and_checkpoints(tmp_path):
             await asyncio.sleep(0.05)
         await asyncio.wait_for(task, 30)
         run = store.latest_run("train-v4")
-        assert [s for s, _ in store.metric_series(run["id"], "loss")] == list(range(1, 21))
-        assert [a["step"] for a in store.artefacts("train-v4", "checkpoint")] == [10, 20]
+        assert [s for s, _ in store.metric_series(run.id, "loss")] == list(range(1, 21))
+        assert [a.step for a in store.artefacts("train-v4", "checkpoint")] == [10, 20]
         # watch_eval picked each checkpoint up (the files are not real, so their evals fail)
-        assert {e["step"] for e in store.watch_entries(run["id"])} == {10, 20}
-        assert run["state"] == "lost" and "exit status is unknown" in run["error"]
+        assert {e["step"] for e in store.watch_entries(run.id)} == {10, 20}
+        assert run.state == "lost" and "exit status is unknown" in run.error
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -12,7 +12,7 @@ import pytest
 
 from core.adopt import AdoptSpec, adopt_item
 from core.errors import InvalidInput
-from core.plan import parse_plan
+from core.planfile import parse_plan
 from core.runner import Runner
 from core.store import Store
 
@@ -44,10 +44,10 @@ async def test_plain_sbatch_job_adopted_by_id_and_followed_to_its_exit_code(slur
             adopt_item(runner, plan.item("train-v4"), AdoptSpec(slurm_job=job, from_start=True)),
             120)
         run = store.latest_run("train-v4")
-        assert (status, run["state"], run["exit_code"], run["job_id"]) == (
+        assert (status, run.state, run.exit_code, run.job_id) == (
             "failed", "failed", 3, job)
-        assert json.loads(run["adopt"])["log"] == str(wd / f"v4-{job}.out")  # scontrol's StdOut
-        assert [s for s, _ in store.metric_series(run["id"], "loss")] == list(range(1, 41))
+        assert run.adopt["log"] == str(wd / f"v4-{job}.out")  # scontrol's StdOut
+        assert [s for s, _ in store.metric_series(run.id, "loss")] == list(range(1, 41))
 
         # a second hand-submitted job, adopted and stopped: scancel, state stopped
         job2 = subprocess.run(["sbatch", "--parsable", "-o", str(wd / "v4b.out"), "--wrap",
@@ -56,7 +56,7 @@ async def test_plain_sbatch_job_adopted_by_id_and_followed_to_its_exit_code(slur
         runner.mark("train-v4", "in_progress")
         await adopt_item(runner, plan.item("train-v4"), AdoptSpec(slurm_job=job2), follow=False)
         live = store.live_run("train-v4")
-        outcome = await asyncio.wait_for(runner.stop_run(live["id"], grace_s=2), 90)
+        outcome = await asyncio.wait_for(runner.stop_run(live.id, grace_s=2), 90)
         assert outcome.state == "stopped"
         left = subprocess.run(["squeue", "-h", "-j", job2, "-o", "%T"], env=env,
                               capture_output=True, text=True).stdout.strip()

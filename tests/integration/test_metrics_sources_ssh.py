@@ -80,7 +80,7 @@ def test_tensorboard_hf_and_regex_curves_exactly_once_across_kill_9(sshd, tmp_pa
     proc.wait()
     store = Store(state)
     run = store.latest_run("train")
-    before = {r["name"] for r in store.metric_rows(run["id"])}
+    before = {r.name for r in store.metric_rows(run.id)}
     assert "txt_loss" in before
     store.close()
 
@@ -91,11 +91,11 @@ def test_tensorboard_hf_and_regex_curves_exactly_once_across_kill_9(sshd, tmp_pa
 
     store = Store(state)
     run = store.latest_run("train")
-    assert run["state"] == "succeeded"
-    rows = store.metric_rows(run["id"])
+    assert run.state == "succeeded"
+    rows = store.metric_rows(run.id)
     by = {}
     for r in rows:
-        by.setdefault(r["name"], []).append((r["step"], r["value"]))
+        by.setdefault(r.name, []).append((r.step, r.value))
     assert "old/loss" not in by  # the earlier run's event file was skipped
     want = {
         "train/loss": [(s, 5.0 / s) for s in range(1, STEPS + 1)],
@@ -113,7 +113,7 @@ def test_tensorboard_hf_and_regex_curves_exactly_once_across_kill_9(sshd, tmp_pa
         assert [v for _, v in by[name]] == pytest.approx([v for _, v in pts], rel=1e-5), name
     # the event file was read to its end, once: the stored offset is its size
     (ev,) = (wd / "tb" / "run1").glob("events.out.tfevents*")
-    assert store.metric_source_offset(run["id"], f"tb:{ev}") == ev.stat().st_size
+    assert store.metric_source_offset(run.id, f"tb:{ev}") == ev.stat().st_size
     store.close()
 
     out = run_cli("metrics", plan, "train", "--csv", env={"SPECDECK_STATE": str(state)})

@@ -79,10 +79,10 @@ def test_extract_train_strip_relay_eval_compare_diff(sshd_factory, tiny_models, 
     from core.store import Store
 
     s = Store(tmp_path / "s.db")
-    steps = [a["step"] for a in s.artefacts("train-v5", "checkpoint")]
+    steps = [a.step for a in s.artefacts("train-v5", "checkpoint")]
     assert steps == [50, 100]
     run = s.latest_run("train-v5")
-    losses = s.metric_series(run["id"], "loss")
+    losses = s.metric_series(run.id, "loss")
     assert [st for st, _ in losses][:3] == [10, 20, 30] and losses[-1][0] == 100
     # v4 vs v5: exactly the documented knobs differ
     res = run_cli("diff", plan, "train-v4", "train-v5", "--json", env=env)

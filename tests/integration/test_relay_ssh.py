@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from core.plan import parse_plan
+from core.planfile import parse_plan
 from core.runner import Runner
 from core.store import Store
 from tests.conftest import ROOT, run_cli
@@ -50,7 +50,7 @@ def relay_plan(tmp_path: Path, a: str, b: str, src: str, dst: str, **extra) -> P
 def last_result(state: Path) -> dict:
     s = Store(state)
     run = s.latest_run("copy")
-    return json.loads(run["result"]) if run["result"] else {}
+    return run.result if run.result else {}
 
 
 @pytest.fixture
@@ -105,7 +105,7 @@ def test_kill_mid_transfer_then_rerun_resumes_from_part(two_hosts, tmp_path):
     assert hashlib.sha256((tmp_path / "B" / "big.bin").read_bytes()).hexdigest() == digest
     # the killed run was recorded as interrupted, the rerun as attempt 2
     s = Store(state)
-    assert [r["state"] for r in s.runs_for_item("copy")] == ["interrupted", "succeeded"]
+    assert [r.state for r in s.runs_for_item("copy")] == ["interrupted", "succeeded"]
 
 
 @pytest.mark.parametrize("stopped", ["kpro6", "ct129"])
@@ -130,14 +130,14 @@ async def test_sshd_stopped_mid_transfer_then_resume(two_hosts, tmp_path, stoppe
     server.stop()
     status = await asyncio.wait_for(task, 60)
     assert status == "failed"
-    err = store.latest_run("copy")["error"]
+    err = store.latest_run("copy").error
     assert "unreachable" in err and stopped in err, err
     have = part.stat().st_size
     await runner.close()
     server.start()
     runner = Runner(plan, store)
     assert await runner.run_item(plan.item("copy")) == "done"
-    result = json.loads(store.latest_run("copy")["result"])
+    result = store.latest_run("copy").result
     assert result["resumed_from"] >= have - 2 * MB
     assert result["bytes_sent"] < size - have + 2 * MB
     assert hashlib.sha256((tmp_path / "B" / "big.bin").read_bytes()).hexdigest() == digest

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from core.events import HostStateChanged, RunEnded
-from core.plan import parse_plan
+from core.planfile import parse_plan
 from core.runner import Runner
 from core.store import Store
 from tests.conftest import ROOT, run_cli
@@ -60,38 +60,38 @@ async def _runner(plan_path: Path, store: Store, events: list) -> Runner:
     return Runner(plan, store, emit=events.append, poll=0.05)
 
 
-async def test_remote_sigkill_fails_the_item_with_signal_9(sshd, tmp_path):
-    plan = ssh_plan(tmp_path, sshd.alias, "echo started; sleep 300")
+async def _start(tmp_path: Path, alias: str, command: str):
+    """A runner running ``command`` as item ``job`` on ``alias``: (store, events, runner, task)."""
     store = Store(tmp_path / "s.db")
     events: list = []
-    runner = await _runner(plan, store, events)
-    task = asyncio.create_task(runner.run_item(runner.plan.item("job")))
+    runner = await _runner(ssh_plan(tmp_path, alias, command), store, events)
+    return store, events, runner, asyncio.create_task(runner.run_item(runner.plan.item("job")))
+
+
+async def test_remote_sigkill_fails_the_item_with_signal_9(sshd, tmp_path):
+    store, events, runner, task = await _start(tmp_path, sshd.alias, "echo started; sleep 300")
     for _ in range(200):
         run = store.live_run("job")
-        if run and run["pid"] and store.log_tail(run["id"]):
+        if run and run.pid and store.log_tail(run.id):
             break
         await asyncio.sleep(0.05)
-    os.kill(run["pid"], signal.SIGKILL)  # the "remote" process: same machine, other sshd
+    os.kill(run.pid, signal.SIGKILL)  # the "remote" process: same machine, other sshd
     t0 = time.monotonic()
     status = await asyncio.wait_for(task, 10)
     assert time.monotonic() - t0 < 5
-    end = store.run(run["id"])
+    end = store.run(run.id)
     assert status == "failed"
-    assert (end["state"], end["signal"], end["exit_code"]) == ("failed", "KILL", None)
+    assert (end.state, end.signal, end.exit_code) == ("failed", "KILL", None)
     assert any(isinstance(e, RunEnded) and e.signal == "KILL" for e in events)
     await runner.close()
 
 
 async def test_sshd_outage_then_reconnect_resumes_the_stream(sshd, tmp_path):
-    plan = ssh_plan(tmp_path, sshd.alias,
-                    "for i in $(seq 1 150); do echo \"n $i\"; sleep 0.04; done")
-    store = Store(tmp_path / "s.db")
-    events: list = []
-    runner = await _runner(plan, store, events)
-    task = asyncio.create_task(runner.run_item(runner.plan.item("job")))
+    store, events, runner, task = await _start(
+        tmp_path, sshd.alias, "for i in $(seq 1 150); do echo \"n $i\"; sleep 0.04; done")
     for _ in range(400):
         run = store.live_run("job")
-        if run and run["log_lines"] >= 20:
+        if run and run.log_lines >= 20:
             break
         await asyncio.sleep(0.05)
     sshd.stop()  # the server and every session on it go away; the run capsule does not
@@ -110,7 +110,7 @@ async def test_sshd_outage_then_reconnect_resumes_the_stream(sshd, tmp_path):
     states = [e.state for e in events if isinstance(e, HostStateChanged)]
     assert states[-1] == "connected" and any(s in ("reconnecting", "unreachable") for s in states)
     run = store.latest_run("job")
-    assert store.log_bytes(run["id"]).decode().splitlines() == [f"n {i}" for i in range(1, 151)]
+    assert store.log_bytes(run.id).decode().splitlines() == [f"n {i}" for i in range(1, 151)]
     await runner.close()
 
 
@@ -130,13 +130,13 @@ async def test_hostile_log_content_is_stored_byte_exact(sshd, tmp_path):
     runner = await _runner(plan, store, [])
     assert await runner.run_item(runner.plan.item("job")) == "done"
     run = store.latest_run("job")
-    remote = (Path(run["capsule"]) / "log").read_bytes()
-    assert store.log_bytes(run["id"]) == remote
-    assert store.metric_series(run["id"], "loss") == [(1, 2.5)]
-    assert store.metric_series(run["id"], "acc[1]") == [(1, 0.25)]
+    remote = (Path(run.capsule) / "log").read_bytes()
+    assert store.log_bytes(run.id) == remote
+    assert store.metric_series(run.id, "loss") == [(1, 2.5)]
+    assert store.metric_series(run.id, "acc[1]") == [(1, 0.25)]
     from core.text import sanitize
 
-    shown = sanitize(store.log_tail(run["id"], 10)[0])
+    shown = sanitize(store.log_tail(run.id, 10)[0])
     assert "\x1b" not in shown and "red" in shown
     await runner.close()
 

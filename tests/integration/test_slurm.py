@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from core.plan import parse_plan
+from core.planfile import parse_plan
 from core.runner import Runner
 from core.store import Store
 
@@ -35,9 +35,9 @@ async def test_sbatch_follow_to_completion_with_metrics(slurm, tmp_path):
     runner = Runner(plan, store, poll=0.05)
     assert await asyncio.wait_for(runner.run_item(plan.item("train")), 120) == "done"
     run = store.latest_run("train")
-    assert run["launcher"] == "slurm" and run["job_id"].isdigit()
-    assert run["exit_code"] == 0
-    series = store.metric_series(run["id"], "loss")
+    assert run.launcher == "slurm" and run.job_id.isdigit()
+    assert run.exit_code == 0
+    series = store.metric_series(run.id, "loss")
     assert [s for s, _ in series] == list(range(1, 21))
     assert series[-1][1] == pytest.approx(0.25)
     await runner.close()
@@ -50,16 +50,16 @@ async def test_scancel_stops_the_job_and_reconcile_uses_the_job_id(slurm, tmp_pa
     task = asyncio.create_task(runner.run_item(plan.item("train")))
     for _ in range(600):
         run = store.live_run("train")
-        if run and run["job_id"] and store.log_tail(run["id"]):
+        if run and run.job_id and store.log_tail(run.id):
             break
         await asyncio.sleep(0.05)
-    assert store.log_tail(run["id"]) == ["up"]
+    assert store.log_tail(run.id) == ["up"]
     # a second specdeck (fresh runner on the same store) finds the job by its id
     other = Runner(plan, Store(tmp_path / "s.db"), poll=0.05)
     assert await other.reconcile() == []
-    outcome = await other.stop_run(run["id"], grace_s=2)
+    outcome = await other.stop_run(run.id, grace_s=2)
     assert outcome.state == "stopped" and outcome.signal == "TERM"
     assert await asyncio.wait_for(task, 30) == "failed"
-    assert store.run(run["id"])["state"] == "stopped"
+    assert store.run(run.id).state == "stopped"
     await runner.close()
     await other.close()

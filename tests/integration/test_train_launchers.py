@@ -40,10 +40,10 @@ def train_plan_run(tmp_path, hosts: dict, prompts: str, launch: dict) -> tuple[S
     assert res.returncode == 0, res.stderr[-3000:]
     s = Store(tmp_path / "s.db")
     run = s.latest_run("train")
-    assert run["state"] == "succeeded" and run["launcher"] == "torchrun"
-    assert [a["step"] for a in s.artefacts("train", "checkpoint")] == [10, 20]
-    assert [st for st, _ in s.metric_series(run["id"], "loss")] == [5, 10, 15, 20]
-    log = s.log_bytes(run["id"]).decode()
+    assert run.state == "succeeded" and run.launcher == "torchrun"
+    assert [a.step for a in s.artefacts("train", "checkpoint")] == [10, 20]
+    assert [st for st, _ in s.metric_series(run.id, "loss")] == [5, 10, 15, 20]
+    log = s.log_bytes(run.id).decode()
     assert '"world_size": 2' in log or "world_size=2" in log or "2 ranks" in log, log[-2000:]
     return s, run
 
@@ -54,7 +54,7 @@ def test_torchrun_two_cpu_processes_train(tmp_path):
     _, run = train_plan_run(tmp_path, {"box": {"local": True, "workdir": str(tmp_path),
                                                "python": PY}},
                             "host:models/prompts.jsonl", {"nproc_per_node": 2})
-    cmd = (tmp_path / ".specdeck" / "runs" / run["id"] / "cmd.sh").read_text()
+    cmd = (tmp_path / ".specdeck" / "runs" / run.id / "cmd.sh").read_text()
     assert "torch.distributed.run" in cmd and "--standalone" in cmd
 
 
@@ -77,8 +77,8 @@ def test_torchrun_across_two_ssh_hosts(sshd_factory, tiny_models, tmp_path):
                    "node1": {"ssh": n1.alias, "workdir": str(wd1), "python": PY}},
         "host:" + str(tiny_models / "prompts.jsonl"),
         {"nproc_per_node": 1, "nodes": ["node1"], "rdzv_port": port})
-    node0 = wd0 / ".specdeck" / "runs" / run["id"]
-    node1 = wd1 / ".specdeck" / "runs" / run["id"]
+    node0 = wd0 / ".specdeck" / "runs" / run.id
+    node1 = wd1 / ".specdeck" / "runs" / run.id
     cmd0, cmd1 = (node0 / "cmd.sh").read_text(), (node1 / "cmd.sh").read_text()
     assert f"--rdzv_endpoint 127.0.0.2:{port}" in cmd0 and f"127.0.0.2:{port}" in cmd1
     assert "--node_rank 1" in cmd1 and "--nnodes 2" in cmd1

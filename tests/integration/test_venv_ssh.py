@@ -40,7 +40,7 @@ def test_venv_with_uv_and_a_small_package_set(sshd, tmp_path):
                          text=True, check=True).stdout
     from core.store import Store
 
-    result = json.loads(Store(tmp_path / "s.db").latest_run("venv")["result"])
+    result = Store(tmp_path / "s.db").latest_run("venv").result
     assert result["versions"]["six"] == out.strip()
     # the venv satisfies the params: check() says done, nothing is reinstalled
     run_cli("mark", plan, "venv", "pending", env=env)

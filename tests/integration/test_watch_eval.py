@@ -59,14 +59,14 @@ def make_plan(tmp_path, tiny, gpu, ev, steps=300):
 def check_series(state, steps):
     s = Store(state)
     run = s.latest_run("train")
-    entries = s.watch_entries(run["id"])
+    entries = s.watch_entries(run.id)
     by_step = {e["step"]: e["state"] for e in entries}
-    ckpts = sorted(a["step"] for a in s.artefacts("train", "checkpoint"))
+    ckpts = sorted(a.step for a in s.artefacts("train", "checkpoint"))
     assert ckpts == list(range(50, steps + 1, 50))
     assert sorted(by_step) == ckpts, by_step  # every checkpoint: evaluated or recorded skipped
     assert set(by_step.values()) <= {"done", "skipped"}, by_step
     assert by_step[steps] == "done"  # the final checkpoint is always evaluated
-    taus = s.metric_series(run["id"], "tau")
+    taus = s.metric_series(run.id, "tau")
     assert [st for st, _ in taus] == sorted(k for k, v in by_step.items() if v == "done")
     return taus, s
 
@@ -81,8 +81,8 @@ def test_tau_at_each_checkpoint_and_it_rises(sshd_factory, tiny_models, tmp_path
     taus, s = check_series(tmp_path / "s.db", 300)
     assert len(taus) >= 2
     assert taus[-1][1] > taus[0][1] + 0.5, taus  # tau rises over training
-    rows = [r for r in s.eval_results("train") if r["step"] == 300]
-    assert rows and all(r["drafter"] == "train" for r in rows)
+    rows = [r for r in s.eval_results("train") if r.step == 300]
+    assert rows and all(r.drafter == "train" for r in rows)
     res = run_cli("compare", plan, "--step", "300", "--json", env=env)
     assert res.returncode == 0 and "train@300" in res.stdout
 

@@ -21,8 +21,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from core.ml import train as train_mod  # noqa: E402
-from core.ml import train_config as tc  # noqa: E402
+from core.ml.train import trainer as train_mod  # noqa: E402
+from core.ml.train import config as tc  # noqa: E402
 from core.ml.drafter import DFlashDrafter, save_drafter  # noqa: E402
 from core.ml.drafter_config import DFlashConfig  # noqa: E402
 from core.ml.runio import run_main  # noqa: E402

@@ -15,10 +15,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from core.ml import train as train_mod  # noqa: E402
-from core.ml import train_config as tc  # noqa: E402
-from core.ml import train_data as td  # noqa: E402
-from core.ml import train_loss as tl  # noqa: E402
+from core.ml.train import trainer as train_mod  # noqa: E402
+from core.ml.train import config as tc  # noqa: E402
+from core.ml.train import data as td  # noqa: E402
+from core.ml.train import loss as tl  # noqa: E402
 from core.ml.runio import run_main  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -390,7 +390,7 @@ def test_a_sequence_without_anchors_still_runs_the_forward(ws, qwen3_target):
 
 
 def test_checkpoint_files_latest_pruning_and_resume_choice(tmp_path):
-    from core.ml import train_runtime as rt
+    from core.ml.train import runtime as rt
     from core.ml.runio import UsageError
 
     model = torch.nn.Linear(2, 2)

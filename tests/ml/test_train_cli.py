@@ -21,8 +21,8 @@ import pytest
 torch = pytest.importorskip("torch")
 yaml = pytest.importorskip("yaml")
 
-from core.ml import train as train_mod  # noqa: E402
-from core.ml import train_config as tc  # noqa: E402
+from core.ml.train import trainer as train_mod  # noqa: E402
+from core.ml.train import config as tc  # noqa: E402
 from core.ml.runio import run_main  # noqa: E402
 from tests.ml.test_train import B, REPO, workspace  # noqa: E402
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from console.app import make_app
-from core.plan import load_plan
+from core.planfile import load_plan
+from core.records import EvalRow
 from core.store import Store
 
 
@@ -101,14 +102,14 @@ def train_log(steps: int, *, lr: float = 3e-4, decay: float = 400.0, every: int 
 
 
 def eval_rows(run_id: str, drafter: str, role: str, taus: list[list[int]], *,
-              settings=SETTINGS, block: int = 8) -> list[dict]:
+              settings=SETTINGS, block: int = 8, step: int | None = None) -> list[EvalRow]:
     rows = []
     for i, rounds in enumerate(taus):
         pp = [sum(1 for r in rounds if r - 1 >= k) / len(rounds) for k in range(1, block)]
-        rows.append({"run_id": run_id, "item_id": run_id.rsplit("-0101", 1)[0],
-                     "drafter": drafter, "role": role, "prompt_id": f"p{i + 1}",
-                     "tau": sum(rounds) / len(rounds), "rounds": rounds, "per_position": pp,
-                     "settings": dict(settings), "step": None, "at": T0})
+        rows.append(EvalRow(run_id=run_id, item_id=run_id.rsplit("-0101", 1)[0],
+                            drafter=drafter, role=role, prompt_id=f"p{i + 1}",
+                            tau=sum(rounds) / len(rounds), rounds=rounds, per_position=pp,
+                            settings=dict(settings), step=step, at=T0))
     return rows
 
 
@@ -155,10 +156,8 @@ def add_tau_watch(store: Store, run_id: str = "train-v5-0101-02", *,
                     (s, "tau_baseline", baseline), (s, "tau_ci95_lo", round(tau - 0.3, 3)),
                     (s, "tau_ci95_hi", round(tau + 0.3, 3))]
         metrics += [(s, f"tau_acc[{k}]", round(0.9 - 0.15 * k + 0.05 * i, 3)) for k in range(3)]
-        for r in eval_rows(run_id, item, "drafter",
-                           [[round(tau) + d for d in (0, 1, -1, 0)]] * 2):
-            r["step"] = s
-            rows.append(r)
+        rows += eval_rows(run_id, item, "drafter", [[round(tau) + d for d in (0, 1, -1, 0)]] * 2,
+                          step=s)
     rows += eval_rows(run_id, "baseline", "baseline", [[3, 3, 4, 2], [3, 4, 3, 3]])
     store.add_metrics(run_id, metrics)
     store.add_eval_results(rows)

@@ -12,8 +12,7 @@ from console.screens.adopt import AdoptModal
 from console.screens.confirm import ConfirmModal
 from console.widgets.item_detail import ItemDetail
 from console.widgets.plan_list import PlanPane
-from core.plan import load_plan
-from core.runner import Runner
+from core.planfile import load_plan
 from core.store import Store
 from tests.ui.conftest import build, process_alive, settle, wait_for
 
@@ -76,8 +75,8 @@ async def test_run_all_skips_then_adopt_from_the_item_pane_and_stop(tmp_path):
                                      pilot=pilot)
             await wait_for(seen, m.LogLinesArrived, lambda x: x.run_id == started.run_id,
                            pilot=pilot)
-            assert store.run(started.run_id)["launcher"] == "adopt:pid"
-            assert app.query_one(ItemDetail).live["id"] == started.run_id
+            assert store.run(started.run_id).launcher == "adopt:pid"
+            assert app.query_one(ItemDetail).live.id == started.run_id
 
             await pilot.press("x")
             await pilot.pause()
@@ -95,17 +94,9 @@ async def test_run_all_skips_then_adopt_from_the_item_pane_and_stop(tmp_path):
         store.close()
 
 
-async def test_stop_pressed_while_starting_leaves_no_process(tmp_path, monkeypatch):
+async def test_stop_pressed_while_starting_leaves_no_process(tmp_path, slow_starts):
     plan, store = _setup(tmp_path)
-    real = Runner._launch
-    launching = asyncio.Event()
-
-    async def slow_launch(self, *a, **kw):  # a slow host: the launch takes a second
-        launching.set()
-        await asyncio.sleep(1.0)
-        return await real(self, *a, **kw)
-
-    monkeypatch.setattr(Runner, "_launch", slow_launch)
+    launching = slow_starts
     store.set_status("train-v4", "done")
     seen: list = []
     app = build(plan, store)
@@ -119,14 +110,14 @@ async def test_stop_pressed_while_starting_leaves_no_process(tmp_path, monkeypat
             while not launching.is_set():
                 assert asyncio.get_running_loop().time() < deadline, "the run never launched"
                 await pilot.pause()
-            assert store.live_run("slow")["state"] == "starting"
+            assert store.live_run("slow").state == "starting"
             await pilot.press("x")
             await pilot.pause()
             assert isinstance(app.screen, ConfirmModal)
             await pilot.press("y")
             await settle(pilot)
             run = store.latest_run("slow")
-            assert run["state"] == "stopped" and app.statuses["slow"] == "failed"
+            assert run.state == "stopped" and app.statuses["slow"] == "failed"
             pid = int((tmp_path / "wd" / "started.pid").read_text())
             assert not process_alive(pid)
     finally:

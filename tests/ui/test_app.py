@@ -17,6 +17,7 @@ from console.widgets.metrics_pane import MetricsPane
 from console.widgets.plan_list import PlanPane
 from console.widgets.tau_table import TauPane
 from core import jobs
+from core.records import Run
 from tests.ui.conftest import add_tau_watch, build, process_alive, settle, wait_for
 
 
@@ -36,7 +37,7 @@ async def test_select_item_shows_detail_log_and_curves(campaign):
         await settle(pilot)
         assert [x.item_id for x in of(seen, PlanPane.ItemSelected)][-1] == "train-v5"
         detail = of(seen, m.ItemDetailLoaded, item_id="train-v5")[-1]
-        assert [r["attempt"] for r in detail.runs] == [1, 2]
+        assert [r.attempt for r in detail.runs] == [1, 2]
         assert of(seen, m.CheckFinished, item_id="train-v5")[-1].state == "ready"
         d = app.query_one(ItemDetail)
         assert d.item_id == "train-v5" and d.check == ("ready", "")
@@ -128,8 +129,8 @@ async def test_run_again_after_failure(live_plan):
         assert "its last attempt failed" in app.screen.body
         await pilot.press("y")
         await settle(pilot)
-        assert [r["attempt"] for r in store.runs_for_item("broken")] == [1, 2]
-        assert app.query_one(ItemDetail).runs[-1]["attempt"] == 2
+        assert [r.attempt for r in store.runs_for_item("broken")] == [1, 2]
+        assert app.query_one(ItemDetail).runs[-1].attempt == 2
         # a done item asks too, and cancelling starts nothing
         app.query_one(PlanPane).select("hello")
         await pilot.press("r", "y")
@@ -157,7 +158,7 @@ async def test_stop_a_live_run_through_the_confirmation(live_plan):
                        pilot=pilot)
         assert app.query_one(PlanPane).live == {"slow"}
         assert app.query_one(LogPane).stream == "following"
-        pid = store.run(started.run_id)["pid"]
+        pid = store.run(started.run_id).pid
         assert process_alive(pid)
 
         await pilot.press("x")  # cancel first: nothing is killed
@@ -310,7 +311,7 @@ async def test_hosts_bar_and_stream_states(campaign):
         assert "gpu 45% 10.0/80G" in str(bar.render())
         # the shown run's host drops: the log pane says so
         log = app.query_one(LogPane)
-        log.show_run("train-v5", {"id": "x", "host": "gpu1", "state": "running"}, [])
+        log.show_run("train-v5", Run("x", "train-v5", host="gpu1", state="running"), [])
         app.post_message(m.HostStateChanged("gpu1", "reconnecting", "connection reset"))
         await pilot.pause()
         assert log.stream == "reconnecting" and "reconnecting" in str(bar.render())
@@ -349,7 +350,7 @@ async def test_recovery_tells_what_happened_meanwhile(live_plan):
         await settle(pilot)
         opened = of(seen, m.SessionOpened)[0]
         assert [(c["item"], c["now"]) for c in opened.changes] == [("broken", "failed")]
-        assert [e["run_id"] for e in opened.meanwhile] == ["hello-0101-01"]
+        assert [e.run_id for e in opened.meanwhile] == ["hello-0101-01"]
         assert len(notes) == 1  # one summary, not a toast per run
         title, text = notes[0]
         assert title == "While the console was closed: 1 failed, 1 succeeded"
@@ -359,12 +360,12 @@ async def test_recovery_tells_what_happened_meanwhile(live_plan):
         await settle(pilot)
         assert isinstance(app.screen, JournalScreen)
         assert any("broken-0101-01" in x for x in app.screen.meanwhile)
-        kinds = [e["kind"] for e in app.screen.events]
+        kinds = [e.kind for e in app.screen.events]
         assert "console_opened" in kinds and "run_failed" in kinds and "run_succeeded" in kinds
         await pilot.press("escape")
         await pilot.press("q")
         await pilot.pause()
-    kinds = [e["kind"] for e in store.events()]
+    kinds = [e.kind for e in store.events()]
     assert kinds[-1] == "console_closed"
 
 
@@ -382,12 +383,12 @@ async def test_quit_never_stops_runs_and_says_which_keep_going(live_plan):
         await pilot.press("q")
         await pilot.pause()
     run = store.run(started.run_id)
-    assert [r["id"] for r in app.keep_going] == [started.run_id]
-    assert run["state"] == "running" and process_alive(run["pid"])
+    assert [r.id for r in app.keep_going] == [started.run_id]
+    assert run.state == "running" and process_alive(run.pid)
     text = keep_going_text(plan, app.keep_going)
     assert f"slow: run {started.run_id} on here" in text and "specdeck attach" in text
-    closed = [e for e in store.events() if e["kind"] == "console_closed"][-1]
-    assert started.run_id in closed["message"]
+    closed = store.events(kinds=["console_closed"])[-1]
+    assert started.run_id in closed.message
     # the next console attaches to it and shows it live; stop it to clean up
     seen2: list = []
     app2 = build(plan, store)
@@ -398,7 +399,7 @@ async def test_quit_never_stops_runs_and_says_which_keep_going(live_plan):
         await pilot.press("x", "y")
         await settle(pilot)
         assert of(seen2, m.RunEnded, run_id=started.run_id)[0].state == "stopped"
-    assert not process_alive(run["pid"])
+    assert not process_alive(run.pid)
 
 
 async def test_pinned_curves_stay_overlaid(campaign):

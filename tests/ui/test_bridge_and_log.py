@@ -9,6 +9,7 @@ from console.bridge import EventBridge
 from console.widgets.log_pane import MAX_LINES, LogPane
 from console.widgets.plan_list import PlanPane
 from core import events as ev
+from core.records import Run
 from tests.ui.conftest import build, settle
 
 
@@ -39,7 +40,7 @@ async def test_bridge_translates_events():
     bridge.bind(posted.append)
     bridge(ev.StatusChanged("x", "done", "ok"))
     bridge(ev.HostStateChanged(None, "h", "reconnecting", "reset"))
-    bridge(ev.Notice("x", "x: log stream reconnecting (h: reset)", "warning"))
+    bridge(ev.LogStreamChanged("x", "r1", "reconnecting", "h", "reset"))
     bridge(ev.Notice("x", "x: something else"))
     for pct in range(10, 60, 10):  # progress floods too: only the latest per flush is posted
         bridge(ev.Progress("x", f"{pct}%", {"done": pct}))
@@ -63,7 +64,7 @@ async def test_log_pane_bounded_follow_search_and_sanitized(campaign):
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
         pane = app.query_one(LogPane)
-        pane.show_run("train-v5", {"id": "r", "host": "gpu1", "state": "running"}, [])
+        pane.show_run("train-v5", Run("r", "train-v5", host="gpu1", state="running"), [])
         for i in range(12):  # 12 flushes of 1000 lines: more than the pane keeps
             app.post_message(m.LogLinesArrived("train-v5", "r",
                                                [f"line {i * 1000 + k}" for k in range(1000)]))
@@ -111,7 +112,7 @@ async def test_flood_through_a_real_run_is_batched(live_plan):
         assert sum(len(x.lines) + x.dropped for x in batches) == 20000
         assert len(batches) < 50
         assert app.query_one(LogPane).log.lines[-1] == "20000"
-        assert store.run(batches[0].run_id)["log_lines"] == 20000
+        assert store.run(batches[0].run_id).log_lines == 20000
 
 
 async def test_selecting_a_streaming_run_shows_each_line_once(campaign):

@@ -17,7 +17,9 @@ from console.widgets.item_detail import ItemDetail
 from console.widgets.log_pane import LogPane, pretty_json
 from console.widgets.metrics_pane import MetricsPane, ema, families
 from console.widgets.plan_list import PlanPane
-from core.plan import load_plan, params_summary
+from core.plan import params_summary
+from core.planfile import load_plan
+from core.records import Run
 from core.store import Store
 from tests.ui.conftest import ROOT, build, pick, process_alive, settle, wait_for
 
@@ -94,10 +96,10 @@ async def test_r_on_a_train_item_confirms_with_host_and_launcher(tmp_path):
         await pilot.press("y")
         await settle(pilot)
         runs = store.runs_for_item("train")
-        assert len(runs) == 1 and runs[0]["state"] == "succeeded"
-        assert runs[0]["launcher"] == "torchrun"
+        assert len(runs) == 1 and runs[0].state == "succeeded"
+        assert runs[0].launcher == "torchrun"
         assert len(of(seen, m.RunStarted, item_id="train")) == 1
-        assert store.metric_series(runs[0]["id"], "loss") == [(1, 2.5)]
+        assert store.metric_series(runs[0].id, "loss") == [(1, 2.5)]
     store.close()
 
 
@@ -209,7 +211,7 @@ async def test_follow_mode_selects_each_new_run_during_A_until_a_key(tmp_path, g
             started = await wait_for(seen, m.RunStarted, lambda x: x.item_id == "b",
                                      pilot=pilot, timeout=60)
         except AssertionError as e:  # say what the runs did (a slow, loaded machine?)
-            runs = {i: (r["state"], r["error"]) for i in "ab" if (r := store.latest_run(i))}
+            runs = {i: (r.state, r.error) for i in "ab" if (r := store.latest_run(i))}
             raise AssertionError(f"{e}; statuses {store.item_statuses()}; runs {runs}") from e
         await wait_for(seen, m.LogLoaded, lambda x: x.item_id == "b", pilot=pilot)
         await pilot.pause()
@@ -234,7 +236,7 @@ async def test_follow_mode_selects_each_new_run_during_A_until_a_key(tmp_path, g
             await wait_for(seen, m.RunEnded, lambda x, i=item: x.item_id == i, pilot=pilot)
         await settle(pilot)
         assert app.selected == "a"  # no longer following: the cursor stayed where the key put it
-        assert [store.latest_run(i)["state"] for i in "abcd"] == ["succeeded"] * 4
+        assert [store.latest_run(i).state for i in "abcd"] == ["succeeded"] * 4
     store.close()
 
 
@@ -325,8 +327,8 @@ async def test_manual_done_detail_and_unambiguous_dates(live_plan, utc):
         assert d.check[0] == "done" and "blocked" not in str(d.query_one("#detail-body").render())
     from console.widgets.item_detail import run_line
 
-    line = run_line({"attempt": 2, "state": "failed", "exit_code": 1, "started_at": 1767225600.0,
-                     "ended_at": 1767225700.0, "error": "x" * 500})
+    line = run_line(Run("r", "i", attempt=2, state="failed", exit_code=1, started_at=1767225600.0,
+                        ended_at=1767225700.0, error="x" * 500))
     assert "2026-01-01 00:00" in line.plain and "x" * 500 in line.plain  # never cut
 
 
@@ -369,7 +371,7 @@ CHILD = r"""
 import sys
 sys.path.insert(0, sys.argv[3])
 from console.app import make_app
-from core.plan import load_plan
+from core.planfile import load_plan
 from core.store import Store
 plan = load_plan(sys.argv[1])
 store = Store(sys.argv[2])
@@ -412,8 +414,8 @@ async def test_unclean_exit_then_reopen_tells_each_change_once(tmp_path, go):
             quick, long_ = store.latest_run("quick"), store.latest_run("long")
             mark = store.seen_mark()
             ends = store.events(kinds=["run_succeeded"])
-            if (quick and quick["state"] == "succeeded" and long_ and long_["state"] == "running"
-                    and mark and ends and mark["event_id"] >= ends[-1]["id"]):
+            if (quick and quick.state == "succeeded" and long_ and long_.state == "running"
+                    and mark and ends and mark.event_id >= ends[-1].id):
                 break
             assert child.poll() is None, child.stderr.read().decode()
             assert loop.time() < deadline, "the console did not run quick and long"
@@ -423,8 +425,8 @@ async def test_unclean_exit_then_reopen_tells_each_change_once(tmp_path, go):
     finally:
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
-    assert process_alive(long_["pid"])
-    kinds = [e["kind"] for e in store.events()]
+    assert process_alive(long_.pid)
+    kinds = [e.kind for e in store.events()]
     assert kinds.count("console_opened") == 1 and kinds[-1] != "console_closed"
     # while no console is open: long ends on its host, and a CLI run ends (journalled)
     go.touch()
@@ -439,7 +441,7 @@ async def test_unclean_exit_then_reopen_tells_each_change_once(tmp_path, go):
         await settle(pilot)
         assert [(c["item"], c["was"], c["now"]) for c in opened.changes] == [
             ("long", "running", "succeeded")]
-        assert [e["run_id"] for e in opened.meanwhile] == ["by-cli-0101-01"]
+        assert [e.run_id for e in opened.meanwhile] == ["by-cli-0101-01"]
         summary = [n for n in notes if n[0] and n[0].startswith("While the console")]
         assert len(summary) == 1
         title, text = summary[0]

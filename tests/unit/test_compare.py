@@ -24,6 +24,7 @@ import json
 import pytest
 
 from core.compare import build_comparison, to_csv, to_json, to_markdown
+from core.records import EvalRow
 
 S = {"mode": "online", "block_size": 4, "tree_budget": None, "target": "qwen3-8b",
      "prompts": "mt-bench-v1", "definition": "tau = accepted + 1"}
@@ -33,9 +34,9 @@ def row(drafter, prompt, rounds, pp, *, role="drafter", tau="auto", settings=Non
         run="r1"):
     if tau == "auto":
         tau = sum(rounds) / len(rounds) if rounds else None
-    return {"item_id": "eval", "run_id": run, "drafter": drafter, "role": role,
-            "prompt_id": prompt, "tau": tau, "rounds": rounds, "per_position": pp,
-            "settings": dict(settings or S), "step": step}
+    return EvalRow(item_id="eval", run_id=run, drafter=drafter, role=role, prompt_id=prompt,
+                   tau=tau, rounds=rounds, per_position=pp, settings=dict(settings or S),
+                   step=step)
 
 
 BASE = [row("base", "p1", [1, 2, 3], [2 / 3, 1 / 3, 0], role="baseline", run="rb"),

@@ -112,7 +112,7 @@ def test_eval_of_a_train_item_knows_its_block_size_at_validate(ws):
 async def test_eval_preflight_on_the_host_refuses_what_validate_could_not_see(ws):
     """The baseline appears on the host only after the plan was validated: the item's preflight
     (check, on the host) refuses it and launches nothing."""
-    from core.plan import load_plan
+    from core.planfile import load_plan
     from core.runner import Runner
     from core.store import Store
 
@@ -127,8 +127,8 @@ async def test_eval_preflight_on_the_host_refuses_what_validate_could_not_see(ws
         await runner.close()
     assert store.latest_run("ev") is None  # nothing was launched
     last = store.status_history("ev")[-1]
-    assert last["status"] == "failed" and "block size 16 but baseline later with 8" in last["reason"]
-    assert "set block_size: 8" in last["reason"]
+    assert last.status == "failed" and "block size 16 but baseline later with 8" in last.reason
+    assert "set block_size: 8" in last.reason
 
 
 @pytest.mark.parametrize("extra,ok", [({}, False), ({"allow_block_size_mismatch": True}, True),

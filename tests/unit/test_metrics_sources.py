@@ -7,6 +7,7 @@ import pytest
 from core.metrics_sources import (EventFileError, LineMetrics, MetricsParams, read_records,
                                   scalars)
 from core.params import parse_params
+from core.records import MetricPoint
 from core.store import Store
 
 
@@ -103,7 +104,7 @@ def test_source_offsets_store_each_piece_once(tmp_path):
     assert store.metric_source_offset("r", "tb:/f") == 100
     assert store.add_source_metrics("r", "tb:/f", 100, 150, [(1, "loss", 2.0, 5.0)])
     assert not store.add_source_metrics("r", "tb:/f", 100, 150, [(1, "loss", 9.0, 5.0)])
-    assert store.metric_rows("r") == [{"step": 1, "name": "loss", "value": 2.0, "time": 5.0}]
+    assert store.metric_rows("r") == [MetricPoint(step=1, name="loss", value=2.0, time=5.0)]
 
 
 def test_readme_metric_examples_parse():

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.errors import PlanError
-from core.plan import load_plan, parse_plan
+from core.planfile import load_plan, parse_plan
 from tests.conftest import DATA
 
 PLANS = DATA / "plans"

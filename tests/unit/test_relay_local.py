@@ -36,6 +36,33 @@ def make(path, size: int) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def file_between_hosts(tmp_path, size: int) -> tuple[str, LocalHost, LocalHost]:
+    """A ``size``-byte f.bin on local host a (``tmp_path/A``), and host b (``tmp_path/B``):
+    (its sha256, a, b)."""
+    digest = make(tmp_path / "A" / "f.bin", size)
+    return (digest, LocalHost("a", workdir=str(tmp_path / "A")),
+            LocalHost("b", workdir=str(tmp_path / "B")))
+
+
+async def cut_ranges_copy(tmp_path, size: int, streams: int, rate: str):
+    """A ``streams``-range copy of a new ``size``-byte file, cancelled once every range has
+    a journal: (sha256, a, b, the relay, the bytes each range landed)."""
+    digest, a, b = file_between_hosts(tmp_path, size)
+    relay = Relay(RelayParams(src="a:f.bin", dst="b:f.bin", streams=streams))
+    task = asyncio.create_task(relay._one(Ctx(), a, "f.bin", b, "f.bin", size, None,
+                                          parse_rate(rate), streams=streams))
+    journals = [tmp_path / "B" / f"f.bin.part.r{i}" for i in range(streams)]
+    while not all(j.exists() for j in journals):
+        await asyncio.sleep(0.05)
+        assert not task.done()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    ranges = json.loads((tmp_path / "B" / "f.bin.part.ranges").read_text())["ranges"]
+    return digest, a, b, relay, [int(j.read_text().split()[-1]) - s
+                                 for j, (s, _) in zip(journals, ranges)]
+
+
 async def relay(tmp_path, size, *, src_host=None, bwlimit=None):
     a = src_host or LocalHost("a", workdir=str(tmp_path / "A"))
     b = LocalHost("b", workdir=str(tmp_path / "B"))
@@ -133,7 +160,7 @@ async def test_source_changed_during_copy_is_caught_and_nothing_renamed(tmp_path
 async def test_stop_run_cancels_an_in_process_relay_and_the_rerun_resumes(tmp_path, monkeypatch):
     """The console's stop (x) on a relay it runs: cancelled at once, state stopped, the .part
     kept, and the progress lines were the run's log."""
-    from core.plan import parse_plan
+    from core.planfile import parse_plan
     from core.runner import Runner
     from core.store import Store
 
@@ -155,12 +182,12 @@ items:
     while not (part.exists() and part.stat().st_size >= 4 * MB):
         await asyncio.sleep(0.02)
     live = store.live_run("copy")
-    out = await runner.stop_run(live["id"], grace_s=5)
+    out = await runner.stop_run(live.id, grace_s=5)
     assert out.state == "stopped"
     assert await task == "failed"  # the caller carries on: no CancelledError
-    run = store.run(live["id"])
-    assert run["state"] == "stopped" and run["error"] == "stopped by the operator"
-    log = store.log_bytes(live["id"]).decode()
+    run = store.run(live.id)
+    assert run.state == "stopped" and run.error == "stopped by the operator"
+    log = store.log_bytes(live.id).decode()
     assert "data path: a (local file) -> specdeck -> b (local file)" in log
     assert "MB/s" in log  # the first meter line
     have = part.stat().st_size
@@ -169,10 +196,7 @@ items:
     monkeypatch.setenv("SPECDECK_RELAY_PATH", "auto")
     store.set_status("copy", "pending")
     assert await runner2.run_item(plan.item("copy")) == "done"
-    res = store.latest_run("copy")
-    import json
-
-    assert json.loads(res["result"])["resumed_from"] == have
+    assert store.latest_run("copy").result["resumed_from"] == have
     assert hashlib.sha256((tmp_path / "B" / "f.bin").read_bytes()).hexdigest() == digest
     await runner.close()
     await runner2.close()
@@ -199,7 +223,7 @@ async def test_plan_sha256_is_the_reference_for_a_fresh_copy(tmp_path, monkeypat
 
 
 async def test_stopping_an_in_process_run_whose_specdeck_died_ends_it(tmp_path):
-    from core.plan import parse_plan
+    from core.planfile import parse_plan
     from core.runner import Runner
     from core.store import Store
 
@@ -216,7 +240,7 @@ items:
     with pytest.raises(Exception) as err:
         await Runner(plan, store).stop_run("copy-1", grace_s=1)
     assert "runs inside another specdeck" in str(err.value)
-    assert store.run("copy-1")["state"] == "running"  # untouched: maybe alive elsewhere
+    assert store.run("copy-1").state == "running"  # untouched: maybe alive elsewhere
     store.end_run("copy-1", "interrupted")
     import socket
 
@@ -224,7 +248,7 @@ items:
     store.update_run("copy-2", state="running", pid=999999)
     out = await Runner(plan, store).stop_run("copy-2", grace_s=1)
     assert out.state == "interrupted"
-    assert store.run("copy-2")["error"] == "the specdeck running it is gone"
+    assert store.run("copy-2").error == "the specdeck running it is gone"
 
 
 @pytest.mark.parametrize("path", ["bulk", "asyncssh"])
@@ -269,9 +293,7 @@ async def test_range_streams_copy_verify_and_show_each_stream(tmp_path, monkeypa
     progress line shows the total and each stream's rate; the journals are cleaned up."""
     monkeypatch.setenv("SPECDECK_RELAY_PATH", "auto")
     size = 70 * MB + 5
-    digest = make(tmp_path / "A" / "f.bin", size)
-    a = LocalHost("a", workdir=str(tmp_path / "A"))
-    b = LocalHost("b", workdir=str(tmp_path / "B"))
+    digest, a, b = file_between_hosts(tmp_path, size)
     ctx = Ctx()
     res = await Relay(RelayParams(src="a:f.bin", dst="b:f.bin", streams=4, bwlimit="140M"))._one(
         ctx, a, "f.bin", b, "f.bin", size, None, parse_rate("140M"), streams=4)
@@ -285,9 +307,7 @@ async def test_range_streams_copy_verify_and_show_each_stream(tmp_path, monkeypa
 
 async def test_bwlimit_caps_the_total_of_all_streams(tmp_path, monkeypatch):
     size = 40 * MB
-    make(tmp_path / "A" / "f.bin", size)
-    a = LocalHost("a", workdir=str(tmp_path / "A"))
-    b = LocalHost("b", workdir=str(tmp_path / "B"))
+    _, a, b = file_between_hosts(tmp_path, size)
     t0 = time.monotonic()
     await Relay(RelayParams(src="a:f.bin", dst="b:f.bin"))._one(
         Ctx(), a, "f.bin", b, "f.bin", size, None, parse_rate("40M"), streams=4)
@@ -297,21 +317,7 @@ async def test_bwlimit_caps_the_total_of_all_streams(tmp_path, monkeypatch):
 
 async def test_cancelled_range_streams_resume_each_range_from_its_journal(tmp_path, monkeypatch):
     size = 96 * MB
-    digest = make(tmp_path / "A" / "f.bin", size)
-    a = LocalHost("a", workdir=str(tmp_path / "A"))
-    b = LocalHost("b", workdir=str(tmp_path / "B"))
-    relay = Relay(RelayParams(src="a:f.bin", dst="b:f.bin", streams=3))
-    task = asyncio.create_task(relay._one(Ctx(), a, "f.bin", b, "f.bin", size, None,
-                                          parse_rate("48M"), streams=3))
-    journals = [tmp_path / "B" / f"f.bin.part.r{i}" for i in range(3)]
-    while not all(j.exists() for j in journals):
-        await asyncio.sleep(0.05)
-        assert not task.done()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    ranges = json.loads((tmp_path / "B" / "f.bin.part.ranges").read_text())["ranges"]
-    landed = [int(j.read_text().split()[-1]) - s for j, (s, _) in zip(journals, ranges)]
+    digest, a, b, relay, landed = await cut_ranges_copy(tmp_path, size, 3, "48M")
     assert all(n > 0 for n in landed) and sum(landed) < size
     ctx = Ctx()
     res = await relay._one(ctx, a, "f.bin", b, "f.bin", size, None, None, streams=3)
@@ -336,20 +342,8 @@ async def test_ranges_left_by_a_cut_resume_on_the_in_process_path(tmp_path, monk
     (SPECDECK_RELAY_PATH=asyncssh): each unfinished range is written in place from its
     journal, one after the other, and the whole file checks out."""
     size = 64 * MB
-    digest = make(tmp_path / "A" / "f.bin", size)
-    a = LocalHost("a", workdir=str(tmp_path / "A"))
-    b = LocalHost("b", workdir=str(tmp_path / "B"))
-    relay = Relay(RelayParams(src="a:f.bin", dst="b:f.bin", streams=2))
-    task = asyncio.create_task(relay._one(Ctx(), a, "f.bin", b, "f.bin", size, None,
-                                          parse_rate("32M"), streams=2))
-    journals = [tmp_path / "B" / f"f.bin.part.r{i}" for i in range(2)]
-    while not all(j.exists() for j in journals):
-        await asyncio.sleep(0.05)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    ranges = json.loads((tmp_path / "B" / "f.bin.part.ranges").read_text())["ranges"]
-    landed = sum(int(j.read_text().split()[-1]) - s for j, (s, _) in zip(journals, ranges))
+    digest, a, b, relay, per_range = await cut_ranges_copy(tmp_path, size, 2, "32M")
+    landed = sum(per_range)
     monkeypatch.setenv("SPECDECK_RELAY_PATH", "asyncssh")
     ctx = Ctx()
     res = await relay._one(ctx, a, "f.bin", b, "f.bin", size, None, None, streams=2)

@@ -11,14 +11,14 @@ from core.store import Store
 def test_append_log_is_exactly_once():
     s = Store(":memory:")
     run = s.claim_run("r1", "item", "shell", "h", owner="me")
-    assert run["attempt"] == 1 and run["state"] == "starting"
+    assert run.attempt == 1 and run.state == "starting"
     assert s.append_log("r1", 0, b"a\nb\n", [(1, "loss", 2.0)])
     assert not s.append_log("r1", 0, b"a\nb\n")  # replay after a reconnect: refused
     assert not s.append_log("r1", 10, b"x\n")  # a gap: refused
     assert s.append_log("r1", 4, b"c\n\xff\xfe bad utf8\n")
     assert s.log_bytes("r1") == b"a\nb\nc\n\xff\xfe bad utf8\n"
     assert s.log_bytes("r1", 2) == b"b\nc\n\xff\xfe bad utf8\n"
-    assert s.run("r1")["log_offset"] == 18 and s.run("r1")["log_lines"] == 4
+    assert s.run("r1").log_offset == 18 and s.run("r1").log_lines == 4
     assert s.log_tail("r1", 2) == ["c", "\ufffd\ufffd bad utf8"]
     assert s.metric_series("r1", "loss") == [(1, 2.0)]
 
@@ -30,8 +30,8 @@ def test_one_live_run_per_item_and_attempts():
     assert s.end_run("r1", "failed", exit_code=7)
     assert not s.end_run("r1", "succeeded")  # idempotent: the first end wins
     r2 = s.claim_run("r2", "it", "shell", "h", owner="o")
-    assert r2["attempt"] == 2
-    kinds = [e["kind"] for e in s.events()]
+    assert r2.attempt == 2
+    kinds = [e.kind for e in s.events()]
     assert kinds == ["run_claimed", "run_failed", "run_claimed"]
 
 
@@ -64,4 +64,4 @@ def test_status_history_and_migrations_idempotent(tmp_path):
     s.close()
     s = Store(path)  # reopening applies no migration twice
     assert s.item_statuses() == {"a": "done"}
-    assert [h["status"] for h in s.status_history("a")] == ["in_progress", "done"]
+    assert [h.status for h in s.status_history("a")] == ["in_progress", "done"]

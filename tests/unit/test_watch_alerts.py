@@ -58,7 +58,7 @@ def test_a_drop_inside_the_noise_is_not_an_alert(watcher):
     evaluate(watcher, 200, noisy, 1.9)
     assert alerts(watcher) == []
     noise = watcher.store.events(kinds=["watch_noise"])
-    assert noise and "inside the noise" in noise[0]["message"]
+    assert noise and "inside the noise" in noise[0].message
 
 
 def test_a_real_drop_is_an_alert_with_its_interval(watcher):

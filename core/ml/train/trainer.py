@@ -17,18 +17,18 @@ What one step does (defaults = the v5 trainer):
    frozen LM head.
 5. Labels: the target's greedy token at ``a+k`` = argmax of the target logits at ``a+k-1``,
    from the final layer (reserved for this: fc never sees it). Hard CE with
-   ``w_k = exp(-(k-1)/gamma)``, gamma by block size (:mod:`core.ml.train_loss`).
+   ``w_k = exp(-(k-1)/gamma)``, gamma by block size (:mod:`core.ml.train.loss`).
 6. AdamW, linear warmup + cosine, grad clip; DDP averages gradients across ranks.
 
 v4 vs v5. The v4 trainer had three bugs that v5 fixes; each survives here as an explicit knob,
-off by default (:data:`core.ml.train_config.V4_KNOBS`; table in :mod:`core.ml.train_config`):
+off by default (:data:`core.ml.train.config.V4_KNOBS`; table in :mod:`core.ml.train.config`):
 ``noise.target: all_features`` (noise on the whole extracted tensor, which reaches the target
 logits and so the labels), ``fc_layers: taps_and_final`` (fc fed the final layer that gives
 the labels: a shortcut; fc becomes (K+1)*H wide), and ``loss.soft_kl_weight: 0.7`` +
 ``loss.temperature: 2`` + ``loss.streak_weighting: true`` + ``loss.gamma: 10`` (the v4 loss).
 ``plans/train/v5.yaml`` and ``plans/train/v4-legacy.yaml`` differ in exactly those knobs.
 
-Data (:mod:`core.ml.train_data`): extract the drafter's taps *plus the target's final layer*
+Data (:mod:`core.ml.train.data`): extract the drafter's taps *plus the target's final layer*
 (``python -m core.ml.extract --layers 1,9,17,25,33,35`` for a 36-layer target with the default
 taps), or give a JSONL file (``data.file``) and let the target run on the fly.
 
@@ -42,7 +42,7 @@ stdout (rank 0 only; one JSON object per line):
 
   ``acc[k-1]`` = teacher-forced top-1 accuracy of draft slot k over supervised slots (0.0 when
   none); ``eal`` = ``sum_k prod_{i<=k} acc_i`` (expected accepted draft tokens, no bonus token;
-  see :func:`core.ml.train_loss.expected_acceptance_length`); ``streak`` = mean exact
+  see :func:`core.ml.train.loss.expected_acceptance_length`); ``streak`` = mean exact
   teacher-forced streak per block; ``loss`` = weighted loss over the logged window;
   ``tokens_per_s`` = packed sequence tokens per second over all ranks; ``eta_s`` = remaining
   steps x mean step time of this process.
@@ -102,9 +102,9 @@ from pathlib import Path
 from typing import Any
 
 from core.ml.runio import (TaskError, UsageError, atomic_write_json, atomic_write_text, fixed_mmap_threshold, provenance,
-                          run_main, say)
-from core.ml.train_config import ConfigError
-from core.ml.train_runtime import (
+                          say)
+from core.ml.train.config import ConfigError
+from core.ml.train.runtime import (
     Dist,
     StopFlag,
     lr_factor,
@@ -144,7 +144,7 @@ def load_resolved(args: argparse.Namespace) -> tuple[Any, dict[str, Any], Any]:
     Raises:
         UsageError: any config problem (the message names the file and key).
     """
-    from core.ml import train_config as tc
+    from core.ml.train import config as tc
 
     if not args.config:
         raise UsageError("--config FILE.yaml is required (see --describe for the knobs)")
@@ -180,7 +180,7 @@ def load_resolved(args: argparse.Namespace) -> tuple[Any, dict[str, Any], Any]:
 
 def print_config(cfg: Any, target_cfg: dict[str, Any] | None) -> int:
     """``--print-config``: the resolved config as one JSON object on stdout."""
-    from core.ml.train_config import unresolved
+    from core.ml.train.config import unresolved
 
     if target_cfg is None:
         left = unresolved(cfg)
@@ -197,7 +197,7 @@ def preflight(cfg: Any) -> None:
         UsageError: each problem, naming both sides and the fix.
     """
     from core.ml.extract import target_fingerprint
-    from core.ml.train_config import cache_problems, drafter_config_dict
+    from core.ml.train.config import cache_problems, drafter_config_dict
 
     problems = []
     if cfg.data.features is not None:
@@ -239,7 +239,7 @@ def new_drafter(config_dict: dict[str, Any], init_std: float, seed: int) -> Any:
 def build_source(cfg: Any, target_cfg: dict[str, Any], tokenizer: Any) -> Any:
     """The data source named by the config (extract cache or JSONL)."""
     from core.ml.extract import target_fingerprint
-    from core.ml.train_data import FeatureCache, JsonlSource
+    from core.ml.train.data import FeatureCache, JsonlSource
 
     final_id = int(target_cfg["num_hidden_layers"]) - 1
     if cfg.data.features is not None:
@@ -256,7 +256,7 @@ def build_source(cfg: Any, target_cfg: dict[str, Any], tokenizer: Any) -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.describe:
-        from core.ml.train_config import describe
+        from core.ml.train.config import describe
 
         sys.stdout.write(describe())
         return 0
@@ -297,10 +297,10 @@ class Trainer:
     def setup(self) -> None:
         import torch
 
-        from core.ml import train_config as tc
+        from core.ml.train import config as tc
         from core.ml.target import load_target, resolve_device, stop_token_ids
-        from core.ml.train_data import JsonlSource
-        from core.ml.train_loss import TrainForward
+        from core.ml.train.data import JsonlSource
+        from core.ml.train.loss import TrainForward
 
         cfg = self.cfg
         device = resolve_device(cfg.device)
@@ -396,7 +396,7 @@ class Trainer:
         """Restore weights, optimizer, scheduler and the step from a checkpoint."""
         import torch
 
-        from core.ml.train_config import knob_diff
+        from core.ml.train.config import knob_diff
 
         try:
             ckpt = torch.load(path, map_location="cpu", weights_only=True)
@@ -430,7 +430,7 @@ class Trainer:
         return [self.train_idx[self._perm(i // n)[i % n]] for i in range(first, first + bs)]
 
     def batch(self, indices: Sequence[int], gen: Any) -> Any:
-        from core.ml.train_data import featurize, pack
+        from core.ml.train.data import featurize, pack
 
         samples = []
         for i in indices:
@@ -458,7 +458,7 @@ class Trainer:
         """One optimizer step; returns (LossOutput, grad norm, tokens of this rank)."""
         import torch
 
-        from core.ml.train_loss import batch_loss
+        from core.ml.train.loss import batch_loss
 
         cfg = self.cfg
         gen = torch.Generator().manual_seed(step_seed(cfg.seed, "step", step, self.dist.rank))
@@ -479,7 +479,7 @@ class Trainer:
         """Loss and accuracy on the held-out sequences: no noise, fixed anchors."""
         import torch
 
-        from core.ml.train_loss import batch_loss, expected_acceptance_length, per_position_accuracy
+        from core.ml.train.loss import batch_loss, expected_acceptance_length, per_position_accuracy
 
         B = self.cfg.drafter.block_size
         acc = torch.zeros(4 + 2 * (B - 1), dtype=torch.float64)
@@ -525,7 +525,7 @@ class Trainer:
     def run(self) -> int:
         import torch
 
-        from core.ml.train_loss import expected_acceptance_length, per_position_accuracy
+        from core.ml.train.loss import expected_acceptance_length, per_position_accuracy
 
         self.setup()
         cfg, B = self.cfg, self.cfg.drafter.block_size
@@ -596,6 +596,3 @@ class Trainer:
         if self.dist.main:
             print_line(line)
 
-
-if __name__ == "__main__":
-    raise SystemExit(run_main(main))

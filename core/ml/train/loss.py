@@ -203,17 +203,17 @@ def batch_loss(forward: torch.nn.Module, embed: torch.nn.Module, head: torch.nn.
     Args:
         forward: :class:`TrainForward` (possibly DDP-wrapped).
         embed / head: the target's frozen input embedding and LM head.
-        batch: a :class:`~core.ml.train_data.Batch` on the training device.
-        cfg: the resolved :class:`~core.ml.train_config.TrainConfig`.
+        batch: a :class:`~core.ml.train.data.Batch` on the training device.
+        cfg: the resolved :class:`~core.ml.train.config.TrainConfig`.
         gen: the step's noise generator; None for validation (no noise).
 
     Returns:
         :class:`LossOutput` (labels: ``loss.labels``; teacher = the target logits at
         ``a + k - 1`` computed from the final layer returned by
-        :func:`~core.ml.train_data.model_inputs`).
+        :func:`~core.ml.train.data.model_inputs`).
     """
     from core.ml.drafter import block_token_ids
-    from core.ml.train_data import model_inputs
+    from core.ml.train.data import model_inputs
 
     B, lc = cfg.drafter.block_size, cfg.loss
     fc_in, final = model_inputs(batch.taps, batch.final, cfg.fc_layers, cfg.noise.std, cfg.noise.target, gen)
