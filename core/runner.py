@@ -123,7 +123,7 @@ class _Context(ActionContext):
         return self._store.artefacts(item_id or self.item.id, kind)
 
     def stop_requested(self, run_id: str) -> bool:
-        return self._runner._stop_requested(run_id)
+        return self._runner.stop_requested(run_id)
 
     # -- recording -----------------------------------------------------------------------
     def _this_run(self) -> str:
