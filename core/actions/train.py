@@ -33,6 +33,7 @@ from core import jobs
 from core.actions.base import Action, CheckResult, Launch, register
 from core.actions.mlbase import host_python, ml_failure
 from core.metrics_sources import MetricsParams, baseline_sources, line_metrics
+from core.watch import WatchEvalParams
 
 
 CKPT = re.compile(r"^step_(\d+)\.pt$")
@@ -80,8 +81,8 @@ class TrainParams:
     core.metrics_sources and plans/README.md)."""
     resume: bool = True
     """Rerunning a failed item resumes from the newest checkpoint in ``out``."""
-    watch_eval: dict[str, Any] | None = None
-    """Evaluate each new checkpoint on another host (see plans/README.md)."""
+    watch_eval: WatchEvalParams | None = None
+    """Evaluate each new checkpoint while it trains (core.watch, plans/README.md)."""
 
     def validate(self):
         out = []
@@ -355,13 +356,13 @@ def _watch_block_size(spec: Any, plan, item) -> list:
 
     from core.actions import fit
 
-    if not isinstance(spec, dict) or not isinstance(spec.get("baseline"), str):
+    if spec.baseline is None:
         return []
-    watch = SimpleNamespace(drafter=f"item:{item.id} (block size from its config)", baseline=spec["baseline"],
-                            block_size=spec.get("block_size"),
-                            allow_block_size_mismatch=bool(spec.get("allow_block_size_mismatch")))
+    watch = SimpleNamespace(drafter=f"item:{item.id} (block size from its config)", baseline=spec.baseline,
+                            block_size=spec.block_size,
+                            allow_block_size_mismatch=spec.allow_block_size_mismatch)
     base = fit.drafter_block_size(fit.read_local_json(fit.local_path(
-        plan, spec.get("host"), fit.config_json_of(spec["baseline"]))))
+        plan, spec.eval_host(item.action.host), fit.config_json_of(spec.baseline))))
     err = fit.block_size_mismatch(watch, fit.train_item_block_size(plan, item.id), base)
     return [(("watch_eval", "baseline"), err)] if err else []
 
