@@ -120,24 +120,29 @@ def cmd_validate(args) -> int:
 def cmd_status(args) -> int:
     plan = load_plan(args.plan)
 
+    from core import watch_detached
+
     async def go(runner):
         changes = []
         runner.watch = False  # status never waits for tau-over-training evals
-        if not args.no_reconcile and runner.store.live_runs():
+        if not args.no_reconcile and (runner.store.live_runs() or runner.store.watchers(live=True)):
             changes = await runner.reconcile()
         st = runner.statuses()
         latest = runner.store.latest_runs()
         alerts = [e for e in runner.store.events() if e["kind"] == "alert"]
-        return changes, st, latest, alerts
+        watchers = {i: watch_detached.status_of(runner.store, r["id"]) for i, r in latest.items()}
+        return changes, st, latest, alerts, watchers
 
-    changes, st, latest, alerts = asyncio.run(_with_runner(plan, args, go, emit=lambda e: None))
+    changes, st, latest, alerts, watchers = asyncio.run(_with_runner(plan, args, go,
+                                                                     emit=lambda e: None))
     if args.json:
         out = {"plan": plan.name, "items": [{
             "id": it.id, "content": it.content, "priority": it.priority, "status": st[it.id],
             "needs": list(it.needs),
             "action": ({"kind": it.action.kind, "host": it.action.host,
                         "params": params_summary(it)} if it.action else None),
-            "run": _run_json(latest.get(it.id))} for it in plan.items],
+            "run": _run_json(latest.get(it.id)),
+            **({"watcher": watchers[it.id]} if watchers.get(it.id) else {})} for it in plan.items],
             "alerts": [{"item": a["item_id"], "run": a["run_id"], "at": a["at"],
                         "message": a["message"]} for a in alerts]}
         print(json.dumps(out, indent=2))

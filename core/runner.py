@@ -23,7 +23,7 @@ import socket
 import time
 from typing import Any, Callable, Iterable
 
-from core import adopt, jobs, shellvars
+from core import adopt, jobs, shellvars, watch_detached
 from core.actions import registry
 from core.actions.base import Action, ActionContext, CheckResult, Outcome
 from core.errors import ActionFailed, HostUnreachable, SpecdeckError
@@ -544,7 +544,8 @@ class Runner:
     async def attach(self, ids: Iterable[str] | None = None) -> list[str]:
         """Attach to every live run (of ``ids``) and follow them until they end."""
         runs = [r for r in self.store.live_runs() if ids is None or r["item_id"] in set(ids)]
-        await asyncio.gather(*(self.attach_run(r) for r in runs))
+        await asyncio.gather(*(self.attach_run(r) for r in runs),
+                             watch_detached.reconcile(self, follow_=True, ids=ids))
         return [r["id"] for r in runs]
 
     async def reconcile(self, *, hosts: Iterable[str] | None = None, follow: bool = False
@@ -574,6 +575,7 @@ class Runner:
                                 "signal": after["signal"], "error": after["error"]})
                 self.emit(Notice(run["item_id"], f"{run['item_id']}: run {run['id']} "
                                  f"{after['state']} while specdeck was away"))
+        await watch_detached.reconcile(self, hosts=hosts)  # tau watchers of ended runs
         return changes
 
     async def _reconcile_run(self, run: dict, *, follow: bool) -> str:
@@ -716,6 +718,7 @@ class Runner:
             st = await jobs.stop(host, run["capsule"], grace_s=grace_s)
         if st.state == "running":
             raise SpecdeckError(f"run {run_id} on {run['host']} did not stop after SIGKILL")
+        await watch_detached.request_stop(self, run_id)  # its tau watcher: after its eval
         await self._drain(item, action, host, self.store.run(run_id), st)
         # Finish it here; a follower (this process's or another's) finishing it too is a
         # no-op, since ending a run is idempotent in the store.

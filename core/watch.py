@@ -322,6 +322,14 @@ class Watcher:
                    for r in self.store.eval_results(self.item.id))
 
     def _record(self, step: int, res: dict, base: dict | None) -> None:
+        metrics, rows = self.result_rows(step, res, base)
+        self.store.add_metrics(self.run_id, metrics)
+        self.store.add_eval_results(rows)
+
+    def result_rows(self, step: int, res: dict, base: dict | None
+                    ) -> tuple[list[tuple[int, str, float]], list[dict]]:
+        """The metrics (tau, its interval, pooled, per-position) and the eval rows (drafter
+        ``<item>@<step>``, and the baseline) an eval's result.json at ``step`` is stored as."""
         from core.actions.eval import _rows
 
         metrics = [(step, "tau", float(res["tau"]))]
@@ -334,13 +342,12 @@ class Watcher:
             metrics.append((step, "tau_pooled", float(res["tau_pooled"])))
         for k, v in enumerate(res.get("per_position_acceptance") or []):
             metrics.append((step, f"tau_acc[{k}]", float(v)))
-        self.store.add_metrics(self.run_id, metrics)
         ctx = type("C", (), {"run_id": self.run_id, "item": self.item})()
         rows = _rows(ctx, res, self.item.id, "drafter", step)  # compare labels it item@step
         if base is not None:
             rows += _rows(ctx, base, "baseline", "baseline", None)
-            self.store.add_metrics(self.run_id, [(step, "tau_baseline", float(base["tau"]))])
-        self.store.add_eval_results(rows)
+            metrics.append((step, "tau_baseline", float(base["tau"])))
+        return metrics, rows
 
     def _prompt_taus(self, step: int) -> dict[str, float]:
         """The chain method's per-prompt tau of this run's eval at ``step``."""
@@ -361,7 +368,8 @@ class Watcher:
     def _alerts(self, step: int) -> None:
         from core.events import Notice
 
-        done = [e for e in self.store.watch_entries(self.run_id) if e["state"] == "done"]
+        done = [e for e in self.store.watch_entries(self.run_id)
+                if e["state"] == "done" and e["step"] <= step]  # the curve as it was at step
         taus = [(e["step"], e["tau"]) for e in done if e["tau"] is not None]
         if len(taus) < 2:
             return

@@ -231,6 +231,39 @@ class Train(Action):
 
     # -- launcher hooks (used by the runner) ---------------------------------------------
     async def launch(self, runner, host, run_id: str, launch: Launch) -> dict:
+        info = await self._launch(runner, host, run_id, launch)
+        if self._detached_watch(host.name):  # started with the run: no window without it
+            from core import watch_detached
+
+            run = {"id": run_id, "host": host.name, "capsule": info.get("capsule")}
+            item = runner.plan.item(self._item_id(run_id, runner))
+            try:
+                await watch_detached.ensure_started(runner, item, run, self.params.watch_eval,
+                                                    self._outdir)
+            except Exception as e:  # noqa: BLE001 - the follower tries again; training runs
+                from core.events import Notice
+                from core.faults import describe_fault
+
+                runner.emit(Notice(item.id, f"{item.id}: the tau watcher could not start: "
+                                   f"{describe_fault(e)}", "warning"))
+        return info
+
+    def _detached_watch(self, train_host: str) -> bool:
+        from core import watch_detached
+
+        return watch_detached.detached(self.params.watch_eval, train_host)
+
+    def _ckpt_dir(self, host, run: dict) -> str | None:
+        """Where this run's checkpoints land (an attached run: worked out again)."""
+        if getattr(self, "_outdir", None):
+            return self._outdir
+        if self.params.out:
+            return host.path(self.params.out)
+        if run.get("adopt"):
+            return None
+        return posixpath.join(run.get("capsule") or jobs.capsule_path(host, run["id"]), "out")
+
+    async def _launch(self, runner, host, run_id: str, launch: Launch) -> dict:
         p = self.params
         if p.launcher == "slurm":
             from core import slurm
@@ -291,6 +324,8 @@ class Train(Action):
                                log_path=log_path)
 
         spec = self.params.watch_eval
+        if spec is not None and self._detached_watch(host.name):
+            return await self._follow_detached(runner, host, run, follow_log)
         if spec is None or not getattr(runner, "watch", True):
             return await follow_log()
         from core.watch import Watcher
@@ -304,6 +339,32 @@ class Train(Action):
         finally:
             done.set()
         await wtask  # the checkpoints still waiting (the final one) are evaluated
+        return st
+
+    async def _follow_detached(self, runner, host, run: dict, follow_log) -> jobs.CapsuleState:
+        """The run's log, and alongside it the results of its detached watcher (started here
+        when it is not yet: an adopted run, or a specdeck killed at the launch)."""
+        from core import watch_detached
+
+        item = runner.plan.item(run["item_id"])
+        spec = self.params.watch_eval
+        try:
+            await watch_detached.ensure_started(runner, item, run, spec, self._ckpt_dir(host, run))
+        except Exception as e:  # noqa: BLE001 - training goes on without its tau
+            from core.events import Notice
+            from core.faults import describe_fault
+
+            runner.emit(Notice(item.id, f"{item.id}: the tau watcher could not start: "
+                               f"{describe_fault(e)}", "error"))
+        done = asyncio.Event()
+        wtask = asyncio.create_task(watch_detached.follow(
+            runner, item, run["id"], spec, done, wait=getattr(runner, "watch", True),
+            every=max(runner.poll * 10, 0.5)))
+        try:
+            st = await follow_log()
+        finally:
+            done.set()
+        await wtask  # the watcher evaluates what the run left; its results are stored
         return st
 
     async def stop(self, runner, host, run: dict, grace_s: float) -> jobs.CapsuleState:
