@@ -1,0 +1,176 @@
+"""Tau over training with the laptop closed: a detached watcher (core.ml.watcher) on the real
+sshd training host evaluates every checkpoint of a tiny training run while no specdeck runs;
+specdeck ingests each result exactly once however often it is killed and started again."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from core.store import Store
+from tests.conftest import ROOT, run_cli
+
+pytestmark = [pytest.mark.integration, pytest.mark.ml, pytest.mark.slow]
+PY = sys.executable
+STEPS, EVERY = 100, 20
+
+
+def make_plan(tmp_path, tiny, gpu, *, steps=STEPS, watch=None):
+    wd = tmp_path / "kpro6"
+    (wd / "models").mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cp", "-r", str(tiny / "target"), str(wd / "models/target")], check=True)
+    prompts = (tiny / "prompts.jsonl").read_text().splitlines()
+    (wd / "prompts.jsonl").write_text("\n".join(prompts) + "\n")
+    (wd / "eval-prompts.jsonl").write_text("\n".join(prompts[:2]) + "\n")
+    (tmp_path / "train").mkdir(exist_ok=True)
+    (tmp_path / "train" / "v5.yaml").write_text((ROOT / "plans/train/v5.yaml").read_text())
+    plan = tmp_path / "watch.yaml"
+    plan.write_text(json.dumps({
+        "name": "watch",
+        "hosts": {"kpro6": {"ssh": gpu.alias, "workdir": str(wd), "python": PY}},
+        "items": [
+            {"id": "feats", "content": "features for training", "action": {
+                "kind": "extract_hidden", "host": "kpro6", "params": {
+                    "target": "models/target", "prompts": "host:prompts.jsonl",
+                    "layers": [0, 2, 3], "out": "feats/train", "max_new_tokens": 24}}},
+            {"id": "feats-eval", "content": "the tau cache, on the training host", "action": {
+                "kind": "extract_hidden", "host": "kpro6", "params": {
+                    "target": "models/target", "prompts": "host:eval-prompts.jsonl",
+                    "layers": [0, 2], "out": "feats/eval", "max_new_tokens": 24}}},
+            {"id": "train", "content": "train v5 with a detached tau watcher",
+             "needs": ["feats", "feats-eval"],
+             "action": {"kind": "train", "host": "kpro6", "params": {
+                 "config": "train/v5.yaml",
+                 "overrides": {"target": "models/target", "data.features": "feats/train",
+                               "train.max_steps": steps, "train.checkpoint_every": EVERY,
+                               "train.log_every": 10, "train.anchors_per_sequence": 8},
+                 "watch_eval": watch or {"target": "models/target", "cache": "feats/eval",
+                                         "mode": "offline", "max_new_tokens": 16}}}},
+        ]}))
+    return plan, wd
+
+
+def spawn(args, state):
+    env = {**os.environ, "SPECDECK_STATE": str(state), "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([PY, "-m", "core", *map(str, args)], env=env,
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+
+
+def kill_when(proc, needle: str, timeout: float = 600) -> list[str]:
+    """Read the process's stderr until a line has ``needle``; then kill -9 it."""
+    seen, deadline = [], time.monotonic() + timeout
+    for line in proc.stderr:
+        seen.append(line)
+        if needle in line or time.monotonic() > deadline:
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert any(needle in ln for ln in seen), "".join(seen)[-3000:]
+    return seen
+
+
+def capsules(wd: Path, run_id: str) -> tuple[Path, Path]:
+    runs = wd / ".specdeck/runs"
+    return runs / run_id, runs / f"{run_id}-watch"
+
+
+def wait_exit(path: Path, timeout: float = 600) -> str:
+    deadline = time.monotonic() + timeout
+    while not (path / "exit").exists():
+        assert time.monotonic() < deadline, f"{path} did not end"
+        time.sleep(0.5)
+    return (path / "exit").read_text().strip()
+
+
+def check_series(state, steps=STEPS):
+    """tau stored for every checkpoint, each once, as metrics and eval rows."""
+    s = Store(state)
+    run = s.latest_run("train")
+    entries = s.watch_entries(run["id"])
+    want = list(range(EVERY, steps + 1, EVERY))
+    assert [(e["step"], e["state"]) for e in entries] == [(st, "done") for st in want], entries
+    assert [st for st, _ in s.metric_series(run["id"], "tau")] == want
+    rows = [r for r in s.eval_results("train") if r["role"] == "drafter"]
+    per_step = {st: sorted(r["prompt_id"] for r in rows if r["step"] == st) for st in want}
+    n = len(per_step[want[0]])
+    assert n >= 1 and all(len(v) == n and len(set(v)) == n for v in per_step.values()), per_step
+    assert {r["step"] for r in rows} == set(want)
+    return s, run
+
+
+def test_killed_at_launch_then_attach_after_the_end_stores_every_step_once(
+        sshd_factory, tiny_models, tmp_path):
+    (gpu,) = sshd_factory(1)
+    plan, wd = make_plan(tmp_path, tiny_models, gpu)
+    state = tmp_path / "s.db"
+    kill_when(spawn(["run", plan, "--all"], state), "train: started run")
+    s = Store(state)
+    run = s.live_run("train")
+    assert run is not None and s.watcher(run["id"]) is not None  # started with the run
+    s.close()
+    train_cap, watch_cap = capsules(wd, run["id"])
+    assert wait_exit(train_cap) == "exit 0"
+    assert wait_exit(watch_cap) == "exit 0"  # it ended by itself, no specdeck running
+    written = sorted(int(p.stem[5:]) for p in (watch_cap / "results").glob("step_*.json"))
+    assert written == list(range(EVERY, STEPS + 1, EVERY))
+    res = run_cli("attach", plan, env={"SPECDECK_STATE": str(state)}, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "evaluated while specdeck was away: tau at steps 20, 40, 60, 80, 100" in res.stderr
+    s, run = check_series(state)
+    assert s.run(run["id"])["state"] == "succeeded"
+    assert [e["kind"] for e in s.events(kinds=["watch_meanwhile"])] == ["watch_meanwhile"]
+    s.close()
+    res = run_cli("compare", plan, "--step", "60", "--json", env={"SPECDECK_STATE": str(state)})
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert "train@60" in res.stdout and "train@40" not in res.stdout, doc
+    # a second attach stores nothing again
+    res = run_cli("attach", plan, env={"SPECDECK_STATE": str(state)}, timeout=120)
+    assert res.returncode == 0 and "evaluated while" not in res.stderr
+    check_series(state)
+    doc = json.loads(run_cli("status", plan, "--json",
+                             env={"SPECDECK_STATE": str(state)}).stdout)
+    w = {i["id"]: i.get("watcher") for i in doc["items"]}["train"]
+    assert w["state"] == "ended" and w["last_step"] == STEPS and w["queue"] == []
+    assert w["evaluated"] == list(range(EVERY, STEPS + 1, EVERY))
+
+
+def test_killed_and_restarted_twice_during_training_no_duplicate_no_missing_step(
+        sshd_factory, tiny_models, tmp_path):
+    (gpu,) = sshd_factory(1)
+    plan, wd = make_plan(tmp_path, tiny_models, gpu)
+    state = tmp_path / "s.db"
+    kill_when(spawn(["run", plan, "--all"], state), "train: started run")
+    kill_when(spawn(["attach", plan], state), "tau ")  # killed once a step is stored
+    kill_when(spawn(["attach", plan], state), "tau ")  # and again
+    res = run_cli("attach", plan, env={"SPECDECK_STATE": str(state)}, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    s, run = check_series(state)
+    assert s.run(run["id"])["state"] == "succeeded"
+    assert s.watcher(run["id"])["state"] == "ended"
+
+
+def test_stopping_the_train_item_ends_its_watcher(sshd_factory, tiny_models, tmp_path):
+    (gpu,) = sshd_factory(1)
+    plan, wd = make_plan(tmp_path, tiny_models, gpu, steps=100000)
+    state = tmp_path / "s.db"
+    proc = spawn(["run", plan, "--all"], state)
+    kill_when(proc, "tau ")
+    run = Store(state).live_run("train")
+    res = run_cli("stop", plan, "train", env={"SPECDECK_STATE": str(state)}, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    _, watch_cap = capsules(wd, run["id"])
+    assert wait_exit(watch_cap, 120) == "exit 0"
+    assert json.loads((watch_cap / "status.json").read_text())["state"] == "stopped"
+    doc = json.loads(run_cli("status", plan, "--json",
+                             env={"SPECDECK_STATE": str(state)}).stdout)
+    item = {i["id"]: i for i in doc["items"]}["train"]
+    assert item["run"]["state"] == "stopped" and item["watcher"]["state"] == "stopped"
+    assert item["watcher"]["last_step"] >= EVERY
