@@ -711,6 +711,7 @@ class Runner:
                                run["capsule"] or "", run_id)
             action = self.run_action(item, run)
         host = await self.host(run["host"])
+        await watch_detached.request_stop(self, run_id)  # its tau watcher: after its eval
         stopper = getattr(action, "stop", None)
         if stopper is not None:
             st = await stopper(self, host, run, grace_s)
@@ -718,7 +719,6 @@ class Runner:
             st = await jobs.stop(host, run["capsule"], grace_s=grace_s)
         if st.state == "running":
             raise SpecdeckError(f"run {run_id} on {run['host']} did not stop after SIGKILL")
-        await watch_detached.request_stop(self, run_id)  # its tau watcher: after its eval
         await self._drain(item, action, host, self.store.run(run_id), st)
         # Finish it here; a follower (this process's or another's) finishing it too is a
         # no-op, since ending a run is idempotent in the store.
