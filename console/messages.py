@@ -112,6 +112,8 @@ class ItemDetailLoaded(Message):
     runs: list[dict]
     history: list[dict]
     live: dict | None
+    watcher: dict | None = None
+    """The latest run's detached tau watcher (core.watch_detached.status_of)."""
 
 
 @dataclass
