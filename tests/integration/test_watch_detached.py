@@ -22,26 +22,31 @@ PY = sys.executable
 STEPS, EVERY = 100, 20
 
 
-def make_plan(tmp_path, tiny, gpu, *, steps=STEPS, watch=None):
+def make_plan(tmp_path, tiny, gpu, *, steps=STEPS, watch=None, ev=None):
+    """kpro6 trains; the tau cache is made on kpro6, or on ``ev`` (a second host) when given."""
     wd = tmp_path / "kpro6"
-    (wd / "models").mkdir(parents=True, exist_ok=True)
-    subprocess.run(["cp", "-r", str(tiny / "target"), str(wd / "models/target")], check=True)
     prompts = (tiny / "prompts.jsonl").read_text().splitlines()
-    (wd / "prompts.jsonl").write_text("\n".join(prompts) + "\n")
-    (wd / "eval-prompts.jsonl").write_text("\n".join(prompts[:2]) + "\n")
+    for d in (wd, tmp_path / "ct129") if ev else (wd,):
+        (d / "models").mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cp", "-r", str(tiny / "target"), str(d / "models/target")], check=True)
+        (d / "prompts.jsonl").write_text("\n".join(prompts) + "\n")
+        (d / "eval-prompts.jsonl").write_text("\n".join(prompts[:2]) + "\n")
+    hosts = {"kpro6": {"ssh": gpu.alias, "workdir": str(wd), "python": PY}}
+    if ev:
+        hosts["ct129"] = {"ssh": ev.alias, "workdir": str(tmp_path / "ct129"), "python": PY}
     (tmp_path / "train").mkdir(exist_ok=True)
     (tmp_path / "train" / "v5.yaml").write_text((ROOT / "plans/train/v5.yaml").read_text())
     plan = tmp_path / "watch.yaml"
     plan.write_text(json.dumps({
         "name": "watch",
-        "hosts": {"kpro6": {"ssh": gpu.alias, "workdir": str(wd), "python": PY}},
+        "hosts": hosts,
         "items": [
             {"id": "feats", "content": "features for training", "action": {
                 "kind": "extract_hidden", "host": "kpro6", "params": {
                     "target": "models/target", "prompts": "host:prompts.jsonl",
                     "layers": [0, 2, 3], "out": "feats/train", "max_new_tokens": 24}}},
-            {"id": "feats-eval", "content": "the tau cache, on the training host", "action": {
-                "kind": "extract_hidden", "host": "kpro6", "params": {
+            {"id": "feats-eval", "content": "the tau cache, where the watcher runs", "action": {
+                "kind": "extract_hidden", "host": "ct129" if ev else "kpro6", "params": {
                     "target": "models/target", "prompts": "host:eval-prompts.jsonl",
                     "layers": [0, 2], "out": "feats/eval", "max_new_tokens": 24}}},
             {"id": "train", "content": "train v5 with a detached tau watcher",
@@ -174,3 +179,18 @@ def test_stopping_the_train_item_ends_its_watcher(sshd_factory, tiny_models, tmp
     item = {i["id"]: i for i in doc["items"]}["train"]
     assert item["run"]["state"] == "stopped" and item["watcher"]["state"] == "stopped"
     assert (item["watcher"]["last_step"] or 0) >= EVERY, item["watcher"]
+
+
+def test_on_the_eval_host_reading_checkpoints_by_path(sshd_factory, tiny_models, tmp_path):
+    gpu, ev = sshd_factory(2)
+    plan, wd = make_plan(tmp_path, tiny_models, gpu, ev=ev, steps=2 * EVERY, watch={
+        "on": "eval", "host": "ct129", "fetch": "direct", "target": "models/target",
+        "cache": "feats/eval", "max_new_tokens": 16})
+    state = tmp_path / "s.db"
+    res = run_cli("run", plan, "--all", env={"SPECDECK_STATE": str(state)}, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    s, run = check_series(state, 2 * EVERY)
+    w = s.watcher(run["id"])
+    assert w["host"] == "ct129" and w["state"] == "ended"
+    assert w["capsule"].startswith(str(tmp_path / "ct129"))  # it ran on the eval host
+    assert not (wd / ".specdeck/runs" / f"{run['id']}-watch").exists()
