@@ -1,8 +1,14 @@
 """Tau over training: evaluate each new checkpoint of a live train run, on another host.
 
-A train item may declare::
+A train item may declare (typed: :class:`WatchEvalParams`)::
 
     watch_eval:
+      on: console              # train | eval: a detached watcher (core.watch_detached) on the
+                               # training host / on host; console: specdeck drives it (below).
+                               # Default: train for offline mode without another host.
+      fetch: relay             # on: eval reads checkpoints by path (direct); console relays
+      backfill: false          # console: evaluate every missed checkpoint, oldest first
+      device: cpu              # a detached watcher's eval device
       host: ct129              # the eval host (not the training GPUs)
       target: models/target    # the target model dir on it
       cache: features/coding   # offline mode: an extract_hidden cache on it
@@ -15,14 +21,17 @@ A train item may declare::
       max_memory: 60G          # refuse before loading above this (default: what the host has free)
       alerts: {drop_pct: 10, flat_evals: 3, flat_eps: 0.02}
 
-While the run trains, the :class:`Watcher` picks up its checkpoints (the artefacts the log
+With ``on: train`` / ``on: eval`` the evals run in a detached watcher that keeps going while
+no specdeck runs (:mod:`core.watch_detached`, :mod:`core.ml.watcher`). With ``on: console``,
+while the run trains, the :class:`Watcher` picks up its checkpoints (the artefacts the log
 follower records), copies each to the eval host through specdeck, strips it and evaluates it
 in a run capsule there (so it survives specdeck too), and stores tau at step S as metrics of
 the train run (``tau``, ``tau_pooled``, ``tau_acc[k]``) and as eval results (drafter
 ``<item>@<S>``, ``step`` S) for the tau pane and ``specdeck compare --step``.
 
 No pile-up: when checkpoints arrive faster than evals finish, only the newest waiting one is
-evaluated next and the others are recorded as skipped. Every step's state lives in the
+evaluated next and the others are recorded as skipped (``backfill: true``: every waiting one,
+oldest first; a checkpoint no longer kept is recorded skipped). Every step's state lives in the
 store (``watch_evals``), so after a kill -9 the next specdeck resumes a running eval from its
 capsule and continues with the next checkpoint: no duplicate, no missing eval.
 

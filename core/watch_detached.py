@@ -53,8 +53,8 @@ async def command(runner, spec: WatchEvalParams, item, run: dict, ckpt_dir: str,
         ctx = type("C", (), {"host": host, "plan": runner.plan})()
         ppath, _ = await prompts_on_host(ctx, spec.prompts, upload=True)
         args += ["--prompts", ppath]
-    if run.get("capsule") and host.name == run["host"] or spec.fetch == "direct":
-        args += ["--train-capsule", run.get("capsule") or ""]
+    if run.get("capsule") and (host.name == run["host"] or spec.fetch == "direct"):
+        args += ["--train-capsule", run["capsule"]]  # its exit file, read by path
     for flag, val in (("--limit", spec.max_prompts), ("--block-size", spec.block_size),
                       ("--max-memory", spec.max_memory),
                       ("--every", spec.every if isinstance(spec.every, int) else None),

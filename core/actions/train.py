@@ -317,15 +317,16 @@ class Train(Action):
                      inspector=None) -> jobs.CapsuleState:
         """Follow the log; with ``watch_eval``, evaluate checkpoints alongside (and drain).
         ``log_path`` / ``inspector``: another log and end test (an adopted run's)."""
+        inspector = inspector or (lambda: self.inspect(runner, host, run))
+
         def follow_log():
             return jobs.follow(host, runner.store, run["id"], run["capsule"], on_lines=on_lines,
                                regex=self.metrics_regex(), poll=runner.poll,
-                               inspector=inspector or (lambda: self.inspect(runner, host, run)),
-                               log_path=log_path)
+                               inspector=inspector, log_path=log_path)
 
         spec = self.params.watch_eval
         if spec is not None and self._detached_watch(host.name):
-            return await self._follow_detached(runner, host, run, follow_log)
+            return await self._follow_detached(runner, host, run, follow_log, inspector)
         if spec is None or not getattr(runner, "watch", True):
             return await follow_log()
         from core.watch import Watcher
@@ -341,10 +342,15 @@ class Train(Action):
         await wtask  # the checkpoints still waiting (the final one) are evaluated
         return st
 
-    async def _follow_detached(self, runner, host, run: dict, follow_log) -> jobs.CapsuleState:
+    async def _follow_detached(self, runner, host, run: dict, follow_log, inspector
+                               ) -> jobs.CapsuleState:
         """The run's log, and alongside it the results of its detached watcher (started here
-        when it is not yet: an adopted run, or a specdeck killed at the launch)."""
+        when it is not yet: an adopted run, or a specdeck killed at the launch). A run
+        followed live waits for its watcher's last eval; a run found ended (reconcile) does
+        not: the watcher goes on detached and `attach` follows it."""
         from core import watch_detached
+
+        wait = getattr(runner, "watch", True) and (await inspector()).state == "running"
 
         item = runner.plan.item(run["item_id"])
         spec = self.params.watch_eval
@@ -358,7 +364,7 @@ class Train(Action):
                                f"{describe_fault(e)}", "error"))
         done = asyncio.Event()
         wtask = asyncio.create_task(watch_detached.follow(
-            runner, item, run["id"], spec, done, wait=getattr(runner, "watch", True),
+            runner, item, run["id"], spec, done, wait=wait,
             every=max(runner.poll * 10, 0.5)))
         try:
             st = await follow_log()
