@@ -178,6 +178,8 @@ async def _refresh(runner, w: dict, host) -> None:
             "ended" if st.exit_code == 0 else "failed")
     elif st.state == "lost":
         state = "lost"
+    elif state in ENDED:  # said so, its process is still exiting
+        state = "ending"
     err = doc.get("error")
     if state == "failed" and not err:
         err = f"watcher exited {st.exit_code if st.exit_code is not None else st.signal}"

@@ -194,3 +194,27 @@ def test_on_the_eval_host_reading_checkpoints_by_path(sshd_factory, tiny_models,
     assert w["host"] == "ct129" and w["state"] == "ended"
     assert w["capsule"].startswith(str(tmp_path / "ct129"))  # it ran on the eval host
     assert not (wd / ".specdeck/runs" / f"{run['id']}-watch").exists()
+
+
+def test_run_ended_while_away_status_does_not_wait_and_attach_follows_the_watcher(
+        sshd_factory, tiny_models, tmp_path):
+    (gpu,) = sshd_factory(1)
+    plan, wd = make_plan(tmp_path, tiny_models, gpu, steps=3 * EVERY)
+    state = tmp_path / "s.db"
+    env = {"SPECDECK_STATE": str(state)}
+    kill_when(spawn(["run", plan, "--all"], state), "train: started run")
+    run = Store(state).live_run("train")
+    train_cap, watch_cap = capsules(wd, run["id"])
+    assert wait_exit(train_cap) == "exit 0"
+    # right after training ended the watcher is usually still on its last checkpoints:
+    # status finishes the run and stores what is there, without waiting for the rest
+    doc = json.loads(run_cli("status", plan, "--json", env=env).stdout)
+    item = {i["id"]: i for i in doc["items"]}["train"]
+    assert item["run"]["state"] == "succeeded", item
+    w = item["watcher"]
+    assert w["state"] in ("watching", "evaluating", "ending", "ended") and w["host"] == "kpro6"
+    assert w["evaluated"] == [s for s in (20, 40, 60) if s in w["evaluated"]]
+    res = run_cli("attach", plan, env=env, timeout=300)  # follows the watcher to its end
+    assert res.returncode == 0, res.stderr[-3000:]
+    s, _ = check_series(state, 3 * EVERY)
+    assert s.watcher(run["id"])["state"] == "ended" and (watch_cap / "exit").exists()
