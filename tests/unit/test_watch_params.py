@@ -101,3 +101,14 @@ def test_ingest_stores_a_step_once_with_its_rows(tmp_path):
     assert a.watch_ingest("r1", "train", 40, state="failed", error="boom") is False
     assert a.watch_entries("r1")[1]["error"] == "boom"
     assert json.loads(json.dumps(a.watch_entries("r1")))  # plain rows
+
+
+def test_readme_watch_eval_example_parses():
+    import yaml
+
+    from tests.conftest import ROOT
+
+    doc = (ROOT / "plans" / "README.md").read_text()
+    block = doc[doc.index("```yaml\nwatch_eval:") + 8:]
+    spec = parse_watch(yaml.safe_load(block.split("```", 1)[0])["watch_eval"])
+    assert spec.placement("kpro6") == "train" and spec.validate() == []
