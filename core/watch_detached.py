@@ -66,6 +66,29 @@ async def command(runner, spec: WatchEvalParams, item, run: dict, ckpt_dir: str,
                   cwd=cap)
 
 
+async def missing_inputs(ctx, spec) -> str | None:
+    """What the detached watcher's host lacks (the target, the feature cache, the baseline),
+    said with what to do; None when all is there. Checked before the train run launches."""
+    spec = parse_watch(spec)
+    where = spec.eval_host(ctx.item.action.host)
+    host = await ctx.connected(where)
+    need = [(spec.target, "config.json", "target",
+             "relay it there or point watch_eval.target at it")]
+    if spec.mode == "offline":
+        need.append((spec.cache, "manifest.json", "feature cache",
+                     f"relay it there once (a relay item) or extract it on {where} "
+                     "(an extract_hidden item), and make this item need it"))
+    if spec.baseline:
+        need.append((spec.baseline, "config.json", "baseline drafter",
+                     "relay it there or drop watch_eval.baseline"))
+    for path, marker, what, todo in need:
+        full = host.path(path)
+        if await host.stat(posixpath.join(full, marker)) is None:
+            return (f"watch_eval: {where} has no {what} at {full} (no {marker}): {todo}; the "
+                    f"tau watcher runs on {where}")
+    return None
+
+
 async def ensure_started(runner, item, run: dict, spec, ckpt_dir: str | None) -> dict | None:
     """Start the run's watcher unless it was started (by this or another specdeck)."""
     spec = parse_watch(spec)

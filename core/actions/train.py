@@ -168,6 +168,12 @@ class Train(Action):
             if not res.ok:
                 return CheckResult.blocked(f"{ctx.host.name} has no sbatch/squeue/scancel: "
                                            "is it the cluster's login node?")
+        if self._detached_watch(ctx.host.name):
+            from core import watch_detached
+
+            missing = await watch_detached.missing_inputs(ctx, self.params.watch_eval)
+            if missing:
+                return CheckResult.blocked(missing)
         return CheckResult.ready()
 
     async def prepare(self, ctx) -> None:

@@ -112,3 +112,15 @@ def test_readme_watch_eval_example_parses():
     block = doc[doc.index("```yaml\nwatch_eval:") + 8:]
     spec = parse_watch(yaml.safe_load(block.split("```", 1)[0])["watch_eval"])
     assert spec.placement("kpro6") == "train" and spec.validate() == []
+
+
+def test_a_missing_cache_on_the_watcher_host_blocks_the_launch_naming_it(tmp_path):
+    plan = plan_file(tmp_path, "{target: models/t, cache: feats/coding}")
+    (tmp_path / "gpu/models/t").mkdir(parents=True)
+    (tmp_path / "gpu/models/t/config.json").write_text("{}")
+    env = {"SPECDECK_STATE": str(tmp_path / "s.db")}
+    res = run_cli("run", plan, "train", env=env)
+    assert res.returncode == 1, res.stderr
+    assert (f"watch_eval: gpu has no feature cache at {tmp_path}/gpu/feats/coding (no "
+            "manifest.json): relay it there once") in res.stderr
+    assert Store(tmp_path / "s.db").latest_run("train") is None  # nothing was launched
