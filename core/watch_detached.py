@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import posixpath
+import shlex
 
 from core import jobs
 from core.errors import HostUnreachable
@@ -204,8 +205,12 @@ async def _refresh(runner, w: dict, host) -> None:
     elif state in ENDED:  # said so, its process is still exiting
         state = "ending"
     err = doc.get("error")
-    if state == "failed" and not err:
-        err = f"watcher exited {st.exit_code if st.exit_code is not None else st.signal}"
+    if st.state == "ended" and st.signal and state == "failed":
+        err = f"watcher killed by signal {st.signal}"
+    elif state == "lost":
+        err = "watcher gone (no exit status: the host rebooted, or it was killed with its wrapper)"
+    elif state == "failed" and not err:
+        err = f"watcher exited {st.exit_code}"
     runner.store.watcher_update(w["run_id"], state=state, current=doc.get("current"),
                                 last_step=doc.get("last_step", w.get("last_step")),
                                 queue=doc.get("queue", []), error=err)
@@ -216,6 +221,34 @@ async def _refresh(runner, w: dict, host) -> None:
             runner.emit(Notice(w["item_id"], f"{w['item_id']}: tau watcher on {w['host']} "
                                f"{state}" + (f": {err}" if err else "") +
                                f" (its log: {w['capsule']}/log)", "error"))
+
+
+MAX_RESTARTS = 3
+
+
+def _killed(w: dict | None) -> bool:
+    """Killed from outside (a signal, or gone with no exit status), not failed by itself."""
+    return w is not None and (w["state"] == "lost" or (
+        w["state"] == "failed" and "killed by signal" in (w["error"] or "")))
+
+
+async def restart(runner, item, run_id: str, spec) -> bool:
+    """Start a watcher that was killed (OOM, a reboot) again in its capsule: it carries on
+    from its result files. At most MAX_RESTARTS times per run; False when not restarted."""
+    done = [e for e in runner.store.events(kinds=["watch_restarted"]) if e["run_id"] == run_id]
+    if len(done) >= MAX_RESTARTS:
+        return False
+    w = runner.store.watcher(run_id)
+    host = await runner.host(w["host"])
+    q = shlex.quote(w["capsule"])
+    await host.run(f"rm -f {q}/exit {q}/pid {q}/status.json", check=True)
+    runner.store.watcher_update(run_id, state="starting")
+    runner.store.journal("watch_restarted", f"watcher restarted ({w['error']})",
+                         item_id=item.id, run_id=run_id, host=w["host"])
+    runner.emit(Notice(item.id, f"{item.id}: tau watcher on {w['host']}: {w['error']}; "
+                       "started again (it carries on from its results)", "warning"))
+    await ensure_started(runner, item, runner.store.run(run_id), spec, w["ckpt_dir"])
+    return True
 
 
 async def mark_train_ended(runner, run_id: str) -> None:
@@ -249,6 +282,8 @@ async def follow(runner, item, run_id: str, spec, train_done: asyncio.Event, *,
         await ingest(runner, item, run_id, spec, away=first)
         first = False
         w = runner.store.watcher(run_id)
+        if _killed(w) and await restart(runner, item, run_id, spec):
+            continue
         if w is None or w["state"] in ENDED:
             if w is not None:
                 await ingest(runner, item, run_id, spec)  # what it wrote last

@@ -218,3 +218,23 @@ def test_run_ended_while_away_status_does_not_wait_and_attach_follows_the_watche
     assert res.returncode == 0, res.stderr[-3000:]
     s, _ = check_series(state, 3 * EVERY)
     assert s.watcher(run["id"])["state"] == "ended" and (watch_cap / "exit").exists()
+
+
+def test_a_killed_watcher_is_started_again_and_carries_on(sshd_factory, tiny_models, tmp_path):
+    (gpu,) = sshd_factory(1)
+    plan, wd = make_plan(tmp_path, tiny_models, gpu)
+    state = tmp_path / "s.db"
+    proc = spawn(["run", plan, "--all"], state)
+    seen = []
+    for line in proc.stderr:  # the first tau is stored: kill -9 the watcher (an OOM kill)
+        seen.append(line)
+        if "detached)" in line:
+            break
+    run = Store(state).live_run("train")
+    _, watch_cap = capsules(wd, run["id"])
+    os.killpg(int((watch_cap / "pid").read_text().split()[0]), signal.SIGKILL)
+    rest = proc.stderr.read()
+    assert proc.wait(600) == 0, rest[-3000:]
+    assert "tau watcher on kpro6: watcher killed by signal KILL; started again" in rest
+    s, run = check_series(state)
+    assert [e["kind"] for e in s.events(kinds=["watch_restarted"])] == ["watch_restarted"]
