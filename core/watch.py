@@ -52,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -138,6 +139,8 @@ class WatchEvalParams:
         if self.dtype not in DTYPES:
             out.append((("dtype",), f"dtype: one of {', '.join(DTYPES)} (auto keeps the "
                                     "checkpoint's own)"))
+        if not re.fullmatch(r"cpu|auto|cuda(:\d+)?", self.device):
+            out.append((("device",), f"device: cpu, auto, cuda or cuda:N, got {self.device!r}"))
         if on == "console" and self.device != "cpu":
             out.append((("device",), "device is for a detached watcher (on: train or on: eval)"))
         return out

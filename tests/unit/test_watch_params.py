@@ -45,6 +45,9 @@ items:
     ("{target: t, cache: c, alerts: {drop_pct: lots}}", "watch_eval.alerts.drop_pct",
      "must be number"),
     ("{target: t, host: nowhere, mode: online}", "watch_eval.host", "unknown host 'nowhere'"),
+    ("{target: t, cache: c, device: gpu0}", "watch_eval.device", "cpu, auto, cuda or cuda:N"),
+    ("{target: t, host: ev, mode: online, device: cuda}", "watch_eval.device",
+     "device is for a detached watcher"),
 ])
 def test_bad_watch_eval_is_named_by_field_and_exits_2(tmp_path, watch, field, words):
     res = run_cli("validate", plan_file(tmp_path, watch))
