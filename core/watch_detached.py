@@ -62,6 +62,11 @@ async def command(runner, spec: WatchEvalParams, item, run: dict, ckpt_dir: str,
                       ("--baseline", host.path(spec.baseline) if spec.baseline else None)):
         if val is not None:
             args += [flag, val]
+    earlier = [a["step"] for a in runner.store.artefacts(item.id, "checkpoint")
+               if a["run_id"] != run["id"] and a["step"] is not None
+               and posixpath.dirname(a["path"]) == ckpt_dir.rstrip("/")]
+    if earlier:  # a resumed run writes on in the same dir: its earlier steps are not its own
+        args += ["--after", max(earlier)]
     cap = jobs.capsule_path(host, capsule_id(run["id"]))
     return Launch(py_module(py, "core.ml.watcher", *args), env={"PYTHONUNBUFFERED": "1"},
                   cwd=cap)

@@ -3,7 +3,7 @@
     python -m core.ml.watcher --ckpt-dir DIR --target DIR [--cache DIR] [--mode offline|online]
         [--prompts FILE] [--limit N] [--block-size B] [--max-new-tokens N] [--dtype D]
         [--device cpu|cuda[:i]] [--max-memory SIZE] [--baseline DIR] [--every N]
-        [--train-capsule DIR] [--where NAME] [--poll S] [--settle S] [--out DIR]
+        [--after STEP] [--train-capsule DIR] [--where NAME] [--poll S] [--settle S] [--out DIR]
 
 specdeck starts it in a run capsule (``core.jobs``) beside a train run whose item has a
 detached ``watch_eval`` (``core.watch``), so it keeps going while no specdeck runs. It:
@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-memory")
     p.add_argument("--baseline", help="a reference drafter dir, evaluated once (with the first step)")
     p.add_argument("--every", type=int, help="at most one eval per N steps (default: every checkpoint)")
+    p.add_argument("--after", type=int, help="only checkpoints after this step (a resumed run: "
+                   "the earlier run's are evaluated already)")
     p.add_argument("--train-capsule", help="the train run's capsule dir (its exit file ends the watch)")
     p.add_argument("--where", default="this host", help="the host's name, for messages")
     p.add_argument("--out", default=".", help="the watcher's own dir (results/, status.json, stop)")
@@ -117,7 +119,7 @@ class Watch:
         now, out = time.time(), []
         for e in os.scandir(d):
             m = CKPT.match(e.name)
-            if not m:
+            if not m or (self.args.after is not None and int(m.group(1)) <= self.args.after):
                 continue
             try:
                 if now - e.stat().st_mtime < self.args.settle:

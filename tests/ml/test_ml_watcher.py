@@ -101,3 +101,15 @@ def test_a_missing_cache_is_named_and_nothing_runs(tiny_dirs, tmp_path):
     assert f"kpro6: no feature cache at {tmp_path / 'nowhere'}" in res.stderr
     assert "extract_hidden item on this host" in res.stderr and "Traceback" not in res.stderr
     assert json.loads((out / "status.json").read_text())["state"] == "failed"
+
+
+def test_a_resumed_run_skips_the_earlier_runs_steps(tiny_dirs, cache, tmp_path):
+    ckpts, capsule, out = tmp_path / "out", tmp_path / "cap", tmp_path / "watch"
+    ckpts.mkdir()
+    capsule.mkdir()
+    for step in (20, 40):
+        checkpoint(tiny_dirs, ckpts / f"step_{step}.pt", step)
+    (capsule / "exit").write_text("exit 0\n")
+    res = watcher(tiny_dirs, cache, ckpts, out, capsule, "--after", "20")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert [p.name for p in (out / "results").glob("step_*.json")] == ["step_40.json"]
