@@ -586,6 +586,16 @@ class Store:
         where = "state NOT IN ('ended', 'stopped', 'failed', 'lost')" if live else None
         return list(self.db["watchers"].rows_where(where, order_by="started_at"))
 
+    def watcher_take(self, run_id: str, from_states: Iterable[str], state: str) -> bool:
+        """Move a watcher from one of ``from_states`` to ``state``, atomically: True for the
+        one process that did (so only it restarts the watcher)."""
+        states = list(from_states)
+        with self._immediate():
+            cur = self.db.execute(
+                f"UPDATE watchers SET state = ?, at = ? WHERE run_id = ? AND state IN "
+                f"({', '.join('?' * len(states))})", [state, time.time(), run_id, *states])
+            return cur.rowcount == 1
+
     def watcher_update(self, run_id: str, **fields: Any) -> None:
         fields["at"] = time.time()
         if "queue" in fields and not isinstance(fields["queue"], (str, type(None))):

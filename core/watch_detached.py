@@ -21,6 +21,7 @@ import asyncio
 import json
 import posixpath
 import shlex
+import time
 
 from core import jobs
 from core.errors import HostUnreachable
@@ -95,11 +96,20 @@ async def missing_inputs(ctx, spec) -> str | None:
     return None
 
 
-async def ensure_started(runner, item, run: dict, spec, ckpt_dir: str | None) -> dict | None:
-    """Start the run's watcher unless it was started (by this or another specdeck)."""
+CLAIM_S = 60.0
+"""A watcher claimed as starting this recently is another specdeck's to start."""
+
+
+async def ensure_started(runner, item, run: dict, spec, ckpt_dir: str | None, *,
+                         mine: bool = False) -> dict | None:
+    """Start the run's watcher unless it was started (by this or another specdeck: the
+    store's claim decides; ``mine``: this process just claimed it)."""
     spec = parse_watch(spec)
     where = spec.eval_host(item.action.host)
     known = runner.store.watcher(run["id"])
+    if known is not None and known["state"] == "starting" and not mine \
+            and time.time() - (known["at"] or 0) < CLAIM_S:
+        return known  # claimed a moment ago by another specdeck, which is starting it
     if known is None:
         if not ckpt_dir:
             runner.emit(Notice(item.id, f"{item.id}: watch_eval: the run's checkpoint dir is "
@@ -244,15 +254,16 @@ async def restart(runner, item, run_id: str, spec) -> bool:
     if len(done) >= MAX_RESTARTS:
         return False
     w = runner.store.watcher(run_id)
+    if not runner.store.watcher_take(run_id, (w["state"],), "starting"):
+        return True  # another specdeck is restarting it
     host = await runner.host(w["host"])
     q = shlex.quote(w["capsule"])
     await host.run(f"rm -f {q}/exit {q}/pid {q}/status.json", check=True)
-    runner.store.watcher_update(run_id, state="starting")
     runner.store.journal("watch_restarted", f"watcher restarted ({w['error']})",
                          item_id=item.id, run_id=run_id, host=w["host"])
     runner.emit(Notice(item.id, f"{item.id}: tau watcher on {w['host']}: {w['error']}; "
                        "started again (it carries on from its results)", "warning"))
-    await ensure_started(runner, item, runner.store.run(run_id), spec, w["ckpt_dir"])
+    await ensure_started(runner, item, runner.store.run(run_id), spec, w["ckpt_dir"], mine=True)
     return True
 
 

@@ -127,3 +127,13 @@ def test_a_missing_cache_on_the_watcher_host_blocks_the_launch_naming_it(tmp_pat
     assert (f"watch_eval: gpu has no feature cache at {tmp_path}/gpu/feats/coding (no "
             "manifest.json): relay it there once") in res.stderr
     assert Store(tmp_path / "s.db").latest_run("train") is None  # nothing was launched
+
+
+def test_only_one_specdeck_takes_a_killed_watcher_to_restart_it(tmp_path):
+    a, b = Store(tmp_path / "s.db"), Store(tmp_path / "s.db")
+    assert a.watcher_claim("r1", "train", "gpu", "/c", "/out")
+    assert not b.watcher_claim("r1", "train", "gpu", "/c", "/out")  # one watcher per run
+    a.watcher_update("r1", state="lost", queue=[40])
+    assert a.watcher_take("r1", ("lost",), "starting") is True
+    assert b.watcher_take("r1", ("lost",), "starting") is False
+    assert b.watcher("r1")["state"] == "starting" and json.loads(b.watcher("r1")["queue"]) == [40]
