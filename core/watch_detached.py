@@ -24,7 +24,6 @@ import shlex
 import time
 
 from core import jobs
-from core.errors import HostUnreachable
 from core.events import Notice
 from core.watch import Watcher, WatchEvalParams, parse_watch
 
@@ -340,8 +339,10 @@ async def reconcile(runner, *, follow_: bool = False, ids=None, hosts=None) -> N
     for t in tasks:
         try:
             await t
-        except HostUnreachable as e:
-            runner.emit(Notice(None, f"tau watcher: {e}", "warning"))
+        except Exception as e:  # noqa: BLE001 - a watcher's trouble never breaks reconcile
+            from core.faults import describe_fault
+
+            runner.emit(Notice(None, f"tau watcher: {describe_fault(e)}", "warning"))
 
 
 def status_of(store, run_id: str | None) -> dict | None:

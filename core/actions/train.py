@@ -376,7 +376,14 @@ class Train(Action):
             st = await follow_log()
         finally:
             done.set()
-        await wtask  # the watcher evaluates what the run left; its results are stored
+        try:
+            await wtask  # the watcher evaluates what the run left; its results are stored
+        except Exception as e:  # noqa: BLE001 - tau's trouble never fails the training run
+            from core.events import Notice
+            from core.faults import describe_fault
+
+            runner.emit(Notice(item.id, f"{item.id}: tau watcher: {describe_fault(e)} "
+                               "(`specdeck attach` picks its results up later)", "warning"))
         return st
 
     async def stop(self, runner, host, run: dict, grace_s: float) -> jobs.CapsuleState:
