@@ -374,6 +374,9 @@ class Train(Action):
             every=max(runner.poll * 10, 0.5)))
         try:
             st = await follow_log()
+        except BaseException:  # Ctrl-C, a lost host: the watcher goes on on its host
+            wtask.cancel()
+            raise
         finally:
             done.set()
         try:
