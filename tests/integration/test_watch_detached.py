@@ -4,6 +4,7 @@ specdeck ingests each result exactly once however often it is killed and started
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -238,3 +239,48 @@ def test_a_killed_watcher_is_started_again_and_carries_on(sshd_factory, tiny_mod
     assert "tau watcher on kpro6: watcher killed by signal KILL; started again" in rest
     s, run = check_series(state)
     assert [e["kind"] for e in s.events(kinds=["watch_restarted"])] == ["watch_restarted"]
+
+
+async def test_an_adopted_run_gets_its_watcher(tiny_models, tmp_path):
+    """A run started by hand and adopted: its watcher starts at the adoption and records each
+    checkpoint (these are not torch files: each eval fails, is recorded, the next follows)."""
+    from core.adopt import AdoptSpec, adopt_item
+    from core.plan import parse_plan
+    from core.runner import Runner
+
+    wd = tmp_path / "wd"
+    (wd / "models").mkdir(parents=True)
+    subprocess.run(["cp", "-r", str(tiny_models / "target"), str(wd / "models/target")], check=True)
+    subprocess.run([PY, "-m", "core.ml.extract", "--target", str(wd / "models/target"),
+                    "--prompts", str(tiny_models / "prompts.jsonl"), "--layers", "0,2",
+                    "--out", str(wd / "feats"), "--max-new-tokens", "8", "--limit", "1"],
+                   check=True, capture_output=True, cwd=ROOT)
+    (wd / "trainer.sh").write_text(
+        "mkdir -p out; sleep 1\nfor s in 10 20; do echo junk > out/step_$s.pt; "
+        "echo \"{\\\"step\\\": $s, \\\"loss\\\": 1.5}\"; sleep 1; done\n")
+    proc = subprocess.Popen(["bash", str(wd / "trainer.sh")], cwd=wd,
+                            stdout=open(wd / "train.log", "wb"), start_new_session=True)
+    plan = tmp_path / "t.yaml"
+    plan.write_text(json.dumps({
+        "name": "t", "hosts": {"gpu": {"local": True, "workdir": str(wd), "python": PY}},
+        "items": [{"id": "train-v4", "content": "v4", "status": "in_progress",
+                   "action": {"kind": "train", "host": "gpu", "params": {
+                       "command": "false", "out": "out",
+                       "watch_eval": {"target": "models/target", "cache": "feats",
+                                      "max_prompts": 1}}}}]}))
+    store = Store(tmp_path / "s.db")
+    runner = Runner(parse_plan(plan.read_text(), str(plan), path=plan), store, poll=0.05)
+    try:
+        await asyncio.wait_for(adopt_item(runner, runner.plan.item("train-v4"),
+                                          AdoptSpec(pid=proc.pid, log=str(wd / "train.log"))), 120)
+        run = store.latest_run("train-v4")
+        w = store.watcher(run["id"])
+        assert w["host"] == "gpu" and w["ckpt_dir"] == str(wd / "out") and w["state"] == "ended"
+        entries = store.watch_entries(run["id"])
+        assert [(e["step"], e["state"]) for e in entries] == [(10, "failed"), (20, "failed")]
+        assert all("step_" in e["error"] and "torch checkpoint" in e["error"] for e in entries)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        await runner.close()
+        store.close()
