@@ -538,7 +538,8 @@ class SpecdeckApp(App[int]):
             self.query_one(ItemDetail).show(msg.item_id, msg.status, msg.runs, msg.live,
                                             {n: self.statuses.get(n, "pending")
                                              for n in item.needs},
-                                            msg.history[-1].reason if msg.history else "")
+                                            msg.history[-1].reason if msg.history else "",
+                                            watcher=msg.watcher)
 
     @on(m.CheckFinished)
     @_until_closed

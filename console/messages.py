@@ -114,6 +114,8 @@ class ItemDetailLoaded(Message):
     runs: list[Run]
     history: list[StatusChange]
     live: Run | None
+    watcher: dict | None = None
+    """The latest run's detached tau watcher (core.watch_detached.status_of)."""
 
 
 @dataclass

@@ -99,6 +99,8 @@ class Services:
         changes = await self.runner.reconcile() if reconcile else []
         told = {c["run"] for c in changes}
         meanwhile = [e for rid, e in ends.items() if rid not in told]
+        if since_id is not None:  # what tau watchers evaluated meanwhile (ingested just now)
+            meanwhile += self.store.events(since_id=since_id, kinds=("watch_meanwhile",))
         self.heartbeat()
         self.post(m.SessionOpened(changes, meanwhile, since))
         return self.store.live_runs()
@@ -185,8 +187,11 @@ class Services:
         item = self.item(item_id)
         status = self.runner.statuses()[item_id]
         runs = self.store.runs_for_item(item_id)
+        from core.watch_detached import status_of
+
         self.post(m.ItemDetailLoaded(item_id, status, runs, self.store.status_history(item_id),
-                                     self.store.live_run(item_id)))
+                                     self.store.live_run(item_id),
+                                     status_of(self.store, runs[-1].id if runs else None)))
         if item.manual:
             if status == "done":
                 self.post(m.CheckFinished(item_id, "done", "marked done by hand"))

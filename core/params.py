@@ -56,6 +56,9 @@ def _coerce(tp, value: Any, path: tuple, errors: list[ParamError]) -> Any:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
+        nested = [a for a in args if dataclasses.is_dataclass(a)]
+        if isinstance(value, dict) and len(nested) == 1:  # its own fields' errors, by path
+            return _coerce(nested[0], value, path, errors)
         for a in args:
             if a is type(None):
                 continue
@@ -113,6 +116,8 @@ def _show(value: Any) -> str:
 def _build(cls, data: dict, path: tuple, errors: list[ParamError]):
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    if True in data and "on" in fields and "on" not in data:  # YAML 1.1 reads a bare on: as true
+        data = {("on" if k is True else k): v for k, v in data.items()}
     kwargs = {}
     for key in data:
         if key not in fields:

@@ -188,3 +188,27 @@ class MetricPoint(Record):
     name: str
     value: float
     time: float
+
+
+@record("queue")
+class TauWatcher(Record):
+    """The detached tau watcher of one train run (:mod:`core.watch_detached`)."""
+
+    run_id: str
+    item_id: str
+    host: str
+    """The plan host it runs on (the training host, or the eval host)."""
+    capsule: str
+    """Its run capsule there (log, status.json, results/step_N.json)."""
+    ckpt_dir: str
+    state: str = "starting"
+    """starting, watching, evaluating, ending, or how it ended (ended, stopped, failed, lost)."""
+    current: int | None = None
+    """The step it is evaluating now."""
+    last_step: int | None = None
+    queue: list | None = None
+    """Steps waiting for their eval."""
+    error: str | None = None
+    started_at: float | None = None
+    at: float | None = None
+    """When the row last changed."""

@@ -23,7 +23,7 @@ import socket
 import time
 from typing import Any, Callable, Iterable
 
-from core import adopt, jobs, shellvars
+from core import adopt, jobs, shellvars, watch_detached
 from core.actions import registry
 from core.actions.base import Action, ActionContext, CheckResult, Outcome
 from core.errors import ActionFailed, HostUnreachable, SpecdeckError
@@ -172,6 +172,22 @@ class _Context(ActionContext):
             return None
         return Watcher(self._runner, self.plan.item(run.item_id), run.id, spec,
                        poll=max(self.poll, 0.2))
+
+    @property
+    def watching(self) -> bool:
+        return self._runner.watch
+
+    def notice(self, message: str, level: str = "info") -> None:
+        self._runner.emit(Notice(self.item.id, message, level))
+
+    async def start_tau_watcher(self, run: Run, spec: Any, ckpt_dir: str | None) -> None:
+        await watch_detached.ensure_started(self._runner, self.plan.item(run.item_id), run,
+                                            spec, ckpt_dir)
+
+    async def follow_tau_watcher(self, run_id: str, spec: Any, done: Any, *, wait: bool,
+                                 every: float) -> None:
+        await watch_detached.follow(self._runner, self.item, run_id, spec, done, wait=wait,
+                                    every=every)
 
 
 class Runner:
@@ -601,7 +617,8 @@ class Runner:
     async def attach(self, ids: Iterable[str] | None = None) -> list[str]:
         """Attach to every live run (of ``ids``) and follow them until they end."""
         runs = [r for r in self.store.live_runs() if ids is None or r.item_id in set(ids)]
-        await asyncio.gather(*(self.attach_run(r) for r in runs))
+        await asyncio.gather(*(self.attach_run(r) for r in runs),
+                             watch_detached.reconcile(self, follow_=True, ids=ids))
         return [r.id for r in runs]
 
     async def reconcile(self, *, hosts: Iterable[str] | None = None, follow: bool = False
@@ -631,6 +648,7 @@ class Runner:
                                 "signal": after.signal, "error": after.error})
                 self.emit(Notice(run.item_id, f"{run.item_id}: run {run.id} "
                                  f"{after.state} while specdeck was away"))
+        await watch_detached.reconcile(self, hosts=hosts)  # tau watchers of ended runs
         return changes
 
     async def _reconcile_run(self, run: "Run", *, follow: bool) -> str:
@@ -760,6 +778,7 @@ class Runner:
                                run.capsule or "", run_id)
             action = self.run_action(item, run)
         host = await self.host(run.host)
+        await watch_detached.request_stop(self, run_id)  # its tau watcher: after its eval
         st = await action.stop(_Context(self, item, host, run_id), host, run, grace_s)
         if st.state == "running":
             raise SpecdeckError(f"run {run_id} on {run.host} did not stop after SIGKILL")

@@ -32,7 +32,7 @@ from sqlite_utils import Database
 from sqlite_utils.migrations import Migrations
 
 from core.records import (ENDED_STATES, LIVE_STATES, Artefact, EvalRow, Event, MetricPoint, Run,
-                          SeenMark, StatusChange)
+                          SeenMark, StatusChange, TauWatcher)
 
 migrations = Migrations("specdeck")
 
@@ -96,6 +96,15 @@ def m004_console_seen(db: Database) -> None:
 def m005_metric_sources(db: Database) -> None:
     db["metric_sources"].create({"run_id": str, "source": str, "offset": int, "at": float},
                                 pk=("run_id", "source"))
+
+
+@migrations()
+def m006_watchers(db: Database) -> None:
+    """Detached watch_eval watchers (core.watch): one per train run."""
+    db["watchers"].create({"run_id": str, "item_id": str, "host": str, "capsule": str,
+                           "ckpt_dir": str, "state": str, "current": int, "last_step": int,
+                           "queue": str, "error": str, "started_at": float, "at": float},
+                          pk="run_id")
 
 
 def default_state_path(plan_name: str) -> Path:
@@ -521,3 +530,63 @@ class Store:
         with self._immediate():
             self.db["watch_evals"].update(f"{run_id}:{step}", fields)
 
+
+    def watch_ingest(self, run_id: str, item_id: str, step: int, *, state: str,
+                     tau: float | None = None, error: str | None = None, host: str | None = None,
+                     capsule: str | None = None, metrics: Iterable[tuple[int, str, float]] = (),
+                     eval_rows: "list[EvalRow]" = ()) -> bool:
+        """Store one detached eval's outcome with its metrics and eval rows, in one
+        transaction, exactly once: False (nothing stored) when the step has its outcome
+        already (another specdeck, or an earlier look, ingested it)."""
+        with self._immediate():
+            row = self.db.execute("SELECT state FROM watch_evals WHERE run_id = ? AND step = ?",
+                                  [run_id, step]).fetchone()
+            if row is not None and row[0] in ("done", "failed", "skipped"):
+                return False
+            self.db["watch_evals"].upsert({"id": f"{run_id}:{step}", "run_id": run_id,
+                                           "item_id": item_id, "step": step, "state": state,
+                                           "host": host, "capsule": capsule, "tau": tau,
+                                           "error": error, "at": time.time()}, pk="id")
+            if metrics:
+                self.add_metrics(run_id, metrics)
+            if eval_rows:
+                self.add_eval_results(list(eval_rows))
+        return True
+
+    def watcher_claim(self, run_id: str, item_id: str, host: str, capsule: str,
+                      ckpt_dir: str) -> bool:
+        """Record the detached watcher of a train run once; False when it is known."""
+        with self._immediate():
+            if self.watcher(run_id) is not None:
+                return False
+            now = time.time()
+            self.db["watchers"].insert({"run_id": run_id, "item_id": item_id, "host": host,
+                                        "capsule": capsule, "ckpt_dir": ckpt_dir,
+                                        "state": "starting", "started_at": now, "at": now})
+        return True
+
+    def watcher(self, run_id: str) -> TauWatcher | None:
+        rows = list(self.db["watchers"].rows_where("run_id = ?", [run_id]))
+        return TauWatcher.from_row(rows[0]) if rows else None
+
+    def watchers(self, *, live: bool = False) -> list[TauWatcher]:
+        where = "state NOT IN ('ended', 'stopped', 'failed', 'lost')" if live else None
+        return [TauWatcher.from_row(r)
+                for r in self.db["watchers"].rows_where(where, order_by="started_at")]
+
+    def watcher_take(self, run_id: str, from_states: Iterable[str], state: str) -> bool:
+        """Move a watcher from one of ``from_states`` to ``state``, atomically: True for the
+        one process that did (so only it restarts the watcher)."""
+        states = list(from_states)
+        with self._immediate():
+            cur = self.db.execute(
+                f"UPDATE watchers SET state = ?, at = ? WHERE run_id = ? AND state IN "
+                f"({', '.join('?' * len(states))})", [state, time.time(), run_id, *states])
+            return cur.rowcount == 1
+
+    def watcher_update(self, run_id: str, **fields: Any) -> None:
+        fields["at"] = time.time()
+        if "queue" in fields and not isinstance(fields["queue"], (str, type(None))):
+            fields["queue"] = json.dumps(fields["queue"])
+        with self._immediate():
+            self.db["watchers"].update(run_id, fields)

@@ -1,8 +1,14 @@
 """Tau over training: evaluate each new checkpoint of a live train run, on another host.
 
-A train item may declare::
+A train item may declare (typed: :class:`WatchEvalParams`)::
 
     watch_eval:
+      on: console              # train | eval: a detached watcher (core.watch_detached) on the
+                               # training host / on host; console: specdeck drives it (below).
+                               # Default: train for offline mode without another host.
+      fetch: relay             # on: eval reads checkpoints by path (direct); console relays
+      backfill: false          # console: evaluate every missed checkpoint, oldest first
+      device: cpu              # a detached watcher's eval device
       host: ct129              # the eval host (not the training GPUs)
       target: models/target    # the target model dir on it
       cache: features/coding   # offline mode: an extract_hidden cache on it
@@ -15,14 +21,17 @@ A train item may declare::
       max_memory: 60G          # refuse before loading above this (default: what the host has free)
       alerts: {drop_pct: 10, flat_evals: 3, flat_eps: 0.02}
 
-While the run trains, the :class:`Watcher` picks up its checkpoints (the artefacts the log
+With ``on: train`` / ``on: eval`` the evals run in a detached watcher that keeps going while
+no specdeck runs (:mod:`core.watch_detached`, :mod:`core.ml.watcher`). With ``on: console``,
+while the run trains, the :class:`Watcher` picks up its checkpoints (the artefacts the log
 follower records), copies each to the eval host through specdeck, strips it and evaluates it
 in a run capsule there (so it survives specdeck too), and stores tau at step S as metrics of
 the train run (``tau``, ``tau_pooled``, ``tau_acc[k]``) and as eval results (drafter
 ``<item>@<S>``, ``step`` S) for the tau pane and ``specdeck compare --step``.
 
 No pile-up: when checkpoints arrive faster than evals finish, only the newest waiting one is
-evaluated next and the others are recorded as skipped. Every step's state lives in the
+evaluated next and the others are recorded as skipped (``backfill: true``: every waiting one,
+oldest first; a checkpoint no longer kept is recorded skipped). Every step's state lives in the
 store (``watch_evals``), so after a kill -9 the next specdeck resumes a running eval from its
 capsule and continues with the next checkpoint: no duplicate, no missing eval.
 
@@ -41,67 +50,157 @@ operator as notices.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
-from typing import Any
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from core import stats
 
-KEYS = {"every", "host", "target", "prompts", "baseline", "mode", "max_prompts", "cache",
-        "block_size", "max_new_tokens", "alerts", "allow_block_size_mismatch", "dtype",
-        "max_memory"}
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
-def validate_watch(spec, plan, item) -> list[tuple[tuple, str]]:
-    out: list[tuple[tuple, str]] = []
-    if not isinstance(spec, dict):
-        return [((), "watch_eval must be a mapping")]
-    for k in spec:
-        if k not in KEYS:
-            out.append(((k,), f"unknown key {k!r} (known: {', '.join(sorted(KEYS))})"))
-    host = spec.get("host")
-    if host not in plan.hosts:
-        out.append((("host",), f"unknown host {host!r}"))
-    if not isinstance(spec.get("target"), str):
-        out.append((("target",), "target: the target model dir on the eval host is required"))
-    every = spec.get("every", "checkpoint")
-    if not (every == "checkpoint" or (isinstance(every, int) and every > 0)):
-        out.append((("every",), "every: a number of steps or 'checkpoint'"))
-    if spec.get("mode", "offline") not in ("offline", "online"):
-        out.append((("mode",), "mode: offline or online"))
-    if spec.get("mode", "offline") == "offline" and not spec.get("cache"):
-        out.append((("cache",), "offline mode needs cache: the extract_hidden dir on the eval host"))
-    if spec.get("dtype", "auto") not in DTYPES:
-        out.append((("dtype",), f"dtype: one of {', '.join(DTYPES)} (auto keeps the checkpoint's own)"))
-    if spec.get("max_memory") is not None:
-        from core.ml.runio import parse_bytes
+@dataclass(frozen=True)
+class WatchAlerts:
+    drop_pct: float = 10.0
+    """tau more than this % below the best so far (and detectably worse): an alert."""
+    flat_evals: int = 3
+    """tau not rising over this many evals while the loss fell: an alert."""
+    flat_eps: float = 0.02
+    """"not rising": the last eval at most this x mean above the window's first."""
 
-        try:
-            parse_bytes(spec["max_memory"])
-        except ValueError as exc:
-            out.append((("max_memory",), f"max_memory: {exc}"))
-    alerts = spec.get("alerts", {})
-    if not isinstance(alerts, dict) or set(alerts) - {"drop_pct", "flat_evals", "flat_eps"}:
-        out.append((("alerts",), "alerts: {drop_pct, flat_evals, flat_eps}"))
+
+@dataclass(frozen=True)
+class WatchEvalParams:
+    """``watch_eval`` of a train item: tau at each checkpoint while it trains (module doc)."""
+
+    target: str
+    """The target model dir on the host the evals run on."""
+    host: str | None = None
+    """The eval host (``on: eval`` / ``on: console``); ``on: train`` runs on the train item's."""
+    on: Literal["train", "eval", "console"] | None = None
+    """Where the evals are driven from: ``train`` (a detached watcher on the training host),
+    ``eval`` (a detached watcher on ``host``), ``console`` (specdeck relays each checkpoint).
+    Default: ``train`` for offline mode without another ``host``, else ``console``."""
+    fetch: Literal["relay", "direct"] | None = None
+    """How the eval host gets a checkpoint: ``relay`` through specdeck (``on: console``) or
+    ``direct``: by its path on the training host (a shared or mounted filesystem)."""
+    backfill: bool = False
+    """``on: console``: evaluate every checkpoint missed while no specdeck ran, oldest first
+    (default: only the newest waiting one; the others are recorded skipped)."""
+    mode: Literal["offline", "online"] = "offline"
+    cache: str | None = None
+    """offline mode: an extract_hidden cache dir on the host the evals run on."""
+    every: int | str = "checkpoint"
+    """``checkpoint`` or N: at most one eval per N steps."""
+    prompts: str = "coding"
+    """online mode's prompt set."""
+    baseline: str | None = None
+    """A reference drafter dir, evaluated once per run."""
+    max_prompts: int | None = None
+    block_size: int | None = None
+    max_new_tokens: int = 64
+    allow_block_size_mismatch: bool = False
+    dtype: str = "auto"
+    """The target's dtype: auto keeps the checkpoint's own (bf16 stays bf16)."""
+    device: str = "cpu"
+    """Detached watcher: the device its evals run on (``cpu``, ``cuda``, ``cuda:1``...)."""
+    max_memory: str | None = None
+    alerts: WatchAlerts = field(default_factory=WatchAlerts)
+
+    def validate(self):
+        out = []
+        if not (self.every == "checkpoint" or (isinstance(self.every, int) and self.every > 0)):
+            out.append((("every",), "every: a number of steps or 'checkpoint'"))
+        if self.mode == "offline" and not self.cache:
+            out.append((("cache",), "offline mode needs cache: the extract_hidden dir on the "
+                                    "host the evals run on"))
+        if self.max_memory is not None:
+            from core.ml.runio import parse_bytes
+
+            try:
+                parse_bytes(self.max_memory)
+            except ValueError as exc:
+                out.append((("max_memory",), f"max_memory: {exc}"))
+        on = self.placement(None)
+        if on in ("eval", "console") and not self.host:
+            out.append((("host",), f"on: {on} needs host: the eval host"))
+        fetch = self.fetch
+        if on == "console" and fetch not in (None, "relay"):
+            out.append((("fetch",), "on: console relays each checkpoint through specdeck "
+                                    "(fetch: relay); a direct fetch needs on: eval"))
+        if on == "eval" and fetch not in (None, "direct"):
+            out.append((("fetch",), "on: eval reads checkpoints by path (fetch: direct); a relay "
+                                    "through specdeck is on: console"))
+        if self.backfill and on != "console":
+            out.append((("backfill",), "backfill is for on: console (a detached watcher "
+                                       "evaluates every checkpoint anyway)"))
+        if self.dtype not in DTYPES:
+            out.append((("dtype",), f"dtype: one of {', '.join(DTYPES)} (auto keeps the "
+                                    "checkpoint's own)"))
+        if not re.fullmatch(r"cpu|auto|cuda(:\d+)?", self.device):
+            out.append((("device",), f"device: cpu, auto, cuda or cuda:N, got {self.device!r}"))
+        if on == "console" and self.device != "cpu":
+            out.append((("device",), "device is for a detached watcher (on: train or on: eval)"))
+        return out
+
+    def placement(self, train_host: str | None) -> str:
+        """``train``, ``eval`` or ``console`` (the default worked out, see ``on``)."""
+        if self.on is not None:
+            return self.on
+        if self.mode == "offline" and (self.host is None or self.host == train_host):
+            return "train"
+        return "console"
+
+    def eval_host(self, train_host: str) -> str:
+        """The plan host the evals run on."""
+        return train_host if self.placement(train_host) == "train" else self.host
+
+
+def parse_watch(spec: Any) -> WatchEvalParams:
+    """Plain ``watch_eval`` values (or params already) -> :class:`WatchEvalParams`; raises
+    ``ExceptionGroup`` of :class:`core.params.ParamError` (see ``parse_params``)."""
+    if isinstance(spec, WatchEvalParams):
+        return spec
+    from core.params import parse_params
+
+    return parse_params(WatchEvalParams, spec)
+
+
+def validate_watch(spec, plan, item) -> list[tuple[tuple, str]]:
+    """Problems of a ``watch_eval`` mapping in ``plan`` as ``(field path, message)``."""
+    try:
+        p = parse_watch(spec)
+    except ExceptionGroup as eg:
+        return [(e.path, e.message) for e in eg.exceptions]
+    out: list[tuple[tuple, str]] = []
+    train_host = item.action.host if item is not None and item.action else None
+    if p.host is not None and p.host not in plan.hosts:
+        out.append((("host",), f"unknown host {p.host!r}"))
+    if p.on == "train" and p.host is not None and train_host and p.host != train_host:
+        out.append((("host",), f"on: train runs on the training host {train_host!r}; drop "
+                               f"host {p.host!r} or use on: eval"))
     return out
 
 
 class Watcher:
     """Evaluates the checkpoints of one train run as they appear (see the module doc)."""
 
-    def __init__(self, runner, item, run_id: str, spec: dict[str, Any], poll: float = 0.5):
-        self.runner, self.item, self.run_id, self.spec = runner, item, run_id, spec
+    def __init__(self, runner, item, run_id: str, spec: "WatchEvalParams | dict[str, Any]",
+                 poll: float = 0.5):
+        self.runner, self.item, self.run_id = runner, item, run_id
+        self.spec = spec = parse_watch(spec)
         self.store = runner.store
         self.poll = poll
-        self.mode = spec.get("mode", "offline")
-        self.alerts = {"drop_pct": 10.0, "flat_evals": 3, "flat_eps": 0.02,
-                       **(spec.get("alerts") or {})}
+        self.mode = spec.mode
+        self.alerts = dataclasses.asdict(spec.alerts)
 
     # -- queue ---------------------------------------------------------------------------
     def _sync(self) -> None:
         """Queue checkpoints not seen yet (respecting ``every``)."""
         known = {e["step"] for e in self.store.watch_entries(self.run_id)}
-        every = self.spec.get("every", "checkpoint")
+        every = self.spec.every
         last = max(known, default=None)
         for a in self.store.artefacts(self.item.id, "checkpoint"):
             if a.run_id != self.run_id or a.step is None or a.step in known:
@@ -113,10 +212,13 @@ class Watcher:
             last = a.step if last is None else max(last, a.step)
 
     def _next(self) -> dict | None:
-        """The newest pending checkpoint; older pending ones are recorded as skipped."""
+        """The newest pending checkpoint; older pending ones are recorded as skipped (with
+        ``backfill``: the oldest pending one, nothing skipped)."""
         pending = [e for e in self.store.watch_entries(self.run_id) if e["state"] == "pending"]
         if not pending:
             return None
+        if self.spec.backfill:
+            return pending[0]
         newest = pending[-1]
         for e in pending[:-1]:
             self.store.watch_update(self.run_id, e["step"], state="skipped",
@@ -156,7 +258,7 @@ class Watcher:
         from core.events import Notice
 
         step = entry["step"]
-        ev = await self.runner.host(self.spec["host"])
+        ev = await self.runner.host(self.spec.host)
         cap_id = f"{self.run_id}-tau-{step}"
         capsule = jobs.capsule_path(ev, cap_id)
         try:
@@ -166,18 +268,25 @@ class Watcher:
                 train_host = await self.runner.host(self.item.action.host)
                 self.store.watch_update(self.run_id, step, state="running", host=ev.name,
                                         capsule=capsule)
+                if self.spec.backfill and await train_host.stat(ckpt) is None:
+                    self.store.watch_update(self.run_id, step, state="skipped",
+                                            error=f"{train_host.name}:{ckpt} is not kept any more")
+                    self.store.journal("watch_skipped", f"tau eval of step {step} skipped: "
+                                       f"{train_host.name}:{ckpt} is not kept any more",
+                                       item_id=self.item.id, run_id=self.run_id)
+                    return
                 local_ckpt = ckpt
                 if train_host is not ev:
                     local_ckpt = f"{capsule}/ckpt.pt"
                     await copy_verified(train_host, ckpt, ev, local_ckpt)
                 py = await host_python(ev)
                 s = self.spec
-                common = ["--target", ev.path(s["target"]), "--mode", self.mode,
-                          "--max-new-tokens", s.get("max_new_tokens", 64), "--dtype", s.get("dtype", "auto")]
-                if s.get("max_memory"):
-                    common += ["--max-memory", s["max_memory"]]
+                common = ["--target", ev.path(s.target), "--mode", self.mode,
+                          "--max-new-tokens", s.max_new_tokens, "--dtype", s.dtype]
+                if s.max_memory:
+                    common += ["--max-memory", s.max_memory]
                 if self.mode == "offline":
-                    cache = ev.path(s["cache"])
+                    cache = ev.path(s.cache)
                     man = json.loads(await ev.read_from(f"{cache}/manifest.json", 0, 1 << 26)
                                      or b"{}")
                     if "prompts" not in man:
@@ -186,18 +295,18 @@ class Watcher:
                     common += ["--cache", cache, "--prompts", man["prompts"]["file"]]
                 else:
                     ctx = type("C", (), {"host": ev, "plan": self.runner.plan})()
-                    ppath, _ = await prompts_on_host(ctx, s.get("prompts", "coding"), upload=True)
+                    ppath, _ = await prompts_on_host(ctx, s.prompts, upload=True)
                     common += ["--prompts", ppath]
-                if s.get("max_prompts"):
-                    common += ["--limit", s["max_prompts"]]
-                if s.get("block_size"):
-                    common += ["--block-size", s["block_size"]]
+                if s.max_prompts:
+                    common += ["--limit", s.max_prompts]
+                if s.block_size:
+                    common += ["--block-size", s.block_size]
                 lines = ["set -e", py_module(py, "core.ml.strip", local_ckpt, "drafter"),
                          py_module(py, "core.ml.eval", "--drafter", "drafter", "--out",
                                    "result.json", *common)]
-                if s.get("baseline") and not self._baseline_done():
+                if s.baseline and not self._baseline_done():
                     lines.append(py_module(py, "core.ml.eval", "--drafter",
-                                           ev.path(s["baseline"]), "--out", "baseline/result.json",
+                                           ev.path(s.baseline), "--out", "baseline/result.json",
                                            *common))
                 await jobs.start(ev, cap_id, Launch("\n".join(lines), cwd=capsule))
             while (st := await jobs.inspect(ev, capsule)).state == "running":
@@ -212,7 +321,7 @@ class Watcher:
             self.store.watch_update(self.run_id, step, state="done", tau=res.get("tau"))
             self.runner.emit(Notice(self.item.id, f"{self.item.id}: tau {res.get('tau'):.3f} at "
                                     f"step {step} ({self.mode}, target {res.get('dtype')}, on {ev.name})"))
-            self._alerts(step)
+            self.alerts_at(step)
         except Exception as exc:  # one failed eval must not stop training or the watcher
             self.store.watch_update(self.run_id, step, state="failed", error=str(exc)[:2000])
             self.store.journal("watch_failed", f"tau eval of step {step} failed: {exc}",
@@ -225,6 +334,14 @@ class Watcher:
                    for r in self.store.eval_results(self.item.id))
 
     def _record(self, step: int, res: dict, base: dict | None) -> None:
+        metrics, rows = self.result_rows(step, res, base)
+        self.store.add_metrics(self.run_id, metrics)
+        self.store.add_eval_results(rows)
+
+    def result_rows(self, step: int, res: dict, base: dict | None
+                    ) -> tuple[list[tuple[int, str, float]], list[dict]]:
+        """The metrics (tau, its interval, pooled, per-position) and the eval rows (drafter
+        ``<item>@<step>``, and the baseline) an eval's result.json at ``step`` is stored as."""
         from core.actions.eval import eval_rows
 
         metrics = [(step, "tau", float(res["tau"]))]
@@ -237,13 +354,12 @@ class Watcher:
             metrics.append((step, "tau_pooled", float(res["tau_pooled"])))
         for k, v in enumerate(res.get("per_position_acceptance") or []):
             metrics.append((step, f"tau_acc[{k}]", float(v)))
-        self.store.add_metrics(self.run_id, metrics)
         # compare labels it item@step
         rows = eval_rows(self.run_id, self.item.id, res, self.item.id, "drafter", step)
         if base is not None:
             rows += eval_rows(self.run_id, self.item.id, base, "baseline", "baseline", None)
-            self.store.add_metrics(self.run_id, [(step, "tau_baseline", float(base["tau"]))])
-        self.store.add_eval_results(rows)
+            metrics.append((step, "tau_baseline", float(base["tau"])))
+        return metrics, rows
 
     def _prompt_taus(self, step: int) -> dict[str, float]:
         """The chain method's per-prompt tau of this run's eval at ``step``."""
@@ -261,10 +377,11 @@ class Watcher:
         return stats.paired([ta[p] for p in shared], [tb[p] for p in shared],
                             name=f"{self.run_id}:{a}-{b}")
 
-    def _alerts(self, step: int) -> None:
+    def alerts_at(self, step: int) -> None:
         from core.events import Notice
 
-        done = [e for e in self.store.watch_entries(self.run_id) if e["state"] == "done"]
+        done = [e for e in self.store.watch_entries(self.run_id)
+                if e["state"] == "done" and e["step"] <= step]  # the curve as it was at step
         taus = [(e["step"], e["tau"]) for e in done if e["tau"] is not None]
         if len(taus) < 2:
             return

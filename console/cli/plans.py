@@ -12,10 +12,11 @@ from pathlib import Path
 
 from console.cli.output import GLYPHS, err, run_with
 from console.cli.render import table
+from core import watch_detached
 from core.errors import InvalidInput
 from core.plan import params_summary
-from core.records import Run
 from core.planfile import load_plan
+from core.records import Run
 from core.todos import plan_to_todos, todos_to_plan_yaml
 from core.text import sanitize
 
@@ -42,21 +43,24 @@ def cmd_status(args) -> int:
     async def go(runner):
         changes = []
         runner.watch = False  # status never waits for tau-over-training evals
-        if not args.no_reconcile and runner.store.live_runs():
+        if not args.no_reconcile and (runner.store.live_runs()
+                                      or runner.store.watchers(live=True)):
             changes = await runner.reconcile()
         st = runner.statuses()
         latest = runner.store.latest_runs()
         alerts = runner.store.events(kinds=["alert"])
-        return changes, st, latest, alerts
+        watchers = {i: watch_detached.status_of(runner.store, r.id) for i, r in latest.items()}
+        return changes, st, latest, alerts, watchers
 
-    changes, st, latest, alerts = run_with(plan, args, go, show_events=False)
+    changes, st, latest, alerts, watchers = run_with(plan, args, go, show_events=False)
     if args.json:
         out = {"plan": plan.name, "items": [{
             "id": it.id, "content": it.content, "priority": it.priority, "status": st[it.id],
             "needs": list(it.needs),
             "action": ({"kind": it.action.kind, "host": it.action.host,
                         "params": params_summary(it)} if it.action else None),
-            "run": _run_json(latest.get(it.id))} for it in plan.items],
+            "run": _run_json(latest.get(it.id)),
+            **({"watcher": watchers[it.id]} if watchers.get(it.id) else {})} for it in plan.items],
             "alerts": [{"item": a.item_id, "run": a.run_id, "at": a.at,
                         "message": a.message} for a in alerts]}
         print(json.dumps(out, indent=2))

@@ -28,7 +28,8 @@ def meanwhile_summary(changes: list[dict], meanwhile: list[Event]) -> tuple[list
              + (f" ({c.get('error') or c.get('reason')})"
                 if c.get("error") or c.get("reason") else "") for c in changes]
     lines += [f"{e.item_id}: {e.message}  [{e.run_id}]" for e in meanwhile]
-    ends = [c["now"] for c in changes] + [e.kind.removeprefix("run_") for e in meanwhile]
+    ends = [c["now"] for c in changes] + [e.kind.removeprefix("run_") for e in meanwhile
+                                          if e.kind.startswith("run_")]
     counts = ", ".join(f"{ends.count(s)} {s}" for s in sorted(set(ends)))
     return lines, f"While the console was closed: {counts}", all(s == "succeeded" for s in ends)
 

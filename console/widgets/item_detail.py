@@ -78,6 +78,7 @@ class ItemDetail(VerticalScroll):
         self.status = "pending"
         self.runs: list[dict] = []
         self.live: dict | None = None
+        self.watcher: dict | None = None
         self.check: tuple[str, str] = ("checking", "")
         self.needs: dict[str, str] = {}
         self.reason = ""
@@ -89,11 +90,13 @@ class ItemDetail(VerticalScroll):
 
     # -- attributes down -----------------------------------------------------------------
     def show(self, item_id: str, status: str, runs: list[dict], live: dict | None,
-             needs: dict[str, str], reason: str = "") -> None:
-        """Show an item: its status (and why), runs (oldest first), live run, needs' statuses."""
+             needs: dict[str, str], reason: str = "", watcher: dict | None = None) -> None:
+        """Show an item: its status (and why), runs (oldest first), live run, needs' statuses,
+        the latest run's tau watcher."""
         if item_id != self.item_id:
             self.check = ("checking", "")
         self.item_id, self.status, self.runs, self.live = item_id, status, runs, live
+        self.watcher = watcher
         self.needs, self.reason = dict(needs), reason
         self._draw()
 
@@ -185,6 +188,16 @@ class ItemDetail(VerticalScroll):
             where = f"on {self.live.host}" if self.live.host else "in specdeck"
             grid.add_row("live", Text(f"{self.live.id} {where} "
                                       f"(pid {self.live.pid or '?'})", style="yellow"))
+        w = self.watcher
+        if w:
+            state = w["state"] + (f" (step {w['current']})" if w.get("current") is not None else "")
+            line = (f"{state} on {w['host']} · last step {w.get('last_step') or '–'} · "
+                    f"queue {len(w.get('queue') or [])}"
+                    + (f" · failed {', '.join(map(str, w['failed']))}" if w.get("failed") else ""))
+            grid.add_row("tau watch", Text(sanitize(line + (f"\n{w['error']}" if w.get("error")
+                                                            else ""), max_len=500),
+                                           style="red" if w["state"] in ("failed", "lost")
+                                           else "cyan"))
         body = Group(head, Text(sanitize(item.content), style="italic"), grid)
         self.query_one("#detail-body", Static).update(body)
         self._draw_progress()

@@ -135,6 +135,24 @@ class ActionContext(ABC):
     def checkpoint_watcher(self, run: "Run", spec: Any) -> Any:
         """A :class:`core.watch.Watcher` evaluating ``run``'s checkpoints as they appear."""
 
+    watching: bool = True
+    """Whether this specdeck evaluates tau alongside the runs it follows (a one-shot
+    ``status`` does not)."""
+
+    @abstractmethod
+    def notice(self, message: str, level: str = "info") -> None:
+        """Tell the operator something about this item (printed, shown, not journaled)."""
+
+    @abstractmethod
+    async def start_tau_watcher(self, run: "Run", spec: Any, ckpt_dir: str | None) -> None:
+        """Start (once) ``run``'s detached tau watcher on its host (:mod:`core.watch_detached`)."""
+
+    @abstractmethod
+    async def follow_tau_watcher(self, run_id: str, spec: Any, done: Any, *, wait: bool,
+                                 every: float) -> None:
+        """Ingest the detached watcher's results until ``done`` is set (and, with ``wait``,
+        until it evaluated the run's last checkpoint)."""
+
 
 class Action(ABC):
     """Base class of every action kind. Subclasses set ``kind`` and ``Params``."""

@@ -20,6 +20,7 @@ the run, for ``specdeck diff``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import posixpath
 import re
 import shlex
@@ -33,9 +34,11 @@ from core import jobs
 from core.actions.base import Action, CheckResult, Launch
 from core.actions import fit
 from core.actions.fit import deep_set
+from core.faults import describe_fault
 from core.actions.mlbase import host_python, ml_failure
-from core.metrics_sources import MetricsParams, line_metrics
+from core.metrics_sources import MetricsParams, baseline_sources, line_metrics
 from core.records import Run
+from core.watch import WatchEvalParams
 
 
 CKPT = re.compile(r"^step_(\d+)\.pt$")
@@ -83,8 +86,8 @@ class TrainParams:
     core.metrics_sources and plans/README.md)."""
     resume: bool = True
     """Rerunning a failed item resumes from the newest checkpoint in ``out``."""
-    watch_eval: dict[str, Any] | None = None
-    """Evaluate each new checkpoint on another host (see plans/README.md)."""
+    watch_eval: WatchEvalParams | None = None
+    """Evaluate each new checkpoint while it trains (core.watch, plans/README.md)."""
 
     def validate(self):
         out = []
@@ -159,6 +162,12 @@ class Train(Action):
             if not res.ok:
                 return CheckResult.blocked(f"{ctx.host.name} has no sbatch/squeue/scancel: "
                                            "is it the cluster's login node?")
+        if self._detached_watch(ctx.host.name):
+            from core import watch_detached
+
+            missing = await watch_detached.missing_inputs(ctx, self.params.watch_eval)
+            if missing:
+                return CheckResult.blocked(missing)
         return CheckResult.ready()
 
     async def prepare(self, ctx) -> None:
@@ -221,6 +230,33 @@ class Train(Action):
 
     # -- launcher hooks (used by the runner) ---------------------------------------------
     async def launch(self, ctx, host, run_id: str, launch: Launch) -> dict:
+        info = await self._launch(ctx, host, run_id, launch)
+        if self._detached_watch(host.name):  # started with the run: no window without it
+            run = next(r for r in ctx.runs(ctx.item.id) if r.id == run_id)
+            run = dataclasses.replace(run, host=host.name, capsule=info.get("capsule"))
+            try:
+                await ctx.start_tau_watcher(run, self.params.watch_eval, self._outdir)
+            except Exception as e:  # noqa: BLE001 - the follower tries again; training runs
+                ctx.notice(f"{ctx.item.id}: the tau watcher could not start: "
+                           f"{describe_fault(e)}", "warning")
+        return info
+
+    def _detached_watch(self, train_host: str) -> bool:
+        from core import watch_detached
+
+        return watch_detached.detached(self.params.watch_eval, train_host)
+
+    def _ckpt_dir(self, host, run: Run) -> str | None:
+        """Where this run's checkpoints land (an attached run: worked out again)."""
+        if getattr(self, "_outdir", None):
+            return self._outdir
+        if self.params.out:
+            return host.path(self.params.out)
+        if run.adopt:
+            return None
+        return posixpath.join(run.capsule or jobs.capsule_path(host, run.id), "out")
+
+    async def _launch(self, ctx, host, run_id: str, launch: Launch) -> dict:
         p = self.params
         if p.launcher == "slurm":
             from core import slurm
@@ -269,10 +305,14 @@ class Train(Action):
 
     async def follow(self, ctx, host, run: Run, on_lines, *, log_path: str | None = None,
                      inspector=None) -> jobs.CapsuleState:
-        """Follow the log; with ``watch_eval``, evaluate checkpoints alongside (and drain)."""
+        """Follow the log; with ``watch_eval``, evaluate checkpoints alongside (and drain).
+        ``log_path`` / ``inspector``: another log and end test (an adopted run's)."""
+        inspector = inspector or (lambda: self.inspect(ctx, host, run))
         follow_log = super().follow(ctx, host, run, on_lines, log_path=log_path,
                                     inspector=inspector)
         spec = self.params.watch_eval
+        if spec is not None and self._detached_watch(host.name):
+            return await self._follow_detached(ctx, host, run, follow_log, inspector)
         watcher = ctx.checkpoint_watcher(run, spec) if spec is not None else None
         if watcher is None:
             return await follow_log
@@ -283,6 +323,38 @@ class Train(Action):
         finally:
             done.set()
         await wtask  # the checkpoints still waiting (the final one) are evaluated
+        return st
+
+    async def _follow_detached(self, ctx, host, run: Run, follow_log, inspector
+                               ) -> jobs.CapsuleState:
+        """The run's log, and alongside it the results of its detached watcher (started here
+        when it is not yet: an adopted run, or a specdeck killed at the launch). A run
+        followed live waits for its watcher's last eval; a run found ended (reconcile) does
+        not: the watcher goes on detached and `attach` follows it."""
+        wait = ctx.watching and (await inspector()).state == "running"
+
+        item = ctx.item
+        spec = self.params.watch_eval
+        try:
+            await ctx.start_tau_watcher(run, spec, self._ckpt_dir(host, run))
+        except Exception as e:  # noqa: BLE001 - training goes on without its tau
+            ctx.notice(f"{item.id}: the tau watcher could not start: {describe_fault(e)}",
+                       "error")
+        done = asyncio.Event()
+        wtask = asyncio.create_task(ctx.follow_tau_watcher(
+            run.id, spec, done, wait=wait, every=max(ctx.poll * 10, 0.5)))
+        try:
+            st = await follow_log
+        except BaseException:  # Ctrl-C, a lost host: the watcher goes on on its host
+            wtask.cancel()
+            raise
+        finally:
+            done.set()
+        try:
+            await wtask  # the watcher evaluates what the run left; its results are stored
+        except Exception as e:  # noqa: BLE001 - tau's trouble never fails the training run
+            ctx.notice(f"{item.id}: tau watcher: {describe_fault(e)} "
+                       "(`specdeck attach` picks its results up later)", "warning")
         return st
 
     async def stop(self, ctx, host, run: Run, grace_s: float) -> jobs.CapsuleState:
@@ -334,13 +406,13 @@ def _watch_block_size(spec: Any, plan, item) -> list:
     from types import SimpleNamespace
 
 
-    if not isinstance(spec, dict) or not isinstance(spec.get("baseline"), str):
+    if spec.baseline is None:
         return []
-    watch = SimpleNamespace(drafter=f"item:{item.id} (block size from its config)", baseline=spec["baseline"],
-                            block_size=spec.get("block_size"),
-                            allow_block_size_mismatch=bool(spec.get("allow_block_size_mismatch")))
+    watch = SimpleNamespace(drafter=f"item:{item.id} (block size from its config)", baseline=spec.baseline,
+                            block_size=spec.block_size,
+                            allow_block_size_mismatch=spec.allow_block_size_mismatch)
     base = fit.drafter_block_size(fit.read_local_json(fit.local_path(
-        plan, spec.get("host"), fit.config_json_of(spec["baseline"]))))
+        plan, spec.eval_host(item.action.host), fit.config_json_of(spec.baseline))))
     err = fit.block_size_mismatch(watch, fit.train_item_block_size(plan, item.id), base)
     return [(("watch_eval", "baseline"), err)] if err else []
 

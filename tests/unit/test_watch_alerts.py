@@ -20,7 +20,8 @@ def watcher():
     store = Store(":memory:")
     notices = []
     runner = SimpleNamespace(store=store, emit=notices.append)
-    w = Watcher(runner, SimpleNamespace(id="train-v5"), RUN, {"host": "eval", "target": "t"})
+    w = Watcher(runner, SimpleNamespace(id="train-v5"), RUN,
+                {"host": "eval", "target": "t", "mode": "online"})
     w.notices = notices
     yield w
     store.close()

@@ -1,0 +1,322 @@
+"""``python -m core.ml.watcher``: tau at every checkpoint of a train run, on the host, detached.
+
+    python -m core.ml.watcher --ckpt-dir DIR --target DIR [--cache DIR] [--mode offline|online]
+        [--prompts FILE] [--limit N] [--block-size B] [--max-new-tokens N] [--dtype D]
+        [--device cpu|cuda[:i]] [--max-memory SIZE] [--baseline DIR] [--every N]
+        [--after STEP] [--train-capsule DIR] [--where NAME] [--poll S] [--settle S] [--out DIR]
+
+specdeck starts it in a run capsule (``core.jobs``) beside a train run whose item has a
+detached ``watch_eval`` (``core.watch``), so it keeps going while no specdeck runs. It:
+
+* discovers every ``step_N.pt`` in ``--ckpt-dir`` as it lands (a file untouched for
+  ``--settle`` seconds; ``core.ml.train`` renames each one into place whole), oldest first,
+  at most one per ``--every`` steps;
+* strips it (``core.ml.strip``) and evaluates it (``core.ml.eval``: offline from the feature
+  cache, which loads only the target's embedding and head; or online) on ``--device``, in this
+  process (torch is imported once);
+* writes one result per step, atomically (temp file + rename), to ``OUT/step_<N>.json``:
+  ``{"step", "state": "done" | "failed", "result" (core.ml.eval's result.json),
+  "baseline" (the first step only, with --baseline), "error", "checkpoint", "seconds",
+  "max_rss_bytes"}``; a failed eval is recorded and the next checkpoint follows;
+* keeps ``status.json`` (``state``, ``current``, ``last_step``, ``queue``, ``done``,
+  ``failed``) up to date and logs progress, errors and resource use as JSON lines on stdout;
+* exits 0 once the train run has ended (``--train-capsule``'s ``exit`` file, its processes
+  gone from this host, or a ``train_ended`` file specdeck writes into the watcher's own
+  directory) and every checkpoint it left is evaluated. A ``stop`` file in its directory (or
+  SIGTERM) ends it after the current eval.
+
+It refuses to start (exit 2, naming what is missing and where) when the target, its
+embedding/head or the feature cache are not on this host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import resource
+import signal
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from core.ml.runio import UsageError, atomic_write_json, emit, read_json, run_main, say
+
+CKPT = re.compile(r"^step_(\d+)\.pt$")
+RESULTS = "results"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m core.ml.watcher",
+                                description="evaluate each checkpoint of a train run as it lands")
+    p.add_argument("--ckpt-dir", required=True, help="the trainer's output dir (step_N.pt files)")
+    p.add_argument("--target", required=True, help="the target model dir on this host")
+    p.add_argument("--cache", help="offline mode: the feature cache (core.ml.extract) on this host")
+    p.add_argument("--mode", choices=["offline", "online"], default="offline")
+    p.add_argument("--prompts", help="prompts JSONL (offline: default the cache's own)")
+    p.add_argument("--limit", type=int)
+    p.add_argument("--block-size", type=int)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--max-memory")
+    p.add_argument("--baseline", help="a reference drafter dir, evaluated once (with the first step)")
+    p.add_argument("--every", type=int, help="at most one eval per N steps (default: every checkpoint)")
+    p.add_argument("--after", type=int, help="only checkpoints after this step (a resumed run: "
+                   "the earlier run's are evaluated already)")
+    p.add_argument("--train-capsule", help="the train run's capsule dir (its exit file ends the watch)")
+    p.add_argument("--where", default="this host", help="the host's name, for messages")
+    p.add_argument("--out", default=".", help="the watcher's own dir (results/, status.json, stop)")
+    p.add_argument("--poll", type=float, default=5.0, help="seconds between looks for checkpoints")
+    p.add_argument("--settle", type=float, default=2.0,
+                   help="a checkpoint file untouched this long has landed")
+    return p
+
+
+def preflight(args: argparse.Namespace) -> str | None:
+    """What this host lacks for the evals, said so the operator knows what to do; or None."""
+    target = Path(args.target)
+    if not (target / "config.json").is_file():
+        return (f"{args.where}: no target at {target} (no config.json): put the target there "
+                "(a relay item) or point watch_eval.target at it")
+    if args.mode == "offline":
+        from core.ml.weights import embed_head_names
+
+        try:
+            embed_head_names(target)
+        except (OSError, ValueError, KeyError) as exc:
+            return f"{args.where}: the target at {target} has no readable embedding/LM head: {exc}"
+        if not args.cache or not (Path(args.cache) / "manifest.json").is_file():
+            return (f"{args.where}: no feature cache at {args.cache} (no manifest.json): extract "
+                    "it there (an extract_hidden item on this host) or relay it (a relay item), "
+                    "then start the watcher again (rerun the train item or `specdeck attach`)")
+    elif not args.prompts or not Path(args.prompts).is_file():
+        return f"{args.where}: no prompts file at {args.prompts}"
+    if args.baseline and not (Path(args.baseline) / "config.json").is_file():
+        return f"{args.where}: no baseline drafter at {args.baseline} (no config.json)"
+    return None
+
+
+class Watch:
+    """The loop; its state is in ``out`` so that a restart carries on where it stopped."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.out = Path(args.out)
+        self.results = self.out / RESULTS
+        self.results.mkdir(parents=True, exist_ok=True)
+        self.stop_requested = False
+        self.current: int | None = None
+        self.started = time.time()
+
+    # -- what is there ----------------------------------------------------------------
+    def landed(self) -> list[tuple[int, Path]]:
+        """Checkpoints in the output dir that are whole (untouched for ``settle`` s)."""
+        d = Path(self.args.ckpt_dir)
+        if not d.is_dir():
+            return []
+        now, out = time.time(), []
+        for e in os.scandir(d):
+            m = CKPT.match(e.name)
+            if not m or (self.args.after is not None and int(m.group(1)) <= self.args.after):
+                continue
+            try:
+                if now - e.stat().st_mtime < self.args.settle:
+                    continue
+            except FileNotFoundError:  # pruned meanwhile (keep_checkpoints)
+                continue
+            out.append((int(m.group(1)), Path(e.path)))
+        return sorted(out)
+
+    def written(self) -> dict[int, str]:
+        """Steps with a result file, and its state."""
+        out = {}
+        for f in self.results.glob("step_*.json"):
+            try:
+                out[int(f.stem.split("_")[1])] = read_json(f).get("state", "?")
+            except (ValueError, OSError, UsageError):
+                continue
+        return out
+
+    def queue(self) -> list[tuple[int, Path]]:
+        """Landed checkpoints still to evaluate, oldest first (``every`` respected)."""
+        written = self.written()
+        last = max(written, default=None)
+        out = []
+        for step, path in self.landed():
+            if step in written:
+                continue
+            if self.args.every and last is not None and step - last < self.args.every:
+                continue
+            out.append((step, path))
+            last = step if last is None else max(step, last)
+        return out
+
+    def train_ended(self) -> str | None:
+        """Why the train run is over, or None while it may still write checkpoints."""
+        if (self.out / "train_ended").exists():
+            return "specdeck saw the train run end"
+        cap = self.args.train_capsule
+        if not cap:
+            return None
+        cap = Path(cap)
+        if (cap / "exit").is_file():
+            return f"train run {(cap / 'exit').read_text().strip()}"
+        pid_file = cap / "pid"
+        if not pid_file.is_file():
+            return None
+        words = pid_file.read_text().split()
+        try:
+            boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        except OSError:
+            return None
+        if len(words) < 5 or words[2] != boot:
+            return None  # another host's (or another boot's) processes: cannot tell from here
+        for pid, start in ((words[0], words[1]), (words[3], words[4])):
+            if _ticks(pid) == start:
+                return None
+        if (cap / "exit").is_file():
+            return f"train run {(cap / 'exit').read_text().strip()}"
+        return "the train run's processes are gone (no exit status)"
+
+    def write_status(self, state: str, **extra: Any) -> None:
+        written = self.written()
+        atomic_write_json(self.out / "status.json", {
+            "state": state, "pid": os.getpid(), "current": self.current,
+            "last_step": max((s for s, v in written.items() if v == "done"), default=None),
+            "done": sorted(s for s, v in written.items() if v == "done"),
+            "failed": sorted(s for s, v in written.items() if v == "failed"),
+            "queue": [s for s, _ in self.queue()], "started_at": self.started,
+            "updated_at": time.time(), **extra})
+
+    # -- one eval ---------------------------------------------------------------------
+    def evaluate(self, step: int, ckpt: Path) -> dict[str, Any]:
+        from core.ml import eval as ml_eval
+        from core.ml import strip as ml_strip
+
+        work = self.out / "work" / f"step_{step}"
+        t0, c0 = time.time(), time.process_time()
+        rec: dict[str, Any] = {"step": step, "checkpoint": str(ckpt)}
+        emit("progress", task="watch", step=step, phase="strip", checkpoint=str(ckpt))
+        try:
+            _call(ml_strip.main, [str(ckpt), str(work / "drafter")])
+            common = ["--target", self.args.target, "--mode", self.args.mode,
+                      "--max-new-tokens", str(self.args.max_new_tokens), "--dtype", self.args.dtype,
+                      "--device", self.args.device, "--prompts", self.prompts()]
+            for flag, val in (("--cache", self.args.cache), ("--limit", self.args.limit),
+                              ("--block-size", self.args.block_size),
+                              ("--max-memory", self.args.max_memory)):
+                if val is not None:
+                    common += [flag, str(val)]
+            emit("progress", task="watch", step=step, phase="eval")
+            _call(ml_eval.main, ["--drafter", str(work / "drafter"), "--out",
+                                 str(work / "result.json"), *common])
+            rec["result"] = read_json(work / "result.json", "eval result")
+            if self.args.baseline and not (self.results / "baseline.done").exists():
+                _call(ml_eval.main, ["--drafter", self.args.baseline, "--out",
+                                     str(work / "baseline.json"), *common])
+                rec["baseline"] = read_json(work / "baseline.json", "baseline result")
+            rec["state"] = "done"
+        except Exception as exc:  # noqa: BLE001 - one bad checkpoint must not end the watch
+            rec["state"] = "failed"
+            rec["error"] = f"{type(exc).__name__}: {exc}" if not isinstance(exc, UsageError) \
+                else str(exc)
+        rec["seconds"] = round(time.time() - t0, 3)
+        rec["cpu_seconds"] = round(time.process_time() - c0, 3)
+        rec["max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return rec
+
+    def prompts(self) -> str:
+        if self.args.prompts:
+            return self.args.prompts
+        man = read_json(Path(self.args.cache) / "manifest.json", "cache manifest")
+        return man["prompts"]["file"]
+
+    def record(self, rec: dict[str, Any]) -> None:
+        step = rec["step"]
+        atomic_write_json(self.results / f"step_{step}.json", rec)  # the one the ingest reads
+        if "baseline" in rec:
+            (self.results / "baseline.done").write_text(f"{step}\n")
+        tau = (rec.get("result") or {}).get("tau")
+        emit("watch", step=step, state=rec["state"], tau=tau, error=rec.get("error"),
+             seconds=rec["seconds"], cpu_seconds=rec["cpu_seconds"],
+             max_rss_bytes=rec["max_rss_bytes"])
+        import shutil
+
+        shutil.rmtree(self.out / "work" / f"step_{step}", ignore_errors=True)
+
+    # -- the loop ---------------------------------------------------------------------
+    def run(self) -> int:
+        say(f"watching {self.args.ckpt_dir} on {self.args.where} ({self.args.mode}, "
+            f"device {self.args.device})")
+        ended_why = None
+        while True:
+            if self.stop_requested or (self.out / "stop").exists():
+                self.write_status("stopped")
+                say("stop requested: watcher ends")
+                return 0
+            ended_why = ended_why or self.train_ended()
+            todo = self.queue()
+            if todo:
+                step, ckpt = todo[0]
+                self.current = step
+                self.write_status("evaluating")
+                self.record(self.evaluate(step, ckpt))
+                self.current = None
+                self.write_status("watching")
+                continue
+            if ended_why:
+                # one more look after the settle time: the last checkpoint may be landing
+                time.sleep(self.args.settle)
+                if self.queue():
+                    continue
+                self.write_status("ended", reason=ended_why)
+                say(f"{ended_why}; every checkpoint is evaluated: watcher ends")
+                return 0
+            self.write_status("watching")
+            self._sleep(self.args.poll)
+
+    def _sleep(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and not self.stop_requested:
+            time.sleep(0.1)
+
+
+def _ticks(pid: str) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _call(main, argv: list[str]) -> None:
+    """Run a ``core.ml`` task's main in this process; its refusals become exceptions."""
+    try:
+        rc = main(argv)
+    except SystemExit as exc:  # argparse
+        raise UsageError(f"{main.__module__} {' '.join(argv)}: bad arguments ({exc.code})") from None
+    if rc not in (0, None):
+        raise RuntimeError(f"{main.__module__} exited {rc}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    missing = preflight(args)
+    if missing:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        atomic_write_json(Path(args.out) / "status.json", {"state": "failed", "error": missing,
+                                                           "updated_at": time.time()})
+        raise UsageError(missing)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    watch = Watch(args)
+
+    def on_term(signum, frame):  # after the current eval
+        watch.stop_requested = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    return watch.run()
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_main(main))

@@ -1,0 +1,359 @@
+"""The detached watch_eval watcher, specdeck's side: start it, ingest what it wrote, stop it.
+
+A train item whose ``watch_eval`` runs ``on: train`` (the default for offline mode) or
+``on: eval`` gets, when its run starts or is adopted, a watcher (``python -m core.ml.watcher``)
+in a run capsule ``<train run id>-watch`` on that host. It evaluates every checkpoint as it
+lands and writes one result file per step into the capsule, whether or not a specdeck runs.
+
+specdeck ingests those files (:func:`ingest`) on start, attach and reconcile and while it
+follows the run: each step is stored once (:meth:`core.store.Store.watch_ingest`, one
+transaction per step, so two specdecks or a kill -9 between looks cannot store a step twice
+or lose one), in the shapes the console-driven :class:`core.watch.Watcher` uses (metrics
+``tau``... and eval rows ``<item>@<step>``), alerts are evaluated at each new step over the
+curve up to it, and steps evaluated while no specdeck looked are summarised in the journal
+(``watch_meanwhile``). The watcher's state, last step and queue are in the ``watchers`` table
+for ``status --json`` and the item pane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import posixpath
+import shlex
+import time
+
+from core import jobs
+from core.events import Notice
+from core.records import Run, TauWatcher
+from core.watch import Watcher, WatchEvalParams, parse_watch
+
+ENDED = ("ended", "stopped", "failed", "lost")
+
+
+def capsule_id(run_id: str) -> str:
+    return f"{run_id}-watch"
+
+
+def detached(spec, train_host: str) -> bool:
+    return spec is not None and parse_watch(spec).placement(train_host) in ("train", "eval")
+
+
+async def command(runner, spec: WatchEvalParams, item, run: Run, ckpt_dir: str, host
+                  ) -> "jobs.Launch":
+    from core.actions.base import Launch
+    from core.actions.mlbase import host_python, prompts_on_host, py_module
+
+    py = await host_python(host)
+    args = ["--ckpt-dir", ckpt_dir, "--target", host.path(spec.target), "--mode", spec.mode,
+            "--max-new-tokens", spec.max_new_tokens, "--dtype", spec.dtype,
+            "--device", spec.device, "--where", host.name, "--out", ".",
+            "--poll", max(1.0, runner.poll * 10), "--settle", 1.0]
+    if spec.mode == "offline":
+        args += ["--cache", host.path(spec.cache)]
+    else:
+        ctx = type("C", (), {"host": host, "plan": runner.plan})()
+        ppath, _ = await prompts_on_host(ctx, spec.prompts, upload=True)
+        args += ["--prompts", ppath]
+    if run.capsule and (host.name == run.host or spec.fetch == "direct"):
+        args += ["--train-capsule", run.capsule]  # its exit file, read by path
+    for flag, val in (("--limit", spec.max_prompts), ("--block-size", spec.block_size),
+                      ("--max-memory", spec.max_memory),
+                      ("--every", spec.every if isinstance(spec.every, int) else None),
+                      ("--baseline", host.path(spec.baseline) if spec.baseline else None)):
+        if val is not None:
+            args += [flag, val]
+    earlier = [a.step for a in runner.store.artefacts(item.id, "checkpoint")
+               if a.run_id != run.id and a.step is not None
+               and posixpath.dirname(a.path) == ckpt_dir.rstrip("/")]
+    if earlier:  # a resumed run writes on in the same dir: its earlier steps are not its own
+        args += ["--after", max(earlier)]
+    cap = jobs.capsule_path(host, capsule_id(run.id))
+    return Launch(py_module(py, "core.ml.watcher", *args), env={"PYTHONUNBUFFERED": "1"},
+                  cwd=cap)
+
+
+async def missing_inputs(ctx, spec) -> str | None:
+    """What the detached watcher's host lacks (the target, the feature cache, the baseline),
+    said with what to do; None when all is there. Checked before the train run launches."""
+    spec = parse_watch(spec)
+    where = spec.eval_host(ctx.item.action.host)
+    host = await ctx.connected(where)
+    need = [(spec.target, "config.json", "target",
+             "relay it there or point watch_eval.target at it")]
+    if spec.mode == "offline":
+        need.append((spec.cache, "manifest.json", "feature cache",
+                     f"relay it there once (a relay item) or extract it on {where} "
+                     "(an extract_hidden item), and make this item need it"))
+    if spec.baseline:
+        need.append((spec.baseline, "config.json", "baseline drafter",
+                     "relay it there or drop watch_eval.baseline"))
+    for path, marker, what, todo in need:
+        full = host.path(path)
+        if await host.stat(posixpath.join(full, marker)) is None:
+            return (f"watch_eval: {where} has no {what} at {full} (no {marker}): {todo}; the "
+                    f"tau watcher runs on {where}")
+    return None
+
+
+CLAIM_S = 60.0
+"""A watcher claimed as starting this recently is another specdeck's to start."""
+
+
+async def ensure_started(runner, item, run: Run, spec, ckpt_dir: str | None, *,
+                         mine: bool = False) -> TauWatcher | None:
+    """Start the run's watcher unless it was started (by this or another specdeck: the
+    store's claim decides; ``mine``: this process just claimed it)."""
+    spec = parse_watch(spec)
+    where = spec.eval_host(item.action.host)
+    known = runner.store.watcher(run.id)
+    if known is not None and known.state == "starting" and not mine \
+            and time.time() - (known.at or 0) < CLAIM_S:
+        return known  # claimed a moment ago by another specdeck, which is starting it
+    if known is None:
+        if not ckpt_dir:
+            runner.emit(Notice(item.id, f"{item.id}: watch_eval: the run's checkpoint dir is "
+                               "unknown (an adopted run: set the train item's out:)", "error"))
+            return None
+        host = await runner.host(where)
+        cap = jobs.capsule_path(host, capsule_id(run.id))
+        if not runner.store.watcher_claim(run.id, item.id, where, cap, ckpt_dir):
+            known = runner.store.watcher(run.id)
+    if known is not None and known.state != "starting":
+        return known
+    row = known or runner.store.watcher(run.id)
+    host = await runner.host(where)
+    st = await jobs.inspect(host, row.capsule)
+    if st.state in ("missing", "nopid"):
+        launch = await command(runner, spec, item, run, row.ckpt_dir, host)
+        info = await jobs.start(host, capsule_id(run.id), launch)
+        runner.store.journal("watch_started", f"watcher started on {where} (pid {info['pid']}): "
+                             f"tau at each checkpoint of {row.ckpt_dir}", item_id=item.id,
+                             run_id=run.id, host=where)
+        runner.emit(Notice(item.id, f"{item.id}: tau watcher started on {where} "
+                           f"({spec.mode}, {spec.device})"))
+    runner.store.watcher_update(run.id, state="watching")
+    return runner.store.watcher(run.id)
+
+
+async def ingest(runner, item, run_id: str, spec, *, away: bool = False) -> list[int]:
+    """Store every result the watcher wrote that is not stored yet; update its state.
+    ``away``: these were evaluated while no specdeck looked (journal them as such)."""
+    w = runner.store.watcher(run_id)
+    if w is None:
+        return []
+    host = await runner.host(w.host)
+    results = posixpath.join(w.capsule, "results")
+    have = {e["step"] for e in runner.store.watch_entries(run_id)
+            if e["state"] in ("done", "failed", "skipped")}
+    steps = []
+    for name in (await host.listdir(results) if await host.stat(results) else []):
+        if name.startswith("step_") and name.endswith(".json"):
+            try:
+                steps.append(int(name[5:-5]))
+            except ValueError:
+                continue
+    watcher = Watcher(runner, item, run_id, spec)
+    new: list[tuple[int, dict]] = []
+    for step in sorted(s for s in steps if s not in have):
+        raw = await host.read_from(posixpath.join(results, f"step_{step}.json"), 0, 1 << 28)
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            continue  # renamed into place whole: only a foreign file can be torn
+        res = rec.get("result") or {}
+        if rec.get("state") == "done" and res.get("tau") is not None:
+            metrics, rows = watcher.result_rows(step, res, rec.get("baseline"))
+            stored = runner.store.watch_ingest(run_id, item.id, step, state="done",
+                                               tau=float(res["tau"]), host=w.host,
+                                               capsule=w.capsule, metrics=metrics,
+                                               eval_rows=rows)
+        else:
+            err = rec.get("error") or "the watcher recorded no result"
+            stored = runner.store.watch_ingest(run_id, item.id, step, state="failed",
+                                               error=str(err)[:2000], host=w.host,
+                                               capsule=w.capsule)
+            if stored:
+                runner.store.journal("watch_failed", f"tau eval of step {step} failed: {err}",
+                                     item_id=item.id, run_id=run_id, host=w.host)
+        if stored:
+            new.append((step, rec))
+    for step, rec in new:
+        if rec.get("state") == "done":
+            watcher.alerts_at(step)  # over the curve as it was at that step
+            if not away:
+                tau = rec["result"]["tau"]
+                runner.emit(Notice(item.id, f"{item.id}: tau {tau:.3f} at step {step} "
+                                   f"({watcher.mode}, on {w.host}, detached)"))
+        else:
+            runner.emit(Notice(item.id, f"{item.id}: tau eval of step {step} failed: "
+                               f"{rec.get('error')}", "error"))
+    if new and away:
+        done = [(s, r["result"]["tau"]) for s, r in new if r.get("state") == "done"]
+        failed = [s for s, r in new if r.get("state") != "done"]
+        msg = (f"evaluated while specdeck was away: "
+               + (f"tau at steps {', '.join(str(s) for s, _ in done)} "
+                  f"({done[0][1]:.3f} -> {done[-1][1]:.3f})" if done else "no tau")
+               + (f"; failed at steps {', '.join(map(str, failed))}" if failed else ""))
+        runner.store.journal("watch_meanwhile", msg, item_id=item.id, run_id=run_id,
+                             host=w.host, data={"done": [s for s, _ in done],
+                                                   "failed": failed})
+        runner.emit(Notice(item.id, f"meanwhile: {item.id}: {msg}"))
+    await _refresh(runner, w, host)
+    return [s for s, _ in new]
+
+
+async def _refresh(runner, w: TauWatcher, host) -> None:
+    """The watcher's state from its status.json and its capsule."""
+    raw = await host.read_from(posixpath.join(w.capsule, "status.json"), 0, 1 << 20)
+    try:
+        doc = json.loads(raw) if raw else {}
+    except ValueError:
+        doc = {}
+    st = await jobs.inspect(host, w.capsule)
+    state = doc.get("state") or w.state
+    if st.state == "ended":
+        state = state if state in ("ended", "stopped", "failed") else (
+            "ended" if st.exit_code == 0 else "failed")
+    elif st.state == "lost":
+        state = "lost"
+    elif state in ENDED:  # said so, its process is still exiting
+        state = "ending"
+    err = doc.get("error")
+    if st.state == "ended" and st.signal and state == "failed":
+        err = f"watcher killed by signal {st.signal}"
+    elif state == "lost":
+        err = "watcher gone (no exit status: the host rebooted, or it was killed with its wrapper)"
+    elif state == "failed" and not err:
+        err = f"watcher exited {st.exit_code}"
+    runner.store.watcher_update(w.run_id, state=state, current=doc.get("current"),
+                                last_step=doc.get("last_step", w.last_step),
+                                queue=doc.get("queue", []), error=err)
+    if state in ENDED and w.state not in ENDED:
+        runner.store.journal("watch_ended", f"watcher {state}" + (f": {err}" if err else ""),
+                             item_id=w.item_id, run_id=w.run_id, host=w.host)
+        if state in ("failed", "lost"):
+            runner.emit(Notice(w.item_id, f"{w.item_id}: tau watcher on {w.host} "
+                               f"{state}" + (f": {err}" if err else "") +
+                               f" (its log: {w.capsule}/log)", "error"))
+
+
+MAX_RESTARTS = 3
+
+
+def _killed(w: TauWatcher | None) -> bool:
+    """Killed from outside (a signal, or gone with no exit status), not failed by itself."""
+    return w is not None and (w.state == "lost" or (
+        w.state == "failed" and "killed by signal" in (w.error or "")))
+
+
+async def restart(runner, item, run_id: str, spec) -> bool:
+    """Start a watcher that was killed (OOM, a reboot) again in its capsule: it carries on
+    from its result files. At most MAX_RESTARTS times per run; False when not restarted."""
+    done = [e for e in runner.store.events(kinds=["watch_restarted"]) if e.run_id == run_id]
+    if len(done) >= MAX_RESTARTS:
+        return False
+    w = runner.store.watcher(run_id)
+    if not runner.store.watcher_take(run_id, (w.state,), "starting"):
+        return True  # another specdeck is restarting it
+    host = await runner.host(w.host)
+    q = shlex.quote(w.capsule)
+    await host.run(f"rm -f {q}/exit {q}/pid {q}/status.json", check=True)
+    runner.store.journal("watch_restarted", f"watcher restarted ({w.error})",
+                         item_id=item.id, run_id=run_id, host=w.host)
+    runner.emit(Notice(item.id, f"{item.id}: tau watcher on {w.host}: {w.error}; "
+                       "started again (it carries on from its results)", "warning"))
+    await ensure_started(runner, item, runner.store.run(run_id), spec, w.ckpt_dir, mine=True)
+    return True
+
+
+async def mark_train_ended(runner, run_id: str) -> None:
+    """Tell the watcher the train run is over: it evaluates what is left, then exits."""
+    w = runner.store.watcher(run_id)
+    if w is None or w.state in ENDED:
+        return
+    host = await runner.host(w.host)
+    await host.write_file(posixpath.join(w.capsule, "train_ended"), b"")
+
+
+async def request_stop(runner, run_id: str) -> bool:
+    """Ask the run's watcher to end after its current eval (a ``stop`` file)."""
+    w = runner.store.watcher(run_id)
+    if w is None or w.state in ENDED:
+        return False
+    host = await runner.host(w.host)
+    await host.write_file(posixpath.join(w.capsule, "stop"), b"")
+    runner.store.journal("watch_stop_requested", "watcher stop requested (after the current "
+                         "eval)", item_id=w.item_id, run_id=run_id, host=w.host)
+    return True
+
+
+async def follow(runner, item, run_id: str, spec, train_done: asyncio.Event, *,
+                 wait: bool = True, every: float = 1.0) -> None:
+    """Ingest while the train run goes on; once it has ended, tell the watcher and (``wait``)
+    ingest until the watcher has ended too."""
+    first = True
+    while True:
+        ended = train_done.is_set()
+        await ingest(runner, item, run_id, spec, away=first)
+        first = False
+        w = runner.store.watcher(run_id)
+        if _killed(w) and await restart(runner, item, run_id, spec):
+            continue
+        if w is None or w.state in ENDED:
+            if w is not None:
+                await ingest(runner, item, run_id, spec)  # what it wrote last
+            return
+        if ended:
+            await mark_train_ended(runner, run_id)
+            if not wait:
+                return
+        try:
+            await asyncio.wait_for(train_done.wait() if not ended else asyncio.sleep(every),
+                                   every)
+        except asyncio.TimeoutError:
+            pass
+
+
+async def reconcile(runner, *, follow_: bool = False, ids=None, hosts=None) -> None:
+    """Watchers still live whose train run has ended (specdeck was away at its end): ingest
+    what they wrote, tell them the run is over, and (``follow_``) wait until they end."""
+    tasks = []
+    for w in runner.store.watchers(live=True):
+        run = runner.store.run(w.run_id)
+        if run is None or run.live:
+            continue  # its train run's follower handles it
+        if (ids is not None and w.item_id not in set(ids)) or (
+                hosts is not None and w.host not in set(hosts)):
+            continue
+        try:
+            item = runner.plan.item(w.item_id)
+        except Exception:  # noqa: BLE001 - the item left the plan
+            continue
+        spec = getattr(runner.action(item).params, "watch_eval", None) if runner.action(item) \
+            else None
+        if spec is None:
+            continue
+        done = asyncio.Event()
+        done.set()
+        tasks.append(follow(runner, item, w.run_id, spec, done, wait=follow_))
+    for t in tasks:
+        try:
+            await t
+        except Exception as e:  # noqa: BLE001 - a watcher's trouble never breaks reconcile
+            from core.faults import describe_fault
+
+            runner.emit(Notice(None, f"tau watcher: {describe_fault(e)}", "warning"))
+
+
+def status_of(store, run_id: str | None) -> dict | None:
+    """The watcher of a run for ``status --json``: state, last step evaluated, queue."""
+    w = store.watcher(run_id) if run_id else None
+    if w is None:
+        return None
+    entries = store.watch_entries(run_id)
+    return {"host": w.host, "state": w.state, "current": w.current,
+            "last_step": w.last_step, "queue": list(w.queue or []),
+            "evaluated": [e["step"] for e in entries if e["state"] == "done"],
+            "failed": [e["step"] for e in entries if e["state"] == "failed"],
+            "error": w.error, "capsule": w.capsule}

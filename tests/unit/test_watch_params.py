@@ -1,0 +1,139 @@
+"""watch_eval's typed params (placement, fetch, backfill), console-driven backfill, and the
+store's exactly-once ingest of a detached watcher's results."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from core.store import Store
+from core.watch import Watcher, parse_watch
+from tests.conftest import run_cli
+
+
+def plan_file(tmp_path, watch: str) -> str:
+    p = tmp_path / "p.yaml"
+    p.write_text(f"""name: w
+hosts:
+  gpu: {{local: true, workdir: {tmp_path}/gpu}}
+  ev: {{local: true, workdir: {tmp_path}/ev}}
+items:
+  - id: train
+    content: t
+    action:
+      kind: train
+      host: gpu
+      params:
+        command: "echo hi"
+        watch_eval: {watch}
+""")
+    return str(p)
+
+
+@pytest.mark.parametrize("watch,field,words", [
+    ("{target: t, on: eval, cache: c}", "watch_eval.host", "on: eval needs host"),
+    ("{target: t, on: eval, host: ev, cache: c, fetch: relay}", "watch_eval.fetch",
+     "on: eval reads checkpoints by path"),
+    ("{target: t, host: ev, mode: online, fetch: direct}", "watch_eval.fetch",
+     "a direct fetch needs on: eval"),
+    ("{target: t, cache: c, backfill: true}", "watch_eval.backfill", "backfill is for on: console"),
+    ("{target: t, on: train, host: ev, cache: c}", "watch_eval.host",
+     "on: train runs on the training host 'gpu'"),
+    ("{target: t, on: everywhere, cache: c}", "watch_eval.on", "must be 'train' | 'eval' | 'console'"),
+    ("{target: t, cache: c, alerts: {drop_pct: lots}}", "watch_eval.alerts.drop_pct",
+     "must be number"),
+    ("{target: t, host: nowhere, mode: online}", "watch_eval.host", "unknown host 'nowhere'"),
+    ("{target: t, cache: c, device: gpu0}", "watch_eval.device", "cpu, auto, cuda or cuda:N"),
+    ("{target: t, host: ev, mode: online, device: cuda}", "watch_eval.device",
+     "device is for a detached watcher"),
+])
+def test_bad_watch_eval_is_named_by_field_and_exits_2(tmp_path, watch, field, words):
+    res = run_cli("validate", plan_file(tmp_path, watch))
+    assert res.returncode == 2, res.stderr
+    assert f"field 'action.params.{field}'" in res.stderr and words in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_yaml_bare_on_key_and_placement_defaults(tmp_path):
+    # YAML 1.1 reads `on:` as true: it still means the field
+    res = run_cli("validate", plan_file(tmp_path, "{target: t, on: eval, host: ev, cache: c}"))
+    assert res.returncode == 0, res.stderr
+    assert parse_watch({"target": "t", "cache": "c"}).placement("gpu") == "train"
+    assert parse_watch({"target": "t", "cache": "c", "host": "gpu"}).placement("gpu") == "train"
+    # another host named without on: the console-driven relay, as before
+    assert parse_watch({"target": "t", "cache": "c", "host": "ev"}).placement("gpu") == "console"
+    assert parse_watch({"target": "t", "mode": "online", "host": "ev"}).placement("gpu") == "console"
+    p = parse_watch({"target": "t", "cache": "c", "host": "ev", "on": "eval"})
+    assert (p.placement("gpu"), p.eval_host("gpu")) == ("eval", "ev")
+    assert parse_watch({"target": "t", "cache": "c"}).eval_host("gpu") == "gpu"
+
+
+def _watcher(backfill: bool):
+    store = Store(":memory:")
+    runner = SimpleNamespace(store=store, emit=lambda e: None)
+    spec = {"host": "ev", "target": "t", "mode": "online", "backfill": backfill}
+    w = Watcher(runner, SimpleNamespace(id="train"), "r1", spec)
+    for step in (10, 20, 30):
+        store.watch_add("r1", "train", step)
+    return w, store
+
+
+def test_console_backfill_takes_the_oldest_and_skips_none():
+    w, store = _watcher(True)
+    assert w._next()["step"] == 10
+    assert {e["state"] for e in store.watch_entries("r1")} == {"pending"}
+    w, store = _watcher(False)  # without it: the newest, the others recorded skipped
+    assert w._next()["step"] == 30
+    assert [e["state"] for e in store.watch_entries("r1")] == ["skipped", "skipped", "pending"]
+
+
+def test_ingest_stores_a_step_once_with_its_rows(tmp_path):
+    a, b = Store(tmp_path / "s.db"), Store(tmp_path / "s.db")  # two specdecks on one file
+    rows = [{"run_id": "r1", "item_id": "train", "drafter": "train", "role": "drafter",
+             "prompt_id": "p0", "tau": 2.5, "step": 20}]
+    kw = dict(state="done", tau=2.5, metrics=[(20, "tau", 2.5)], eval_rows=rows)
+    assert a.watch_ingest("r1", "train", 20, **kw) is True
+    assert b.watch_ingest("r1", "train", 20, **kw) is False
+    assert a.watch_ingest("r1", "train", 20, **kw) is False
+    assert len(b.eval_results("train")) == 1 and b.metric_series("r1", "tau") == [(20, 2.5)]
+    assert [(e["step"], e["state"]) for e in b.watch_entries("r1")] == [(20, "done")]
+    # a failed step is an outcome too: stored once, with its error
+    assert b.watch_ingest("r1", "train", 40, state="failed", error="boom") is True
+    assert a.watch_ingest("r1", "train", 40, state="failed", error="boom") is False
+    assert a.watch_entries("r1")[1]["error"] == "boom"
+    assert json.loads(json.dumps(a.watch_entries("r1")))  # plain rows
+
+
+def test_readme_watch_eval_example_parses():
+    import yaml
+
+    from tests.conftest import ROOT
+
+    doc = (ROOT / "plans" / "README.md").read_text()
+    block = doc[doc.index("```yaml\nwatch_eval:") + 8:]
+    spec = parse_watch(yaml.safe_load(block.split("```", 1)[0])["watch_eval"])
+    assert spec.placement("kpro6") == "train" and spec.validate() == []
+
+
+def test_a_missing_cache_on_the_watcher_host_blocks_the_launch_naming_it(tmp_path):
+    plan = plan_file(tmp_path, "{target: models/t, cache: feats/coding}")
+    (tmp_path / "gpu/models/t").mkdir(parents=True)
+    (tmp_path / "gpu/models/t/config.json").write_text("{}")
+    env = {"SPECDECK_STATE": str(tmp_path / "s.db")}
+    res = run_cli("run", plan, "train", env=env)
+    assert res.returncode == 1, res.stderr
+    assert (f"watch_eval: gpu has no feature cache at {tmp_path}/gpu/feats/coding (no "
+            "manifest.json): relay it there once") in res.stderr
+    assert Store(tmp_path / "s.db").latest_run("train") is None  # nothing was launched
+
+
+def test_only_one_specdeck_takes_a_killed_watcher_to_restart_it(tmp_path):
+    a, b = Store(tmp_path / "s.db"), Store(tmp_path / "s.db")
+    assert a.watcher_claim("r1", "train", "gpu", "/c", "/out")
+    assert not b.watcher_claim("r1", "train", "gpu", "/c", "/out")  # one watcher per run
+    a.watcher_update("r1", state="lost", queue=[40])
+    assert a.watcher_take("r1", ("lost",), "starting") is True
+    assert b.watcher_take("r1", ("lost",), "starting") is False
+    assert b.watcher("r1")["state"] == "starting" and json.loads(b.watcher("r1")["queue"]) == [40]
