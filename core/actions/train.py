@@ -36,7 +36,7 @@ from core.actions import fit
 from core.actions.fit import deep_set
 from core.faults import describe_fault
 from core.actions.mlbase import host_python, ml_failure
-from core.metrics_sources import MetricsParams, baseline_sources, line_metrics
+from core.metrics_sources import MetricsParams, line_metrics
 from core.records import Run
 from core.watch import WatchEvalParams
 

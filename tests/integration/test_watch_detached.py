@@ -99,15 +99,15 @@ def check_series(state, steps=STEPS):
     """tau stored for every checkpoint, each once, as metrics and eval rows."""
     s = Store(state)
     run = s.latest_run("train")
-    entries = s.watch_entries(run["id"])
+    entries = s.watch_entries(run.id)
     want = list(range(EVERY, steps + 1, EVERY))
     assert [(e["step"], e["state"]) for e in entries] == [(st, "done") for st in want], entries
-    assert [st for st, _ in s.metric_series(run["id"], "tau")] == want
-    rows = [r for r in s.eval_results("train") if r["role"] == "drafter"]
-    per_step = {st: sorted(r["prompt_id"] for r in rows if r["step"] == st) for st in want}
+    assert [st for st, _ in s.metric_series(run.id, "tau")] == want
+    rows = [r for r in s.eval_results("train") if r.role == "drafter"]
+    per_step = {st: sorted(r.prompt_id for r in rows if r.step == st) for st in want}
     n = len(per_step[want[0]])
     assert n >= 1 and all(len(v) == n and len(set(v)) == n for v in per_step.values()), per_step
-    assert {r["step"] for r in rows} == set(want)
+    assert {r.step for r in rows} == set(want)
     return s, run
 
 
@@ -119,9 +119,9 @@ def test_killed_at_launch_then_attach_after_the_end_stores_every_step_once(
     kill_when(spawn(["run", plan, "--all"], state), "train: started run")
     s = Store(state)
     run = s.live_run("train")
-    assert run is not None and s.watcher(run["id"]) is not None  # started with the run
+    assert run is not None and s.watcher(run.id) is not None  # started with the run
     s.close()
-    train_cap, watch_cap = capsules(wd, run["id"])
+    train_cap, watch_cap = capsules(wd, run.id)
     assert wait_exit(train_cap) == "exit 0"
     assert wait_exit(watch_cap) == "exit 0"  # it ended by itself, no specdeck running
     written = sorted(int(p.stem[5:]) for p in (watch_cap / "results").glob("step_*.json"))
@@ -130,8 +130,8 @@ def test_killed_at_launch_then_attach_after_the_end_stores_every_step_once(
     assert res.returncode == 0, res.stderr[-3000:]
     assert "evaluated while specdeck was away: tau at steps 20, 40, 60, 80, 100" in res.stderr
     s, run = check_series(state)
-    assert s.run(run["id"])["state"] == "succeeded"
-    assert [e["kind"] for e in s.events(kinds=["watch_meanwhile"])] == ["watch_meanwhile"]
+    assert s.run(run.id).state == "succeeded"
+    assert [e.kind for e in s.events(kinds=["watch_meanwhile"])] == ["watch_meanwhile"]
     s.close()
     res = run_cli("compare", plan, "--step", "60", "--json", env={"SPECDECK_STATE": str(state)})
     assert res.returncode == 0, res.stderr
@@ -159,8 +159,8 @@ def test_killed_and_restarted_twice_during_training_no_duplicate_no_missing_step
     res = run_cli("attach", plan, env={"SPECDECK_STATE": str(state)}, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     s, run = check_series(state)
-    assert s.run(run["id"])["state"] == "succeeded"
-    assert s.watcher(run["id"])["state"] == "ended"
+    assert s.run(run.id).state == "succeeded"
+    assert s.watcher(run.id).state == "ended"
 
 
 def test_stopping_the_train_item_ends_its_watcher(sshd_factory, tiny_models, tmp_path):
@@ -172,7 +172,7 @@ def test_stopping_the_train_item_ends_its_watcher(sshd_factory, tiny_models, tmp
     run = Store(state).live_run("train")
     res = run_cli("stop", plan, "train", "--yes", env={"SPECDECK_STATE": str(state)}, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
-    _, watch_cap = capsules(wd, run["id"])
+    _, watch_cap = capsules(wd, run.id)
     assert wait_exit(watch_cap, 120) == "exit 0"
     assert json.loads((watch_cap / "status.json").read_text())["state"] == "stopped"
     doc = json.loads(run_cli("status", plan, "--json",
@@ -191,9 +191,9 @@ def test_on_the_eval_host_reading_checkpoints_by_path(sshd_factory, tiny_models,
     res = run_cli("run", plan, "--all", env={"SPECDECK_STATE": str(state)}, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     s, run = check_series(state, 2 * EVERY)
-    w = s.watcher(run["id"])
-    assert w["host"] == "ct129" and w["state"] == "ended"
-    assert w["capsule"].startswith(str(tmp_path / "ct129"))  # it ran on the eval host
+    w = s.watcher(run.id)
+    assert w.host == "ct129" and w.state == "ended"
+    assert w.capsule.startswith(str(tmp_path / "ct129"))  # it ran on the eval host
     assert not (wd / ".specdeck/runs" / f"{run['id']}-watch").exists()
 
 
@@ -205,7 +205,7 @@ def test_run_ended_while_away_status_does_not_wait_and_attach_follows_the_watche
     env = {"SPECDECK_STATE": str(state)}
     kill_when(spawn(["run", plan, "--all"], state), "train: started run")
     run = Store(state).live_run("train")
-    train_cap, watch_cap = capsules(wd, run["id"])
+    train_cap, watch_cap = capsules(wd, run.id)
     assert wait_exit(train_cap) == "exit 0"
     # right after training ended the watcher is usually still on its last checkpoints:
     # status finishes the run and stores what is there, without waiting for the rest
@@ -218,7 +218,7 @@ def test_run_ended_while_away_status_does_not_wait_and_attach_follows_the_watche
     res = run_cli("attach", plan, env=env, timeout=300)  # follows the watcher to its end
     assert res.returncode == 0, res.stderr[-3000:]
     s, _ = check_series(state, 3 * EVERY)
-    assert s.watcher(run["id"])["state"] == "ended" and (watch_cap / "exit").exists()
+    assert s.watcher(run.id).state == "ended" and (watch_cap / "exit").exists()
 
 
 def test_a_killed_watcher_is_started_again_and_carries_on(sshd_factory, tiny_models, tmp_path):
@@ -232,13 +232,13 @@ def test_a_killed_watcher_is_started_again_and_carries_on(sshd_factory, tiny_mod
         if "detached)" in line:
             break
     run = Store(state).live_run("train")
-    _, watch_cap = capsules(wd, run["id"])
+    _, watch_cap = capsules(wd, run.id)
     os.killpg(int((watch_cap / "pid").read_text().split()[0]), signal.SIGKILL)
     rest = proc.stderr.read()
     assert proc.wait(600) == 0, rest[-3000:]
     assert "tau watcher on kpro6: watcher killed by signal KILL; started again" in rest
     s, run = check_series(state)
-    assert [e["kind"] for e in s.events(kinds=["watch_restarted"])] == ["watch_restarted"]
+    assert [e.kind for e in s.events(kinds=["watch_restarted"])] == ["watch_restarted"]
 
 
 async def test_an_adopted_run_gets_its_watcher(tiny_models, tmp_path):
@@ -274,9 +274,9 @@ async def test_an_adopted_run_gets_its_watcher(tiny_models, tmp_path):
         await asyncio.wait_for(adopt_item(runner, runner.plan.item("train-v4"),
                                           AdoptSpec(pid=proc.pid, log=str(wd / "train.log"))), 120)
         run = store.latest_run("train-v4")
-        w = store.watcher(run["id"])
-        assert w["host"] == "gpu" and w["ckpt_dir"] == str(wd / "out") and w["state"] == "ended"
-        entries = store.watch_entries(run["id"])
+        w = store.watcher(run.id)
+        assert w.host == "gpu" and w.ckpt_dir == str(wd / "out") and w.state == "ended"
+        entries = store.watch_entries(run.id)
         assert [(e["step"], e["state"]) for e in entries] == [(10, "failed"), (20, "failed")]
         assert all("step_" in e["error"] and "torch checkpoint" in e["error"] for e in entries)
     finally:

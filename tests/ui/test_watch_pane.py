@@ -6,6 +6,7 @@ from __future__ import annotations
 from console import messages as m
 from console.screens.journal import meanwhile_summary
 from console.widgets.item_detail import ItemDetail
+from core.records import Event
 from tests.ui.conftest import build, settle
 
 
@@ -35,8 +36,8 @@ async def test_item_pane_shows_the_watcher(campaign):
 
 def test_meanwhile_summary_lists_watch_evals_without_counting_them_as_runs():
     lines, title, ok = meanwhile_summary([], [
-        {"kind": "run_succeeded", "item_id": "t", "run_id": "r", "message": "succeeded"},
-        {"kind": "watch_meanwhile", "item_id": "t", "run_id": "r",
-         "message": "evaluated while specdeck was away: tau at steps 20, 40"}])
+        Event(id=1, at=0.0, kind="run_succeeded", item_id="t", run_id="r", message="succeeded"),
+        Event(id=2, at=0.0, kind="watch_meanwhile", item_id="t", run_id="r",
+              message="evaluated while specdeck was away: tau at steps 20, 40")])
     assert title == "While the console was closed: 1 succeeded" and ok
     assert any("tau at steps 20, 40" in x for x in lines)

@@ -35,7 +35,7 @@ def evaluate(w: Watcher, step: int, taus: list[float], loss: float) -> None:
     w.store.watch_add(RUN, "train-v5", step)
     w._record(step, res, None)
     w.store.watch_update(RUN, step, state="done", tau=res["tau"])
-    w._alerts(step)
+    w.alerts_at(step)
 
 
 def alerts(w):

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from core.records import EvalRow
 from core.store import Store
 from core.watch import Watcher, parse_watch
 from tests.conftest import run_cli
@@ -91,8 +92,8 @@ def test_console_backfill_takes_the_oldest_and_skips_none():
 
 def test_ingest_stores_a_step_once_with_its_rows(tmp_path):
     a, b = Store(tmp_path / "s.db"), Store(tmp_path / "s.db")  # two specdecks on one file
-    rows = [{"run_id": "r1", "item_id": "train", "drafter": "train", "role": "drafter",
-             "prompt_id": "p0", "tau": 2.5, "step": 20}]
+    rows = [EvalRow(run_id="r1", item_id="train", drafter="train", role="drafter",
+                    prompt_id="p0", tau=2.5, step=20)]
     kw = dict(state="done", tau=2.5, metrics=[(20, "tau", 2.5)], eval_rows=rows)
     assert a.watch_ingest("r1", "train", 20, **kw) is True
     assert b.watch_ingest("r1", "train", 20, **kw) is False
@@ -136,4 +137,4 @@ def test_only_one_specdeck_takes_a_killed_watcher_to_restart_it(tmp_path):
     a.watcher_update("r1", state="lost", queue=[40])
     assert a.watcher_take("r1", ("lost",), "starting") is True
     assert b.watcher_take("r1", ("lost",), "starting") is False
-    assert b.watcher("r1")["state"] == "starting" and json.loads(b.watcher("r1")["queue"]) == [40]
+    assert b.watcher("r1").state == "starting" and b.watcher("r1").queue == [40]
