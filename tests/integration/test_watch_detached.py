@@ -154,8 +154,34 @@ def test_killed_and_restarted_twice_during_training_no_duplicate_no_missing_step
     plan, wd = make_plan(tmp_path, tiny_models, gpu)
     state = tmp_path / "s.db"
     kill_when(spawn(["run", plan, "--all"], state), "train: started run")
-    kill_when(spawn(["attach", plan], state), "detached)")  # killed once a step is stored
-    kill_when(spawn(["attach", plan], state), "detached)")  # and again
+    run = Store(state).latest_run("train")
+    train_cap, _ = capsules(wd, run.id)
+    deadline = time.monotonic() + 60
+    while not (train_cap / "pid").exists():
+        assert time.monotonic() < deadline, "the train run wrote no pid"
+        time.sleep(0.1)
+    pgid = int((train_cap / "pid").read_text().split()[0])  # a capsule is its own group
+    # The trainer is paused while each specdeck starts and is killed, so both kills land
+    # while the run trains (however fast the tiny model is); between them it writes one
+    # more checkpoint while no specdeck runs.
+    def checkpoints() -> int:
+        return len(list((train_cap / "out").glob("step_*.pt")))
+
+    os.killpg(pgid, signal.SIGSTOP)
+    try:
+        for _ in range(2):
+            kill_when(spawn(["attach", plan], state), "train: attached to run")
+            assert not (train_cap / "exit").exists()  # it was still training
+            have = checkpoints()
+            os.killpg(pgid, signal.SIGCONT)
+            deadline = time.monotonic() + 300
+            while checkpoints() == have:
+                assert time.monotonic() < deadline, "no checkpoint while no specdeck ran"
+                time.sleep(0.02)
+            os.killpg(pgid, signal.SIGSTOP)
+        assert checkpoints() < STEPS // EVERY  # both restarts came before the last one
+    finally:
+        os.killpg(pgid, signal.SIGCONT)
     res = run_cli("attach", plan, env={"SPECDECK_STATE": str(state)}, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     s, run = check_series(state)
@@ -194,7 +220,7 @@ def test_on_the_eval_host_reading_checkpoints_by_path(sshd_factory, tiny_models,
     w = s.watcher(run.id)
     assert w.host == "ct129" and w.state == "ended"
     assert w.capsule.startswith(str(tmp_path / "ct129"))  # it ran on the eval host
-    assert not (wd / ".specdeck/runs" / f"{run['id']}-watch").exists()
+    assert not (wd / ".specdeck/runs" / f"{run.id}-watch").exists()
 
 
 def test_run_ended_while_away_status_does_not_wait_and_attach_follows_the_watcher(
@@ -245,7 +271,7 @@ async def test_an_adopted_run_gets_its_watcher(tiny_models, tmp_path):
     """A run started by hand and adopted: its watcher starts at the adoption and records each
     checkpoint (these are not torch files: each eval fails, is recorded, the next follows)."""
     from core.adopt import AdoptSpec, adopt_item
-    from core.plan import parse_plan
+    from core.planfile import parse_plan
     from core.runner import Runner
 
     wd = tmp_path / "wd"
