@@ -23,7 +23,8 @@ runs, and from then on it is like any other:
 
 The runner sees an adopted run through :class:`Adopted`, which wraps the item's action
 (so a train item keeps its metrics, checkpoint events and ``watch_eval``) and replaces how
-the run is inspected, followed and stopped.
+the run is inspected, followed and stopped. The functions that take ``runner`` are given
+the :class:`core.runner.Runner` (not imported here: the runner imports this module).
 
 **Never twice.** An item whose status is ``in_progress`` with no run specdeck knows (it was
 started outside specdeck) is never launched: :func:`unadopted` says why and which ``adopt``
@@ -50,7 +51,6 @@ from core.errors import ActionFailed, InvalidInput
 if TYPE_CHECKING:
     from core.plan import Item
     from core.records import Run
-    from core.runner import Runner
 
 HOWS = ("pid", "slurm", "tmux")
 _BOOT = "$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo noboot)"
@@ -128,7 +128,7 @@ def adopt_hint(plan, item_id: str) -> str:
             f"{item_id} pending` if nothing runs")
 
 
-def unadopted(runner: "Runner", item: "Item") -> str | None:
+def unadopted(runner, item: "Item") -> str | None:
     """Why ``item`` must not be launched now (a run started outside specdeck), or None."""
     st = runner.statuses()
     if st.get(item.id) == "in_progress" and item.adopt is None \
@@ -143,7 +143,7 @@ def unadopted(runner: "Runner", item: "Item") -> str | None:
     return None
 
 
-def from_plan(runner: "Runner", item: "Item") -> bool:
+def from_plan(runner, item: "Item") -> bool:
     """Adopt the run the item's ``adopt:`` names (instead of launching one): while it is
     in_progress, or before specdeck has run it at all; a rerun after its end launches."""
     return item.adopt is not None and (
@@ -316,7 +316,7 @@ async def probe(runner, host, spec: AdoptSpec) -> dict:
 
 
 # -- adopting ----------------------------------------------------------------------------
-async def adopt_item(runner: "Runner", item: "Item", spec: AdoptSpec, *,
+async def adopt_item(runner, item: "Item", spec: AdoptSpec, *,
                      host_name: str | None = None, follow: bool = True) -> str:
     """Make what ``spec`` names the item's live run; follow it (``follow``) until it ends.
 
