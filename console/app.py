@@ -327,9 +327,9 @@ class SpecdeckApp(App[int]):
 
     async def _open(self) -> None:
         live = await self.services.open_session(reconcile=self._reconcile)
-        if self._reconcile and hasattr(type(self.runner), "reconcile_on_reconnect"):
-            # (a core that lets callers turn it on; only now, so that first connections
-            # do not reconcile a second time what open_session just did)
+        if self._reconcile:
+            # only now, so that first connections do not reconcile a second time what
+            # open_session just did
             self.runner.reconcile_on_reconnect = True
         for run in live if self._reconcile else ():
             self._work(partial(self.services.attach, run), f"follow:{run.id}", "follow")

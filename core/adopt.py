@@ -23,7 +23,8 @@ runs, and from then on it is like any other:
 
 The runner sees an adopted run through :class:`Adopted`, which wraps the item's action
 (so a train item keeps its metrics, checkpoint events and ``watch_eval``) and replaces how
-the run is inspected, followed and stopped.
+the run is inspected, followed and stopped. The functions that take ``runner`` are given
+the :class:`core.runner.Runner` (not imported here: the runner imports this module).
 
 **Never twice.** An item whose status is ``in_progress`` with no run specdeck knows (it was
 started outside specdeck) is never launched: :func:`unadopted` says why and which ``adopt``

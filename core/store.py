@@ -122,7 +122,7 @@ def state_path_for(plan, explicit: str | None = None) -> Path:
     ``state:``, else ``$XDG_STATE_HOME/specdeck/<plan>.db``."""
     if explicit:
         return Path(explicit)
-    if not os.environ.get("SPECDECK_STATE") and getattr(plan, "state", None):
+    if not os.environ.get("SPECDECK_STATE") and plan.state:
         return Path(plan.state)
     return default_state_path(plan.name)
 

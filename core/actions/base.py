@@ -13,6 +13,12 @@ Two shapes of action exist:
   does it; it must be resumable, since specdeck can die at any point.
 
 ``check()`` answers "already done / can it run / why not" and must not change anything.
+
+A detached run goes through the hooks below (``launch``, ``inspect``, ``follow``, ``stop``,
+``metrics_regex``...), each with a default here: an action overrides the ones it does
+another way (Slurm, torchrun over several hosts, an adopted process). Every method gets an
+:class:`ActionContext`: what the action may read and record, by name; never the runner or
+the store.
 """
 
 from __future__ import annotations

@@ -87,7 +87,6 @@ class ExtractWeights(Action):
     def command(self, ctx) -> Launch:
         p = self.params
         ckpt = ctx.host.path(resolve_ref(ctx, p.checkpoint))
-        self._python = getattr(self, "_python", "python3")
         cmd = py_module(self._python, "core.ml.strip", ckpt, ctx.host.path(p.out),
                         *(["--key", p.key] if p.key else []),
                         *(["--prefix", p.prefix] if p.prefix else []),

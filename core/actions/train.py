@@ -266,15 +266,25 @@ class Train(Action):
             master = p.rdzv_host or host.address
             info = await jobs.start(host, run_id, self._node_launch(launch, 0, master, host,
                                                                     run_id))
-            for rank, name in enumerate(p.nodes, start=1):
-                node = await ctx.connected(name)
-                # Each node gets its own capsule with the config in it: nothing is assumed
-                # about a filesystem shared with node 0 (the target and features are).
-                if self.params.config:
-                    await node.write_file(f"{jobs.capsule_path(node, run_id)}/train.yaml",
-                                          self._train_yaml)
-                await jobs.start(node, run_id, self._node_launch(launch, rank, master, node,
-                                                                 run_id))
+            started = [host]
+            try:
+                for rank, name in enumerate(p.nodes, start=1):
+                    node = await ctx.connected(name)
+                    # Each node gets its own capsule with the config in it: nothing is
+                    # assumed about a filesystem shared with node 0 (the target and
+                    # features are).
+                    if self.params.config:
+                        await node.write_file(f"{jobs.capsule_path(node, run_id)}/train.yaml",
+                                              self._train_yaml)
+                    await jobs.start(node, run_id, self._node_launch(launch, rank, master,
+                                                                     node, run_id))
+                    started.append(node)
+            except BaseException:
+                # a node that cannot start fails the run: the ranks already started would
+                # wait for it forever, so they are stopped (best effort) before it ends
+                await asyncio.gather(*(jobs.stop(n, jobs.capsule_path(n, run_id), grace_s=2.0)
+                                       for n in started), return_exceptions=True)
+                raise
             return info
         return await jobs.start(host, run_id, launch)
 

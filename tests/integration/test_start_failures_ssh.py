@@ -92,3 +92,28 @@ async def test_a_host_lost_while_starting_ends_the_run_and_counts_unreachable(
     finally:
         await runner.close()
         store.close()
+
+
+def test_a_node_that_cannot_start_stops_the_ranks_already_started(sshd_factory, tmp_path):
+    # torchrun over two hosts: node 0 starts, node 1's workdir cannot exist. The run fails and
+    # node 0's rank is stopped (it would wait for its peer forever), not left behind.
+    s0, s1 = sshd_factory(2)
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x\n")
+    plan = tmp_path / "t.yaml"
+    plan.write_text(json.dumps({
+        "name": "t",
+        "hosts": {"node0": {"ssh": s0.alias, "workdir": str(tmp_path / "wd0")},
+                  "node1": {"ssh": s1.alias, "workdir": str(blocker / "wd1")}},
+        "items": [{"id": "job", "content": "two-node training",
+                   "action": {"kind": "train", "host": "node0", "params": {
+                       "command": "exec sleep 300", "launcher": "torchrun",
+                       "nodes": ["node1"], "rdzv_port": 29555}}}]}))
+    state = tmp_path / "s.db"
+    res, error = _run_and_check(plan, state)
+    assert "not-a-dir" in error
+    pids = list((tmp_path / "wd0" / ".specdeck" / "runs").glob("*/pid"))
+    assert len(pids) == 1  # node 0 did start
+    pid = int(pids[0].read_text().split()[0])
+    assert not Path(f"/proc/{pid}").exists() or \
+        Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
