@@ -52,7 +52,6 @@ if TYPE_CHECKING:
     from core.plan import Item
     from core.records import Run
 
-# ``runner`` below is the core.runner.Runner that calls in (not imported: it imports us).
 HOWS = ("pid", "slurm", "tmux")
 _BOOT = "$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo noboot)"
 UNKNOWN_EXIT = ("the adopted run ended; its exit status is unknown (specdeck did not start "

@@ -18,12 +18,6 @@ from tests.conftest import ROOT
 
 PACKAGES = ("core", "console", "bench")
 
-KNOWN_CYCLES: list[set[str]] = []
-"""Cycles another branch of this round removes; each entry must still exist (no stale one)."""
-
-KNOWN_PRIVATE: set[tuple[str, str]] = set()
-"""(reader, private name) pairs another branch of this round removes."""
-
 
 def _modules() -> dict[str, Path]:
     out = {}
@@ -184,22 +178,15 @@ def private_reaches() -> list[tuple[str, int, str, str]]:
 
 
 def test_no_import_cycle():
-    found = cycles(import_graph())
-    known = [c for c in found if any(c == k for k in KNOWN_CYCLES)]
-    new = [sorted(c) for c in found if c not in known]
-    assert not new, "import cycles (a lazy import counts too):\n" + "\n".join(
-        " <-> ".join(c) for c in new)
-    stale = [sorted(k) for k in KNOWN_CYCLES if k not in found]
-    assert not stale, f"KNOWN_CYCLES lists cycles that are gone; remove them: {stale}"
+    found = [sorted(c) for c in cycles(import_graph())]
+    assert not found, "import cycles (a lazy import counts too):\n" + "\n".join(
+        " <-> ".join(c) for c in found)
 
 
 def test_no_private_name_across_modules():
     found = private_reaches()
-    new = [f for f in found if (f[0], f[2]) not in KNOWN_PRIVATE]
-    assert not new, "private names used across modules:\n" + "\n".join(
-        f"{rel}:{line}: {how}" for rel, line, _, how in new)
-    stale = KNOWN_PRIVATE - {(f[0], f[2]) for f in found}
-    assert not stale, f"KNOWN_PRIVATE lists uses that are gone; remove them: {stale}"
+    assert not found, "private names used across modules:\n" + "\n".join(
+        f"{rel}:{line}: {how}" for rel, line, _, how in found)
 
 
 def test_the_checks_catch_what_they_claim(tmp_path):
