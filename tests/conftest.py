@@ -33,6 +33,18 @@ def run_cli(*args, cwd=None, env=None, timeout=120, input=None):
                           capture_output=True, text=True, timeout=timeout, input=input)
 
 
+def cli_until(state, *args, line: str) -> subprocess.Popen:
+    """Start ``specdeck ARGS`` on the state file ``state`` in the background and read its
+    stderr until a line holds ``line``; returns the process (still running)."""
+    env = {**os.environ, "SPECDECK_STATE": str(state), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "console.cli", *map(str, args)], env=env,
+                            stderr=subprocess.PIPE, text=True)
+    for got in proc.stderr:
+        if line in got:
+            break
+    return proc
+
+
 @pytest.fixture
 def cli():
     return run_cli

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, cli_until, run_cli
 
 
 def write_plan(tmp: Path, body: str, name: str = "p.yaml") -> Path:
@@ -226,12 +226,7 @@ items:
     action: {{kind: shell, host: here, params: {{command: "echo up; sleep 600"}}}}
 """)
     state = tmp_path / "s.db"
-    env = {**os.environ, "SPECDECK_STATE": str(state), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "console.cli", "run", str(plan), "sleeper"], env=env,
-                            stderr=subprocess.PIPE, text=True)
-    for line in proc.stderr:
-        if "│ up" in line:
-            break
+    proc = cli_until(state, "run", plan, "sleeper", line="│ up")
     res = run_cli("stop", plan, "sleeper", env={"SPECDECK_STATE": str(state)})
     assert res.returncode == 2 and "--yes" in res.stderr  # no tty, no --yes: refused
     res = run_cli("stop", plan, "sleeper", "--yes", "--grace", "5",
@@ -256,12 +251,7 @@ items:
     action: {{kind: shell, host: here, params: {{command: "echo start; sleep 3; echo end"}}}}
 """)
     state = tmp_path / "s.db"
-    env = {**os.environ, "SPECDECK_STATE": str(state), "PYTHONPATH": str(ROOT)}
-    first = subprocess.Popen([sys.executable, "-m", "console.cli", "run", str(plan), "job"], env=env,
-                             stderr=subprocess.PIPE, text=True)
-    for line in first.stderr:
-        if "│ start" in line:
-            break
+    first = cli_until(state, "run", plan, "job", line="│ start")
     second = run_cli("run", plan, "job", env={"SPECDECK_STATE": str(state)}, timeout=60)
     assert second.returncode == 0, second.stderr
     assert "is live; attaching" in second.stderr and "│ end" in second.stderr

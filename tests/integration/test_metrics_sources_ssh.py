@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from core.store import Store
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, cli_until, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -70,12 +70,7 @@ def test_tensorboard_hf_and_regex_curves_exactly_once_across_kill_9(sshd, tmp_pa
                            "regex": [r"^step (?P<step>\d+) loss=(?P<txt_loss>[\d.]+)",
                                      r"eval @ (?P<step>\d+): acc=(?P<eval_acc>[\d.]+)"]}}}}]}))
     state = tmp_path / "s.db"
-    env = {**os.environ, "SPECDECK_STATE": str(state), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "console.cli", "run", str(plan), "train"], env=env,
-                            stderr=subprocess.PIPE, text=True)
-    for line in proc.stderr:
-        if "│ step 24 " in line:
-            break
+    proc = cli_until(state, "run", plan, "train", line="│ step 24 ")
     proc.kill()  # kill -9 mid-run: some points stored, the rest not yet
     proc.wait()
     store = Store(state)

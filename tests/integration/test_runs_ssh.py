@@ -18,7 +18,7 @@ from core.events import HostStateChanged, RunEnded
 from core.planfile import parse_plan
 from core.runner import Runner
 from core.store import Store
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, cli_until, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -38,12 +38,7 @@ def test_kill_9_of_run_then_attach_stores_every_line_once(sshd, tmp_path):
     plan = ssh_plan(tmp_path, sshd.alias,
                     "for i in $(seq 1 240); do echo \"line $i\"; sleep 0.05; done")
     state = tmp_path / "s.db"
-    env = {**os.environ, "SPECDECK_STATE": str(state), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "console.cli", "run", str(plan), "job"], env=env,
-                            stderr=subprocess.PIPE, text=True)
-    for line in proc.stderr:
-        if "│ line 40" in line:
-            break
+    proc = cli_until(state, "run", plan, "job", line="│ line 40")
     proc.kill()
     proc.wait()
     res = run_cli("attach", plan, "job", env={"SPECDECK_STATE": str(state)}, timeout=60)

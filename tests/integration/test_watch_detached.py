@@ -111,15 +111,20 @@ def check_series(state, steps=STEPS):
     return s, run
 
 
-def test_killed_at_launch_then_attach_after_the_end_stores_every_step_once(
-        sshd_factory, tiny_models, tmp_path):
+def launched_then_killed(sshd_factory, tiny_models, tmp_path):
+    """The plan run by a specdeck killed (-9) right after it launched the train run."""
     (gpu,) = sshd_factory(1)
     plan, wd = make_plan(tmp_path, tiny_models, gpu)
     state = tmp_path / "s.db"
     kill_when(spawn(["run", plan, "--all"], state), "train: started run")
+    return plan, wd, state, Store(state).latest_run("train")
+
+
+def test_killed_at_launch_then_attach_after_the_end_stores_every_step_once(
+        sshd_factory, tiny_models, tmp_path):
+    plan, wd, state, run = launched_then_killed(sshd_factory, tiny_models, tmp_path)
     s = Store(state)
-    run = s.live_run("train")
-    assert run is not None and s.watcher(run.id) is not None  # started with the run
+    assert run.live and s.watcher(run.id) is not None  # started with the run
     s.close()
     train_cap, watch_cap = capsules(wd, run.id)
     assert wait_exit(train_cap) == "exit 0"
@@ -150,11 +155,7 @@ def test_killed_at_launch_then_attach_after_the_end_stores_every_step_once(
 
 def test_killed_and_restarted_twice_during_training_no_duplicate_no_missing_step(
         sshd_factory, tiny_models, tmp_path):
-    (gpu,) = sshd_factory(1)
-    plan, wd = make_plan(tmp_path, tiny_models, gpu)
-    state = tmp_path / "s.db"
-    kill_when(spawn(["run", plan, "--all"], state), "train: started run")
-    run = Store(state).latest_run("train")
+    plan, wd, state, run = launched_then_killed(sshd_factory, tiny_models, tmp_path)
     train_cap, _ = capsules(wd, run.id)
     deadline = time.monotonic() + 60
     while not (train_cap / "pid").exists():
