@@ -79,9 +79,10 @@ def block_size_mismatch(params: Any, drafter_b: int | None, baseline_b: int | No
 def train_item_block_size(plan: Any, item_id: str) -> int | None:
     """The block size a train item's core.ml.train config gives its drafter (None if unknown)."""
     item = next((it for it in plan.items if it.id == item_id), None)
-    if item is None or item.action is None or item.action.kind != "train" or item.action.params.config is None:
-        return None
-    doc = load_train_doc(plan, item.action.params)
+    params = item.action.params if item is not None and item.action is not None else None
+    if params is None or item.action.kind != "train" or params.config is None:
+        return None  # not a train item, or one whose own params are invalid (said there)
+    doc = load_train_doc(plan, params)
     if doc is None:
         return None
     drafter = doc.get("drafter") or {}

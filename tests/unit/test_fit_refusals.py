@@ -109,6 +109,17 @@ def test_eval_of_a_train_item_knows_its_block_size_at_validate(ws):
     assert res.returncode == 0, res.stderr
 
 
+def test_an_eval_of_a_train_item_whose_own_params_are_invalid_reports_those(ws):
+    """The eval's block-size check reads the train item; when that item's params did not
+    parse, validate says what is wrong with them (exit 2), it does not crash."""
+    bad = train_item()
+    bad["action"]["params"]["watch_eval"] = {"on": "elsewhere", "target": "target"}
+    res = run_cli("validate", write_plan(ws, [bad, eval_item("item:train@latest", "d16")]))
+    assert res.returncode == 2, res.stderr
+    assert "item 'train': field 'action.params.watch_eval.on'" in res.stderr
+    assert "Error" not in res.stderr  # no exception's name: a sentence about the field
+
+
 async def test_eval_preflight_on_the_host_refuses_what_validate_could_not_see(ws):
     """The baseline appears on the host only after the plan was validated: the item's preflight
     (check, on the host) refuses it and launches nothing."""
