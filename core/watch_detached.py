@@ -357,3 +357,12 @@ def status_of(store, run_id: str | None) -> dict | None:
             "evaluated": [e["step"] for e in entries if e["state"] == "done"],
             "failed": [e["step"] for e in entries if e["state"] == "failed"],
             "error": w.error, "capsule": w.capsule}
+
+
+def describe(w: dict) -> str:
+    """A watcher's :func:`status_of` in one line for a person: its state (and the step it is
+    evaluating), where, the last step evaluated, the queue, the failed steps."""
+    state = w["state"] + (f" (step {w['current']})" if w.get("current") is not None else "")
+    return (f"{state} on {w['host']} · last step {w.get('last_step') or '–'} · "
+            f"queue {len(w.get('queue') or [])}"
+            + (f" · failed {', '.join(map(str, w['failed']))}" if w.get("failed") else ""))

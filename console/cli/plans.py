@@ -88,6 +88,9 @@ def cmd_status(args) -> int:
     table(["status", "item", "priority", "action", "what", "latest run"], rows,
           title=f"plan {plan.name} ({plan.path})", styles=[st[it.id] for it in plan.items],
           wrap={4})
+    for it in plan.items:
+        if watchers.get(it.id):
+            print(sanitize(f"  tau watch {it.id}: {watch_detached.describe(watchers[it.id])}"))
     for a in alerts[-5:]:
         print(sanitize(f"  ALERT {time.strftime('%m-%d %H:%M', time.localtime(a.at))} "
                        f"{a.item_id}: {a.message}"))

@@ -20,6 +20,7 @@ from console.widgets.plan_list import GLYPHS, PRIORITY, STATUS_STYLE, status_tex
 from console.widgets.vim import scroll_keys
 from core.plan import Item, Plan, params_summary
 from core.text import sanitize
+from core.watch_detached import describe as describe_watcher
 
 RUN_STYLE = {"succeeded": "green", "failed": "bold red", "stopped": "magenta", "lost": "red",
              "interrupted": "red", "running": "bold yellow", "starting": "yellow"}
@@ -190,10 +191,7 @@ class ItemDetail(VerticalScroll):
                                       f"(pid {self.live.pid or '?'})", style="yellow"))
         w = self.watcher
         if w:
-            state = w["state"] + (f" (step {w['current']})" if w.get("current") is not None else "")
-            line = (f"{state} on {w['host']} · last step {w.get('last_step') or '–'} · "
-                    f"queue {len(w.get('queue') or [])}"
-                    + (f" · failed {', '.join(map(str, w['failed']))}" if w.get("failed") else ""))
+            line = describe_watcher(w)
             grid.add_row("tau watch", Text(sanitize(line + (f"\n{w['error']}" if w.get("error")
                                                             else ""), max_len=500),
                                            style="red" if w["state"] in ("failed", "lost")

@@ -246,6 +246,8 @@ def test_run_ended_while_away_status_does_not_wait_and_attach_follows_the_watche
     assert res.returncode == 0, res.stderr[-3000:]
     s, _ = check_series(state, 3 * EVERY)
     assert s.watcher(run.id).state == "ended" and (watch_cap / "exit").exists()
+    table = run_cli("status", plan, env={**env, "COLUMNS": "200"}).stdout  # the plain table
+    assert "tau watch train: ended on kpro6 · last step 60 · queue 0" in table, table
 
 
 def test_a_killed_watcher_is_started_again_and_carries_on(sshd_factory, tiny_models, tmp_path):
