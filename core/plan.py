@@ -145,10 +145,20 @@ class Plan:
 def params_summary(item: Item) -> dict:
     """The item's params as plain values (for status --json and the console)."""
     from core.params import to_plain
+    from core.shellvars import unsplice
 
     if item.action is None or item.action.params is None:
         return {}
-    return to_plain(item.action.params)
+
+    def shown(v):
+        if isinstance(v, str):
+            return unsplice(v)
+        if isinstance(v, dict):
+            return {k: shown(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [shown(x) for x in v]
+        return v
+    return shown(to_plain(item.action.params))
 
 
 __all__ = ["Plan", "Item", "HostSpec", "ActionSpec", "PlanIssue", "params_summary", "STATUSES",

@@ -34,6 +34,20 @@ def plan_env(variables: dict) -> dict[str, str]:
     return {env_name(k): value_text(v) for k, v in variables.items()}
 
 
+_SPLICED = re.compile(r"""'"\$\{%s([A-Za-z0-9_]*)\}"'|\$\{%s([A-Za-z0-9_]*)\}""" % (PREFIX, PREFIX))
+
+
+def unsplice(text: str) -> str:
+    """:func:`splice` read back for a person: each reference shows the plan var's name
+    (``status --json`` and the console show ``${name}``, not the environment plumbing). The
+    double quotes splice put around an unquoted reference stay: that is how it runs."""
+    def back(m: re.Match) -> str:
+        enc = next(g for g in m.groups() if g is not None)
+        name = "${" + re.sub(r"_([0-9a-f]+)_", lambda h: chr(int(h.group(1), 16)), enc) + "}"
+        return name  # inside single quotes, splice closed and reopened them around it
+    return _SPLICED.sub(back, text)
+
+
 def splice(text: str, known: Callable[[str], bool], on_undefined: Callable[[str], None]) -> str:
     """Replace each ``${name}`` of ``text`` (shell text) by a reference to its environment
     variable, written for the quoting context it stands in; ``$$`` is a literal ``$``.

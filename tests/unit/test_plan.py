@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.errors import PlanError
+from core.plan import params_summary
 from core.planfile import load_plan, parse_plan
 from tests.conftest import DATA
 
@@ -88,6 +89,22 @@ items:
     it = parse_plan(text).item("a")
     assert it.action.params.cwd == "a b/sub"
     assert it.action.params.args == ("a b",)
+
+
+def test_status_shows_shell_vars_as_the_plan_wrote_them():
+    """status --json and the console show ``${name}``, not the environment plumbing."""
+    text = """
+name: q
+hosts: {h: {local: true, workdir: /tmp}}
+vars: {msg: hi, a.b-c: x, my_ab_x: y}
+items:
+  - id: a
+    content: "x"
+    action: {kind: shell, host: h, params: {command: "echo ${msg} \\"${a.b-c}\\" '${my_ab_x}' $$HOME"}}
+"""
+    it = parse_plan(text).item("a")
+    assert "SPECDECK_VAR_" in it.action.params.command  # what runs
+    assert params_summary(it)["command"] == "echo \"${msg}\" \"${a.b-c}\" '${my_ab_x}' $HOME"
 
 
 def test_dollar_dollar_is_a_literal_dollar():
