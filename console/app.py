@@ -16,8 +16,10 @@ Runs inside the console (a relay) would be interrupted: quitting asks first.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import gc
+import signal
 import sys
 from functools import partial
 from pathlib import Path
@@ -174,6 +176,7 @@ class SpecdeckApp(App[int]):
 
     def on_mount(self) -> None:
         self._main_screen = self.screen
+        self._leave_on_signals()
         self.bridge.bind(self.post_message)
         for pane, title in (("#plan", "1 plan"), ("#detail", "5 item"), ("#logpane", "2 log"),
                             ("#metrics", "3 curves"), ("#tau", "4 tau vs baseline")):
@@ -754,9 +757,21 @@ class SpecdeckApp(App[int]):
             return
         self._leave()
 
-    def _leave(self) -> None:
+    def _leave(self, code: int = 0) -> None:
         self.keep_going = self.services.close_session()
-        self.exit(0)
+        self.exit(code)
+
+    LEAVE_SIGNALS = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGHUP: 128 + signal.SIGHUP}
+    """A kill or a closed terminal leaves as ``q`` does (the close journaled, runs on hosts
+    kept going), exiting with the shell's status for that signal (143, 129)."""
+
+    def _leave_on_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig, code in self.LEAVE_SIGNALS.items():
+            try:
+                loop.add_signal_handler(sig, partial(self._leave, code))
+            except (ValueError, RuntimeError, NotImplementedError):
+                pass  # not the main thread (tests): nothing to catch there
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         for c in COMMANDS:
