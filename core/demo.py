@@ -186,9 +186,9 @@ async def run_campaign(session) -> tuple[dict, list, dict]:
     over = {n: dict(store.metric_series(run.id, n))
             for n in ("tau", "tau_ci95_lo", "tau_ci95_hi")} if run else {}
     if run:  # checkpoints not evaluated: a newer one was waiting, or the eval failed
-        over["not evaluated"] = {e["step"]: e["state"]
+        over["not evaluated"] = {e.step: e.state
                                  for e in store.watch_entries(run.id)
-                                 if e["state"] != "done"}
+                                 if e.state != "done"}
     return summary, [r for r in rows if r.item_id != WATCHED], over
 
 

@@ -212,3 +212,21 @@ class TauWatcher(Record):
     started_at: float | None = None
     at: float | None = None
     """When the row last changed."""
+
+
+@record()
+class WatchEntry(Record):
+    """One checkpoint's tau eval in tau over training (:mod:`core.watch`)."""
+
+    id: str
+    run_id: str
+    item_id: str
+    step: int
+    state: str = "pending"
+    """pending, running, done, failed or skipped."""
+    host: str | None = None
+    """Where it was evaluated."""
+    capsule: str | None = None
+    tau: float | None = None
+    at: float | None = None
+    error: str | None = None

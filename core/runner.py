@@ -496,7 +496,10 @@ class Runner:
         self._in_process[run_id] = work
         try:
             result = await work
-        except (ActionFailed, HostUnreachable) as e:
+        except HostUnreachable as e:  # the run failed; the item counts as unreachable (exit 3)
+            self._end(item, run_id, "failed", error=str(e))
+            raise
+        except ActionFailed as e:
             return self._end(item, run_id, "failed", error=str(e))
         except asyncio.CancelledError:
             me = asyncio.current_task()

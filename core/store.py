@@ -32,7 +32,7 @@ from sqlite_utils import Database
 from sqlite_utils.migrations import Migrations
 
 from core.records import (ENDED_STATES, LIVE_STATES, Artefact, EvalRow, Event, MetricPoint, Run,
-                          SeenMark, StatusChange, TauWatcher)
+                          SeenMark, StatusChange, TauWatcher, WatchEntry)
 
 migrations = Migrations("specdeck")
 
@@ -511,8 +511,9 @@ class Store:
                 self.db["artefacts"].rows_where(where, args, order_by="step, id")]
 
     # -- tau over training (watch_eval) --------------------------------------------------
-    def watch_entries(self, run_id: str) -> list[dict]:
-        return list(self.db["watch_evals"].rows_where("run_id = ?", [run_id], order_by="step"))
+    def watch_entries(self, run_id: str) -> list[WatchEntry]:
+        return [WatchEntry.from_row(r) for r in
+                self.db["watch_evals"].rows_where("run_id = ?", [run_id], order_by="step")]
 
     def watch_add(self, run_id: str, item_id: str, step: int) -> bool:
         """Queue a checkpoint's eval once; False when it is already known."""

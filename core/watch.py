@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from core import stats
+from core.records import WatchEntry
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -199,7 +200,7 @@ class Watcher:
     # -- queue ---------------------------------------------------------------------------
     def _sync(self) -> None:
         """Queue checkpoints not seen yet (respecting ``every``)."""
-        known = {e["step"] for e in self.store.watch_entries(self.run_id)}
+        known = {e.step for e in self.store.watch_entries(self.run_id)}
         every = self.spec.every
         last = max(known, default=None)
         for a in self.store.artefacts(self.item.id, "checkpoint"):
@@ -211,27 +212,27 @@ class Watcher:
             known.add(a.step)
             last = a.step if last is None else max(last, a.step)
 
-    def _next(self) -> dict | None:
+    def _next(self) -> WatchEntry | None:
         """The newest pending checkpoint; older pending ones are recorded as skipped (with
         ``backfill``: the oldest pending one, nothing skipped)."""
-        pending = [e for e in self.store.watch_entries(self.run_id) if e["state"] == "pending"]
+        pending = [e for e in self.store.watch_entries(self.run_id) if e.state == "pending"]
         if not pending:
             return None
         if self.spec.backfill:
             return pending[0]
         newest = pending[-1]
         for e in pending[:-1]:
-            self.store.watch_update(self.run_id, e["step"], state="skipped",
-                                    error=f"superseded by step {newest['step']}")
-            self.store.journal("watch_skipped", f"tau eval of step {e['step']} skipped: "
-                               f"step {newest['step']} is newer", item_id=self.item.id,
+            self.store.watch_update(self.run_id, e.step, state="skipped",
+                                    error=f"superseded by step {newest.step}")
+            self.store.journal("watch_skipped", f"tau eval of step {e.step} skipped: "
+                               f"step {newest.step} is newer", item_id=self.item.id,
                                run_id=self.run_id)
         return newest
 
     async def run(self, training_done: asyncio.Event) -> None:
         """Evaluate until the run has ended and no checkpoint is waiting."""
         for e in self.store.watch_entries(self.run_id):
-            if e["state"] == "running":  # a previous specdeck died while it ran
+            if e.state == "running":  # a previous specdeck died while it ran
                 await self._evaluate(e, resume=True)
         while True:
             self._sync()
@@ -241,7 +242,7 @@ class Watcher:
                 continue
             if training_done.is_set():
                 self._sync()
-                if not any(x["state"] == "pending" for x in self.store.watch_entries(self.run_id)):
+                if not any(x.state == "pending" for x in self.store.watch_entries(self.run_id)):
                     return
                 continue
             try:
@@ -250,14 +251,14 @@ class Watcher:
                 pass
 
     # -- one eval ------------------------------------------------------------------------
-    async def _evaluate(self, entry: dict, resume: bool = False) -> None:
+    async def _evaluate(self, entry: WatchEntry, resume: bool = False) -> None:
         from core import jobs
         from core.actions.base import Launch
         from core.actions.mlbase import host_python, prompts_on_host, py_module
         from core.actions.relay import copy_verified
         from core.events import Notice
 
-        step = entry["step"]
+        step = entry.step
         ev = await self.runner.host(self.spec.host)
         cap_id = f"{self.run_id}-tau-{step}"
         capsule = jobs.capsule_path(ev, cap_id)
@@ -381,8 +382,8 @@ class Watcher:
         from core.events import Notice
 
         done = [e for e in self.store.watch_entries(self.run_id)
-                if e["state"] == "done" and e["step"] <= step]  # the curve as it was at step
-        taus = [(e["step"], e["tau"]) for e in done if e["tau"] is not None]
+                if e.state == "done" and e.step <= step]  # the curve as it was at step
+        taus = [(e.step, e.tau) for e in done if e.tau is not None]
         if len(taus) < 2:
             return
         cur = taus[-1][1]

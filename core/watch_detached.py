@@ -144,8 +144,8 @@ async def ingest(runner, item, run_id: str, spec, *, away: bool = False) -> list
         return []
     host = await runner.host(w.host)
     results = posixpath.join(w.capsule, "results")
-    have = {e["step"] for e in runner.store.watch_entries(run_id)
-            if e["state"] in ("done", "failed", "skipped")}
+    have = {e.step for e in runner.store.watch_entries(run_id)
+            if e.state in ("done", "failed", "skipped")}
     steps = []
     for name in (await host.listdir(results) if await host.stat(results) else []):
         if name.startswith("step_") and name.endswith(".json"):
@@ -354,8 +354,8 @@ def status_of(store, run_id: str | None) -> dict | None:
     entries = store.watch_entries(run_id)
     return {"host": w.host, "state": w.state, "current": w.current,
             "last_step": w.last_step, "queue": list(w.queue or []),
-            "evaluated": [e["step"] for e in entries if e["state"] == "done"],
-            "failed": [e["step"] for e in entries if e["state"] == "failed"],
+            "evaluated": [e.step for e in entries if e.state == "done"],
+            "failed": [e.step for e in entries if e.state == "failed"],
             "error": w.error, "capsule": w.capsule}
 
 

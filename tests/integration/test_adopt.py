@@ -345,7 +345,7 @@ async def test_adopted_train_item_records_metrics_and_checkpoints(tmp_path):
         assert [s for s, _ in store.metric_series(run.id, "loss")] == list(range(1, 21))
         assert [a.step for a in store.artefacts("train-v4", "checkpoint")] == [10, 20]
         # watch_eval picked each checkpoint up (the files are not real, so their evals fail)
-        assert {e["step"] for e in store.watch_entries(run.id)} == {10, 20}
+        assert {e.step for e in store.watch_entries(run.id)} == {10, 20}
         assert run.state == "lost" and "exit status is unknown" in run.error
     finally:
         if proc.poll() is None:

@@ -101,7 +101,7 @@ def check_series(state, steps=STEPS):
     run = s.latest_run("train")
     entries = s.watch_entries(run.id)
     want = list(range(EVERY, steps + 1, EVERY))
-    assert [(e["step"], e["state"]) for e in entries] == [(st, "done") for st in want], entries
+    assert [(e.step, e.state) for e in entries] == [(st, "done") for st in want], entries
     assert [st for st, _ in s.metric_series(run.id, "tau")] == want
     rows = [r for r in s.eval_results("train") if r.role == "drafter"]
     per_step = {st: sorted(r.prompt_id for r in rows if r.step == st) for st in want}
@@ -306,8 +306,8 @@ async def test_an_adopted_run_gets_its_watcher(tiny_models, tmp_path):
         w = store.watcher(run.id)
         assert w.host == "gpu" and w.ckpt_dir == str(wd / "out") and w.state == "ended"
         entries = store.watch_entries(run.id)
-        assert [(e["step"], e["state"]) for e in entries] == [(10, "failed"), (20, "failed")]
-        assert all("step_" in e["error"] and "torch checkpoint" in e["error"] for e in entries)
+        assert [(e.step, e.state) for e in entries] == [(10, "failed"), (20, "failed")]
+        assert all("step_" in e.error and "torch checkpoint" in e.error for e in entries)
     finally:
         if proc.poll() is None:
             proc.kill()

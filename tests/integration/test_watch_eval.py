@@ -60,7 +60,7 @@ def check_series(state, steps):
     s = Store(state)
     run = s.latest_run("train")
     entries = s.watch_entries(run.id)
-    by_step = {e["step"]: e["state"] for e in entries}
+    by_step = {e.step: e.state for e in entries}
     ckpts = sorted(a.step for a in s.artefacts("train", "checkpoint"))
     assert ckpts == list(range(50, steps + 1, 50))
     assert sorted(by_step) == ckpts, by_step  # every checkpoint: evaluated or recorded skipped

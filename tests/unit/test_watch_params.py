@@ -3,7 +3,6 @@ store's exactly-once ingest of a detached watcher's results."""
 
 from __future__ import annotations
 
-import json
 from types import SimpleNamespace
 
 import pytest
@@ -83,11 +82,11 @@ def _watcher(backfill: bool):
 
 def test_console_backfill_takes_the_oldest_and_skips_none():
     w, store = _watcher(True)
-    assert w._next()["step"] == 10
-    assert {e["state"] for e in store.watch_entries("r1")} == {"pending"}
+    assert w._next().step == 10
+    assert {e.state for e in store.watch_entries("r1")} == {"pending"}
     w, store = _watcher(False)  # without it: the newest, the others recorded skipped
-    assert w._next()["step"] == 30
-    assert [e["state"] for e in store.watch_entries("r1")] == ["skipped", "skipped", "pending"]
+    assert w._next().step == 30
+    assert [e.state for e in store.watch_entries("r1")] == ["skipped", "skipped", "pending"]
 
 
 def test_ingest_stores_a_step_once_with_its_rows(tmp_path):
@@ -99,12 +98,11 @@ def test_ingest_stores_a_step_once_with_its_rows(tmp_path):
     assert b.watch_ingest("r1", "train", 20, **kw) is False
     assert a.watch_ingest("r1", "train", 20, **kw) is False
     assert len(b.eval_results("train")) == 1 and b.metric_series("r1", "tau") == [(20, 2.5)]
-    assert [(e["step"], e["state"]) for e in b.watch_entries("r1")] == [(20, "done")]
+    assert [(e.step, e.state) for e in b.watch_entries("r1")] == [(20, "done")]
     # a failed step is an outcome too: stored once, with its error
     assert b.watch_ingest("r1", "train", 40, state="failed", error="boom") is True
     assert a.watch_ingest("r1", "train", 40, state="failed", error="boom") is False
-    assert a.watch_entries("r1")[1]["error"] == "boom"
-    assert json.loads(json.dumps(a.watch_entries("r1")))  # plain rows
+    assert a.watch_entries("r1")[1].error == "boom"
 
 
 def test_readme_watch_eval_example_parses():
