@@ -295,8 +295,8 @@ class Watcher:
                                            "extract_hidden item first")
                     common += ["--cache", cache, "--prompts", man["prompts"]["file"]]
                 else:
-                    ctx = type("C", (), {"host": ev, "plan": self.runner.plan})()
-                    ppath, _ = await prompts_on_host(ctx, s.prompts, upload=True)
+                    ppath, _ = await prompts_on_host(ev, self.runner.plan, s.prompts,
+                                                     upload=True)
                     common += ["--prompts", ppath]
                 if s.max_prompts:
                     common += ["--limit", s.max_prompts]

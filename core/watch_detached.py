@@ -52,8 +52,7 @@ async def command(runner, spec: WatchEvalParams, item, run: Run, ckpt_dir: str, 
     if spec.mode == "offline":
         args += ["--cache", host.path(spec.cache)]
     else:
-        ctx = type("C", (), {"host": host, "plan": runner.plan})()
-        ppath, _ = await prompts_on_host(ctx, spec.prompts, upload=True)
+        ppath, _ = await prompts_on_host(host, runner.plan, spec.prompts, upload=True)
         args += ["--prompts", ppath]
     if run.capsule and (host.name == run.host or spec.fetch == "direct"):
         args += ["--train-capsule", run.capsule]  # its exit file, read by path
@@ -330,8 +329,8 @@ async def reconcile(runner, *, follow_: bool = False, ids=None, hosts=None) -> N
             item = runner.plan.item(w.item_id)
         except Exception:  # noqa: BLE001 - the item left the plan
             continue
-        spec = getattr(runner.action(item).params, "watch_eval", None) if runner.action(item) \
-            else None
+        action = runner.action(item)
+        spec = getattr(action.params, "watch_eval", None) if action is not None else None
         if spec is None:
             continue
         done = asyncio.Event()

@@ -119,7 +119,8 @@ class Eval(Action):
 
     async def prepare(self, ctx) -> None:
         self._python = await host_python(ctx.host)
-        self._prompts, _ = await prompts_on_host(ctx, self.params.prompts, upload=True)
+        self._prompts, _ = await prompts_on_host(ctx.host, ctx.plan, self.params.prompts,
+                                                     upload=True)
 
     def _eval_cmd(self, ctx, drafter: str, out: str) -> str:
         p, h = self.params, ctx.host

@@ -54,7 +54,7 @@ class ExtractHidden(Action):
         return [(("prompts",), err)] if err else []
 
     async def check(self, ctx) -> CheckResult:
-        _, ids = await prompts_on_host(ctx, self.params.prompts, upload=False)
+        _, ids = await prompts_on_host(ctx.host, ctx.plan, self.params.prompts, upload=False)
         if self.params.limit:
             ids = ids[: self.params.limit]
         man = await read_json(ctx.host, f"{self.params.out}/manifest.json")
@@ -69,7 +69,8 @@ class ExtractHidden(Action):
     async def prepare(self, ctx) -> None:
         host = ctx.host
         self._python = await host_python(host)
-        self._prompts, ids = await prompts_on_host(ctx, self.params.prompts, upload=True)
+        self._prompts, ids = await prompts_on_host(ctx.host, ctx.plan, self.params.prompts,
+                                                     upload=True)
         cfg = await read_json(host, f"{self.params.target}/config.json")
         if cfg is None:
             raise ActionFailed(f"extract_hidden: {self.params.target}/config.json is missing on "

@@ -84,14 +84,14 @@ def prompt_ids(data: bytes) -> list[str]:
     return ids
 
 
-async def prompts_on_host(ctx, spec: str, *, upload: bool) -> tuple[str, list[str]]:
-    """The host path of a prompt set (uploading it when ``upload``) and its prompt ids."""
-    host = ctx.host
+async def prompts_on_host(host, plan, spec: str, *, upload: bool) -> tuple[str, list[str]]:
+    """The path on ``host`` of one of ``plan``'s prompt sets (uploading it when ``upload``)
+    and its prompt ids."""
     if spec.startswith("host:"):
         path = host.path(spec[5:])
         data = await host.read_from(path, 0, 1 << 26)
         return path, prompt_ids(data)
-    local = local_prompt_file(ctx.plan.dir, spec)
+    local = local_prompt_file(plan.dir, spec)
     if local is None:
         raise ActionFailed(f"prompts {spec!r} not found")
     data = local.read_bytes()
