@@ -182,6 +182,12 @@ def validate_watch(spec, plan, item) -> list[tuple[tuple, str]]:
     if p.on == "train" and p.host is not None and train_host and p.host != train_host:
         out.append((("host",), f"on: train runs on the training host {train_host!r}; drop "
                                f"host {p.host!r} or use on: eval"))
+    if p.mode == "online":
+        from core.actions.mlbase import validate_prompts
+
+        err = validate_prompts(plan, p.prompts)
+        if err:
+            out.append((("prompts",), err))
     return out
 
 

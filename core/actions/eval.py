@@ -78,7 +78,7 @@ class Eval(Action):
     @classmethod
     def validate_plan(cls, params, plan, item):
         out = []
-        err = validate_prompts(plan, params.prompts)
+        err = validate_prompts(plan, params.prompts, multi_turn=params.mode == "online")
         if err:
             out.append((("prompts",), err))
         err = validate_ref(plan, item, params.drafter)

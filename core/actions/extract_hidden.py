@@ -50,7 +50,7 @@ class ExtractHidden(Action):
 
     @classmethod
     def validate_plan(cls, params, plan, item):
-        err = validate_prompts(plan, params.prompts)
+        err = validate_prompts(plan, params.prompts, multi_turn=False)
         return [(("prompts",), err)] if err else []
 
     async def check(self, ctx) -> CheckResult:

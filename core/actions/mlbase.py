@@ -10,7 +10,9 @@ progress, metrics and artefacts, and writes its result files into the capsule, w
 Prompt sets: ``prompts: coding`` names a set shipped under ``plans/prompts/`` (or a
 ``prompts/`` folder beside the plan); ``prompts: my.jsonl`` is a file beside the plan,
 uploaded to the host (content-addressed under ``.specdeck/prompts/``); ``prompts: host:PATH``
-is a file already on the host.
+is a file already on the host; ``prompts: zlab:NAME`` (or ``zlab:NAME:PATH``, PATH local and
+relative to the plan) is one of the z-lab reference's benchmark sets (``core.ml.zlab``), built
+here into a prompts file and uploaded like a file beside the plan.
 
 Artefact references: ``item:<train item>@latest`` or ``item:<train item>@step_<N>`` name a
 checkpoint recorded by a train item's runs.
@@ -26,6 +28,8 @@ import shlex
 from pathlib import Path
 
 from core.errors import ActionFailed
+from core.ml import zlab
+from core.ml.runio import UsageError
 
 SHIPPED_PROMPTS = Path(__file__).resolve().parent.parent.parent / "plans" / "prompts"
 REF = re.compile(r"^item:([A-Za-z0-9][A-Za-z0-9_.-]*)@(latest|step_(\d+))$")
@@ -62,7 +66,32 @@ def local_prompt_file(plan_dir: Path, spec: str) -> Path | None:
     return p if p.is_file() else None
 
 
-def validate_prompts(plan, spec: str) -> str | None:
+def local_prompt_data(plan_dir: Path, spec: str) -> tuple[str, bytes] | None:
+    """The name and bytes of the prompts file a spec names here (None: a ``host:`` file or
+    nothing of that name).
+
+    Raises:
+        UsageError: a ``zlab:`` set that cannot be built (the message says how to get it).
+    """
+    if zlab.is_spec(spec):
+        return zlab.file_stem(spec), zlab.build(spec, plan_dir)
+    local = local_prompt_file(plan_dir, spec)
+    return (local.stem, local.read_bytes()) if local is not None else None
+
+
+def validate_prompts(plan, spec: str, *, multi_turn: bool = True) -> str | None:
+    """What is wrong with a prompts spec (None: nothing); ``multi_turn=False`` where the
+    prompts are not generated turn by turn online (extract, offline eval)."""
+    if zlab.is_spec(spec):
+        try:
+            s, _ = zlab.parse(spec)
+            zlab.build(spec, plan.dir)
+        except UsageError as exc:
+            return str(exc)
+        if s.multi_turn and not multi_turn:
+            return (f"prompts {spec!r} is multi-turn: each turn follows the target's own answer to the "
+                    "one before, which only an online eval generates (use mode: online)")
+        return None
     if spec.startswith("host:"):
         return None if len(spec) > 5 else "host: needs a path"
     if local_prompt_file(plan.dir, spec) is None:
@@ -91,12 +120,15 @@ async def prompts_on_host(host, plan, spec: str, *, upload: bool) -> tuple[str, 
         path = host.path(spec[5:])
         data = await host.read_from(path, 0, 1 << 26)
         return path, prompt_ids(data)
-    local = local_prompt_file(plan.dir, spec)
+    try:
+        local = local_prompt_data(plan.dir, spec)
+    except UsageError as exc:
+        raise ActionFailed(str(exc)) from None
     if local is None:
         raise ActionFailed(f"prompts {spec!r} not found")
-    data = local.read_bytes()
+    stem, data = local
     digest = hashlib.sha256(data).hexdigest()[:12]
-    path = host.path(f".specdeck/prompts/{local.stem}-{digest}.jsonl")
+    path = host.path(f".specdeck/prompts/{stem}-{digest}.jsonl")
     if upload and await host.stat(path) is None:
         await host.write_file(path, data)
     return path, prompt_ids(data)

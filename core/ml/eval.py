@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m core.ml.eval", description="measure drafter acceptance length (tau)")
     p.add_argument("--target", required=True, help="target model directory")
     p.add_argument("--drafter", required=True, help="drafter directory (config.json + model.safetensors)")
-    p.add_argument("--prompts", required=True, help="JSONL prompts ({id, prompt} or {id, input_ids})")
+    p.add_argument("--prompts", required=True, help="JSONL prompts ({id, prompt}, {id, input_ids} or {id, turns}), "
+                   "or zlab:NAME[:PATH], one of the reference's benchmark sets (docs/evaluation.md)")
     p.add_argument("--out", required=True, help="result.json path (provenance.json is written beside it)")
     p.add_argument("--mode", choices=["online", "offline"], default="online")
     p.add_argument("--cache", help="feature cache from core.ml.extract (offline mode)")
@@ -72,7 +73,7 @@ def validate(args: argparse.Namespace) -> None:
         raise UsageError(f"--target {args.target}: no config.json there")
     if not (Path(args.drafter) / "config.json").is_file():
         raise UsageError(f"--drafter {args.drafter}: no config.json there")
-    if not Path(args.prompts).is_file():
+    if not args.prompts.startswith("zlab:") and not Path(args.prompts).is_file():
         raise UsageError(f"--prompts {args.prompts}: file not found")
     if args.mode == "offline":
         if not args.cache:
@@ -140,6 +141,7 @@ def run_online(args, target, tokenizer, drafter, prompts, block_size) -> dict[st
     for p in prompts:
         ids = encode(p, tokenizer, vocab, not args.no_chat_template, args.enable_thinking)
         r = chain_generate(proposer, runner, ids, args.max_new_tokens, block_size, mask, stops)
+        p.answer = r.tokens  # a conversation's next turn follows the target's own answer
         chain_rows.append(_row(p.id, r))
         extra: dict[str, Any] = {"tau": r.tau}
         if args.tree_budget is not None:
@@ -274,7 +276,7 @@ def memory_preflight(args: argparse.Namespace, dtype: Any, device: Any) -> dict[
 def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
     from core.ml.drafter import load_drafter
     from core.ml.extract import target_fingerprint
-    from core.ml.prompts import file_sha256
+    from core.ml.prompts import describe
     from core.ml.target import load_target, load_tokenizer, resolve_device, resolve_dtype
     from core.ml.weights import checkpoint_dtype, gb, load_embed_head
 
@@ -330,8 +332,7 @@ def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
                     "block_size": cfg.block_size, "target_layer_ids": cfg.target_layer_ids,
                     "mask_token_id": cfg.mask_token_id, "config_format": cfg.source_format,
                     "attention": cfg.attention_summary()},
-        "prompts": {"file": str(Path(args.prompts).resolve()), "sha256": file_sha256(args.prompts),
-                    "count": len(prompts), "ids": [p.id for p in prompts]},
+        "prompts": describe(args.prompts, prompts),
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
         "memory": memory,
