@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 from types import SimpleNamespace
 
 from core.actions.eval import Eval, EvalParams
@@ -37,7 +38,7 @@ def test_bad_max_memory_is_named():
 
 
 def test_watch_eval_validates_dtype_and_max_memory():
-    plan = SimpleNamespace(hosts={"ct129": object()})
+    plan = SimpleNamespace(hosts={"ct129": object()}, dir=Path("."))
     base = {"host": "ct129", "target": "models/t", "mode": "online"}
     assert validate_watch({**base, "dtype": "bfloat16", "max_memory": "60G"}, plan, None) == []
     errs = dict(validate_watch({**base, "dtype": "fp8", "max_memory": "much"}, plan, None))
