@@ -96,7 +96,7 @@ class WatchEvalParams:
     every: int | str = "checkpoint"
     """``checkpoint`` or N: at most one eval per N steps."""
     prompts: str = "coding"
-    """online mode's prompt set."""
+    """online mode's prompt set (as eval's: zlab:NAME[:PATH] too, ``max_prompts`` its subset)."""
     baseline: str | None = None
     """A reference drafter dir, evaluated once per run."""
     max_prompts: int | None = None

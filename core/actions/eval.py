@@ -34,6 +34,8 @@ class EvalParams:
     baseline: str | None = None
     """A baseline drafter dir (e.g. z-lab's), evaluated with the same settings."""
     prompts: str = "coding"
+    """A set under plans/prompts/, a file beside the plan, host:PATH, or zlab:NAME[:PATH], one of
+    the reference's benchmark sets (docs/evaluation.md); ``limit`` is its seeded subset size."""
     mode: Literal["online", "offline"] = "online"
     cache: str | None = None
     """The extract_hidden cache dir (offline mode)."""

@@ -232,3 +232,32 @@ def asyncio_run(coro):
     import asyncio
 
     return asyncio.run(coro)
+
+
+PLAN = """name: zlab-eval
+hosts:
+  here: {local: true, workdir: ./work}
+items:
+  - id: ev
+    content: tau on the reference's set
+    action:
+      kind: eval
+      host: here
+      params: {drafter: d, target: t, prompts: "PROMPTS", mode: MODE, cache: c}
+"""
+
+
+@pytest.mark.parametrize("prompts,mode,fragment", [
+    ("zlab:gsm8k", "online", "huggingface-cli download openai/gsm8k --repo-type dataset"),
+    ("zlab:mt-bench:mt-bench", "offline", "only an online eval generates"),
+])
+def test_specdeck_validate_refuses_a_set_it_cannot_use_with_exit_2(cli, tmp_path, prompts, mode, fragment):
+    hub_copy(tmp_path, "mt-bench")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN.replace("PROMPTS", prompts).replace("MODE", mode))
+    res = cli("validate", plan, cwd=tmp_path)
+    assert res.returncode == 2 and fragment in res.stderr, res.stderr
+    assert res.stderr.startswith(f"{plan}:10:") and "field 'action.params.prompts'" in res.stderr
+    assert "Traceback" not in res.stderr and not (tmp_path / "work").exists()
+    plan.write_text(PLAN.replace("PROMPTS", "zlab:mt-bench:mt-bench").replace("MODE", "online"))
+    assert cli("validate", plan, cwd=tmp_path).returncode == 0
