@@ -238,9 +238,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     validate(args)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from core.ml.prompts import read_prompts
+    from core.ml.prompts import read_prompts, single_turn
 
     prompts = read_prompts(args.prompts, args.limit)
+    if args.mode == "offline":
+        single_turn(prompts, "eval --mode offline")
 
     import torch
 

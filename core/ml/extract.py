@@ -126,9 +126,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     layer_ids = parse_layers(args.layers)
     if args.max_new_tokens < 1:
         raise UsageError("--max-new-tokens must be >= 1")
-    from core.ml.prompts import encode, file_sha256, read_prompts
+    from core.ml.prompts import encode, file_sha256, kept_file, read_prompts, single_turn
 
     prompts = read_prompts(args.prompts, args.limit)
+    single_turn(prompts, "extract")
 
     import torch
 
@@ -178,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "settings": settings,
             "entries": {},
         }
-    manifest["prompts"] = {"file": str(Path(args.prompts).resolve()), "sha256": file_sha256(args.prompts)}
+    manifest["prompts"] = {"file": str(kept_file(args.prompts, out)), "sha256": file_sha256(args.prompts)}
     manifest["provenance"] = prov
     todo = [p for p in prompts if p.id not in manifest["entries"]]
     if len(todo) < len(prompts):

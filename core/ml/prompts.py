@@ -125,6 +125,31 @@ def read_prompts(path: str | Path, limit: int | None = None) -> list[Prompt]:
     return prompts
 
 
+def kept_file(spec: str | Path, folder: str | Path) -> Path:
+    """A prompts file that stays: the file itself, or a ``zlab:`` spec's built file written
+    into ``folder`` (an extract cache records it, and offline evals of the cache read it)."""
+    if not zlab.is_spec(str(spec)):
+        return Path(spec).resolve()
+    out = Path(folder) / f"{zlab.file_stem(str(spec))}.jsonl"
+    data = prompt_bytes(spec)
+    if not out.is_file() or out.read_bytes() != data:
+        out.write_bytes(data)
+    return out.resolve()
+
+
+def single_turn(prompts: list[Prompt], task: str) -> None:
+    """Refuse conversations where no target answers each turn before the next is encoded.
+
+    Raises:
+        UsageError: a prompt is a later turn of a conversation.
+    """
+    later = [p.id for p in prompts if p.prev is not None]
+    if later:
+        raise UsageError(f"{task}: prompts {later[:3]} are later turns of conversations (multi-turn, e.g. "
+                         "zlab:mt-bench); each needs the target's own answer to the turn before, which only "
+                         "the online eval generates (python -m core.ml.eval --mode online)")
+
+
 def describe(spec: str | Path, prompts: list[Prompt]) -> dict[str, Any]:
     """result.json's ``prompts`` block: the file (or spec), its sha256, the prompts used and,
     for a described set (``zlab:``), which set, rows, seed, selection and wrapping."""

@@ -83,3 +83,30 @@ def test_a_set_that_is_not_here_exits_2_before_loading_and_says_how_to_get_it(pa
     err = capsys.readouterr().err
     assert "huggingface-cli download openai/gsm8k --repo-type dataset" in err and "loading" not in err
     assert not out.exists()
+
+
+def test_extract_keeps_a_built_set_beside_its_cache_and_refuses_conversations(pair, tmp_path, capsys):
+    from core.ml import extract as extract_mod
+    from core.ml.prompts import read_prompts
+
+    target_dir, drafter_dir = pair
+    data = tmp_path / "humaneval" / "test.jsonl"
+    data.parent.mkdir()
+    data.write_text("".join(json.dumps({"task_id": f"HumanEval/{i}", "prompt": f"def f{i}(x):\n    return x\n"}) + "\n"
+                            for i in range(4)))
+    out = tmp_path / "feats"
+    common = ["--target", str(target_dir), "--layers", "1,3", "--out", str(out), "--max-new-tokens", "4"]
+    assert run_main(extract_mod.main, [*common, "--prompts", f"zlab:humaneval:{data}", "--limit", "2"]) == 0
+    man = json.loads((out / "manifest.json").read_text())
+    kept = read_prompts(man["prompts"]["file"])  # the offline eval and the watcher read this file
+    assert man["prompts"]["file"] == str((out / "zlab-humaneval.jsonl").resolve())
+    assert [p.id for p in kept[:2]] == sorted(man["entries"], key=[p.id for p in kept].index)
+    mt = tmp_path / "mt.jsonl"
+    mt.write_text(json.dumps({"prompt": QUESTIONS[0]}) + "\n")
+    capsys.readouterr()
+    assert run_main(extract_mod.main, [*common, "--prompts", f"zlab:mt-bench:{mt}"]) == 2
+    err = capsys.readouterr().err
+    assert "later turns of conversations" in err and "loading" not in err
+    argv = ["--target", str(target_dir), "--drafter", str(drafter_dir), "--prompts", f"zlab:mt-bench:{mt}",
+            "--out", str(tmp_path / "r.json"), "--mode", "offline", "--cache", str(out)]
+    assert run_main(eval_mod.main, argv) == 2 and "only the online eval generates" in capsys.readouterr().err
