@@ -48,25 +48,29 @@ class Prompt:
         return out[::-1]
 
 
-def prompt_bytes(spec: str | Path) -> bytes:
-    """The bytes of a prompts file, or of the file a ``zlab:`` spec builds.
+def prompt_bytes(spec: str | Path, quiet: bool = False) -> bytes:
+    """The bytes of a prompts file, or of the file a ``zlab:`` spec builds (its warnings on
+    stderr unless ``quiet``).
 
     Raises:
         UsageError: a missing file, or a reference set that cannot be built.
     """
     if zlab.is_spec(str(spec)):
-        return zlab.build(str(spec), warn=say)
+        return zlab.build(str(spec), warn=None if quiet else say)
     path = Path(spec)
     if not path.is_file():
         raise UsageError(f"prompts file not found: {path}")
     return path.read_bytes()
 
 
-def prompt_set(spec: str | Path) -> dict | None:
+def prompt_set(spec: str | Path, data: bytes | None = None) -> dict | None:
     """The header line's ``prompt_set`` of a prompts file (None when it has none)."""
-    for line in prompt_bytes(spec).decode("utf-8").splitlines():
+    for line in (prompt_bytes(spec) if data is None else data).decode("utf-8").splitlines():
         if line.strip():
-            row = json.loads(line)
+            try:
+                row = json.loads(line)
+            except ValueError:
+                return None
             return row["prompt_set"] if isinstance(row, dict) and "prompt_set" in row else None
     return None
 
@@ -131,7 +135,7 @@ def kept_file(spec: str | Path, folder: str | Path) -> Path:
     if not zlab.is_spec(str(spec)):
         return Path(spec).resolve()
     out = Path(folder) / f"{zlab.file_stem(str(spec))}.jsonl"
-    data = prompt_bytes(spec)
+    data = prompt_bytes(spec, quiet=True)
     if not out.is_file() or out.read_bytes() != data:
         out.write_bytes(data)
     return out.resolve()
@@ -153,11 +157,11 @@ def single_turn(prompts: list[Prompt], task: str) -> None:
 def describe(spec: str | Path, prompts: list[Prompt]) -> dict[str, Any]:
     """result.json's ``prompts`` block: the file (or spec), its sha256, the prompts used and,
     for a described set (``zlab:``), which set, rows, seed, selection and wrapping."""
-    data = prompt_bytes(spec)
+    data = prompt_bytes(spec, quiet=True)
     out: dict[str, Any] = {"file": str(spec) if zlab.is_spec(str(spec)) else str(Path(spec).resolve()),
                            "sha256": hashlib.sha256(data).hexdigest(), "count": len(prompts),
                            "ids": [p.id for p in prompts]}
-    head = prompt_set(spec)
+    head = prompt_set(spec, data)
     if head is not None:
         out["set"] = {**head, "subset": len({p.conversation()[0].id for p in prompts})}
     return out
@@ -165,7 +169,7 @@ def describe(spec: str | Path, prompts: list[Prompt]) -> dict[str, Any]:
 
 def file_sha256(path: str | Path) -> str:
     """sha256 of a prompts file's bytes, or of a ``zlab:`` spec's (identifies the set in results)."""
-    return hashlib.sha256(prompt_bytes(path)).hexdigest()
+    return hashlib.sha256(prompt_bytes(path, quiet=True)).hexdigest()
 
 
 _warned = False
