@@ -261,3 +261,15 @@ def test_specdeck_validate_refuses_a_set_it_cannot_use_with_exit_2(cli, tmp_path
     assert "Traceback" not in res.stderr and not (tmp_path / "work").exists()
     plan.write_text(PLAN.replace("PROMPTS", "zlab:mt-bench:mt-bench").replace("MODE", "online"))
     assert cli("validate", plan, cwd=tmp_path).returncode == 0
+
+
+def test_watch_eval_online_validates_its_prompts_offline_reads_the_cache(tmp_path):
+    from core.watch import validate_watch
+
+    plan = types.SimpleNamespace(hosts={"ct129": object()}, dir=tmp_path)
+    base = {"host": "ct129", "target": "models/t", "prompts": "zlab:gsm8k", "max_prompts": 8}
+    errs = dict(validate_watch({**base, "mode": "online"}, plan, None))
+    assert "huggingface-cli download openai/gsm8k" in errs[("prompts",)]
+    assert validate_watch({**base, "mode": "offline", "cache": "features/x"}, plan, None) == []
+    hub_copy(tmp_path, "gsm8k")
+    assert validate_watch({**base, "mode": "online", "prompts": "zlab:gsm8k:gsm8k"}, plan, None) == []
