@@ -126,7 +126,7 @@ def test_the_real_humaneval_goes_through_the_references_selection_and_wrapping(m
         assert conversations(read_prompts("zlab:humaneval", n)) == want
 
 
-def test_the_layout_picks_the_config_and_split_in_shardshuffled(tmp_path):
+def test_the_layout_picks_the_config_and_split_in_shard_order(tmp_path):
     root, rows = hub_copy(tmp_path, "gsm8k")
     write_jsonl(root / "main" / "train-00000-of-00001.jsonl", [{"question": "train row"}])
     write_jsonl(root / "socratic" / "test-00000-of-00001.jsonl", [{"question": "socratic row"}])
