@@ -149,7 +149,7 @@ def test_a_json_list_file_reads_like_json_lines(tmp_path):
     assert zlab.build(f"zlab:math500:{tmp_path / 'list.json'}") == zlab.build(f"zlab:math500:{tmp_path / 'test.jsonl'}")
 
 
-def test_parquet_is_read_with_pyarrow_or_refused_saying_how_to_convert(tmp_path):
+def test_parquet_and_arrow_are_read_with_pyarrow_or_refused_saying_how_to_convert(tmp_path):
     rows = [FIELD_ROWS["mbpp"](i) for i in range(5)]
     f = tmp_path / "sanitized" / "test-00000-of-00001.parquet"
     f.parent.mkdir()
@@ -163,9 +163,16 @@ def test_parquet_is_read_with_pyarrow_or_refused_saying_how_to_convert(tmp_path)
         msg = str(ei.value)
         assert "needs pyarrow" in msg and "to_json(" in msg and "google-research-datasets/mbpp" in msg
         return
-    pq.write_table(pa.Table.from_pylist(rows), f)
+    table = pa.Table.from_pylist(rows)
+    pq.write_table(table, f)
     assert [p.text for p in read_prompts(f"zlab:mbpp:{tmp_path}")] == [
         rows[i]["prompt"] for i in shuffled(5)]
+    saved = tmp_path / "saved" / "test" / "data-00000-of-00001.arrow"  # save_to_disk: an IPC stream
+    saved.parent.mkdir(parents=True)
+    with pa.OSFile(str(saved), "wb") as out, pa.ipc.new_stream(out, table.schema) as w:
+        w.write_table(table)
+    (saved.parent / "state.json").write_text("{}")
+    assert zlab.build(f"zlab:mbpp:{tmp_path / 'saved'}") == zlab.build(f"zlab:mbpp:{tmp_path}")
 
 
 def test_a_set_not_here_says_how_to_get_it(tmp_path, monkeypatch):
