@@ -256,7 +256,11 @@ def test_few_prompts_are_never_a_verdict():
 def test_pivot_csv_and_chart():
     c = build_comparison(_campaign(4), [("v5", "v4")])
     pivot = to_markdown(c, pivot=True)
-    head = pivot.splitlines()[0]
+    lines = pivot.splitlines()
+    assert lines[0] == "Verdicts:" and lines.index("| prompt | base | v4 | Δ | v4 ddtree-8 ⚠ "
+                                                   "| Δ | v5 | Δ | v5 ddtree-8 ⚠ | Δ |") > \
+        [i for i, ln in enumerate(lines) if ln.startswith("| drafter | verdict |")][0]
+    head = [ln for ln in lines if ln.startswith("| prompt |")][0]
     # the DDTree rows have no DDTree baseline here: compared with the chain one, flagged
     assert head == ("| prompt | base | v4 | Δ | v4 ddtree-8 ⚠ | Δ | v5 | Δ | v5 ddtree-8 ⚠ | Δ |")
     q0 = [ln for ln in pivot.splitlines() if ln.startswith("| q00 |")][0].split(" | ")
