@@ -115,11 +115,13 @@ class SpecdeckApp(App[int]):
 
     def notify(self, message: str, *, title: str = "", **kwargs) -> None:
         """Every notification passes the terminal sanitizer (messages quote hosts' output,
-        file names, plan text) and is shown without markup interpretation."""
+        file names, plan text) and is shown without markup interpretation; the commands it
+        suggests run as printed (:func:`console.cli.conventions.runnable`)."""
+        from console.cli.conventions import runnable
         from core.text import sanitize
 
         kwargs.setdefault("markup", False)
-        super().notify(sanitize(str(message), max_len=2000),
+        super().notify(runnable(sanitize(str(message), max_len=2000)),
                        title=sanitize(str(title), max_len=200), **kwargs)
 
     def __init__(self, session: Session, bridge: EventBridge, *,
@@ -827,7 +829,9 @@ def run_console(plan: Plan, state: str | None = None, *, autorun: bool = False) 
         code = app.run()
         text = keep_going_text(plan, app.keep_going)
         if text:
-            print(text, file=sys.stderr)
+            from console.cli.conventions import runnable
+
+            print(runnable(text), file=sys.stderr)
         return code or 0
     finally:
         store.close()
