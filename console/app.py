@@ -124,6 +124,15 @@ class SpecdeckApp(App[int]):
         super().notify(runnable(sanitize(str(message), max_len=2000)),
                        title=sanitize(str(title), max_len=200), **kwargs)
 
+    def action_help_quit(self) -> None:
+        """ctrl+c never quits (a reflex would leave in the middle of something): it says in
+        plain words which keys do (Textual's own message is markup, and notifications here
+        are shown as plain text)."""
+        keys = [key for key, active in self.active_bindings.items()
+                if active.binding.action in ("quit", "app.quit")]
+        self.notify(f"Press {' or '.join(keys) or 'q'} to quit (runs on hosts keep going)",
+                    title="Do you want to quit?")
+
     def __init__(self, session: Session, bridge: EventBridge, *,
                  probe_hosts: bool = True, reconcile: bool = True, gpu_every: float = 15.0,
                  autorun: bool = False):
