@@ -136,6 +136,7 @@ class TauPane(Vertical):
         """The training step the comparison was filtered to (None: all eval results)."""
         self._rows: list[_Row] = []
         self._widths: dict[str, int] = dict(COLUMNS)
+        self._verdict_shown: str | None = None
 
     def compose(self) -> ComposeResult:
         yield Static("no eval results yet", id="tau-title")
@@ -262,7 +263,11 @@ class TauPane(Vertical):
             if c.flagged:  # (the cursor row's own note is under the title, whole)
                 t.append(f"  ⚠ {len(c.flagged)} not comparable", style="bold yellow")
         self.query_one("#tau-title", Static).update(t, layout=False)
-        self.query_one("#tau-verdict", Static).update(self.verdict_line(), layout=False)
+        verdict = self.query_one("#tau-verdict", Static)
+        line = self.verdict_line()
+        if line.plain != self._verdict_shown:  # a layout pass: its height may change
+            self._verdict_shown = line.plain
+            verdict.update(line)
 
     def verdict_line(self) -> Text:
         """The cursor row drafter's figures with their interval, and its verdict in words

@@ -76,7 +76,7 @@ async def test_ctrl_c_says_how_to_quit_in_plain_words(campaign):
         await settle(pilot)
         assert app.is_running  # ctrl+c never quits
     (text,) = shown
-    assert "[" not in text and "Press q or ctrl+q to quit" in text, text
+    assert "[" not in text and re.match(r"Press (q or ctrl\+q|ctrl\+q or q) to quit", text), text
 
 
 def test_no_key_that_changes_state_shares_its_letter_with_another_key():
@@ -120,9 +120,9 @@ async def test_the_item_pane_gives_values_room_beside_long_keys(demo):
         await settle(pilot)
         body = app.query_one("#detail-body")
         lines = [ln.rstrip() for ln in visible_lines(body)]
-        assert any(ln.endswith("target     models/code-target") for ln in lines), lines
+        assert any(re.fullmatch(r" target +models/code-target", ln) for ln in lines), lines
         i = lines.index(next(ln for ln in lines if ln.strip() == "allow_block_size_mismatch"))
-        assert lines[i + 1].strip() == "False"  # its value under it, the column stays narrow
+        assert lines[i + 1].strip() == "no"  # its value under it, the column stays narrow
 
 
 LONG = "epoch 3 " + " ".join(f"batch={i} loss=0.{i:03d}" for i in range(40)) + " THE-END"
