@@ -30,13 +30,13 @@ CHECK_STYLE = {"done": ("●", "green"), "ready": ("✓", "cyan"), "blocked": ("
 """check() verdicts: glyph and colour (the help's legend reads them from here)."""
 MAX_RUNS = 8
 KEY_WIDTH = 10
-"""The key column's width: a longer key (a param's name) gets a line of its own with its
-value under it, so a long key never squeezes every value into a sliver of the pane."""
+"""The widest key kept in the key column: a longer key (a param's name) gets a line of its
+own with its value under it, so a long key never squeezes every value into a sliver."""
 
 
 class Rows:
-    """Key / value rows: short keys in a column of :data:`KEY_WIDTH`, a long key on its own
-    line with its value indented under it (rendered as one :class:`~rich.console.Group`)."""
+    """Key / value rows: short keys in a column as wide as the widest of them, a long key on
+    its own line with its value indented under it (one :class:`~rich.console.Group`)."""
 
     def __init__(self) -> None:
         self.rows: list[tuple[str, object]] = []
@@ -49,11 +49,12 @@ class Rows:
 
         parts: list = []
         grid = None
+        width = max([len(k) for k, _ in self.rows if len(k) <= KEY_WIDTH], default=0)
         for key, value in self.rows:
             if len(key) <= KEY_WIDTH:
                 if grid is None:
                     grid = Table.grid(padding=(0, 1))
-                    grid.add_column(style="bright_black", no_wrap=True, min_width=KEY_WIDTH)
+                    grid.add_column(style="bright_black", no_wrap=True, min_width=width)
                     grid.add_column(overflow="fold")
                     parts.append(grid)
                 grid.add_row(key, value)
