@@ -14,7 +14,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import pytest
 
 from core.store import Store
 from tests.cli.conftest import SPECDECK, specdeck
+from tests.fault.conftest import wait_for
 
 GATED = """name: gated
 hosts:
@@ -35,16 +35,6 @@ items:
     needs: [gated]
     action: {{kind: shell, host: here, params: {{command: "echo after"}}}}
 """
-
-
-def _wait(cond, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"{what}: not within {timeout:g} s")
 
 
 @pytest.fixture
@@ -65,9 +55,9 @@ def test_detach_then_logs_of_the_live_run_shows_its_newest_line(gated, tmp_path)
     assert "started detached" in res.stderr and "logs" in res.stderr and "-f` follows" in res.stderr
     assert "waiting for the started runs to end: after" in res.stderr
     log = tmp_path / "wd" / ".specdeck" / "runs" / run_id / "log"
-    _wait(lambda: log.is_file() and "first" in log.read_text(), "the run's first line")
+    wait_for(lambda: log.is_file() and "first" in log.read_text(), what="the run's first line")
     (tmp_path / "go").touch()
-    _wait(lambda: "the-newest-line" in log.read_text(), "the newest line on the host")
+    wait_for(lambda: "the-newest-line" in log.read_text(), what="the newest line on the host")
     # nobody followed the run since it started: the stored copy had nothing of this
     out = specdeck("logs", plan, "gated", "--state", state)
     assert out.returncode == 0, out.stderr
@@ -220,7 +210,7 @@ def _tmux(width: int, height: int, command: str, timeout: float = 60.0) -> str:
                                  capture_output=True, text=True).stdout
             return out if marker in out else None
 
-        return _wait(captured, f"`{command}` in tmux", timeout)
+        return wait_for(captured, timeout, what=f"`{command}` in tmux")
     finally:
         subprocess.run(base + ["kill-server"], capture_output=True)
 
