@@ -115,12 +115,23 @@ class SpecdeckApp(App[int]):
 
     def notify(self, message: str, *, title: str = "", **kwargs) -> None:
         """Every notification passes the terminal sanitizer (messages quote hosts' output,
-        file names, plan text) and is shown without markup interpretation."""
+        file names, plan text) and is shown without markup interpretation; the commands it
+        suggests run as printed (:func:`console.cli.conventions.runnable`)."""
+        from console.cli.conventions import runnable
         from core.text import sanitize
 
         kwargs.setdefault("markup", False)
-        super().notify(sanitize(str(message), max_len=2000),
+        super().notify(runnable(sanitize(str(message), max_len=2000)),
                        title=sanitize(str(title), max_len=200), **kwargs)
+
+    def action_help_quit(self) -> None:
+        """ctrl+c never quits (a reflex would leave in the middle of something): it says in
+        plain words which keys do (Textual's own message is markup, and notifications here
+        are shown as plain text)."""
+        keys = [key for key, active in self.active_bindings.items()
+                if active.binding.action in ("quit", "app.quit")]
+        self.notify(f"Press {' or '.join(keys) or 'q'} to quit (runs on hosts keep going)",
+                    title="Do you want to quit?")
 
     def __init__(self, session: Session, bridge: EventBridge, *,
                  probe_hosts: bool = True, reconcile: bool = True, gpu_every: float = 15.0,
@@ -827,7 +838,9 @@ def run_console(plan: Plan, state: str | None = None, *, autorun: bool = False) 
         code = app.run()
         text = keep_going_text(plan, app.keep_going)
         if text:
-            print(text, file=sys.stderr)
+            from console.cli.conventions import runnable
+
+            print(runnable(text), file=sys.stderr)
         return code or 0
     finally:
         store.close()

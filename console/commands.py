@@ -45,7 +45,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("Next metric", "show the next metric family on the chart (M: previous)",
             "next_metric", "m", "metrics"),
     Command("Smoothing", "cycle the EMA smoothing of the curves (off, 0.6, 0.9, 0.97)",
-            "smoothing", "s", "metrics"),
+            "smoothing", "v", "metrics"),
     Command("Log scale", "toggle a logarithmic y axis", "log_y", "l", "metrics"),
     Command("Wall-clock axis", "x axis: training step, or hours since the run started",
             "wall_clock", "w", "metrics"),

@@ -665,11 +665,45 @@ def pk_chart(c: Comparison, height: int = 3) -> str:
     return "\n".join(out) + "\n"
 
 
-def to_markdown(c: Comparison, *, pivot: bool = False, verdicts: bool = True) -> str:
-    """The per-prompt table (long: one row per prompt x drafter; ``pivot``: prompts x
-    drafters), the overall table with intervals and verdicts, the verdicts in words, the
-    per-position acceptance table and chart, and the flags."""
+SUMMARY_HEADERS = ("drafter", "verdict", "macro tau", "Δ", "% of baseline", "Δ macro 95 % CI",
+                   "p", "prompts", "pooled tau", "Δ", "% of baseline", "macro 95 % CI",
+                   "pooled 95 % CI", "rounds", "note")
+"""The summary table's columns, most important first (a narrow terminal drops the last)."""
+
+
+def verdicts_markdown(c: Comparison) -> str:
+    """The verdicts in words and how they were reached ("" when there are none)."""
+    lines = verdict_lines(c)
+    if not lines:
+        return ""
+    return "\n".join(["Verdicts:"] + [f"- {x}" for x in lines] + ["", f"({method_note(c)})"]) \
+        + "\n"
+
+
+def summary_markdown(c: Comparison) -> str:
+    """One row per drafter: the verdict, macro tau against the baseline and its interval,
+    then pooled tau, the intervals, the rounds and what makes a row incomparable."""
     by_label = {d.label: d for d in c.drafters}
+    out = ["| " + " | ".join(SUMMARY_HEADERS) + " |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for o in c.overall:
+        name = o.drafter + (" (baseline)" if o.role == "baseline" else "")
+        note = mismatch_note(by_label[o.drafter])
+        if o.unmatched:
+            note = (note + "; " if note else "") + f"no baseline for {', '.join(o.unmatched)}"
+        p = stats.fmt_p(o.p_value).removeprefix("= ") if o.p_value is not None else "–"
+        out.append(f"| {name} | {VERDICT_MARK.get(o.verdict, '')} | {fmt_tau(o.macro)} | "
+                   f"{fmt_delta(o.delta_macro)} | {fmt_pct(o.pct_macro)} | "
+                   f"{fmt_ci(o.delta_macro_ci95, signed=True)} | {p} | {o.prompts} | "
+                   f"{fmt_tau(o.pooled)} | {fmt_delta(o.delta_pooled)} | {fmt_pct(o.pct_pooled)} | "
+                   f"{fmt_ci(o.macro_ci95)} | {fmt_ci(o.pooled_ci95)} | {o.rounds or '–'} | "
+                   f"{note} |")
+    return "\n".join(out) + "\n"
+
+
+def details_markdown(c: Comparison, *, pivot: bool = False) -> str:
+    """The per-prompt table (long: one row per prompt x drafter; ``pivot``: prompts x
+    drafters), the per-position acceptance table and chart, and the flags."""
     if pivot:
         out = to_pivot_markdown(c).rstrip("\n").split("\n")
     else:
@@ -680,25 +714,6 @@ def to_markdown(c: Comparison, *, pivot: bool = False, verdicts: bool = True) ->
             name = x.drafter + (" (baseline)" if x.role == "baseline" else "")
             out.append(f"| {x.prompt_id} | {name} | {fmt_tau(x.tau)} | {fmt_tau(x.baseline_tau)} "
                        f"| {fmt_delta(x.delta)} | {fmt_pct(x.pct_of_baseline)} | {flag} |")
-    out += ["", "| drafter | prompts | macro tau | Δ | % of baseline | pooled tau | Δ | "
-                "% of baseline | | macro 95 % CI | pooled 95 % CI | rounds | Δ macro 95 % CI "
-                "| p | verdict |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|"]
-    for o in c.overall:
-        name = o.drafter + (" (baseline)" if o.role == "baseline" else "")
-        note = mismatch_note(by_label[o.drafter])
-        if o.unmatched:
-            note = (note + "; " if note else "") + f"no baseline for {', '.join(o.unmatched)}"
-        p = stats.fmt_p(o.p_value).removeprefix("= ") if o.p_value is not None else "–"
-        out.append(f"| {name} | {o.prompts} | {fmt_tau(o.macro)} | {fmt_delta(o.delta_macro)} | "
-                   f"{fmt_pct(o.pct_macro)} | {fmt_tau(o.pooled)} | {fmt_delta(o.delta_pooled)} | "
-                   f"{fmt_pct(o.pct_pooled)} | {note} | {fmt_ci(o.macro_ci95)} | "
-                   f"{fmt_ci(o.pooled_ci95)} | {o.rounds or '–'} | "
-                   f"{fmt_ci(o.delta_macro_ci95, signed=True)} | {p} | "
-                   f"{VERDICT_MARK.get(o.verdict, '')} |")
-    lines = verdict_lines(c) if verdicts else []
-    if lines:
-        out += ["", "Verdicts:"] + [f"- {x}" for x in lines] + ["", f"({method_note(c)})"]
     width = max((len(d.per_position) for d in c.drafters), default=0)
     if width:
         out += ["", "| drafter | " + " | ".join(f"p{k}" for k in range(1, width + 1)) + " |",
@@ -712,7 +727,16 @@ def to_markdown(c: Comparison, *, pivot: bool = False, verdicts: bool = True) ->
     return "\n".join(out) + "\n"
 
 
+def to_markdown(c: Comparison, *, pivot: bool = False, verdicts: bool = True) -> str:
+    """What a reader needs first, first: the verdicts in words, the summary table (one row
+    per drafter, with intervals and verdicts), then the details (:func:`details_markdown`)."""
+    parts = [verdicts_markdown(c) if verdicts else "", summary_markdown(c),
+             details_markdown(c, pivot=pivot)]
+    return "\n".join(p for p in parts if p)
+
+
 __all__ = ["COMPARED_SETTINGS", "Comparison", "Drafter", "Cell", "Overall", "Pair",
            "build_comparison", "to_dict", "to_json", "to_csv", "to_markdown", "to_pivot_markdown",
+           "verdicts_markdown", "summary_markdown", "details_markdown", "SUMMARY_HEADERS",
            "pk_chart", "bars", "verdict_lines", "mismatch_note", "fmt_tau", "fmt_delta", "fmt_pct",
            "fmt_ci", "VERDICT_MARK"]

@@ -218,6 +218,10 @@ class Runner:
             h.on_status(self._host_status_changed)
         self.again: set[str] = set()
         """Items to run once more even though done (``specdeck run --again``, console R)."""
+        self.detach = False
+        """Start detached runs and leave them to their hosts instead of following them to
+        their end (``specdeck run --detach``, as sbatch submits): such an item counts as
+        ``started``; in-process actions (a relay) still run to their end here."""
 
     # -- plumbing ------------------------------------------------------------------------
     def emit(self, event: Event) -> None:
@@ -306,7 +310,7 @@ class Runner:
         targets = self.plan.order(ids)
         summary: dict[str, list[str]] = {k: [] for k in
                                          ("done", "failed", "unreachable", "waiting", "manual",
-                                          "unadopted")}
+                                          "unadopted", "started")}
         pending = list(targets)
         running: dict[asyncio.Task, Item] = {}
         while pending or running:
@@ -369,7 +373,9 @@ class Runner:
                     continue
                 except Exception as e:  # noqa: BLE001 - any fault ends the item, not the runner
                     state = self._item_failed(it, e)
-                summary["done" if state == "done" else "failed"].append(it.id)
+                started = self.detach and state == "in_progress"
+                summary["done" if state == "done" else "started" if started
+                        else "failed"].append(it.id)
         return summary
 
     def _item_failed(self, item: Item, exc: Exception) -> str:
@@ -396,6 +402,9 @@ class Runner:
         if action is None:
             raise SpecdeckError(f"item {item.id!r} is manual: mark it done when it is")
         live = self.store.live_run(item.id)
+        if live is not None and self.detach:
+            self.emit(Notice(item.id, f"{item.id}: run {live.id} is live already"))
+            return self.statuses()[item.id]
         if live is not None:
             self.emit(Notice(item.id, f"{item.id}: run {live.id} is live; attaching"))
             await self.attach_run(live)
@@ -464,6 +473,8 @@ class Runner:
                               pstart=launched.get("pstart"), capsule=launched["capsule"],
                               job_id=launched.get("job_id"))
         self.emit(RunStarted(item.id, run_id, item.action.host, launched.get("pid")))
+        if self.detach:
+            return self.statuses()[item.id]
         return await self._follow_and_finish(item, action, host, self.store.run(run_id))
 
     def stop_requested(self, run_id: str) -> bool:
@@ -616,6 +627,28 @@ class Runner:
         host = await self.host(run.host)
         self.emit(RunStarted(item.id, run.id, run.host, run.pid, attached=True))
         return await self._follow_and_finish(item, action, host, run)
+
+    async def catch_up_log(self, run: "Run") -> bool:
+        """Store what a live detached run wrote to its log since it was last followed, up to
+        the log's end now, and stop there (``specdeck logs``: the newest lines, as
+        ``status`` shows the newest state). False for a run whose log is not on a host (an
+        in-process action's: its specdeck stores it as it goes). Raises HostUnreachable."""
+        item = self.plan.item(run.item_id)
+        action = self.run_action(item, run)
+        if action is None or not action.detached or not run.capsule or not run.host:
+            return False
+        host = await self.host(run.host)
+        at_end = asyncio.Event()
+
+        async def reached_end() -> jobs.CapsuleState:  # asked once a read came short
+            at_end.set()
+            return jobs.CapsuleState("running")
+
+        info = adopt.info_of(run)
+        await jobs.follow(host, self.store, run.id, run.capsule, regex=action.metrics_regex(),
+                          poll=0, inspect_every=0, stop=at_end, inspector=reached_end,
+                          log_path=info["log"] if info else None)
+        return True
 
     async def attach(self, ids: Iterable[str] | None = None) -> list[str]:
         """Attach to every live run (of ``ids``) and follow them until they end."""

@@ -347,6 +347,12 @@ class Store:
             blob = blob[start - first:]
         return blob
 
+    def log_stored_at(self, run_id: str) -> float | None:
+        """When the run's last log bytes were stored (Unix seconds), or None: how old the
+        stored copy of a live run's log is."""
+        return self.db.execute("SELECT MAX(at) FROM logs WHERE run_id = ?",
+                               [run_id]).fetchone()[0]
+
     def log_tail(self, run_id: str, max_lines: int = 1000) -> list[str]:
         """The last ``max_lines`` lines, decoded (invalid UTF-8 replaced)."""
         chunks: list[bytes] = []

@@ -48,7 +48,9 @@ def test_compare_json_csv_markdown_and_pairs(evals):
     assert again == data
 
     md = run_cli("--state", state, "compare", plan, "--pivot", "--pair", "v5", "v4").stdout
-    assert md.startswith("| prompt | base | v4 | Δ |") and "Verdicts:" in md
+    # the verdicts lead, then the summary, then the per-prompt pivot
+    assert md.startswith("Verdicts:\n") and "\n| prompt | base | v4 | Δ |" in md
+    assert md.index("| drafter | verdict |") < md.index("| prompt | base |")
     assert "- v5 is better than v4 (+" in md and "- v5 is better than base (+" in md
     table = list(csv.DictReader(io.StringIO(
         run_cli("--state", state, "compare", plan, "--csv").stdout)))

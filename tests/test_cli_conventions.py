@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from console.cli import build_parser
-from console.cli.conventions import hoist_globals
+from console.cli.conventions import command_name, hoist_globals
 from core.store import Store
 from tests.conftest import ROOT, run_cli
 
@@ -128,14 +128,19 @@ def test_colour_on_a_tty_only_and_never_with_no_color(tmp_path):
     assert "\x1b[" not in piped.stdout and "done" in piped.stdout
 
 
-def test_long_titles_wrap_inside_the_status_table(tmp_path):
+def test_long_titles_wrap_inside_the_status_table_on_a_terminal(tmp_path):
     long = "Train the v5 drafter with " + "hard cross-entropy and position decay " * 4
     plan = _local_plan(tmp_path, [{"id": "v5", "content": long}])
-    res = run_cli("status", plan, "--state", tmp_path / "s.db", env={"COLUMNS": "80"})
-    assert res.returncode == 0
-    lines = res.stdout.rstrip("\n").split("\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "80", "NO_COLOR": "1"}
+    out = _run_on_tty(["status", str(plan)], env)
+    lines = out.replace("\r", "").rstrip("\n").split("\n")
     assert max(len(x.rstrip()) for x in lines) <= 80
-    assert "position decay" in res.stdout and len(lines) > 4  # wrapped, not cut
+    assert "position decay" in out and len(lines) > 4 and "…" not in out  # wrapped, not cut
+    # piped: one row per item, the title whole on it
+    res = run_cli("status", plan, env={"COLUMNS": "80"})
+    assert res.returncode == 0
+    (row,) = [ln for ln in res.stdout.splitlines() if " v5 " in ln]
+    assert long.strip() in row
 
 
 def test_every_command_has_argument_help_and_an_example():
@@ -194,7 +199,7 @@ def test_run_again_reruns_a_done_item_and_hints_name_the_plan(tmp_path):
     state = tmp_path / "s.db"
     assert run_cli("run", plan, "a", "--state", state).returncode == 0
     res = run_cli("run", plan, "a", "--state", state)
-    assert f"`specdeck run {plan} a --again`" in res.stderr
+    assert f"`{command_name()} run {plan} a --again`" in res.stderr  # runnable as printed
     assert "PLAN" not in res.stderr
     assert "far" not in res.stderr  # a host nobody contacted is not reported on exit
     res = run_cli("run", plan, "a", "--again", "--state", state)
@@ -289,7 +294,7 @@ def test_export_keeps_ids_and_needs_round_trip_and_markdown(tmp_path):
     src.write_text(json.dumps(todos))
     out = tmp_path / "again.yaml"
     assert run_cli("import", src, "-o", out).returncode == 0
-    back = json.loads(run_cli("export", out, "--todowrite", "--state", tmp_path / "o.db").stdout)
+    back = json.loads(run_cli("export", out, "--todowrite").stdout)
     assert back == todos  # statuses come from the imported YAML, ids and needs kept
     md = run_cli("export", plan, "--markdown", "--state", state).stdout
     assert md.splitlines()[2:] == [
@@ -374,7 +379,7 @@ def test_ui_takes_state_after_the_plan_and_the_demo_says_how_to_reopen(tmp_path,
     assert ui.cmd_demo(args) == 0
     err = capsys.readouterr().err
     demo = tmp_path / "demo" / "demo.yaml"
-    assert f"reopen the demo: `specdeck ui {demo}`" in err
+    assert f"reopen the demo: `{command_name()} ui {demo}`" in err
     assert seen[-1] == ("demo", str(tmp_path / "demo" / "state.db"), True)
 
 

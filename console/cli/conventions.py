@@ -7,13 +7,23 @@
 * Every command's ``--help`` has one line per argument and an example (:func:`polish`).
 * Shell completion (bash, zsh, fish) by argcomplete: commands, options, plan files, the
   plan's item ids and host names (:func:`attach_completers`, ``specdeck completion SHELL``).
+* A ``--state`` that does not exist is refused by every command that only reads state
+  (:data:`STATE_USE`, :func:`check_state`): a typo never shows an empty campaign.
+* The commands specdeck prints (``hint:``, ``reopen: specdeck ui ...``) run as printed,
+  also when ``specdeck`` is not on PATH (:func:`runnable`).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import shlex
+import shutil
 import sys
+from pathlib import Path
+
+from core.errors import InvalidInput
 
 EXAMPLES = {
     "validate": "specdeck validate plans/v5.yaml",
@@ -51,6 +61,78 @@ ARG_HELP = {
 
 EXAMPLE_VALUES = {"plan": "plans/v5.yaml", "item": "train-v5", "items": "train-v5",
                   "host": "gpu"}
+
+
+STATE_USE = {
+    "run": "creates", "adopt": "creates", "mark": "creates", "ui": "creates", "demo": "creates",
+    "status": "reads", "attach": "reads", "logs": "reads", "stop": "reads", "export": "reads",
+    "compare": "reads", "diff": "reads", "metrics": "reads",
+    "validate": None, "import": None, "kinds": None, "completion": None,
+}
+"""What each command does with the state database: ``creates`` (it records what it does,
+so a new ``--state`` starts a campaign's state there), ``reads`` (a ``--state`` that does
+not exist is a typo: refused, exit 2, nothing created) or None (it uses no state)."""
+
+
+def check_state(args) -> None:
+    """Refuse an explicit ``--state`` that does not exist for a command that only reads
+    state (:data:`STATE_USE`): it would open a new empty database and show every item
+    pending. ``$SPECDECK_STATE`` and a plan's ``state:`` are not checked here (set once, not
+    typed per command)."""
+    path = getattr(args, "state", None)
+    if not path or STATE_USE.get(args.cmd) != "reads" or os.path.lexists(path):
+        return
+    makers = [c for c, use in STATE_USE.items() if use == "creates"]
+    raise InvalidInput(f"state database {path}: does not exist (--state); {args.cmd} only "
+                       "reads a campaign's state, it starts none",
+                       hint=f"check the path (a new state database is started by "
+                            f"{', '.join(makers[:-1])} or {makers[-1]})")
+
+
+def command_name() -> str:
+    """How to run this specdeck from a shell, as printed in hints: ``specdeck`` when that
+    name on PATH is this very program, else the path of the running executable (the
+    README's ``.venv/bin/specdeck``, or ``python -m console.cli`` run by this interpreter)."""
+    exe = _running_executable()
+    found = shutil.which("specdeck")
+    if found and exe and _same_file(found, exe):
+        return "specdeck"
+    if exe:
+        return shlex.quote(exe)
+    return f"{shlex.quote(sys.executable)} -m console.cli"
+
+
+def _running_executable() -> str | None:
+    """The ``specdeck`` program this process runs: the entry point it was started as, else
+    the one installed beside this interpreter; None when neither exists (run as ``-m``
+    from a checkout)."""
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    if Path(argv0).name == "specdeck" and os.path.isfile(argv0):
+        return os.path.abspath(argv0)
+    beside = Path(sys.executable).parent / "specdeck"
+    return str(beside) if beside.is_file() else None
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+_SUGGESTED = re.compile(r"(?<=`)specdeck(?=[ `])")
+"""A command specdeck suggests: quoted in backticks, ```specdeck logs PLAN ITEM```."""
+
+
+def runnable(text: str) -> str:
+    """``text`` with each ```specdeck COMMAND``` it suggests spelled as :func:`command_name`
+    says, so a printed hint runs as printed. Hints are written once, as ```specdeck ...```
+    in backticks, wherever they are made (core included); this is the one place that
+    spells them for the shell at hand."""
+    name = command_name()
+    if name == "specdeck" or "specdeck " not in text:
+        return text
+    return _SUGGESTED.sub(lambda m: name, text)
 
 
 class VersionAction(argparse.Action):

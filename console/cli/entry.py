@@ -10,8 +10,8 @@ import sqlite3
 import sys
 
 from console.cli import conventions, exit_codes, plans, results, runs, ui
-from console.cli.conventions import VersionAction, autocomplete, hoist_globals, polish, \
-    quiet_broken_pipe
+from console.cli.conventions import VersionAction, autocomplete, check_state, hoist_globals, \
+    polish, quiet_broken_pipe
 from console.cli.output import err
 from core.errors import PlanError, SpecdeckError
 
@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     args, how = None, Interruption()
     try:
         args = parser.parse_args(hoist_globals(parser, sys.argv[1:] if argv is None else argv))
+        check_state(args)
         with terminate_as_interrupt() as how:
             code = args.fn(args)
         sys.stdout.flush()  # a closed pipe shows here, not as a warning at exit

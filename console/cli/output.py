@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import time
 
+from console.cli.conventions import runnable
 from console.cli.render import paint
 from core.events import (Event, HostStateChanged, LogLinesReceived, LogStreamChanged, Notice,
                          Progress, RunEnded, RunStarted, StatusChanged)
@@ -14,9 +15,13 @@ from core.text import collapse_cr, sanitize
 GLYPHS = {"pending": "○", "in_progress": "◐", "done": "●", "failed": "✗", "skipped": "⊘"}
 
 
-def err(msg: str) -> None:
-    # Messages quote file names, hosts' output and plan text: one sanitizer at the boundary.
-    print(sanitize(msg, max_len=20000), file=sys.stderr, flush=True)
+def err(msg: str, *, hints: bool = True) -> None:
+    """One line for a person on stderr. Messages quote file names, hosts' output and plan
+    text: one sanitizer at the boundary; the commands they suggest are spelled to run as
+    printed (:func:`~console.cli.conventions.runnable`; ``hints=False`` for a host's own
+    log lines, printed as the host wrote them)."""
+    msg = sanitize(msg, max_len=20000)
+    print(runnable(msg) if hints else msg, file=sys.stderr, flush=True)
 
 
 class Printer:
@@ -31,7 +36,8 @@ class Printer:
         if isinstance(ev, LogLinesReceived):
             if not self.quiet and not ev.from_progress:
                 for line in ev.lines:
-                    err(f"  {ev.item_id} │ {sanitize(collapse_cr(line), newlines=False)}")
+                    err(f"  {ev.item_id} │ {sanitize(collapse_cr(line), newlines=False)}",
+                        hints=False)
         elif isinstance(ev, RunStarted):
             verb = "attached to" if ev.attached else "started"
             where = f" on {ev.host}" if ev.host else ""

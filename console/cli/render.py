@@ -1,9 +1,13 @@
-"""Terminal output for the CLI: colour on a TTY only, tables that wrap long columns.
+"""Terminal output for the CLI: colour on a TTY only, tables a person and a script can read.
 
 Colour follows the usual rules: only when the stream is a terminal, never with ``NO_COLOR``
-set (https://no-color.org) or ``TERM=dumb``. Tables are rich tables, so a long item title
-or a long setting wraps inside its column instead of pushing the row apart; piped, they
-take ``$COLUMNS`` (else 80) columns and carry no escape codes.
+set (https://no-color.org) or ``TERM=dumb``. No table ever cuts a value (no ellipsis):
+
+* on a terminal, a table is a rich table as wide as the terminal; a long item title or
+  setting wraps inside its column, and a table too wide for it (``fit``) leaves out its
+  lowest-priority columns (the rightmost; never the first, the name) and says which;
+* piped or redirected, a table is plain aligned columns, one row per line with every value
+  whole (``status | grep failed`` sees each item's whole row), no escape codes.
 """
 
 from __future__ import annotations
@@ -37,39 +41,126 @@ def paint(text: str, style: str, stream=None) -> str:
     return f"\x1b[{code}m{text}\x1b[0m"
 
 
-def console(stream=None):
+def is_terminal(stream=None) -> bool:
+    """Whether ``stream`` (default stdout) is a terminal a person reads."""
+    try:
+        return (stream or sys.stdout).isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _console_class():
     from rich.console import Console
 
+    class CliConsole(Console):
+        """A closed pipe is the CLI's to handle (exit 141, :func:`console.cli.entry.main`):
+        rich's own handler would exit 1 first."""
+
+        def on_broken_pipe(self) -> None:
+            raise BrokenPipeError
+
+    return CliConsole
+
+
+def console(stream=None):
     stream = stream or sys.stdout
     on = colour_on(stream)
-    return Console(file=stream, no_color=not on, color_system="auto" if on else None,
-                   highlight=False, soft_wrap=False, emoji=False)
+    return _console_class()(file=stream, no_color=not on, color_system="auto" if on else None,
+                            highlight=False, soft_wrap=False, emoji=False)
+
+
+GAP = 3
+"""Columns between two table columns (rich's SIMPLE_HEAD padding; the plain layout's)."""
+WRAP_MIN = 16
+"""The narrowest a wrapping column gets."""
+
+
+def _cells(headers: list[str], rows: list[list[str]]) -> tuple[list[str], list[list[str]]]:
+    head = [sanitize(str(h)) for h in headers]
+    return head, [[sanitize(str(c).replace("\n", " "), newlines=False) for c in r]
+                  for r in rows]
+
+
+def natural_widths(headers: list[str], rows: list[list[str]]) -> list[int]:
+    """Each column's width with its header and every value whole, in terminal cells."""
+    from rich.cells import cell_len
+
+    return [max([cell_len(h)] + [cell_len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+
+
+def fit_columns(headers: list[str], rows: list[list[str]], width: int, *,
+                wrap: set[int] = frozenset()) -> list[int]:
+    """The columns (indexes) to show in ``width`` cells: every column whose values fit
+    whole, leaving out the rightmost first (lowest priority) but never column 0; a column
+    in ``wrap`` counts as :data:`WRAP_MIN` wide (it wraps into what is left) and is left
+    out only after the others."""
+    need = [WRAP_MIN if i in wrap else w for i, w in enumerate(natural_widths(headers, rows))]
+    keep = list(range(len(headers)))
+    order = [i for i in reversed(keep[1:]) if i not in wrap] + \
+        [i for i in reversed(keep[1:]) if i in wrap]
+    while order and sum(need[i] for i in keep) + GAP * (len(keep) - 1) > width:
+        keep.remove(order.pop(0))
+    return keep
+
+
+def plain_table(headers: list[str], rows: list[list[str]], stream=None) -> None:
+    """Aligned columns, one row per line, every value whole (for a pipe or a file)."""
+    from rich.cells import cell_len
+
+    stream = stream or sys.stdout
+    widths = natural_widths(headers, rows)
+    for r in [headers, *rows]:
+        cells = [c + " " * (w - cell_len(c)) for c, w in zip(r, widths)]
+        stream.write((" " * GAP).join(cells).rstrip() + "\n")
 
 
 def table(headers: list[str], rows: list[list[str]], *, title: str | None = None,
-          styles: list[str | None] | None = None, stream=None, wrap: set[int] = frozenset()
-          ) -> None:
-    """Print a table; columns in ``wrap`` (indexes) take the slack and wrap long text."""
+          styles: list[str | None] | None = None, stream=None, wrap: set[int] = frozenset(),
+          fit: bool = False) -> None:
+    """Print a table, every value whole: on a terminal columns in ``wrap`` (indexes) take
+    the slack and wrap long text, others fold rather than cut, and with ``fit`` the
+    rightmost columns that do not fit whole are left out (said below it); piped, plain
+    aligned columns (:func:`plain_table`)."""
     from rich import box
     from rich.markup import escape
     from rich.table import Table
 
+    stream = stream or sys.stdout
+    headers, rows = _cells(headers, [list(r) + [""] * (len(headers) - len(r)) for r in rows])
+    if not is_terminal(stream):
+        if title:
+            stream.write(title + "\n")
+        plain_table(headers, rows, stream)
+        return
+    con = console(stream)
+    keep = fit_columns(headers, rows, con.width, wrap=wrap) if fit else range(len(headers))
+    natural = natural_widths(headers, rows)
+    # Columns that can all be whole beside the wrapping ones are kept whole (ids, states);
+    # else every column folds (a very narrow terminal): never an ellipsis.
+    whole = sum(WRAP_MIN if i in wrap else natural[i] for i in keep) \
+        + GAP * (len(keep) - 1) <= con.width
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    for i, h in enumerate(headers):
-        t.add_column(h, overflow="fold" if i in wrap else "ellipsis",
-                     min_width=16 if i in wrap else None)
+    for i in keep:
+        t.add_column(escape(headers[i]), overflow="fold",
+                     min_width=WRAP_MIN if i in wrap else natural[i] if whole else None)
     for k, r in enumerate(rows):
         style = styles[k] if styles else None
-        t.add_row(*(escape(sanitize(str(c))) for c in r),
+        t.add_row(*(escape(r[i]) for i in keep),
                   style=STATUS_STYLE.get(style or "", style) or None)
-    con = console(stream)
     if title:
-        con.print(escape(sanitize(title)), overflow="fold")
+        con.print(escape(title), overflow="fold")
     con.print(t)
+    left = [headers[i] or f"column {i + 1}" for i in range(len(headers)) if i not in keep]
+    if left:
+        con.print(escape(f"(left out at {con.width} columns: {', '.join(left)}; a wider "
+                         "terminal or --markdown shows them)"), overflow="fold")
 
 
-def print_markdown_tables(md: str, stream=None) -> None:
-    """Print Markdown text with its pipe tables drawn as wrapping tables (other lines as is)."""
+def print_markdown_tables(md: str, stream=None, *, fit: bool = False,
+                          wrap_headers: tuple[str, ...] = ()) -> None:
+    """Print Markdown text with its pipe tables drawn as tables (other lines as is; ``fit``:
+    each table fit to the terminal as :func:`table` does; columns headed ``wrap_headers``
+    wrap)."""
     stream = stream or sys.stdout
     block: list[list[str]] = []
 
@@ -77,7 +168,8 @@ def print_markdown_tables(md: str, stream=None) -> None:
         if block:
             head, *rows = block
             rows = [r for r in rows if not all(set(c) <= set("-: ") and c for c in r)]
-            table(head, [r + [""] * (len(head) - len(r)) for r in rows], stream=stream)
+            wrap = {i for i, h in enumerate(head) if h in wrap_headers}
+            table(head, rows, stream=stream, fit=fit, wrap=wrap)
             block.clear()
 
     for line in md.rstrip("\n").split("\n"):

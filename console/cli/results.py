@@ -29,7 +29,7 @@ def _flatten(d, prefix="") -> dict:
 
 
 def cmd_compare(args) -> int:
-    from core.compare import build_comparison, to_csv, to_json, to_markdown
+    from core.compare import build_comparison, to_csv, to_json
 
     if args.detect is not None and not args.detect > 0:
         raise InvalidInput(f"--detect {args.detect}: a tau difference above 0, e.g. 0.1")
@@ -55,14 +55,29 @@ def cmd_compare(args) -> int:
     elif args.csv:
         sys.stdout.write(to_csv(comp))
     else:
-        from console.cli.render import colour_on, print_markdown_tables
-
-        md = to_markdown(comp, pivot=args.pivot)
-        if args.markdown or not colour_on(sys.stdout):
-            print(md)  # piped: Markdown, ready to paste
-        else:
-            print_markdown_tables(md)
+        print_comparison(comp, pivot=args.pivot, markdown=args.markdown)
     return 0
+
+
+def print_comparison(comp, *, pivot: bool, markdown: bool) -> None:
+    """The verdicts and the summary first, then the details. Piped (or ``--markdown``):
+    Markdown, every value whole, ready to paste; on a terminal: the summary fit to its
+    width (columns left out by priority, never the drafter's name or the verdict), the
+    details as wrapping tables."""
+    from console.cli.render import is_terminal, print_markdown_tables
+    from core.compare import details_markdown, summary_markdown, to_markdown, \
+        verdicts_markdown
+
+    if markdown or not is_terminal(sys.stdout):
+        print(to_markdown(comp, pivot=pivot))
+        return
+    verdicts = verdicts_markdown(comp)
+    if verdicts:
+        print_markdown_tables(verdicts)
+        print()
+    print_markdown_tables(summary_markdown(comp), fit=True, wrap_headers=("note",))
+    print()
+    print_markdown_tables(details_markdown(comp, pivot=pivot))
 
 
 WHERE_KEYS = ("out_dir", "out", "resume")

@@ -29,9 +29,18 @@ def cmd_run(args) -> int:
         await runner.reconcile()
         if args.again:
             runner.again.update(args.items)
-        return await runner.run_items(ids)
+        runner.detach = args.detach
+        summary = await runner.run_items(ids)
+        live = {i: runner.store.live_run(i) for i in summary.get("started", [])}
+        return summary, {i: r.id for i, r in live.items() if r}
 
-    summary = run_with(plan, args, go)
+    summary, started = run_with(plan, args, go)
+    for item_id, run_id in started.items():
+        # stdout: the run id alone, for a script (as sbatch prints the job id)
+        print(f"{item_id} {run_id}", flush=True)
+        err(f"{item_id}: run {run_id} started detached; `specdeck attach {args.plan} {item_id}` "
+            f"or `specdeck logs {args.plan} {item_id} -f` follows it, `specdeck status "
+            f"{args.plan}` shows where it stands")
     if summary["manual"]:
         err(f"manual items waiting for the operator: {', '.join(summary['manual'])} "
             f"(`specdeck mark {args.plan} ITEM done`)")
@@ -41,6 +50,11 @@ def cmd_run(args) -> int:
         if summary["unadopted"] and not summary["failed"]:
             err(f"not launched until a run started outside specdeck is adopted: "
                 f"{', '.join(summary['unadopted'])} (`specdeck adopt`, see above)")
+    if args.detach and not (summary["failed"] or summary["unreachable"]):
+        if summary["waiting"]:
+            err(f"waiting for the started runs to end: {', '.join(summary['waiting'])} "
+                f"(run them then: `specdeck run {args.plan} {' '.join(summary['waiting'])}`)")
+        return exit_codes.OK
     return exit_codes.for_run(summary, named=bool(args.items))
 
 
@@ -59,14 +73,55 @@ def cmd_attach(args) -> int:
     return 0
 
 
+LOG_CATCH_UP_S = 30.0
+"""How long ``logs`` waits for a live run's host to hand over the lines it has not stored."""
+
+
+async def _catch_up(runner, run, plan_arg: str, item_id: str):
+    """A live run's newest lines into the store before ``logs`` prints it (the run's state
+    first, as ``status`` refreshes it); the run as it now stands. When the host cannot
+    give them, say on stderr how old the stored copy is and that ``-f`` follows."""
+    import time
+
+    from core.errors import HostUnreachable
+
+    await runner.reconcile(hosts=[run.host] if run.host else None)
+    run = runner.store.run(run.id)
+    if not run.live:
+        return run
+    why = None
+    try:
+        if not await asyncio.wait_for(runner.catch_up_log(run), LOG_CATCH_UP_S):
+            return run  # in-process: its specdeck stores every line as it goes
+    except HostUnreachable as e:
+        why = str(e)
+    except asyncio.TimeoutError:
+        why = f"{run.host} did not hand the new lines over within {LOG_CATCH_UP_S:g} s"
+    if why:
+        at = runner.store.log_stored_at(run.id)
+        age = (f"stored {time.strftime('%H:%M:%S', time.localtime(at))}, "
+               f"{_ago(time.time() - at)} ago" if at else "nothing stored yet")
+        err(f"[run {run.id} is live; this is the stored copy of its log ({age}): {why}; "
+            f"`specdeck logs {plan_arg} {item_id} -f` follows it]")
+    return runner.store.run(run.id)
+
+
+def _ago(seconds: float) -> str:
+    s = max(0, int(seconds))
+    return f"{s} s" if s < 120 else f"{s // 60} min" if s < 7200 else f"{s // 3600} h"
+
+
 def cmd_logs(args) -> int:
     plan = load_plan(args.plan)
     plan.item(args.item)
+
     async def go(runner):
         store = runner.store
         run = store.latest_run(args.item)
         if run is None:
             raise InvalidInput(f"item {args.item!r} has no runs yet")
+        if run.live and not args.follow:
+            run = await _catch_up(runner, run, args.plan, args.item)
         out = sys.stdout.buffer
         printed = 0
 
@@ -96,6 +151,9 @@ def cmd_logs(args) -> int:
             how = (f"signal {final.signal}" if final.signal else f"exit {final.exit_code}"
                    if final.exit_code is not None else "exit status unknown")
             err(f"[run {final.id} {final.state} ({how})]")
+        elif not args.follow:
+            err(f"[run {final.id} is live: its log up to now; `specdeck logs {args.plan} "
+                f"{args.item} -f` follows it]")
 
     run_with(plan, args, go, show_events=False)
     return 0
@@ -162,6 +220,9 @@ def register(add) -> None:
     sp.add_argument("--all", action="store_true", help="run every item that can run")
     sp.add_argument("--again", action="store_true",
                     help="run the named items again even when done (a new attempt)")
+    sp.add_argument("--detach", action="store_true",
+                    help="start the runs and exit 0 without following them (prints ITEM RUN_ID "
+                         "per run; in-process actions such as relay still run to their end)")
     sp.add_argument("-q", "--quiet", action="store_true", help="do not echo log lines")
     sp = add("attach", cmd_attach, "re-attach to live runs and follow them until they end")
     sp.add_argument("plan")

@@ -11,7 +11,7 @@ import sys
 import time
 
 from console.cli import exit_codes
-from console.cli.output import Printer
+from console.cli.output import Printer, err
 from core.planfile import load_plan
 
 
@@ -35,10 +35,10 @@ def cmd_demo(args) -> int:
     quick = bool(args.quick)
     root, plan_path, state = open_workspace(args.dir, quick, args.state)
     plan = load_plan(plan_path)
-    print(f"demo workspace: {root}\nplan: {plan_path}\nstate: {state}", file=sys.stderr)
+    err(f"demo workspace: {root}\nplan: {plan_path}\nstate: {state}")
     if not args.headless and sys.stdout.isatty():
         code = open_console(plan, state=state, autorun=True)
-        print(f"reopen the demo: `specdeck ui {plan_path}` (state: {state})", file=sys.stderr)
+        err(f"reopen the demo: `specdeck ui {plan_path}` (state: {state})")
         return code
     t0 = time.monotonic()
     summary, rows, over = run_in_session(plan, run_campaign, state=state,
@@ -47,9 +47,9 @@ def cmd_demo(args) -> int:
     cmd_status(argparse.Namespace(plan=str(plan_path), state=state, json=False,
                                   no_reconcile=True))
     sys.stdout.write(results_text(rows, over))
-    print(f"\ndemo wall time: {dt:.0f} s ({'quick' if quick else 'full'})", file=sys.stderr)
-    print(f"next: `specdeck ui {plan_path}` or `specdeck compare {plan_path}` "
-          f"(the plan records its state: {state})", file=sys.stderr)
+    err(f"\ndemo wall time: {dt:.0f} s ({'quick' if quick else 'full'})")
+    err(f"next: `specdeck ui {plan_path}` or `specdeck compare {plan_path}` "
+        f"(the plan records its state: {state})")
     return exit_codes.for_run(summary, named=False)
 
 

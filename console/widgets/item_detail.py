@@ -29,6 +29,41 @@ CHECK_STYLE = {"done": ("●", "green"), "ready": ("✓", "cyan"), "blocked": ("
                "manual": ("✎", "magenta")}
 """check() verdicts: glyph and colour (the help's legend reads them from here)."""
 MAX_RUNS = 8
+KEY_WIDTH = 10
+"""The widest key kept in the key column: a longer key (a param's name) gets a line of its
+own with its value under it, so a long key never squeezes every value into a sliver."""
+
+
+class Rows:
+    """Key / value rows: short keys in a column as wide as the widest of them, a long key on
+    its own line with its value indented under it (one :class:`~rich.console.Group`)."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, object]] = []
+
+    def add_row(self, key: str, value) -> None:
+        self.rows.append((key, value))
+
+    def render(self) -> Group:
+        from rich.padding import Padding
+
+        parts: list = []
+        grid = None
+        width = max([len(k) for k, _ in self.rows if len(k) <= KEY_WIDTH], default=0)
+        for key, value in self.rows:
+            if len(key) <= KEY_WIDTH:
+                if grid is None:
+                    grid = Table.grid(padding=(0, 1))
+                    grid.add_column(style="bright_black", no_wrap=True, min_width=width)
+                    grid.add_column(overflow="fold")
+                    parts.append(grid)
+                grid.add_row(key, value)
+                continue
+            grid = None
+            parts.append(Text(key, style="bright_black", overflow="fold"))
+            parts.append(Padding(value, (0, 0, 0, 3)))
+        return Group(*parts)
+
 
 
 def when(ts: float | None) -> str:
@@ -142,9 +177,7 @@ class ItemDetail(VerticalScroll):
         head.append_text(status_text(self.status))
         mark, color = PRIORITY.get(item.priority, ("·", ""))
         head.append(f"  {mark} {item.priority}", style=color)
-        grid = Table.grid(padding=(0, 1))
-        grid.add_column(style="bright_black", no_wrap=True)
-        grid.add_column(overflow="fold")
+        grid = Rows()
         if item.action is None or item.action.kind == "manual":
             note = params_summary(item).get("note") if item.action else None
             grid.add_row("action", Text("manual: do it, then mark it done (d)", style="magenta"))
@@ -196,7 +229,7 @@ class ItemDetail(VerticalScroll):
                                                             else ""), max_len=500),
                                            style="red" if w["state"] in ("failed", "lost")
                                            else "cyan"))
-        body = Group(head, Text(sanitize(item.content), style="italic"), grid)
+        body = Group(head, Text(sanitize(item.content), style="italic"), grid.render())
         self.query_one("#detail-body", Static).update(body)
         self._draw_progress()
 

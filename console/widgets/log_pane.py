@@ -8,8 +8,10 @@ The title line says which run this is and how its stream is doing: ``following``
 ``reconnecting…`` (the host dropped and the follower retries), ``host unreachable``,
 ``lost`` (the run's process vanished) or how it ended.
 
-JSON records (a trainer's metric lines) are shown as ``key value`` pairs wrapped to the
-pane's width (:func:`pretty_json`), never cut at its edge; other lines are shown as written.
+JSON records (a trainer's metric lines) are shown as ``key value`` pairs (nested records
+flattened to ``layers[0].type full``: never a Python repr) wrapped to the pane's width
+(:func:`pretty_json`); other lines are shown as written, and a line wider than the pane
+wraps the same way (:func:`wrap_line`, continuations indented): nothing is cut at its edge.
 
 Keys (when the pane has focus): ``f`` follow on/off, ``/`` search, ``n`` / ``N`` next /
 previous match, escape closes the search; j/k, g/G, ctrl+d/u scroll.
@@ -40,8 +42,15 @@ STATE_STYLE = {"following": "green", "reconnecting": "bold yellow", "unreachable
                "starting": "yellow", "running": "yellow"}
 
 
+CONTINUATION = "    "
+"""How a wrapped line's continuation starts (JSON records and long lines alike)."""
+
+
 def _num(v) -> str:
-    if isinstance(v, bool) or not isinstance(v, float):
+    """A JSON scalar as the line's reader expects it (``true``, ``null``, 4 digits)."""
+    if isinstance(v, bool) or v is None:
+        return json.dumps(v)
+    if not isinstance(v, float):
         return str(v)
     return f"{v:.4g}"
 
@@ -49,14 +58,33 @@ def _num(v) -> str:
 def _pairs(rec: dict, prefix: str = "") -> list[str]:
     out = []
     for k, v in rec.items():
-        name = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out += _pairs(v, f"{name}.")
-        elif isinstance(v, list):
-            out.append(f"{name} " + " ".join(_num(x) for x in v))
-        else:
-            out.append(f"{name} {_num(v)}")
+        out += _value(f"{prefix}{k}", v)
     return out
+
+
+def _value(name: str, v) -> list[str]:
+    """``name value`` pairs of one JSON value: a record or a list holding records is
+    flattened (``layers[0].type full``), a list of scalars stays one pair."""
+    if isinstance(v, dict):
+        return _pairs(v, f"{name}.") if v else [f"{name} {{}}"]
+    if isinstance(v, list) and any(isinstance(x, (dict, list)) for x in v):
+        return [p for i, x in enumerate(v) for p in _value(f"{name}[{i}]", x)]
+    if isinstance(v, list):
+        return [f"{name} " + " ".join(_num(x) for x in v)]
+    return [f"{name} {_num(v)}"]
+
+
+def wrap_line(line: str, width: int) -> list[str]:
+    """``line`` as lines of at most ``width`` columns: at spaces where it has them, its own
+    leading indentation kept, continuations indented by :data:`CONTINUATION`; a line that
+    fits is returned as written."""
+    from rich.cells import cell_len
+
+    width = max(20, width)
+    if cell_len(line) <= width:
+        return [line]
+    return textwrap.wrap(line, width, subsequent_indent=CONTINUATION, break_on_hyphens=False,
+                         replace_whitespace=False, expand_tabs=True) or [line]
 
 
 def pretty_json(line: str, width: int) -> list[str] | None:
@@ -72,7 +100,7 @@ def pretty_json(line: str, width: int) -> list[str] | None:
     if not isinstance(rec, dict):
         return None
     text = " · ".join(_pairs(rec))
-    return textwrap.wrap(text, max(20, width), subsequent_indent="    ",
+    return textwrap.wrap(text, max(20, width), subsequent_indent=CONTINUATION,
                          break_on_hyphens=False) or [s]
 
 
@@ -108,7 +136,7 @@ class LogPane(Vertical):
         self._raw: deque[str] = deque(maxlen=MAX_LINES)
         """The shown run's last lines as written (sanitized), to wrap again on a resize."""
         self._wrapped_at: int | None = None
-        """The width JSON records were last wrapped to (None: no JSON record shown)."""
+        """The width the shown lines were last wrapped to (None: no line shown yet)."""
 
     def compose(self) -> ComposeResult:
         yield Static("no run selected", id="log-title")
@@ -119,7 +147,7 @@ class LogPane(Vertical):
         self.query_one("#log-search").display = False
 
     def on_resize(self) -> None:
-        """The layout gave the pane another size: JSON records are wrapped to the new width
+        """The layout gave the pane another size: the lines are wrapped to the new width
         (after the layout), and a following log stays at its end."""
         self.call_after_refresh(self._rewrap)
 
@@ -187,20 +215,20 @@ class LogPane(Vertical):
         return (self.log.scrollable_content_region.width or 80) - 1
 
     def _shown_lines(self, lines: list[str], *, sanitized: bool = False) -> list[str]:
-        """Sanitized lines (kept, see ``_raw``); JSON records pretty-printed and wrapped to
-        the pane's width."""
+        """Sanitized lines (kept, see ``_raw``); JSON records pretty-printed, and every line
+        wrapped to the pane's width."""
         width = self._wrap_width()
         if not sanitized:
             lines = [sanitize(x) for x in lines]
         self._raw.extend(lines)
         out: list[str] = []
         for x in lines:
-            pretty = pretty_json(x, width) if x[:1] == "{" else None
-            if pretty is None:
-                out.append(x)
-            else:
-                out += pretty
-                self._wrapped_at = width
+            shown = pretty_json(x, width) if x[:1] == "{" else None
+            if shown is None:  # (len: cheap; a wide character takes two cells)
+                shown = wrap_line(x, width) if 2 * len(x) > width else [x]
+            out += shown
+        if lines:
+            self._wrapped_at = width
         return out
 
     def _title(self) -> None:

@@ -12,7 +12,7 @@ one curve per position. ``m`` / ``M`` step through the families (loss first, the
 the accuracy families, then lr, then the rest).
 
 Bookkeeping series (``elapsed_s``, ``eta_s``, ``tokens``, ``epoch``) are not metric tabs
-until ``b`` shows them. ``s`` cycles an EMA smoothing (off, 0.6, 0.9, 0.97), ``l`` a log y
+until ``b`` shows them. ``v`` cycles an EMA smoothing (off, 0.6, 0.9, 0.97), ``l`` a log y
 axis, ``w`` the x axis between the training step and the wall clock (the run's own
 ``elapsed_s`` when it logs it, else when each point was stored, from the run's start). A
 legend under the tabs names each curve in its colour.
@@ -196,7 +196,9 @@ class MetricsPane(Vertical):
     can_focus = True
     BINDINGS = [Binding("m", "cycle(1)", "Next metric"),
                 Binding("M", "cycle(-1)", "Prev metric", show=False),
-                Binding("s", "smoothing", "Smooth"),
+                # (not s: s skips a plan item, one pane away; a view toggle never shares
+                # its letter with a key that changes state)
+                Binding("v", "smoothing", "Smooth"),
                 Binding("l", "log_y", "Log y"),
                 Binding("w", "wall_clock", "Step/time"),
                 Binding("b", "bookkeeping", "Bookkeeping", show=False),

@@ -71,9 +71,16 @@ def matches(item: Item, status: str, words: list[str]) -> bool:
 
 
 class PlanList(OptionList):
-    """The option list of items (one option per item, its id as option id)."""
+    """The option list of items (one option per item, its id as option id).
+
+    The highlighted item is always in view: a move scrolls to it, and so does every change
+    of the list's size (the item pane beside it grows and shrinks with the selected item's
+    detail, after the move) and the first layout (a reopened console's cursor)."""
 
     BINDINGS = option_list_keys()
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self.scroll_to_highlight)
 
 
 class PlanPane(Vertical):
@@ -162,6 +169,7 @@ class PlanPane(Vertical):
     def select(self, item_id: str) -> None:
         if item_id in self._shown:
             self.options.highlighted = self._shown.index(item_id)
+            self.options.call_after_refresh(self.options.scroll_to_highlight)
 
     # -- rendering -----------------------------------------------------------------------
     def _prompt(self, item: Item) -> Group:

@@ -7,8 +7,13 @@ baseline's are flagged (⚠ and the differing keys) on every row, never blended.
 
 Uncertainty: a drafter's ``Σ macro`` row carries its verdict against the baseline in the note
 column (▲ better, ▼ worse, ≈ noise: no detectable difference) and each overall row its 95 %
-interval (the last column: zoom the pane to see it). The line under the title says the
-cursor row drafter's verdict in words, with the interval, prompts and rounds.
+interval (the last column: zoom the pane to see it). The lines under the title say the
+cursor row drafter's verdict in words, with the interval, prompts and rounds, and what makes
+it incomparable (wrapped, never cut).
+
+Nothing is cut: each column is as wide as its widest value (a drafter's name, a note), from
+the comparison alone (a table's look never depends on when it idles); the per-position
+chart beside the table shows only when the table leaves it room (zoomed, it always does).
 
 Keys: ``o`` sorts by the next column (``O`` reverses; clicking a header sorts by it),
 ``space`` marks a drafter for the per-position chart. The chart shows the marked drafters,
@@ -33,7 +38,11 @@ from core.stats import BETTER, NONE, WORSE
 from core.text import sanitize
 
 COLUMNS = {"prompt": 8, "drafter": 13, "tau": 5, "Δ": 6, "% base": 6, "note": 8, "95% CI": 10}
-"""Columns and their fixed widths (fixed: a table's look never depends on when it idles)."""
+"""Columns and their narrowest widths (:func:`column_widths` widens them to their values)."""
+CELL_PAD = 2
+"""What a DataTable adds to each column's width (one cell of padding either side)."""
+BARS_MIN = 24
+"""The narrowest per-position chart worth showing beside the table."""
 SORTABLE = ("prompt", "drafter", "tau", "Δ", "% base")
 MARKS = {BETTER: ("▲ better", "bold green"), WORSE: ("▼ worse", "bold red"),
          NONE: ("≈ noise", "bright_black")}
@@ -78,6 +87,32 @@ def rows_of(c: Comparison) -> list[_Row]:
     return rows
 
 
+def note_of(r: _Row) -> Text:
+    """The note column: what makes the row incomparable, or its verdict, or ``baseline``."""
+    if r.mismatch:
+        return Text("⚠ " + ",".join(r.mismatch), style="bold yellow")
+    if r.verdict in MARKS:
+        return Text(*MARKS[r.verdict])
+    return Text("baseline" if r.role == "baseline" else "", style="italic")
+
+
+def drafter_text(r: _Row) -> str:
+    return sanitize(str(r.drafter), max_len=200) + (" ⚠" if r.mismatch else "")
+
+
+def column_widths(rows: list[_Row]) -> dict[str, int]:
+    """Each column as wide as its widest value (at least :data:`COLUMNS`): the prompt, the
+    drafter's name and the note are never cut."""
+    from rich.cells import cell_len
+
+    widths = dict(COLUMNS)
+    for r in rows:
+        widths["prompt"] = max(widths["prompt"], cell_len(sanitize(str(r.prompt), max_len=200)))
+        widths["drafter"] = max(widths["drafter"], cell_len(drafter_text(r)))
+        widths["note"] = max(widths["note"], note_of(r).cell_len)
+    return widths
+
+
 class TauTable(DataTable):
     BINDINGS = table_keys()
 
@@ -100,6 +135,8 @@ class TauPane(Vertical):
         self.step: int | None = None
         """The training step the comparison was filtered to (None: all eval results)."""
         self._rows: list[_Row] = []
+        self._widths: dict[str, int] = dict(COLUMNS)
+        self._verdict_shown: str | None = None
 
     def compose(self) -> ComposeResult:
         yield Static("no eval results yet", id="tau-title")
@@ -109,9 +146,31 @@ class TauPane(Vertical):
             yield AcceptanceBars(id="tau-bars")
 
     def on_mount(self) -> None:
+        self._columns(dict(COLUMNS))
+
+    def _columns(self, widths: dict[str, int]) -> None:
         table = self.table
-        for col, width in COLUMNS.items():
+        table.clear(columns=True)
+        for col, width in widths.items():
             table.add_column(col, key=col, width=width)
+        self._widths = widths
+
+    def on_resize(self) -> None:
+        self._place_chart()
+
+    def table_width(self, *, ci: bool = False) -> int:
+        """Columns the table needs to show every value whole (``ci``: with the interval,
+        the last column, which may scroll out of view)."""
+        cols = [w for c, w in self._widths.items() if ci or c != "95% CI"]
+        return sum(w + CELL_PAD for w in cols) + 2  # and the scrollbar
+
+    def _place_chart(self) -> None:
+        """The chart beside the table only when the table keeps every column up to the note
+        whole next to it; else the table takes the whole pane (z: zoomed, there is room)."""
+        room = self.content_region.width - self.table_width()
+        bars = self.query_one("#tau-bars")
+        compact = self.screen.has_class("-compact") if self.is_attached else False
+        bars.display = compact or room >= BARS_MIN
 
     @property
     def table(self) -> DataTable:
@@ -151,19 +210,18 @@ class TauPane(Vertical):
         else:
             rows = self._sorted(rows, col)
         self._rows = rows
+        widths = column_widths(rows)
+        if widths != self._widths:
+            self._columns(widths)
+            self._place_chart()
         table.clear()
         for r in rows:
-            if r.mismatch:
-                note = Text("⚠ " + ",".join(r.mismatch), style="bold yellow")
-            elif r.verdict in MARKS:
-                note = Text(*MARKS[r.verdict])
-            else:
-                note = Text("baseline" if r.role == "baseline" else "", style="italic")
+            note = note_of(r)
             name_style = "italic" if r.role == "baseline" else ("yellow" if r.mismatch else "")
             delta_style = "green" if (r.delta or 0) > 0 else ("red" if (r.delta or 0) < 0 else "")
             table.add_row(
                 Text(sanitize(str(r.prompt), max_len=200), style="bold" if r.group == 0 else ""),
-                Text(sanitize(str(r.drafter), max_len=200) + (" ⚠" if r.mismatch else ""), style=name_style),
+                Text(drafter_text(r), style=name_style),
                 Text(fmt_tau(r.tau), justify="right"),
                 Text(fmt_delta(r.delta), justify="right", style=delta_style),
                 Text(fmt_pct(r.pct), justify="right"), note,
@@ -202,22 +260,26 @@ class TauPane(Vertical):
                 t.append(f" at step {self.step}", style="bold cyan")
             order = f"{self.sort_column} {arrow}" if self.sort_column else "by prompt"
             t.append(f"  sort {order} (o)", style="bright_black")
-            row = self._current_row()
-            note = mismatch_note(c.drafter(row.drafter)) if row else ""
-            if note:
-                t.append(f"  {note}", style="bold yellow")
-            elif c.flagged:
+            if c.flagged:  # (the cursor row's own note is under the title, whole)
                 t.append(f"  ⚠ {len(c.flagged)} not comparable", style="bold yellow")
         self.query_one("#tau-title", Static).update(t, layout=False)
-        self.query_one("#tau-verdict", Static).update(self.verdict_line(), layout=False)
+        verdict = self.query_one("#tau-verdict", Static)
+        line = self.verdict_line()
+        if line.plain != self._verdict_shown:  # a layout pass: its height may change
+            self._verdict_shown = line.plain
+            verdict.update(line)
 
     def verdict_line(self) -> Text:
-        """The cursor row drafter's figures with their interval, and its verdict in words."""
-        t = Text(no_wrap=True, overflow="ellipsis")
+        """The cursor row drafter's figures with their interval, and its verdict in words
+        (after what makes it incomparable, if anything does): wrapped, never cut."""
+        t = Text(overflow="fold")
         c, row = self.comparison, self._current_row()
         if c is None or row is None:
             return t
         o = c.overall_of(row.drafter)
+        note = mismatch_note(c.drafter(row.drafter))
+        if note and not (o.verdict_text or "").startswith("⚠"):
+            t.append(note + "\n", style="bold yellow")
         if o.verdict_text:
             style = MARKS.get(o.verdict, ("", ""))[1]
             t.append(o.verdict_text, style=style if o.verdict != NONE else "")

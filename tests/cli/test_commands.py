@@ -142,8 +142,9 @@ def test_compare(results):
     data = json.loads(res.stdout)
     v5 = [o for o in data["overall"] if o["drafter"] == "v5"][0]
     assert v5["verdict"] == "better"
-    md = specdeck("compare", results)  # piped: Markdown
-    assert md.returncode == 0 and md.stdout.startswith("|")
+    md = specdeck("compare", results)  # piped: Markdown, the verdicts first
+    assert md.returncode == 0 and md.stdout.startswith("Verdicts:\n- ")
+    assert "\n| drafter | verdict |" in md.stdout
 
 
 def test_diff(results):

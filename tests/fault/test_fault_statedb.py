@@ -30,7 +30,7 @@ def _siblings(db):
 
 def _fresh_db(tmp_path, plan):
     db = tmp_path / "state.db"
-    assert cli("--state", db, "status", plan).returncode == 0
+    assert cli("--state", db, "mark", plan, "a", "pending").returncode == 0  # (it creates one)
     return db
 
 
@@ -113,7 +113,7 @@ def test_unwritable_directory_for_a_new_database(tmp_path):
     d.mkdir()
     os.chmod(d, 0o555)
     try:
-        res = cli("--state", d / "new.db", "status", plan)
+        res = cli("--state", d / "new.db", "mark", plan, "a", "done")  # a command that creates
     finally:
         os.chmod(d, 0o755)
     assert res.returncode == 2 and str(d) in res.stderr and "not writable" in res.stderr
@@ -129,7 +129,8 @@ def test_full_disk_creating_the_database_leaves_nothing(tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    res = subprocess.run([sys.executable, "-m", "console.cli", "--state", str(db), "status", str(plan)],
+    res = subprocess.run([sys.executable, "-m", "console.cli", "--state", str(db), "mark",
+                          str(plan), "a", "done"],
                          preexec_fn=no_space, capture_output=True, text=True, env=env,
                          timeout=60)
     assert "Traceback" not in res.stderr

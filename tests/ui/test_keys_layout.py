@@ -355,7 +355,7 @@ async def test_curve_controls(campaign):
         await pick(pilot, "train-v5")
         pane = app.query_one(MetricsPane)
         assert "elapsed_s" not in pane.families
-        await pilot.press("3", "s", "l", "w")
+        await pilot.press("3", "v", "l", "w")
         await settle(pilot)
         assert pane.smooth == 0.6 and pane.log_y and pane.wall
         title = str(pane.query_one("#metrics-title").render())

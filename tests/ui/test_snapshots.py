@@ -43,7 +43,7 @@ def test_zoomed_curves(snap_compare, campaign, utc):
     tabs)."""
     plan, store = campaign
     assert snap_compare(build(plan, store), terminal_size=SIZE,
-                        run_before=select("train-v5", "3", "s", "z"))
+                        run_before=select("train-v5", "3", "v", "z"))
 
 
 def test_zoomed_tau_table(snap_compare, campaign, utc):

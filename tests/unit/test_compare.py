@@ -134,7 +134,7 @@ def test_no_baseline_step_labels_missing_rounds_and_repeats():
 def test_empty():
     c = build_comparison([])
     assert c.drafters == () and c.cells == () and c.overall == ()
-    assert to_markdown(c).startswith("| prompt |")
+    assert to_markdown(c).startswith("| drafter | verdict |")  # the summary leads
 
 
 def test_renderers():
@@ -158,7 +158,8 @@ def test_renderers():
 
     md = to_markdown(c)
     assert "| p1 | ours | 3.000 | 2.000 | +1.000 | 150.0% |  |" in md
-    assert "| ours | 2 | 2.500 | +0.500 | 125.0% | 2.750 | +0.750 | 137.5% |  |" in md
+    assert ("| ours | ≈ no difference | 2.500 | +0.500 | 125.0% | +0.00..+1.00 | 1.000 | 2 | "
+            "2.750 | +0.750 | 137.5% |") in md
     assert "⚠ block_size 8≠4 vs base" in md
     assert "| ours | 0.750 | 0.500 | 0.500 |" in md
 
@@ -255,7 +256,11 @@ def test_few_prompts_are_never_a_verdict():
 def test_pivot_csv_and_chart():
     c = build_comparison(_campaign(4), [("v5", "v4")])
     pivot = to_markdown(c, pivot=True)
-    head = pivot.splitlines()[0]
+    lines = pivot.splitlines()
+    assert lines[0] == "Verdicts:" and lines.index("| prompt | base | v4 | Δ | v4 ddtree-8 ⚠ "
+                                                   "| Δ | v5 | Δ | v5 ddtree-8 ⚠ | Δ |") > \
+        [i for i, ln in enumerate(lines) if ln.startswith("| drafter | verdict |")][0]
+    head = [ln for ln in lines if ln.startswith("| prompt |")][0]
     # the DDTree rows have no DDTree baseline here: compared with the chain one, flagged
     assert head == ("| prompt | base | v4 | Δ | v4 ddtree-8 ⚠ | Δ | v5 | Δ | v5 ddtree-8 ⚠ | Δ |")
     q0 = [ln for ln in pivot.splitlines() if ln.startswith("| q00 |")][0].split(" | ")
