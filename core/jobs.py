@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import re
 import shlex
+import sqlite3
 import signal as _signal
 import time
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from typing import Any, Callable, Literal, Mapping
 from core.errors import HostUnreachable
 from core.hosts.base import Host
 from core.text import json_line
-from core.metrics_sources import parse_metrics
+from core.metrics_sources import LineMetrics
 
 CAPSULES = ".specdeck/runs"
 CHUNK = 4 << 20
@@ -302,8 +303,7 @@ async def follow(host: Host, store, run_id: str, capsule: str, *,
     resumes from the stored offset. ``on_state`` is told ``"reconnecting"`` / ``"following"``.
     """
     # ``regex``: one regex (str) or a parser with ``parse(line)`` (core.metrics_sources)
-    parser = regex if hasattr(regex, "parse") else None
-    pattern = re.compile(regex) if isinstance(regex, str) and regex else None
+    parser = regex if hasattr(regex, "parse") else LineMetrics([regex] if regex else [])
     log = log_path or f"{capsule}/log"
     inspector = inspector or (lambda: inspect(host, capsule))
     ended: CapsuleState | None = None
@@ -318,8 +318,8 @@ async def follow(host: Host, store, run_id: str, capsule: str, *,
         try:
             row = store.run(run_id)
             stored, base = row.log_offset, row.log_base or 0
-            if parser is not None and (seen is None or stored != seen):
-                parser.prime(store, run_id, stored)  # counts carried by earlier lines
+            if seen is None or stored != seen:
+                _guarded(store, run_id, parser.prime, store, run_id, stored)  # earlier counts
             if seen is None or stored < seen:
                 # (stored < seen: a racing follower stored a shorter piece than ours; go back
                 # so the store never keeps a gap — this viewer may see those lines twice)
@@ -338,20 +338,14 @@ async def follow(host: Host, store, run_id: str, capsule: str, *,
                 piece = data[:cut]
                 if seen + len(piece) > stored >= seen:
                     new = piece[stored - seen:]  # starts on a stored boundary
-                    metrics: list[tuple[int, str, float]] = []
-                    artefacts = []
-                    for line in new.splitlines():
-                        art = parse_artefact(line)
-                        if art is not None:
-                            artefacts.append(art)
-                            continue
-                        metrics.extend(parser.parse(line) if parser is not None
-                                       else parse_metrics(line, pattern))
-                    if not store.append_log(run_id, stored, new, metrics, artefacts) and parser:
-                        parser.prime(store, run_id, store.run(run_id).log_offset)
+                    metrics, artefacts = _parse_lines(store, run_id, parser, new)
+                    if not _append(store, run_id, stored, new, metrics, artefacts):
+                        _guarded(store, run_id, parser.prime, store, run_id,
+                                 store.run(run_id).log_offset)
                 if on_lines:  # lines end at \n only: a tqdm bar's \r redraws stay one line
                     text = piece.decode("utf-8", "replace")
-                    on_lines(text[:-1].split("\n") if text.endswith("\n") else text.split("\n"))
+                    _guarded(store, run_id, on_lines, text[:-1].split("\n")
+                             if text.endswith("\n") else text.split("\n"), source="log display")
                 seen += len(piece)
                 if len(data) >= CHUNK:
                     continue
@@ -371,6 +365,60 @@ async def follow(host: Host, store, run_id: str, capsule: str, *,
                 if on_state:
                     on_state("reconnecting")
             await asyncio.sleep(min(2.0, poll * 10))
+
+
+def _parse_lines(store, run_id: str, parser, data: bytes) -> tuple[list, list]:
+    """The metrics and checkpoint events of ``data``'s lines. A line whose parsing raises
+    gives none (one notice per run); the line itself is stored all the same."""
+    metrics: list[tuple] = []
+    artefacts: list[tuple] = []
+    for line in data.splitlines():
+        try:
+            art = parse_artefact(line)
+            if art is not None:
+                artefacts.append(art)
+            else:
+                metrics.extend(parser.parse(line))
+        except Exception as e:  # noqa: BLE001 - one line never ends the follower
+            store.metric_notice(run_id, "log parser", (
+                f"a log line's metrics were not read ({type(e).__name__}: {str(e)[:200]}; "
+                f"line starts {line[:60]!r}); the line is kept, later such lines are not "
+                "reported"))
+    notices = getattr(parser, "notices", None)  # a regex that timed out...
+    while notices:
+        store.metric_notice(run_id, *notices.pop(0))
+    return metrics, artefacts
+
+
+def _append(store, run_id: str, offset: int, data: bytes, metrics: list,
+            artefacts: list) -> bool:
+    """``store.append_log``; when storing the points fails for another reason than the
+    database itself (locked, full), the log bytes are stored without them, with a notice:
+    points never cost the lines they came with."""
+    try:
+        return store.append_log(run_id, offset, data, metrics, artefacts)
+    except sqlite3.OperationalError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a value no check foresaw
+        if not (metrics or artefacts):
+            raise
+        ok = store.append_log(run_id, offset, data)
+        lines = data.count(b"\n")
+        if ok:
+            store.metric_notice(run_id, "log store", (
+                f"{len(metrics)} metric point(s) and {len(artefacts)} checkpoint event(s) of "
+                f"{lines} log line(s) not stored ({type(e).__name__}: "
+                f"{str(e)[:200]}); the lines are kept"))
+        return ok
+
+
+def _guarded(store, run_id: str, fn, *args, source: str = "log parser") -> None:
+    """``fn(*args)``, its fault told once per run and ``source`` instead of raised."""
+    try:
+        fn(*args)
+    except Exception as e:  # noqa: BLE001 - a line's parse or display never ends the follower
+        store.metric_notice(run_id, source, f"{source} failed ({type(e).__name__}: "
+                            f"{str(e)[:200]}); the log is stored all the same")
 
 
 def outcome_of(state: CapsuleState, *, stopped: bool = False, capsule: str = "",

@@ -30,12 +30,18 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import math
 import re
 import shlex
 import struct
 from dataclasses import dataclass, field
 
 from core.text import MAX_JSON_DEPTH, json_line
+
+try:  # a backtracking matcher with a time bound (re has none)
+    import regex as _rx
+except ImportError:  # pragma: no cover - a dependency; without it: re on a shorter prefix
+    _rx = None
 
 TB_GLOB = "events.out.tfevents*"
 TB_READ = 16 << 20
@@ -73,7 +79,8 @@ class MetricsParams:
 def regex_problems(rx: str) -> list[str]:
     try:
         groups = re.compile(rx).groupindex
-    except re.error as e:
+        compile_regex(rx)  # the matcher used (the same syntax; checked all the same)
+    except Exception as e:  # noqa: BLE001 - re.error, regex.error, RecursionError...
         return [f"not a regex: {e}"]
     if "step" not in groups:
         return ["needs a named group (?P<step>...)"]
@@ -82,12 +89,107 @@ def regex_problems(rx: str) -> list[str]:
     return []
 
 
+def regex_warnings(rx: str) -> list[str]:
+    """Shapes of ``rx`` that can backtrack catastrophically: a repeat inside a repeat, as in
+    ``(a+)+$`` or ``(\\d*)*``. Matching is bounded in time per line anyway
+    (:data:`REGEX_TIMEOUT_S`); a line it gives up on gives no points."""
+    try:
+        tree = _sre_parse(rx)
+    except Exception:  # noqa: BLE001 - regex_problems reports a bad regex
+        return []
+    found: list[str] = []
+    _nested_repeats(tree, False, found)
+    return [f"nested quantifiers ({', '.join(found)}) can backtrack catastrophically on a long "
+            f"line; a line on which the regex runs over {REGEX_TIMEOUT_S * 1000:.0f} ms gives "
+            "no points (make the inner part match one way only, e.g. (a+)+ -> a+)"] if found else []
+
+
+def _sre_parse(rx: str):
+    import re._parser as sre_parse  # the stdlib's own parser (3.11+)
+
+    return sre_parse.parse(rx)
+
+
+_REPEATS = {"MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"}
+
+
+def _nested_repeats(tree, inside: bool, found: list[str]) -> None:
+    for op, av in tree:
+        name = str(op)
+        if name in _REPEATS:
+            lo, hi, sub = av
+            many = hi is None or hi > 1 or str(hi) == "MAXREPEAT"
+            if inside and many and name != "POSSESSIVE_REPEAT":
+                found.append("a repeated group holds a repeat")
+                return
+            _nested_repeats(sub, inside or (many and name != "POSSESSIVE_REPEAT"), found)
+        elif name == "SUBPATTERN":
+            _nested_repeats(av[-1], inside, found)
+        elif name == "BRANCH":
+            for alt in av[1]:
+                _nested_repeats(alt, inside, found)
+        elif name in ("ASSERT", "ASSERT_NOT"):
+            _nested_repeats(av[1], inside, found)
+        if found:
+            return
+
+
+REGEX_TIMEOUT_S = 0.05
+"""Longest a metrics regex may run on one line; over it, the line gives no points."""
+REGEX_PREFIX = 64 << 10
+"""Characters of a line a metrics regex sees (a longer line is matched on its start)."""
+REGEX_STRIKES = 3
+"""Timeouts after which a regex is no longer applied to the run's later lines."""
+
+
+def compile_regex(rx: str):
+    """``rx`` compiled by the matcher that takes a timeout (``regex``), else by ``re``."""
+    return _rx.compile(rx) if _rx is not None else re.compile(rx)
+
+
 # -- lines -------------------------------------------------------------------------------
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def _number(v) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    """A finite float of ``v``, else None (never raises: a 400-digit int is None)."""
+    if not _is_number(v):
         return None
-    v = float(v)
-    return v if v == v and abs(v) != float("inf") else None
+    try:
+        v = float(v)
+    except OverflowError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _step(v):
+    """A JSON/HF step: an int as is (the store drops one out of range, saying so), an
+    integral float as an int, a non-finite float as is (dropped the same way); None for
+    anything else (not a step: a fractional float, text)."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return v
+        return int(v) if v.is_integer() else None
+    return None
+
+
+class _Names(ast.NodeTransformer):
+    """``nan`` and ``inf`` as Python prints them in a dict (``{'loss': nan}``)."""
+
+    def visit_Name(self, node):
+        if node.id in ("nan", "inf"):
+            return ast.copy_location(ast.Constant(float(node.id)), node)
+        return node
+
+
+def _literal(text: str):
+    tree = ast.parse(text, mode="eval")
+    return ast.literal_eval(_Names().visit(tree).body)
 
 
 def hf_dict(segment: bytes) -> dict | None:
@@ -101,21 +203,28 @@ def hf_dict(segment: bytes) -> dict | None:
         if text.count("{") + text.count("[") > MAX_JSON_DEPTH:
             return None  # too deep for a metrics dict (and for ast's recursive parser)
         try:
-            obj = ast.literal_eval(text)
+            obj = _literal(text)
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             return None
-    if not isinstance(obj, dict) or not any(_number(v) is not None for v in obj.values()):
+    if not isinstance(obj, dict) or not any(_is_number(v) for v in obj.values()):
         return None
     return obj
 
 
 class LineMetrics:
-    """Parses the metrics of a run's log lines: JSON with ``step``, regexes, HF dicts."""
+    """Parses the metrics of a run's log lines: JSON with ``step``, regexes, HF dicts.
+
+    Each regex sees at most :data:`REGEX_PREFIX` characters of a line for at most
+    :data:`REGEX_TIMEOUT_S`; a line it times out on gives no points from it, and after
+    :data:`REGEX_STRIKES` timeouts it is no longer applied. ``notices`` collects
+    ``(source, message)`` pairs for the follower to journal (once per run and source)."""
 
     def __init__(self, regexes=(), hf_dicts: bool = False):
-        self.patterns = [re.compile(r) for r in regexes]
+        self.patterns = [compile_regex(r) for r in regexes]
+        self.strikes = [0] * len(self.patterns)
         self.hf_dicts = hf_dicts
         self.hf_count = 0
+        self.notices: list[tuple[str, str]] = []
 
     def prime(self, store, run_id: str, offset: int) -> None:
         """Re-derive the HF line count from the log stored before ``offset`` (a follower
@@ -142,17 +251,40 @@ class LineMetrics:
                     self.hf_count += 1
                     out += self._hf(obj)
                     continue
-            text = seg.decode("utf-8", "replace")
-            for pat in self.patterns:
-                for m in pat.finditer(text):
-                    out += regex_metrics(m)
+            if self.patterns:
+                text = seg[:REGEX_PREFIX * 4].decode("utf-8", "replace")[:REGEX_PREFIX]
+                for i, pat in enumerate(self.patterns):
+                    out += self._match(i, pat, text)
         return out
 
-    def _hf(self, obj: dict) -> list[tuple[int, str, float]]:
-        step = obj.get("global_step", obj.get("step"))
-        step = int(step) if _number(step) is not None and float(step) == int(step) else self.hf_count
-        return [(step, str(k), x) for k, v in obj.items()
-                if k not in ("global_step", "step") and (x := _number(v)) is not None]
+    def _match(self, i: int, pat, text: str) -> list[tuple]:
+        if self.strikes[i] >= REGEX_STRIKES:
+            return []
+        if _rx is None:
+            return [p for m in pat.finditer(text[:4096]) for p in regex_metrics(m)]
+        try:
+            return [p for m in pat.finditer(text, timeout=REGEX_TIMEOUT_S)
+                    for p in regex_metrics(m)]
+        except TimeoutError:
+            self.strikes[i] += 1
+            later = ("it is no longer applied to this run's lines" if self.strikes[i] >=
+                     REGEX_STRIKES else f"after {REGEX_STRIKES} such lines it is no longer applied")
+            self.notices.append((f"regex {i + 1}", (
+                f"metrics regex {i + 1} ({pat.pattern[:80]!r}) ran over "
+                f"{REGEX_TIMEOUT_S * 1000:.0f} ms on a line ({text[:60]!r}...) and gave up: that "
+                f"line gives no points from it; {later} (nested quantifiers? see "
+                "`specdeck validate`)")))
+            if self.strikes[i] == REGEX_STRIKES:
+                self.notices.append((f"regex {i + 1} off", (
+                    f"metrics regex {i + 1} timed out on {REGEX_STRIKES} lines: no longer "
+                    "applied to this run's lines (they are all kept)")))
+            return []
+
+    def _hf(self, obj: dict) -> list[tuple]:
+        step = _step(obj.get("global_step", obj.get("step")))
+        step = self.hf_count if step is None else step
+        return [(step, str(k), v) for k, v in obj.items()
+                if k not in ("global_step", "step") and _is_number(v)]
 
 
 def _json_step(seg: bytes) -> bool:
@@ -172,12 +304,12 @@ def parse_metrics(line: bytes, regex: re.Pattern | None = None) -> list[tuple[in
     if s.startswith(b"{") and b'"step"' in s:
         obj = json_line(s)
         if isinstance(obj, dict):
-            step = obj.get("step")
-            if isinstance(step, (int, float)) and not isinstance(step, bool) and step == int(step):
-                _flatten(int(step), obj, "", out)
+            step = _step(obj.get("step"))
+            if step is not None:
+                _flatten(step, obj, "", out)
                 return out
     if regex is not None:
-        m = regex.search(s.decode("utf-8", "replace"))
+        m = regex.search(s[:REGEX_PREFIX].decode("utf-8", "replace"))
         if m:
             out += regex_metrics(m)
     return out
@@ -194,26 +326,41 @@ def _flatten(step: int, obj, prefix: str, out: list, depth: int = 0) -> None:
         if isinstance(v, bool):
             continue
         if isinstance(v, (int, float)):
-            if v == v and abs(v) != float("inf"):
-                out.append((step, name, float(v)))
+            out.append((step, name, v))  # the store drops a NaN or a 400-digit one, saying so
         elif isinstance(v, (dict, list)) and len(v) <= 256:
             _flatten(step, v, name, out, depth + 1)
 
 
-def regex_metrics(m: re.Match) -> list[tuple[int, str, float]]:
-    """The numeric named groups of a match, at its ``step`` group's step."""
+def _text_number(s):
+    """A regex group as a number: an int for digits (any length), else a float (``1e400``
+    is inf); None for anything else."""
+    if not isinstance(s, str):
+        return None
     try:
-        step = int(float(m.group("step")))
-    except (TypeError, ValueError):
+        return int(s)
+    except ValueError:  # not digits, or beyond int()'s digit limit
+        pass
+    try:
+        return float(s)
+    except ValueError:
+        return None
+
+
+def regex_metrics(m) -> list[tuple]:
+    """The numeric named groups of a match, at its ``step`` group's step (a fractional
+    step is cut to its integer; a huge or non-finite one is left for the store to drop)."""
+    step = _text_number(m.group("step"))
+    if step is None:
         return []
+    if isinstance(step, float) and math.isfinite(step):
+        step = int(step)
     out = []
     for k, v in m.groupdict().items():
         if k == "step" or v is None:
             continue
-        try:
-            out.append((step, k, float(v)))
-        except ValueError:
-            pass
+        x = _text_number(v)
+        if x is not None:
+            out.append((step, k, x))
     return out
 
 
@@ -296,7 +443,7 @@ def scalars(record: bytes) -> list[tuple[int, str, float, float]]:
             val = v.simple_value
         elif v.HasField("tensor"):
             val = _tensor_scalar(v.tensor)
-        if val is not None and val == val and abs(val) != float("inf"):
+        if val is not None:  # a NaN or inf is dropped by the store, which says so
             out.append((int(ev.step), v.tag, float(val), float(ev.wall_time)))
     return out
 

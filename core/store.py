@@ -31,6 +31,7 @@ from typing import Any, Iterable, Iterator
 from sqlite_utils import Database
 from sqlite_utils.migrations import Migrations
 
+from core import points
 from core.records import (ENDED_STATES, LIVE_STATES, Artefact, EvalRow, Event, MetricPoint, Run,
                           SeenMark, StatusChange, TauWatcher, WatchEntry)
 
@@ -136,6 +137,8 @@ class Store:
 
     def __init__(self, path: str | Path = ":memory:"):
         self.path = str(path)
+        self._told: set[tuple[str, str]] = set()
+        """(run, source) pairs whose dropped-points notice this process has seen journaled."""
         if self.path == ":memory:":
             self._open()
             return
@@ -322,7 +325,8 @@ class Store:
                             [run_id, offset, len(data), nlines, data, now])
             self.db.execute("UPDATE runs SET log_offset = ?, log_lines = log_lines + ? "
                             "WHERE id = ?", [offset + len(data), nlines, run_id])
-            rows = [(run_id, step, name, value, now) for step, name, value in metrics]
+            rows = [(run_id, step, name, value, now)
+                    for step, name, value in self._storable(run_id, "log", metrics)]
             if rows:
                 self.db.conn.executemany(
                     "INSERT OR REPLACE INTO metrics (run_id, step, name, value, at) "
@@ -419,12 +423,42 @@ class Store:
         return SeenMark(**rows[0]) if rows else None
 
     # -- metrics -------------------------------------------------------------------------
-    def add_metrics(self, run_id: str, rows: Iterable[tuple[int, str, float]]) -> None:
+    def add_metrics(self, run_id: str, rows: Iterable[tuple[int, str, float]],
+                    source: str = "metrics") -> None:
         now = time.time()
         with self._immediate():
             self.db.conn.executemany(
                 "INSERT OR REPLACE INTO metrics (run_id, step, name, value, at) "
-                "VALUES (?, ?, ?, ?, ?)", [(run_id, s, n, v, now) for s, n, v in rows])
+                "VALUES (?, ?, ?, ?, ?)",
+                [(run_id, s, n, v, now) for s, n, v in self._storable(run_id, source, rows)])
+
+    def _storable(self, run_id: str, source: str, rows) -> list[tuple]:
+        """The points of ``rows`` the database can hold (:mod:`core.points`); the others are
+        dropped with one notice per run and source, so the log bytes they came with, and
+        every good point, are stored all the same."""
+        kept, dropped, why = points.bounded(rows)
+        if dropped:
+            self.metric_notice(run_id, source, f"metric points from {source} dropped: {why} "
+                               f"({dropped} in this piece; the log lines are kept; later "
+                               "drops from this source are not reported)")
+        return kept
+
+    def metric_notice(self, run_id: str, source: str, message: str) -> bool:
+        """Journal ``message`` (kind ``metrics_dropped``) unless this run's ``source`` has
+        had its notice already, by this process or another. True when it was journaled."""
+        if (run_id, source) in self._told:
+            return False
+        data = json.dumps({"source": source})
+        with self._immediate():
+            told = self.db.execute("SELECT 1 FROM events WHERE kind = 'metrics_dropped' AND "
+                                   "run_id = ? AND data = ?", [run_id, data]).fetchone()
+            if not told:
+                run = self.db.execute("SELECT item_id, host FROM runs WHERE id = ?",
+                                      [run_id]).fetchone() or (None, None)
+                self._event("metrics_dropped", run[0], run_id, run[1], message,
+                            {"source": source})
+        self._told.add((run_id, source))
+        return not told
 
     def metric_source_offset(self, run_id: str, source: str) -> int | None:
         """How far a metric source (a TensorBoard event file) has been stored."""
@@ -443,13 +477,15 @@ class Store:
         """Store ``(step, name, value, at)`` rows read from ``source`` bytes ``offset`` to
         ``new_offset`` and advance its offset, in one transaction. False (nothing stored)
         when the stored offset is not ``offset``: that piece is stored already."""
+        now = time.time()
         with self._immediate():
             cur = self.metric_source_offset(run_id, source) or 0
             if cur != offset:
                 return False
             self.db.conn.executemany(
                 "INSERT OR REPLACE INTO metrics (run_id, step, name, value, at) "
-                "VALUES (?, ?, ?, ?, ?)", [(run_id, s, n, v, at) for s, n, v, at in rows])
+                "VALUES (?, ?, ?, ?, ?)", [(run_id, s, n, v, now if at is None else at)
+                                           for s, n, v, at in self._storable(run_id, source, rows)])
             self.db.execute("INSERT OR REPLACE INTO metric_sources (run_id, source, offset, at) "
                             "VALUES (?, ?, ?, ?)", [run_id, source, new_offset, time.time()])
         return True
@@ -484,9 +520,16 @@ class Store:
 
     # -- eval results and artefacts ------------------------------------------------------
     def add_eval_results(self, rows: Iterable[EvalRow]) -> None:
+        """Store eval rows; a row whose tau or step cannot be a number here (NaN, infinite,
+        out of range) is dropped with one notice per run (``eval results``)."""
         now = time.time()
         with self._immediate():
             for r in rows:
+                why = points.eval_row_problem(r)
+                if why:
+                    self.metric_notice(r.run_id, "eval results", f"eval row dropped: {why} "
+                                       "(later ones of this run are not reported)")
+                    continue
                 row = r.to_row()
                 row["at"] = row["at"] or now
                 self.db["eval_results"].insert(row)
@@ -504,6 +547,11 @@ class Store:
                                      [run_id, path]).fetchone()
             if exists:
                 return False
+            if step is not None and points.step_of(step) is None:
+                self.metric_notice(run_id, f"{kind} steps", f"{kind} {path}: step "
+                                   f"{points.show(step)} is not an integer in SQLite's range; "
+                                   f"recorded without a step (later ones are not reported)")
+            step = points.step_of(step)
             self.db["artefacts"].insert({"run_id": run_id, "item_id": item_id, "kind": kind,
                                          "path": path, "step": step, "at": time.time(),
                                          "data": json.dumps(data) if data else None})
@@ -522,7 +570,10 @@ class Store:
                 self.db["watch_evals"].rows_where("run_id = ?", [run_id], order_by="step")]
 
     def watch_add(self, run_id: str, item_id: str, step: int) -> bool:
-        """Queue a checkpoint's eval once; False when it is already known."""
+        """Queue a checkpoint's eval once; False when it is already known (or its step is
+        out of SQLite's range: such a checkpoint is recorded without a step, never queued)."""
+        if points.step_of(step) is None:
+            return False
         with self._immediate():
             if self.db.execute("SELECT 1 FROM watch_evals WHERE run_id = ? AND step = ?",
                                [run_id, step]).fetchone():
@@ -545,6 +596,12 @@ class Store:
         """Store one detached eval's outcome with its metrics and eval rows, in one
         transaction, exactly once: False (nothing stored) when the step has its outcome
         already (another specdeck, or an earlier look, ingested it)."""
+        if points.step_of(step) is None:
+            self.metric_notice(run_id, "tau watcher", f"tau eval of step {points.show(step)} "
+                               "not stored: the step is not an integer in SQLite's range")
+            return False
+        if tau is not None and points.value_of(tau) is None:
+            tau = None  # the eval rows say why (dropped with their notice)
         with self._immediate():
             row = self.db.execute("SELECT state FROM watch_evals WHERE run_id = ? AND step = ?",
                                   [run_id, step]).fetchone()
@@ -555,7 +612,7 @@ class Store:
                                            "host": host, "capsule": capsule, "tau": tau,
                                            "error": error, "at": time.time()}, pk="id")
             if metrics:
-                self.add_metrics(run_id, metrics)
+                self.add_metrics(run_id, metrics, "tau watcher")
             if eval_rows:
                 self.add_eval_results(list(eval_rows))
         return True
