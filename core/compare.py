@@ -52,6 +52,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 from core import stats
+from core.points import eval_row_problem
 from core.records import EvalRow
 
 COMPARED_SETTINGS = ("mode", "block_size", "tree_budget", "target", "prompts", "dtype")
@@ -181,6 +182,9 @@ class Comparison:
     prompts: tuple[str, ...]
     warnings: tuple[str, ...] = ()
     pairs: tuple[Pair, ...] = ()
+    left_out: tuple[str, ...] = ()
+    """Rows whose figures are not finite numbers (a NaN or infinite tau...), each named with
+    why: left out of every figure (also listed in ``warnings``)."""
 
     def drafter(self, label: str) -> Drafter:
         for d in self.drafters:
@@ -253,8 +257,14 @@ def _row_per_position(row: EvalRow) -> list[float]:
     rounds = row.rounds
     if not rounds:
         return []
-    bs = (row.settings or {}).get("block_size") or max(int(x) for x in rounds)
-    return [sum(1 for x in rounds if int(x) > k) / len(rounds) for k in range(1, int(bs))]
+    bs = (row.settings or {}).get("block_size")
+    bs = bs if isinstance(bs, int) and not isinstance(bs, bool) else max(int(x) for x in rounds)
+    bs = min(bs, MAX_BLOCK)  # a result file's claim: bounded
+    return [sum(1 for x in rounds if int(x) > k) / len(rounds) for k in range(1, bs)]
+
+
+MAX_BLOCK = 4096
+"""Most acceptance positions a row's p_k is derived for (real block sizes are 8-32)."""
 
 
 def _per_position(rows: Iterable[EvalRow]) -> tuple[float, ...]:
@@ -314,7 +324,12 @@ def build_comparison(rows: Iterable[EvalRow],
     entries: dict[tuple, _Entry] = {}
     warnings: list[str] = []
     prompts: list[str] = []
+    left_out: list[str] = []
     for r in rows:
+        why = eval_row_problem(r)
+        if why:
+            left_out.append(f"left out: {why}")
+            continue
         settings = dict(r.settings or {})
         role = r.role or "drafter"
         step = r.step
@@ -361,7 +376,7 @@ def build_comparison(rows: Iterable[EvalRow],
     done = [_pair(by_label[a], by_label[b], seed, detect)
             for a, b in _resolve_pairs(pairs, list(by_label))]
     return Comparison(tuple(drafters), tuple(cells), tuple(overall), tuple(prompts),
-                      tuple(warnings), tuple(done))
+                      tuple(left_out + warnings), tuple(done), tuple(left_out))
 
 
 def _resolve_pairs(pairs: Sequence[tuple[str, str]], labels: list[str]) -> list[tuple[str, str]]:
@@ -488,7 +503,7 @@ def to_dict(c: Comparison) -> dict:
     return {"compared_settings": list(COMPARED_SETTINGS), "prompts": list(c.prompts),
             "drafters": [asdict(d) for d in c.drafters], "cells": [asdict(x) for x in c.cells],
             "overall": [asdict(o) for o in c.overall], "pairs": [asdict(p) for p in c.pairs],
-            "warnings": list(c.warnings)}
+            "warnings": list(c.warnings), "left_out": list(c.left_out)}
 
 
 def to_json(c: Comparison, *, indent: int | None = 2) -> str:

@@ -405,25 +405,53 @@ def _masked_crc(data: bytes) -> int:
     return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-def read_records(buf: bytes, where: str = "event file") -> tuple[list[bytes], int]:
-    """Whole TFRecords at the start of ``buf`` and the bytes they take (a torn tail waits)."""
+@dataclass(frozen=True)
+class Framing:
+    """What the start of a piece of an event file holds (:func:`frame`)."""
+
+    records: list[tuple[int, bytes]]
+    """Whole, checked records: (the byte after it, relative to the piece; its data)."""
+    need: int | None = None
+    """The record after them, whose header is whole and checked, takes this many bytes in
+    all (header, data, checksum) and the piece holds fewer: torn, or bigger than a read."""
+    error: str | None = None
+    """The record after them is corrupt (a header or data checksum): why."""
+
+    @property
+    def used(self) -> int:
+        return self.records[-1][0] if self.records else 0
+
+
+def frame(buf: bytes, where: str = "event file", base: int = 0) -> Framing:
+    """The whole TFRecords at the start of ``buf`` (``base``: its offset in the file, for
+    messages), and what stops them: a torn or oversized record, or a corrupt one. Never
+    raises: the good records before a bad one are kept."""
     out, pos = [], 0
     while pos + 12 <= len(buf):
         head = buf[pos:pos + 8]
         (length,) = struct.unpack("<Q", head)
         (hcrc,) = struct.unpack("<I", buf[pos + 8:pos + 12])
         if _masked_crc(head) != hcrc:
-            raise EventFileError(f"{where}: corrupt record header at byte {pos}")
+            return Framing(out, error=f"{where}: corrupt record header at byte {base + pos}")
         end = pos + 12 + length + 4
         if end > len(buf):
-            break
+            return Framing(out, need=end - pos)
         data = buf[pos + 12:pos + 12 + length]
         (dcrc,) = struct.unpack("<I", buf[end - 4:end])
         if length <= CRC_MAX and _masked_crc(data) != dcrc:
-            raise EventFileError(f"{where}: corrupt record at byte {pos}")
-        out.append(data)
+            return Framing(out, error=f"{where}: corrupt record at byte {base + pos}")
+        out.append((end, data))
         pos = end
-    return out, pos
+    return Framing(out)
+
+
+def read_records(buf: bytes, where: str = "event file") -> tuple[list[bytes], int]:
+    """Whole TFRecords at the start of ``buf`` and the bytes they take (a torn tail waits);
+    raises :class:`EventFileError` at a corrupt one."""
+    f = frame(buf, where)
+    if f.error:
+        raise EventFileError(f.error)
+    return [d for _, d in f.records], f.used
 
 
 def scalars(record: bytes) -> list[tuple[int, str, float, float]]:
@@ -516,16 +544,31 @@ def _tensor_scalar(t) -> float | None:
 
 
 class TensorBoardSource:
-    """Reads one run's event files on its host, each byte once (offsets in the store)."""
+    """Reads one run's event files on its host, each byte once (offsets in the store).
 
-    def __init__(self, host, store, run_id: str, directory: str):
+    Problems are journaled once per file (:meth:`core.store.Store.metric_notice`) and told
+    through ``errors``: a corrupt record (its file is read no further; every good record
+    before it is kept), a record bigger than one read (:data:`TB_READ`; skipped: scalars are
+    ~100 bytes, such records are images or graphs), and a record whose length runs past the
+    end of its file once the run has ended (``final``) or the file has not grown for
+    ``stale_s`` seconds (torn by a crash, or truncated)."""
+
+    def __init__(self, host, store, run_id: str, directory: str, *, stale_s: float = 600.0):
         self.host, self.store, self.run_id = host, store, run_id
         self.dir = host.path(directory)
+        self.stale_s = stale_s
         self.bad: set[str] = set()
         self.errors: list[str] = []
+        self.grown: dict[str, tuple[int, float]] = {}
+        """path -> (size, when it was first seen at that size)."""
 
     def key(self, path: str) -> str:
         return "tb:" + path
+
+    def report(self, path: str, what: str, message: str) -> None:
+        """Journal ``message`` once per file and kind of problem; tell it the first time."""
+        if self.store.metric_notice(self.run_id, f"{self.key(path)} {what}", message):
+            self.errors.append(message)
 
     async def files(self) -> list[tuple[str, int]]:
         res = await self.host.run(
@@ -543,31 +586,78 @@ class TensorBoardSource:
         for path, size in await self.files():
             self.store.metric_source_init(self.run_id, self.key(path), size)
 
-    async def poll(self) -> int:
+    async def poll(self, *, final: bool = False) -> int:
         """Store what the event files gained since the stored offsets; returns points stored.
 
-        A corrupt file is reported once (``self.errors``) and not read further."""
+        ``final``: the run has ended, so a record still torn at a file's end never will be
+        whole: it is reported."""
+        import time
+
         stored = 0
+        now = time.monotonic()
         for path, size in await self.files():
             if path in self.bad:
                 continue
-            key = self.key(path)
-            offset = self.store.metric_source_offset(self.run_id, key) or 0
-            while size > offset:
-                buf = await self.host.read_from(path, offset, min(size - offset, TB_READ))
+            if self.grown.get(path, (None,))[0] != size:
+                self.grown[path] = (size, now)
+            idle = now - self.grown[path][1]
+            stale = ("the run has ended" if final else
+                     f"it has not grown for {idle:.0f} s" if idle >= self.stale_s else None)
+            got = await self._read_file(path, size, stale)
+            if got is None:
+                break  # another specdeck stored this piece first: it reads on
+            stored += got
+        return stored
+
+    async def _read_file(self, path: str, size: int, stale: str | None) -> int | None:
+        """Read ``path`` from its stored offset to ``size``; None when another specdeck
+        stored a piece first. ``stale``: why a torn end is final (None: it may grow)."""
+        key, where = self.key(path), f"{self.host.name}:{path}"
+        offset = self.store.metric_source_offset(self.run_id, key) or 0
+        stored = 0
+        while size > offset:
+            buf = await self.host.read_from(path, offset, min(size - offset, TB_READ))
+            f = frame(buf, where, offset)
+            rows, used, error = [], 0, f.error
+            for end, rec in f.records:
                 try:
-                    records, used = read_records(buf, f"{self.host.name}:{path}")
-                    rows = [r for rec in records for r in scalars(rec)]
+                    rows += scalars(rec)
                 except EventFileError as e:
-                    self.bad.add(path)
-                    self.errors.append(f"{self.host.name}:{path}: unreadable event file "
-                                       f"({e}); its later points are not read")
+                    error = f"{where}: record at byte {offset + used}: {e}"
                     break
-                if not used or not self.store.add_source_metrics(
-                        self.run_id, key, offset, offset + used, rows):
-                    break  # a torn record waits; or another specdeck stored this piece first
+                used = end
+            if used:
+                if not self.store.add_source_metrics(self.run_id, key, offset, offset + used,
+                                                     rows):
+                    return None
                 stored += len(rows)
                 offset += used
+            if error:
+                self.bad.add(path)
+                self.report(path, "corrupt", (
+                    f"{where}: unreadable event file ({error.removeprefix(where + ': ')}); "
+                    f"kept every record before byte {offset} (the {stored} point(s) read now "
+                    "and all stored earlier); its later records are not read"))
+                return stored
+            if used:
+                continue
+            end = offset + (f.need or 12)  # the record at ``offset`` is not whole in this read
+            if f.need > TB_READ and end <= size:
+                if not self.store.add_source_metrics(self.run_id, key, offset, end, []):
+                    return None
+                self.report(path, "big", (
+                    f"{where}: skipped a record of {f.need:,} bytes at byte {offset} (more than "
+                    f"one read, {TB_READ >> 20} MiB: an image, histogram or graph, no scalar); "
+                    "later such records are skipped unreported"))
+                offset = end
+                continue
+            if end > size and stale:
+                claims = f"claims {f.need:,} bytes" if f.need else "has no whole header"
+                self.report(path, "torn", (
+                    f"{where}: corrupt event file: the record at byte {offset} {claims} but "
+                    f"the file ends at byte {size} and {stale}; every record before it is "
+                    "kept"))
+            break
         return stored
 
 
@@ -600,18 +690,19 @@ async def alongside(source: TensorBoardSource | None, work, *, every: float = 1.
             await task
         except asyncio.CancelledError:
             pass
-    await _safe_poll(source, on_error)
+    await _safe_poll(source, on_error, final=True)
     return result
 
 
-async def _safe_poll(source: TensorBoardSource, on_error) -> None:
+async def _safe_poll(source: TensorBoardSource, on_error, *, final: bool = False) -> None:
     from core.errors import HostUnreachable
 
     try:
-        await source.poll()
+        await source.poll(final=final)
     except HostUnreachable:
         pass  # the log follower reports the outage; the next poll resumes at the offsets
-    except OSError as e:  # a file vanished or became unreadable between listing and reading
+    except Exception as e:  # noqa: BLE001 - a file gone between listing and reading, or any
+        # fault no check foresaw: the run goes on, told once
         msg = f"{source.host.name}:{source.dir}: event files not read: {e}"
         if msg not in source.bad:
             source.bad.add(msg)

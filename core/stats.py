@@ -121,11 +121,26 @@ def _percentiles(samples: list[float], tail: float) -> tuple[float, float]:
     return lo, hi
 
 
+def _finite(values) -> list[float]:
+    """The finite numbers among ``values`` as floats: a NaN or infinite figure (a hostile or
+    broken result file) is left out here, so no statistic raises or turns NaN on it (the
+    comparison names such rows: :func:`core.points.eval_row_problem`)."""
+    out = []
+    for v in values:
+        try:
+            x = float(v)
+        except (TypeError, ValueError, OverflowError):
+            continue
+        if math.isfinite(x):
+            out.append(x)
+    return out
+
+
 # -- intervals ----------------------------------------------------------------------------
 def mean_ci(values: Sequence[float], *, rng: random.Random | None = None,
             b: int = BOOTSTRAP, level: float = LEVEL) -> tuple[float, float] | None:
     """Interval of the mean of ``values`` (bootstrap over them); None under 2 values."""
-    vals = [float(v) for v in values]
+    vals = _finite(values)
     n = len(vals)
     if n < 2:
         return None
@@ -150,7 +165,7 @@ def pooled_ci(rounds: Sequence[Sequence[float]], *, rng: random.Random | None = 
     :data:`EXACT_ROUNDS` rounds; for longer ones it draws the resampled sum from its normal
     law (mean ``n * m``, sd ``sqrt(n) * s``), which is what resampling many rounds gives and
     keeps a table of long evals quick."""
-    groups = [[float(x) for x in g] for g in rounds if g]
+    groups = [g for g in map(_finite, rounds) if g]
     n = len(groups)
     if n < 2:
         return None
@@ -187,7 +202,7 @@ def sign_flip_p(diffs: Sequence[float], *, rng: random.Random | None = None,
     """Two-sided p-value of "the mean difference is 0" by flipping the signs of the
     differences: exact up to :data:`EXACT_MAX` of them (meet in the middle: the sums of two
     halves, one sorted), else seeded random sign patterns."""
-    d = [float(x) for x in diffs]
+    d = _finite(diffs)
     n = len(d)
     observed = abs(sum(d)) * (1 - 1e-12)  # ties with the observed sum count as extreme
     if n == 0 or observed == 0:
@@ -220,7 +235,7 @@ def prompts_to_detect(sd: float | None, effect: float = DETECT, *, alpha: float 
     """About how many prompts a paired test needs to detect a mean difference ``effect``
     when per-prompt differences spread with standard deviation ``sd`` (the normal formula
     with Guenther's small-sample correction ``+ z^2 / 2``)."""
-    if effect <= 0 or sd is None or sd != sd:
+    if sd is None or len(_finite([sd, effect])) < 2 or effect <= 0:
         return None
     za, zb = _N.inv_cdf(1 - alpha / 2), _N.inv_cdf(power)
     # under MIN_PROMPTS no sign pattern is rare enough: 2 / 2^n >= alpha
@@ -284,7 +299,8 @@ def paired(a: Sequence[float], b: Sequence[float], *, name: str = "pair",
     """Compare per-prompt figures ``a`` and ``b`` (aligned: the same prompt at each index)."""
     if len(a) != len(b):
         raise ValueError("paired figures need one value per prompt on both sides")
-    diffs = [float(x) - float(y) for x, y in zip(a, b)]
+    both = [p for p in map(_finite, zip(a, b)) if len(p) == 2]  # a prompt with a NaN: out
+    diffs = _finite(x - y for x, y in both)
     n = len(diffs)
     if n == 0:
         return Paired(0, None, None, None, NONE, detect, None)

@@ -16,6 +16,7 @@ import sys
 from console.cli.output import run_with
 from core.errors import InvalidInput
 from core.planfile import load_plan
+from core.points import value_of
 
 
 def _flatten(d, prefix="") -> dict:
@@ -50,6 +51,8 @@ def cmd_compare(args) -> int:
                            hint=f"run an eval item first (`specdeck run {args.plan} ITEM`)")
     comp = build_comparison(rows, [tuple(p) for p in args.pair or ()],
                             **({"detect": args.detect} if args.detect is not None else {}))
+    for why in comp.left_out:  # a NaN or infinite tau in a result: said in every format
+        print(f"{plan.name}: {why}", file=sys.stderr)
     if args.json:
         print(to_json(comp))
     elif args.csv:
@@ -165,6 +168,13 @@ def cmd_metrics(args) -> int:
         return run, runner.store.metric_rows(run.id, names)
 
     run, rows = run_with(plan, args, go, show_events=False)
+    # an older store may hold a NaN or infinite point (this version never stores one): left
+    # out, and said, so --csv stays numeric and --jsonl strict JSON
+    bad = [r for r in rows if None in (value_of(r.value), value_of(r.time))]
+    if bad:
+        rows = [r for r in rows if None not in (value_of(r.value), value_of(r.time))]
+        print(f"{args.item}: {len(bad)} stored point(s) that are not finite numbers left out "
+              f"(e.g. {bad[0].name} at step {bad[0].step})", file=sys.stderr)
     if args.csv:
         w = csv.writer(sys.stdout, lineterminator="\n")
         w.writerow(FIELDS)
@@ -174,7 +184,8 @@ def cmd_metrics(args) -> int:
         return 0
     if args.jsonl:
         for r in rows:
-            sys.stdout.write(json.dumps({k: getattr(r, k) for k in FIELDS}) + "\n")
+            sys.stdout.write(json.dumps({k: getattr(r, k) for k in FIELDS}, allow_nan=False)
+                             + "\n")
         sys.stdout.flush()
         return 0
     if not rows:
