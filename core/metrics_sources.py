@@ -104,6 +104,16 @@ def regex_warnings(rx: str) -> list[str]:
             "no points (make the inner part match one way only, e.g. (a+)+ -> a+)"] if found else []
 
 
+def params_regex_warnings(params) -> list[str]:
+    """``regex: warning`` lines for the metrics regexes an action's params declare
+    (``metrics: {regex: ...}``, a train item's ``metrics_regex``): what ``validate`` says."""
+    spec = getattr(params, "metrics", None)
+    regexes = list(spec.regexes) if isinstance(spec, MetricsParams) else []
+    legacy = getattr(params, "metrics_regex", None)
+    regexes += [legacy] if isinstance(legacy, str) and legacy else []
+    return [f"metrics regex {rx!r}: {w}" for rx in regexes for w in regex_warnings(rx)]
+
+
 def _sre_parse(rx: str):
     import re._parser as sre_parse  # the stdlib's own parser (3.11+)
 

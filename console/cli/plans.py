@@ -29,7 +29,12 @@ def _run_json(run: "Run | None") -> dict | None:
 
 
 def cmd_validate(args) -> int:
+    from core.metrics_sources import params_regex_warnings
+
     plan = load_plan(args.plan)
+    for it in plan.items:  # warnings: the plan is valid, exit 0
+        for w in params_regex_warnings(it.action.params) if it.action else ():
+            err(f"{args.plan}: warning: item {it.id}: {w}")
     kinds = sorted({it.action.kind for it in plan.items if it.action})
     manual = sum(1 for it in plan.items if it.manual)
     print(f"{args.plan}: ok: plan {plan.name!r}, {len(plan.items)} items "
