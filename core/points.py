@@ -52,6 +52,18 @@ def value_of(v: object) -> float | None:
     return x if math.isfinite(x) else None
 
 
+FIGURE_MAX = 1e150
+"""Largest magnitude an eval figure (a tau, a round, a share) may have: far above any real
+one (tau is at most the block size), and small enough that the statistics' squares and sums
+stay finite."""
+
+
+def figure_of(v: object) -> float | None:
+    """``v`` as an eval figure: a finite float of at most :data:`FIGURE_MAX`, else None."""
+    x = value_of(v)
+    return x if x is not None and abs(x) <= FIGURE_MAX else None
+
+
 def problem(step: object, name: object, value: object) -> str | None:
     """Why ``(step, name, value)`` cannot be stored, or None when it can."""
     if step_of(step) is None:
@@ -83,16 +95,16 @@ def bounded(rows) -> tuple[list[tuple], int, str | None]:
 
 
 def _numbers(xs: object) -> bool:
-    return isinstance(xs, (list, tuple)) and all(value_of(x) is not None for x in xs)
+    return isinstance(xs, (list, tuple)) and all(figure_of(x) is not None for x in xs)
 
 
 def eval_row_problem(row) -> str | None:
     """Why an eval row's figures (:class:`core.records.EvalRow`) cannot be stored or
-    compared, or None: a tau, a round or a per-position share that is not a finite number,
-    or a step out of SQLite's range."""
+    compared, or None: a tau, a round or a per-position share that is not a finite number
+    (within :data:`FIGURE_MAX`), or a step out of SQLite's range."""
     where = f"{show(row.drafter)}, prompt {show(row.prompt_id)} (run {row.run_id})"
-    if row.tau is not None and value_of(row.tau) is None:
-        return f"{where}: tau {show(row.tau)} is not a finite number"
+    if row.tau is not None and figure_of(row.tau) is None:
+        return f"{where}: tau {show(row.tau)} is not a finite number (within ±{FIGURE_MAX:g})"
     if row.rounds is not None and not _numbers(row.rounds):
         return f"{where}: its rounds are not all finite numbers"
     if row.per_position is not None and not _numbers(row.per_position):

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from statistics import NormalDist, fmean, stdev
 from typing import Sequence
 
+from core.points import figure_of
+
 LEVEL = 0.95
 ALPHA = 0.05
 SEED = 20260101
@@ -122,18 +124,10 @@ def _percentiles(samples: list[float], tail: float) -> tuple[float, float]:
 
 
 def _finite(values) -> list[float]:
-    """The finite numbers among ``values`` as floats: a NaN or infinite figure (a hostile or
-    broken result file) is left out here, so no statistic raises or turns NaN on it (the
-    comparison names such rows: :func:`core.points.eval_row_problem`)."""
-    out = []
-    for v in values:
-        try:
-            x = float(v)
-        except (TypeError, ValueError, OverflowError):
-            continue
-        if math.isfinite(x):
-            out.append(x)
-    return out
+    """The usable figures among ``values`` as floats: a NaN, infinite or absurdly large one
+    (a hostile or broken result file) is left out here, so no statistic raises or turns NaN
+    on it (the comparison names such rows: :func:`core.points.eval_row_problem`)."""
+    return [x for x in map(figure_of, values) if x is not None]
 
 
 # -- intervals ----------------------------------------------------------------------------
