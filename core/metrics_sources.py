@@ -277,13 +277,13 @@ class LineMetrics:
                     for p in regex_metrics(m)]
         except TimeoutError:
             self.strikes[i] += 1
-            later = ("it is no longer applied to this run's lines" if self.strikes[i] >=
-                     REGEX_STRIKES else f"after {REGEX_STRIKES} such lines it is no longer applied")
-            self.notices.append((f"regex {i + 1}", (
-                f"metrics regex {i + 1} ({pat.pattern[:80]!r}) ran over "
-                f"{REGEX_TIMEOUT_S * 1000:.0f} ms on a line ({text[:60]!r}...) and gave up: that "
-                f"line gives no points from it; {later} (nested quantifiers? see "
-                "`specdeck validate`)")))
+            if self.strikes[i] == 1:
+                self.notices.append((f"regex {i + 1}", (
+                    f"metrics regex {i + 1} ({pat.pattern[:80]!r}) ran over "
+                    f"{REGEX_TIMEOUT_S * 1000:.0f} ms on a line ({text[:60]!r}...) and gave up: "
+                    f"that line gives no points from it; after {REGEX_STRIKES} such lines it is "
+                    "no longer applied to this run (nested quantifiers? see "
+                    "`specdeck validate`)")))
             if self.strikes[i] == REGEX_STRIKES:
                 self.notices.append((f"regex {i + 1} off", (
                     f"metrics regex {i + 1} timed out on {REGEX_STRIKES} lines: no longer "
@@ -651,18 +651,19 @@ class TensorBoardSource:
                 return stored
             if used:
                 continue
-            end = offset + (f.need or 12)  # the record at ``offset`` is not whole in this read
-            if f.need > TB_READ and end <= size:
+            need = f.need or 12  # the record at ``offset`` is not whole in this read
+            end = offset + need
+            if need > TB_READ and end <= size:
                 if not self.store.add_source_metrics(self.run_id, key, offset, end, []):
                     return None
                 self.report(path, "big", (
-                    f"{where}: skipped a record of {f.need:,} bytes at byte {offset} (more than "
+                    f"{where}: skipped a record of {need:,} bytes at byte {offset} (more than "
                     f"one read, {TB_READ >> 20} MiB: an image, histogram or graph, no scalar); "
                     "later such records are skipped unreported"))
                 offset = end
                 continue
             if end > size and stale:
-                claims = f"claims {f.need:,} bytes" if f.need else "has no whole header"
+                claims = f"claims {f.need - 16:,} bytes" if f.need else "has no whole header"
                 self.report(path, "torn", (
                     f"{where}: corrupt event file: the record at byte {offset} {claims} but "
                     f"the file ends at byte {size} and {stale}; every record before it is "
@@ -706,6 +707,7 @@ async def alongside(source: TensorBoardSource | None, work, *, every: float = 1.
 
 async def _safe_poll(source: TensorBoardSource, on_error, *, final: bool = False) -> None:
     from core.errors import HostUnreachable
+    from core.faults import describe_fault
 
     try:
         await source.poll(final=final)
@@ -713,10 +715,8 @@ async def _safe_poll(source: TensorBoardSource, on_error, *, final: bool = False
         pass  # the log follower reports the outage; the next poll resumes at the offsets
     except Exception as e:  # noqa: BLE001 - a file gone between listing and reading, or any
         # fault no check foresaw: the run goes on, told once
-        msg = f"{source.host.name}:{source.dir}: event files not read: {e}"
-        if msg not in source.bad:
-            source.bad.add(msg)
-            source.errors.append(msg)
+        source.report(source.dir, "read", f"{source.host.name}:{source.dir}: event files not "
+                      f"read: {describe_fault(e)} (the next poll tries again)")
     while source.errors:
         msg = source.errors.pop(0)
         if on_error:
