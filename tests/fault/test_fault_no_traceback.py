@@ -68,3 +68,56 @@ def test_no_traceback_from_import(tmp_path, args):
     res = run_cli(*[a.format(tmp=tmp_path) for a in args])
     assert "Traceback" not in res.stderr, res.stderr
     assert res.returncode == 2, res.stderr
+
+
+# -- what runs write (issue 28): huge and non-finite numbers, a catastrophic metrics regex,
+# corrupt event files, a NaN / infinite tau in eval results
+def _hostile_run_output(tmp_path, case):
+    import json
+    import sys
+
+    from tests.fault.test_fault_metric_numbers import LINES, _eval_plan
+    from tests.fault.test_fault_tensorboard import CASES
+
+    db = tmp_path / "s.db"
+    if case == "eval-nan":
+        return _eval_plan(tmp_path, db), db
+    f = tmp_path / "out.bin"
+    metrics = "{regex: ['step (?P<step>\\S+) loss (?P<loss>\\S+)'], hf_dicts: true, tensorboard: tb}"
+    if case == "numbers":
+        f.write_text("\n".join(LINES) + "\n")
+        command = f"cat {f}"
+    elif case == "regex":
+        f.write_text("".join(f"{i} " + "a" * 3000 + "!\n" for i in range(5)))
+        command = f"cat {f}"
+        metrics = "{regex: ['(?P<step>\\d+) (?P<v>(a+)+)$']}"
+    else:  # every framing fault, one event file each
+        for name, (data, *_) in CASES.items():
+            (tmp_path / f"{name}.ev").write_bytes(data)
+        command = (f"mkdir -p tb && for x in {tmp_path}/*.ev; do mv $x tb/events.out.tfevents.$"
+                   "(basename $x); done; echo done")
+    plan = local_plan(tmp_path, f"""  - id: a
+    content: writes hostile output
+    action: {{kind: shell, host: here, params: {{command: {json.dumps(command)}, metrics: {metrics}}}}}
+""")
+    return plan, db
+
+
+OUTPUT_COMMANDS = [("validate",), ("run", "a"), ("status",), ("status", "--json"),
+                   ("logs", "a"), ("metrics", "a"), ("metrics", "a", "--csv"),
+                   ("metrics", "a", "--jsonl"), ("attach",), ("compare",), ("compare", "--json"),
+                   ("compare", "--csv"), ("compare", "--pivot"), ("export", "--todowrite")]
+
+
+@pytest.mark.parametrize("case", ["numbers", "regex", "tensorboard", "eval-nan"])
+def test_no_traceback_from_what_runs_write(tmp_path, case):
+    plan, db = _hostile_run_output(tmp_path, case)
+    for cmd in OUTPUT_COMMANDS:
+        if case == "eval-nan" and cmd[0] in ("run", "logs", "metrics"):
+            continue  # its item is manual: results only
+        res = run_cli("--state", db, cmd[0], plan, *cmd[1:], timeout=120)
+        assert "Traceback" not in res.stderr and "Traceback" not in res.stdout, (cmd, res.stderr)
+        expected = (0, 2) if cmd[0] == "compare" and case != "eval-nan" else (0,)
+        assert res.returncode in expected, (cmd, res.returncode, res.stderr)
+        if res.returncode:
+            assert "no eval results" in res.stderr, (cmd, res.stderr)
