@@ -585,6 +585,8 @@ class Store:
 
     def watch_update(self, run_id: str, step: int, **fields: Any) -> None:
         fields["at"] = time.time()
+        if fields.get("tau") is not None and points.value_of(fields["tau"]) is None:
+            fields["tau"] = None  # never a NaN or infinite tau (its eval rows say why)
         with self._immediate():
             self.db["watch_evals"].update(f"{run_id}:{step}", fields)
 

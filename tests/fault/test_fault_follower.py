@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from core import metrics_sources
 from core.planfile import parse_plan
@@ -191,3 +194,45 @@ def test_regex_timeout_bounds_one_line():
                                         (r"(?P<step>\d+)(?P<v>(ab){1,3})", False)])
 def test_validate_warns_about_nested_quantifiers_only(rx, warned):
     assert bool(metrics_sources.regex_warnings(rx)) is warned
+
+
+_num = st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(repr),
+                 st.integers(-(10 ** 30), 10 ** 30).map(str),
+                 st.integers(19, 400).map(lambda n: "9" * n),
+                 st.sampled_from(["NaN", "Infinity", "-Infinity", "nan", "inf", "1e400", "x"]))
+_line = st.one_of(
+    st.builds(lambda s, v: f'{{"step": {s}, "loss": {v}, "a": [{v}, {{"b": {v}}}]}}', _num, _num),
+    st.builds(lambda s, v: f"step {s} loss {v}", _num, _num),
+    st.builds(lambda s, v: f"{{'loss': {v}, 'global_step': {s}}}", _num, _num),
+    st.builds(lambda v: f"{{'loss': {v}, 'epoch': 0.5}}", _num),
+    st.builds(lambda s: f'{{"event": "checkpoint", "step": {s}, "path": "c{s[:20]}.pt"}}', _num),
+    st.builds(lambda s: f"{s} " + "a" * 40 + "!", _num),
+    st.text(max_size=30).map(lambda t: t.replace("\n", " ").replace("\r", " ")))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(_line, min_size=1, max_size=25))
+def test_fuzz_the_follower_stores_every_line_of_hostile_metric_output(tmp_path_factory, lines):
+    from core.hosts.local import LocalHost
+    from core.jobs import CapsuleState, follow
+
+    d = tmp_path_factory.mktemp("f")
+    log = d / "log"
+    data = ("\n".join(lines) + "\n").encode()
+    log.write_bytes(data)
+    store = Store(d / "s.db")
+    store.claim_run("r", "m", "shell", "here", owner="t")
+    parser = metrics_sources.LineMetrics([r"step (?P<step>\S+) loss (?P<loss>\S+)", BAD_RX],
+                                         hf_dicts=True)
+
+    async def ended():
+        return CapsuleState("ended", 0)
+
+    st_ = asyncio.run(follow(LocalHost("here", workdir=str(d)), store, "r", str(d), regex=parser,
+                             inspector=ended, log_path=str(log), poll=0.01))
+    assert st_.state == "ended"
+    assert store.log_bytes("r") == data  # never a lost line
+    assert store.run("r").log_lines == len(lines)
+    for p in store.metric_rows("r"):
+        assert -(2 ** 63) <= p.step < 2 ** 63 and math.isfinite(p.value)
+    store.close()

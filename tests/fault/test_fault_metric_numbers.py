@@ -146,7 +146,9 @@ def test_eval_rows_with_a_non_finite_tau_are_never_stored(tmp_path):
     assert "prompt 'p2'" in ev.message and "nan" in ev.message
     assert not store.watch_ingest("e", "ev", 10 ** 400, state="done", tau=2.0)
     assert store.watch_ingest("e", "ev", 5, state="done", tau=float("nan"))
-    assert store.watch_entries("e")[0].tau is None
+    assert store.watch_add("e", "ev", 6) and not store.watch_add("e", "ev", 2 ** 63)
+    store.watch_update("e", 6, state="done", tau=float("inf"))
+    assert [(w.step, w.tau) for w in store.watch_entries("e")] == [(5, None), (6, None)]
 
 
 def _eval_plan(tmp_path, db):
