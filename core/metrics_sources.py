@@ -24,6 +24,12 @@ TensorFlow or tensorboard needed on the console machine) are read from the host 
 the store and advanced in the same transaction as the metrics parsed from it, so a kill -9
 at any point neither loses nor repeats a point. Files already in the directory when the run
 is launched belong to earlier runs and are skipped. The tag is the metric name.
+
+What runs write is untrusted: parsing never raises on a number (a 400-digit step, NaN,
+``1e400``): numbers are handed on as found and the store keeps only those it can hold
+(:mod:`core.points`), saying once per run and source what it dropped. A metrics regex runs
+with a time bound per line (:data:`REGEX_TIMEOUT_S`); event-file framing faults are told
+once per file with what was kept (:class:`TensorBoardSource`).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import math
 import re
 import shlex
 import struct
+import time
 from dataclasses import dataclass, field
 
 from core.text import MAX_JSON_DEPTH, json_line
@@ -160,17 +167,6 @@ def compile_regex(rx: str):
 # -- lines -------------------------------------------------------------------------------
 def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _number(v) -> float | None:
-    """A finite float of ``v``, else None (never raises: a 400-digit int is None)."""
-    if not _is_number(v):
-        return None
-    try:
-        v = float(v)
-    except OverflowError:
-        return None
-    return v if math.isfinite(v) else None
 
 
 def _step(v):
@@ -601,8 +597,6 @@ class TensorBoardSource:
 
         ``final``: the run has ended, so a record still torn at a file's end never will be
         whole: it is reported."""
-        import time
-
         stored = 0
         now = time.monotonic()
         for path, size in await self.files():

@@ -83,7 +83,8 @@ def _hostile_run_output(tmp_path, case):
     if case == "eval-nan":
         return _eval_plan(tmp_path, db), db
     f = tmp_path / "out.bin"
-    metrics = "{regex: ['step (?P<step>\\S+) loss (?P<loss>\\S+)'], hf_dicts: true, tensorboard: tb}"
+    metrics = ("{regex: ['step (?P<step>\\S+) loss (?P<loss>\\S+)'], hf_dicts: true, "
+               "tensorboard: tb}")
     if case == "numbers":
         f.write_text("\n".join(LINES) + "\n")
         command = f"cat {f}"
@@ -98,7 +99,8 @@ def _hostile_run_output(tmp_path, case):
                    "(basename $x); done; echo done")
     plan = local_plan(tmp_path, f"""  - id: a
     content: writes hostile output
-    action: {{kind: shell, host: here, params: {{command: {json.dumps(command)}, metrics: {metrics}}}}}
+    action: {{kind: shell, host: here,
+              params: {{command: {json.dumps(command)}, metrics: {metrics}}}}}
 """)
     return plan, db
 

@@ -108,7 +108,8 @@ def source(tmp_path):
     store.claim_run("r", "tb", "shell", "here", owner="t")
     host = LocalHost("here", workdir=str(tmp_path))
     (tmp_path / "tb").mkdir()
-    return TensorBoardSource(host, store, "r", "tb"), store, tmp_path / "tb" / "events.out.tfevents.1"
+    src = TensorBoardSource(host, store, "r", "tb")
+    return src, store, tmp_path / "tb" / "events.out.tfevents.1"
 
 
 async def test_a_torn_record_that_is_completed_is_read_not_reported(source):
