@@ -243,6 +243,8 @@ class LineMetrics:
                         self.hf_count += 1
 
     def parse(self, line: bytes) -> list[tuple[int, str, float]]:
+        if not self.patterns and not self.hf_dicts:
+            return parse_metrics(line)  # JSON lines only, the common case: the line whole
         out: list[tuple[int, str, float]] = []
         for seg in line.split(b"\r"):
             if not seg.strip():
