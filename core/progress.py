@@ -6,7 +6,7 @@ from core.text import json_line
 
 
 def _eta(s) -> str:
-    if not isinstance(s, (int, float)) or s < 0:
+    if not isinstance(s, (int, float)) or not 0 <= s < 1e12:  # NaN, inf, 400 digits: none
         return ""
     s = int(s)
     return f", ETA {s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f", ETA {s // 60}m{s % 60:02d}s"
@@ -22,7 +22,7 @@ def describe(line: str) -> str | None:
         return None
     try:
         return _describe(obj)
-    except (TypeError, ValueError, KeyError, AttributeError):
+    except (TypeError, ValueError, KeyError, AttributeError, OverflowError):
         return None
 
 
