@@ -7,11 +7,15 @@ the event files are never written."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 import struct
 import sys
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from core.hosts.local import LocalHost
 from core.metrics_sources import TB_READ, TensorBoardSource, frame
@@ -147,3 +151,37 @@ def test_frame_keeps_good_records_before_a_bad_one():
     assert f.error == f"w: corrupt record at byte {100 + len(good)}"
     t = frame(good + _torn_header(10 ** 12))
     assert t.used == len(good) and t.need == 10 ** 12 + 16 and t.error is None
+
+
+_value = st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=32),
+                   st.sampled_from([float("nan"), float("inf"), -float("inf"), 3.4e38]))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.tuples(st.integers(-(2 ** 63), 2 ** 63 - 1), _value), min_size=1,
+                max_size=6, unique_by=lambda p: p[0]),
+       st.lists(st.tuples(st.integers(0, 400), st.integers(0, 255)), max_size=4),
+       st.integers(0, 40))
+def test_fuzz_hostile_event_files_never_raise_and_keep_the_good_prefix(
+        tmp_path_factory, points, flips, cut):
+    d = tmp_path_factory.mktemp("tb")
+    (d / "tb").mkdir()
+    good = b"".join(_scalar(s, v) for s, v in points)
+    data = bytearray(good + _scalar(1, 1.0, tag="tail"))
+    for at, byte in flips:  # bit rot in the last record, or past it
+        data[min(len(good) + at, len(data) - 1)] ^= byte or 1
+    data = bytes(data[:len(data) - cut])
+    f = d / "tb" / "events.out.tfevents.9"
+    f.write_bytes(data)
+    store = Store(d / "s.db")
+    store.claim_run("r", "tb", "shell", "here", owner="t")
+    src = TensorBoardSource(LocalHost("here", workdir=str(d)), store, "r", "tb")
+    asyncio.run(src.poll(final=True))
+    got = store.metric_rows("r")
+    assert all(math.isfinite(p.value) and -(2 ** 63) <= p.step < 2 ** 63 for p in got)
+    kept = {(s, float(struct.unpack("<f", struct.pack("<f", v))[0])) for s, v in points
+            if math.isfinite(v)}
+    assert kept == {(p.step, p.value) for p in got if p.name == "loss"}  # the good prefix, whole
+    assert len(store.events(kinds=["metrics_dropped"])) <= 3  # told once per kind
+    assert f.read_bytes() == data
+    store.close()
