@@ -209,6 +209,7 @@ class Store:
             yield
         except BaseException:
             conn.execute("ROLLBACK")
+            self._told.clear()  # a notice journaled in it is gone too
             raise
         else:
             conn.execute("COMMIT")

@@ -285,3 +285,15 @@ def test_regex_groups_of_any_size_are_numbers_or_nothing():
 
     m = re.search(r"(?P<step>\S+) (?P<v>\S+) (?P<w>\S+)", "1.9 " + "9" * 5000 + " x")
     assert regex_metrics(m) == [(1, "v", float("inf"))]  # past int()'s digit limit: a float
+
+
+def test_a_notice_rolled_back_with_its_piece_is_told_again(tmp_path):
+    import pytest
+
+    store = Store(tmp_path / "s.db")
+    store.claim_run("r", "m", "shell", "here", owner="t")
+    with pytest.raises(sqlite3.Error):  # a checkpoint path no database can bind: all rolled back
+        store.append_log("r", 0, b"a\n", [(10 ** 30, "x", 1.0)], [("checkpoint", object(), 1)])
+    assert store.log_bytes("r") == b"" and store.events(kinds=["metrics_dropped"]) == []
+    assert store.append_log("r", 0, b"a\n", [(10 ** 30, "x", 1.0)])
+    assert len(store.events(kinds=["metrics_dropped"])) == 1
