@@ -378,12 +378,15 @@ async def _refresh(runner, w: TauWatcher, host) -> None:
         doc = {}
     doc = _status_fields(doc)
     st = await jobs.inspect(host, w.capsule)
-    if st.state in ("missing", "nopid") and w.state == "starting" \
-            and time.time() - (w.started_at or w.at or 0) > START_BOUND_S:
-        st = jobs.CapsuleState("ended", 97)  # claimed, never started: nothing to wait for
-        doc.setdefault("error", f"the watcher did not start within {START_BOUND_S:.0f} s "
-                       f"(its capsule {w.capsule} on {w.host} has no running process)")
-        doc["state"] = "failed"
+    if st.state in ("missing", "nopid") and w.state not in ENDED:
+        # no process in its capsule: never started (after a bound), or gone since
+        if w.state != "starting":
+            st = jobs.CapsuleState("lost")
+        elif time.time() - (w.started_at or w.at or 0) > START_BOUND_S:
+            st = jobs.CapsuleState("ended", 97)  # claimed, never started: nothing waits
+            doc.setdefault("error", f"the watcher did not start within {START_BOUND_S:.0f} "
+                           f"s (its capsule {w.capsule} on {w.host} has no process)")
+            doc["state"] = "failed"
     state = doc.get("state") or w.state
     if st.state == "ended":
         state = state if state in ("ended", "stopped", "failed") else (
