@@ -54,6 +54,8 @@ def _setup(root: Path, *, ended: bool = True) -> tuple[Path, Path, str, Path]:
         store.end_run(run_id, "succeeded", exit_code=0)
     wcap = root / "wd" / ".specdeck" / "runs" / f"{run_id}-watch"
     (wcap / "results").mkdir(parents=True)
+    (wcap / "pid").write_text("1 0\n")  # the watcher ended while no specdeck looked
+    (wcap / "exit").write_text("exit 0\n")
     store.watcher_claim(run_id, "train", "gpu", str(wcap), str(root / "wd" / "out"))
     store.watcher_update(run_id, state="watching")
     store.close()
