@@ -12,7 +12,8 @@ import time
 import pytest
 import yaml
 
-from tests.fault.conftest import cli, local_plan, rows
+from core.store import Store
+from tests.fault.conftest import cli, digest, local_plan, rows
 
 ITEM = """  - id: a
     content: say hi
@@ -47,12 +48,14 @@ KINDS = ["fifo", "device", "huge", "directory"]
 def test_fault_plan_path_refused_by_type_and_size(tmp_path, kind, command):
     path, word = _hostile(kind, tmp_path)
     db = tmp_path / "state.db"
+    Store(db).close()  # an existing state file (status reads only one that exists)
+    before = digest(db)
     t0 = time.monotonic()
     res = cli("--state", db, command[0], path, *command[1:], timeout=60)
     assert res.returncode == 2, (res.returncode, res.stderr)
     assert str(path) in res.stderr and word in res.stderr, res.stderr
     assert time.monotonic() - t0 < 30  # refused, not read
-    assert not db.exists()  # nothing written
+    assert digest(db) == before  # nothing written
 
 
 @pytest.mark.parametrize("kind", KINDS)
