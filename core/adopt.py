@@ -38,6 +38,7 @@ import dataclasses
 import json
 import os
 import posixpath
+import re
 import secrets
 import shlex
 import time
@@ -53,6 +54,36 @@ if TYPE_CHECKING:
     from core.records import Run
 
 HOWS = ("pid", "slurm", "tmux")
+PID_MAX = 1 << 22
+"""Linux's largest possible PID (``PID_MAX_LIMIT`` on 64-bit): anything above is no PID."""
+_PID = re.compile(r"[0-9]{1,10}")  # ASCII digits only (str.isdigit takes '١٢٣', '²')
+_JOB = re.compile(r"[0-9]{1,18}")  # a Slurm job id, likewise
+
+
+def parse_pid(text: str | bytes) -> int:
+    """A PID as typed or as a pid file holds it: ASCII digits, surrounding whitespace
+    stripped, 2..PID_MAX. Raises ValueError saying what is wrong with anything else (empty,
+    other digits, signs, binary, a number no PID can be)."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("ascii")
+        except UnicodeDecodeError:
+            raise ValueError(f"not a PID (binary or non-ASCII bytes: {text[:20]!r})") from None
+    raw = text.strip(" \t\r\n")
+    if not raw:
+        raise ValueError("empty (no PID in it)")
+    if not _PID.fullmatch(raw):
+        raise ValueError(f"not a PID (ASCII digits only): {raw[:20]!r}"
+                         + ("..." if len(raw) > 20 else ""))
+    pid = int(raw)
+    if not 1 < pid <= PID_MAX:
+        raise ValueError(f"pid {pid} is not a process that can be adopted (PIDs run "
+                         f"2..{PID_MAX})")
+    return pid
+PID_FILE_MAX = 64
+"""A pid file holds one number: a larger one is not read."""
+PF_KTHREAD = 0x00200000
+"""``/proc/PID/stat`` flags bit of a kernel thread (never a run, even for root)."""
 _BOOT = "$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo noboot)"
 UNKNOWN_EXIT = ("the adopted run ended; its exit status is unknown (specdeck did not start "
                 "it, so nothing recorded how it ended)")
@@ -94,7 +125,7 @@ def parse_spec(raw: Any) -> tuple[AdoptSpec | None, list[tuple[tuple, str]]]:
         if raw.get(k) is not None and (not isinstance(raw[k], str) or not raw[k].strip()):
             problems.append(((k,), f"{k} must be a non-empty string"))
     job = raw.get("slurm_job")
-    if job is not None and not str(job).strip().isdigit():
+    if job is not None and not _JOB.fullmatch(str(job)):
         problems.append((("slurm_job",), f"slurm_job must be a job id (digits), got {job!r}"))
     if raw.get("from_start") not in (None, True, False):
         problems.append((("from_start",), "from_start must be true or false"))
@@ -111,9 +142,9 @@ def spec_from_text(what: str, log: str = "", from_start: bool = False) -> AdoptS
     log = log.strip() or None
     if len(words) == 1 and words[0].isdigit():
         words = ["pid", words[0]]
-    if len(words) == 2 and words[0] == "pid" and words[1].isdigit():
-        return AdoptSpec(pid=int(words[1]), log=log, from_start=from_start)
-    if len(words) == 2 and words[0] == "slurm" and words[1].isdigit():
+    if len(words) == 2 and words[0] == "pid":
+        return AdoptSpec(pid=parse_pid(words[1]), log=log, from_start=from_start)
+    if len(words) == 2 and words[0] == "slurm" and _JOB.fullmatch(words[1]):
         return AdoptSpec(slurm_job=words[1], log=log, from_start=from_start)
     if len(words) == 2 and words[0] == "tmux":
         return AdoptSpec(tmux=words[1], log=log, from_start=from_start)
@@ -158,23 +189,30 @@ def adopting(item: "Item", running: Iterable["Item"]) -> bool:
 
 
 # -- probing what is adopted -------------------------------------------------------------
-async def _log_start(host, path: str, *, must_exist: bool, from_start: bool) -> int:
-    """The byte of ``path`` the stored log starts at: 0, or the start of the line now written."""
+async def _regular_file(host, path: str) -> tuple[str, int]:
+    """``("ok", size)`` for a readable regular file (never opened: a FIFO or a device
+    would block or never end), else ``(why, 0)``: "no such file", "not a regular file"..."""
     q = shlex.quote(path)
     res = await host.run(f"f={q}; if [ ! -e \"$f\" ]; then echo missing; "
                          f"elif [ ! -f \"$f\" ]; then echo notfile; "
                          f"elif [ ! -r \"$f\" ]; then echo unreadable; "
-                         f"else echo \"ok $(stat -c %s \"$f\")\"; fi")
+                         f"else echo \"ok $(stat -L -c %s \"$f\")\"; fi")
     words = res.stdout.split()
     what = words[0] if words else "missing"
+    if what == "ok" and len(words) == 2 and words[1].isascii() and words[1].isdigit():
+        return "ok", int(words[1])
+    return {"notfile": "not a regular file (a FIFO, a device or a directory)",
+            "unreadable": "not readable by the host's user"}.get(what, "no such file"), 0
+
+
+async def _log_start(host, path: str, *, must_exist: bool, from_start: bool) -> int:
+    """The byte of ``path`` the stored log starts at: 0, or the start of the line now written."""
+    what, size = await _regular_file(host, path)
     if what != "ok":
-        if what == "missing" and not must_exist:
+        if what == "no such file" and not must_exist:
             return 0
-        why = {"missing": "no such file", "notfile": "not a regular file",
-               "unreadable": "not readable by the host's user"}[what]
-        raise InvalidInput(f"log {path} on {host.name}: {why}",
+        raise InvalidInput(f"log {path} on {host.name}: {what}",
                            hint="give the file the run writes its output to (--log PATH)")
-    size = int(words[1])
     if from_start or size == 0:
         return 0
     back = min(size, 1 << 16)
@@ -211,29 +249,40 @@ async def _probe_pid(runner, host, spec: AdoptSpec, log: str | None) -> dict:
     pid = spec.pid
     if pid is None:
         path = host.path(spec.pid_file)
-        raw = (await host.read_from(path, 0, 64)).decode("utf-8", "replace").strip()
-        if not raw.isdigit():
-            raise InvalidInput(f"pid_file {path} on {host.name}: "
-                               + ("no such file or empty" if not raw else f"not a PID: {raw[:20]!r}"),
-                               hint="point pid_file at the file the launch wrote $! into")
-        pid = int(raw)
-    if pid <= 1:
-        raise InvalidInput(f"pid {pid}: not a process that can be adopted")
+        hint = "point pid_file at the file the launch wrote $! into"
+        what, size = await _regular_file(host, path)
+        if what == "ok" and size > PID_FILE_MAX:
+            what = f"{size:,} bytes: too large for a pid file (it holds one number)"
+        if what != "ok":
+            raise InvalidInput(f"pid_file {path} on {host.name}: {what}", hint=hint)
+        try:
+            pid = parse_pid(await host.read_from(path, 0, PID_FILE_MAX))
+        except ValueError as e:
+            raise InvalidInput(f"pid_file {path} on {host.name}: {e}", hint=hint) from None
+    if not 1 < pid <= PID_MAX:
+        raise InvalidInput(f"pid {pid}: not a process that can be adopted (PIDs run "
+                           f"2..{PID_MAX})")
     res = await host.run(
         f"p={pid}; st=$(sed 's/.*) //' /proc/$p/stat 2>/dev/null) || {{ echo gone; exit 0; }}; "
         f"case \"$st\" in Z*) echo gone; exit 0;; esac; "
         f"echo \"ok $(awk '/^Uid:/{{print $2; exit}}' /proc/$p/status) $(id -u) {_BOOT} "
-        f"$(echo \"$st\" | cut -d' ' -f3) $(echo \"$st\" | cut -d' ' -f20)\"; "
+        f"$(echo \"$st\" | cut -d' ' -f3) $(echo \"$st\" | cut -d' ' -f20) "
+        f"$(echo \"$st\" | cut -d' ' -f7)\"; "
         f"readlink /proc/$p/fd/1 2>/dev/null || echo; "
         f"tr '\\0' ' ' </proc/$p/cmdline 2>/dev/null | head -c 400; echo")
     lines = res.stdout.split("\n")
     head = lines[0].split()
-    if not head or head[0] != "ok" or len(head) < 6:
+    if not head or head[0] != "ok" or len(head) < 7:
         raise InvalidInput(f"pid {pid} on {host.name}: no such process",
                            hint="`ps -ef` on the host lists its processes")
-    _, uid, me, boot, pgid, pstart = head[:6]
+    _, uid, me, boot, pgid, pstart, flags = head[:7]
     stdout_target = lines[1].strip() if len(lines) > 1 else ""
     cmdline = lines[2].strip() if len(lines) > 2 else ""
+    if not cmdline or (flags.isdigit() and int(flags) & PF_KTHREAD):
+        raise InvalidInput(f"pid {pid} on {host.name} is a kernel thread or has no command "
+                           "line: not a run to adopt",
+                           hint="`ps -ef` on the host lists its processes ([name] in "
+                                "brackets: a kernel thread)")
     if uid != me:
         raise InvalidInput(f"pid {pid} on {host.name} belongs to another user (uid {uid}, "
                            f"the host's user is uid {me}): specdeck could not stop it")
@@ -260,7 +309,7 @@ async def _probe_pid(runner, host, spec: AdoptSpec, log: str | None) -> dict:
 
 async def _probe_slurm(runner, host, spec: AdoptSpec, log: str | None) -> dict:
     job = spec.slurm_job
-    if not job or not job.isdigit():
+    if not job or not _JOB.fullmatch(job):
         raise InvalidInput(f"Slurm job id {job!r}: a job id is digits")
     res = await host.run(f"scontrol -o show job {shlex.quote(job)}")
     if res.exit_status == 127:
@@ -341,6 +390,9 @@ async def adopt_item(runner, item: "Item", spec: AdoptSpec, *,
                            f"{live.host}", hint="stop it first, or `specdeck attach`")
     host = await runner.host(host_name)
     info = await probe(runner, host, spec)
+    ident = await host.identity(info["log"]) if info["log"] else None
+    if ident:  # the log's inode: a rotation (even while no specdeck follows) is noticed
+        info["log_ident"] = " ".join(ident.split()[1:3])
     run_id = f"{item.id}-{time.strftime('%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     capsule = jobs.capsule_path(host, run_id)
     await host.makedirs(capsule)

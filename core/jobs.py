@@ -25,6 +25,7 @@ gap or a duplicated line however often the follower is restarted.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import shlex
 import sqlite3
@@ -291,6 +292,62 @@ def parse_artefact(line: bytes) -> tuple[str, str, int | None] | None:
     return None
 
 
+ROTATION_PROBE = 64
+"""Bytes at the end of what is stored that an adopted log must still hold where they were
+read from: a file truncated and written past that point again (copytruncate) differs there."""
+
+
+async def follow_rotation(host: Host, store, run_id: str, log: str,
+                          ident: str | None) -> tuple[str | None, bool]:
+    """Whether an adopted log (a file the run's own program writes) was rotated since the
+    follower last read it: replaced (logrotate: its inode changed), shrunk, or rewritten
+    under what is stored (copytruncate, then new lines past the old end: the last stored
+    bytes are no longer where they were read). Then the stored log continues from the new
+    file's start (``log_base`` becomes that start minus the bytes stored, past any NUL hole
+    copytruncate left before a writer without O_APPEND), with a journal notice: nothing
+    written after the rotation is lost. ``ident`` is the ``inode device`` last seen; returns
+    the current one and whether it rotated. The identity and where the current file's copy
+    starts are kept in the run's ``adopt`` record, so a rotation while no specdeck followed
+    is found too."""
+    raw = await host.identity(log)
+    if raw is None:
+        return ident, False  # missing for a moment (between rename and create): look again
+    words = raw.split()
+    size, now_ident = int(words[0]), " ".join(words[1:3])
+    row = store.run(run_id)
+    info = dict(row.adopt or {})
+    ident = ident or info.get("log_ident")
+    stored, base = row.log_offset, row.log_base or 0
+    since = stored - int(info.get("log_rotated_at", 0))  # stored from the current file
+    replaced = ident is not None and now_ident != ident
+    rotated = replaced or size < base + stored
+    if not rotated and since > 0:
+        k = min(ROTATION_PROBE, since)
+        rotated = (await host.read_from(log, base + stored - k, k)
+                   != store.log_bytes(run_id, stored - k)[:k])
+    if not rotated:
+        if info and info.get("log_ident") != now_ident:
+            store.update_run(run_id, adopt=json.dumps({**info, "log_ident": now_ident}))
+        return now_ident, False
+    hole = 0
+    while hole < size and hole < (256 << 20):
+        data = await host.read_from(log, hole, min(CHUNK, size - hole))
+        n = len(data) - len(data.lstrip(b"\0"))
+        hole += n
+        if n < len(data) or not data:
+            break
+    how = ("replaced (a new file)" if replaced else f"truncated (now {size:,} bytes)")
+    skipped = f", past the {hole:,} NUL bytes copytruncate left" if hole else ""
+    fields: dict[str, Any] = {"log_base": hole - stored}
+    if info:
+        fields["adopt"] = json.dumps({**info, "log_ident": now_ident, "log_rotated_at": stored})
+    store.update_run(run_id, **fields)
+    store.journal("log_rotated", f"log {log} on {host.name} was {how}: followed from its new "
+                  f"start{skipped}; the stored log goes on at byte {stored:,}",
+                  item_id=row.item_id, run_id=run_id, host=host.name)
+    return now_ident, True
+
+
 async def follow(host: Host, store, run_id: str, capsule: str, *,
                  on_lines: Callable[[list[str]], None] | None = None,
                  on_state: Callable[[str], None] | None = None,
@@ -310,6 +367,7 @@ async def follow(host: Host, store, run_id: str, capsule: str, *,
     last_inspect = 0.0
     degraded = False
     seen: int | None = None
+    ident: str | None = None  # an adopted log's inode (follow_rotation)
     """What this follower has shown: another follower (a second specdeck) may store ahead of
     it; storing stays exactly-once through the store's offset check, showing is per viewer."""
     while True:
@@ -320,6 +378,11 @@ async def follow(host: Host, store, run_id: str, capsule: str, *,
             stored, base = row.log_offset, row.log_base or 0
             if seen is None or stored != seen:
                 _guarded(store, run_id, parser.prime, store, run_id, stored)  # earlier counts
+            if log_path is not None:  # an adopted log: rotated since the last read?
+                ident, rotated = await follow_rotation(host, store, run_id, log, ident)
+                if rotated:
+                    seen = None
+                    continue
             if seen is None or stored < seen:
                 # (stored < seen: a racing follower stored a shorter piece than ours; go back
                 # so the store never keeps a gap — this viewer may see those lines twice)

@@ -28,11 +28,12 @@ from core.plan import (ENV_NAME, PRIORITIES, SECRET_NAME, SLUG, STATUSES, VAR_RE
 from core.text import short
 
 # -- YAML with positions ------------------------------------------------------------------
-MAX_PLAN_CHARS = 4 << 20
-"""A plan file larger than this is refused (a real one is a few KB)."""
+MAX_PLAN_CHARS = 16 << 20
+"""A plan file larger than this is refused before it is read (a real one is a few KB; an
+imported 100,000-item todo list is about 8 MB)."""
 MAX_YAML_DEPTH = 32
 """Deepest nesting of mappings and lists in a plan."""
-MAX_YAML_VALUES = 200_000
+MAX_YAML_VALUES = 1_000_000
 """Most values a plan may expand to, aliases counted at every use (billion laughs)."""
 
 
@@ -80,6 +81,14 @@ class _Located:
             self.data = None
         finally:
             loader.dispose()
+
+    @classmethod
+    def of_data(cls, data: Any, filename: str) -> "_Located":
+        """Values built in memory (an import about to be written): no positions (1:1)."""
+        loc = cls.__new__(cls)
+        loc.filename, loc.data, loc.issues = filename, data, []
+        loc.key_marks, loc.value_marks = {}, {}
+        return loc
 
     def _bounded(self, loader_cls, text: str) -> bool:
         """Check nesting depth on the event stream (iterative) before composing nodes
@@ -185,6 +194,17 @@ class _Validator:
                                      _field_name(field_path) if field_path else None))
 
 
+MAX_ENV_VALUE = 65536
+ENV_VALUE_RULE = "text without NUL, 64 KiB at most"
+"""Host env values and plan vars (both reach a run's environment): an environment string
+cannot hold NUL, and one far larger than this fails the command's exec (E2BIG)."""
+
+
+def _env_safe(value: Any) -> bool:
+    s = str(value)
+    return "\0" not in s and len(s) <= MAX_ENV_VALUE
+
+
 def _check_keys(v: _Validator, data: dict, path: tuple, allowed: Iterable[str], *,
                 item: str | None = None, base: tuple = ()) -> None:
     allowed = list(allowed)
@@ -225,7 +245,28 @@ def _interpolate(value: Any, variables: dict, shell: bool, errors: list[tuple[tu
 
 def parse_plan(text: str, filename: str = "<plan>", *, path: Path | None = None) -> Plan:
     """Parse and validate a plan; raise :class:`PlanError` listing every problem."""
-    loc = _Located(text, filename)
+    return _plan_of(_Located(text, filename), path)
+
+
+def plan_from_data(data: Any, text: str, filename: str) -> Plan:
+    """Validate plan values built in memory, and ``text``, the YAML they will be written as
+    (``specdeck import`` before it writes them), as :func:`parse_plan` would read that text,
+    without composing the YAML again (100,000 items: seconds, not minutes)."""
+    if len(text) > MAX_PLAN_CHARS:
+        raise PlanError([PlanIssue(filename, 1, 1, f"the plan would be {len(text):,} "
+                                   f"characters; plans are at most {MAX_PLAN_CHARS:,}")])
+    values, todo = 0, [data]
+    while todo:
+        x = todo.pop()
+        values += 1
+        todo.extend(x.values() if isinstance(x, dict) else x if isinstance(x, list) else ())
+    if values > MAX_YAML_VALUES:
+        raise PlanError([PlanIssue(filename, 1, 1, f"the plan would hold {values:,} values; "
+                                   f"plans hold at most {MAX_YAML_VALUES:,}")])
+    return _plan_of(_Located.of_data(data, filename), None)
+
+
+def _plan_of(loc: _Located, path: Path | None) -> Plan:
     v = _Validator(loc)
     data = loc.data
     if v.issues:
@@ -255,6 +296,8 @@ def parse_plan(text: str, filename: str = "<plan>", *, path: Path | None = None)
     for k, val in variables.items():
         if not isinstance(val, (str, int, float, bool)):
             v.error(("vars", k), f"var {k!r} must be a string or number", field_path=("vars", k))
+        elif not _env_safe(val):  # a var travels in the environment as an env value does
+            v.error(("vars", k), f"var {k!r} must be {ENV_VALUE_RULE}", field_path=("vars", k))
         if SECRET_NAME.search(str(k)):
             v.error(("vars", k), f"var {k!r} looks like a secret: secrets never go in plans; "
                     "keep them in the host's environment or ssh-agent", field_path=("vars", k),
@@ -304,8 +347,8 @@ def parse_plan(text: str, filename: str = "<plan>", *, path: Path | None = None)
                         field_path=hp + ("env", ek), key=True)
             if not isinstance(ev, (str, int, float)) or isinstance(ev, bool):
                 v.error(hp + ("env", ek), "env values must be strings", field_path=hp + ("env", ek))
-            elif "\0" in str(ev) or len(str(ev)) > 65536:
-                v.error(hp + ("env", ek), "env values must be text without NUL, 64 KiB at most",
+            elif not _env_safe(ev):
+                v.error(hp + ("env", ek), f"env values must be {ENV_VALUE_RULE}",
                         field_path=hp + ("env", ek))
             if SECRET_NAME.search(str(ek)):
                 v.error(hp + ("env", ek), f"env {ek!r} looks like a secret: secrets never go in "
@@ -496,14 +539,19 @@ def load_plan(path: str | Path) -> Plan:
         PlanError: the plan is invalid (every problem, with file:line:col).
         InvalidInput: the file cannot be read.
     """
+    from core.text import read_bounded
+
     p = Path(path)
+    if not p.exists() and not p.is_symlink():
+        raise InvalidInput(f"{p}: no such plan file", hint="plans live under plans/*.yaml")
+    # A device, a FIFO or a huge file is refused by type and size before a byte is read.
+    raw = read_bounded(p, MAX_PLAN_CHARS, "plan file")
     try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InvalidInput(f"{p}: no such plan file", hint="plans live under plans/*.yaml") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InvalidInput(f"{p}: cannot read plan: {e}") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidInput(f"{p}: cannot read plan: not UTF-8 text (byte {e.start}: "
+                           f"{e.reason})") from None
     return parse_plan(text, str(p), path=p.resolve())
 
 
-__all__ = ["load_plan", "parse_plan"]
+__all__ = ["load_plan", "parse_plan", "plan_from_data"]

@@ -452,9 +452,10 @@ class Runner:
             if self.stop_requested(run_id):  # a stop while starting: nothing is created
                 return self._end(item, run_id, "stopped", error="stopped before it was launched")
             launch = action.command(ctx)
-            # Plan vars used in shell text are read from the environment (core.shellvars).
-            launch = dataclasses.replace(launch, env={**shellvars.plan_env(self.plan.vars),
-                                                      **dict(launch.env)})
+            # Plan vars used in shell text are read from the environment (core.shellvars):
+            # those its command uses.
+            launch = dataclasses.replace(launch, env={
+                **shellvars.plan_env(self.plan.vars, launch.command), **dict(launch.env)})
             launched = await action.launch(ctx, host, run_id, launch)
         except HostUnreachable as e:
             # The run ends here (never left `starting`); the item counts as unreachable. Its

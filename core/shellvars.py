@@ -29,9 +29,17 @@ def value_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def plan_env(variables: dict) -> dict[str, str]:
-    """Every plan var under its :func:`env_name` (exported in run capsules)."""
-    return {env_name(k): value_text(v) for k, v in variables.items()}
+def plan_env(variables: dict, *texts: str) -> dict[str, str]:
+    """The plan vars that ``texts`` (a run's command, as :func:`splice` wrote it) refer to,
+    under their :func:`env_name` (exported in that run's capsule). A var reaches only the
+    runs whose commands use it: one large var cannot fill every other run's environment
+    (an exec fails with E2BIG past the kernel's limit). Without ``texts``: every var."""
+    out = {}
+    for k, v in variables.items():
+        name = env_name(k)
+        if not texts or any("${" + name + "}" in t for t in texts):
+            out[name] = value_text(v)
+    return out
 
 
 _SPLICED = re.compile(r"""'"\$\{%s([A-Za-z0-9_]*)\}"'|\$\{%s([A-Za-z0-9_]*)\}""" % (PREFIX, PREFIX))

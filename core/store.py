@@ -164,7 +164,7 @@ class Store:
         conn = sqlite3.connect(self.path, timeout=self.OPEN_WAIT_S)
         self.db = Database(conn)
         if self.path != ":memory:":
-            self.db.enable_wal()
+            self._enable_wal()
         self.db.execute(f"PRAGMA busy_timeout = {int(self.OPEN_WAIT_S * 1000)}")
         self.db.execute("PRAGMA synchronous = NORMAL")
         with self._immediate():
@@ -175,19 +175,25 @@ class Store:
     OPEN_WAIT_S = 10.0
     """How long opening waits for a lock another program holds (then: a clear error)."""
 
-    def _migrate(self) -> None:
-        # Two processes opening a fresh file at once: serialize the migration.
-        for _ in range(50):
+    def _enable_wal(self) -> None:
+        # Switching a new file to WAL does not wait on the busy timeout: while another
+        # process is opening the same new file it fails at once with "locked"; retry.
+        deadline = time.monotonic() + self.OPEN_WAIT_S
+        while True:
             try:
-                migrations.apply(self.db)
+                self.db.enable_wal()
                 return
-            except sqlite3.IntegrityError:  # the other process applied it first
-                time.sleep(0.05)
             except sqlite3.OperationalError as e:
-                if "already exists" not in str(e) and "locked" not in str(e):
+                if "locked" not in str(e) or time.monotonic() > deadline:
                     raise
-                time.sleep(0.05)
-        migrations.apply(self.db)
+                time.sleep(0.02)
+
+    def _migrate(self) -> None:
+        # Two processes opening a fresh file at once: the pending migrations are read and
+        # applied under one write lock, so one that another process applied meanwhile is
+        # seen as applied and never run twice (a re-run ``add_column`` fails).
+        with self._immediate():
+            migrations.apply(self.db)
 
     def close(self) -> None:
         self.db.close()

@@ -1,4 +1,5 @@
-"""Making untrusted text safe for a terminal, and untrusted JSON lines safe to parse.
+"""Making untrusted text safe for a terminal, untrusted JSON lines safe to parse, and
+untrusted local files (plans, todo lists) read within their bounds.
 
 One sanitizer for every output boundary (CLI stderr/stdout, the console's panes): remote log
 lines, progress messages, file names, item text from an imported todo list, error messages
@@ -11,7 +12,9 @@ retitle the terminal or hide text.
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from typing import Any
 
 _ESC = re.compile(
@@ -85,3 +88,49 @@ def short(value: object, n: int = 70) -> str:
     """``repr(value)`` for a message, cut at ``n`` characters (saying how long it was)."""
     r = repr(value)
     return r if len(r) <= n else r[:n] + f"… ({len(r)} chars)"
+
+
+def read_bounded(path, limit: int, what: str) -> bytes:
+    """The bytes of the regular file ``path``, refused (InvalidInput naming it, exit 2) before
+    anything is read when it is a device, a FIFO, a socket or larger than ``limit`` bytes.
+
+    Opened without blocking (a FIFO with no writer would wait forever) and checked on the
+    open descriptor, so what is checked is what is read; at most ``limit + 1`` bytes are read
+    (a file that grew meanwhile is refused too)."""
+    from core.errors import InvalidInput
+
+    p = os.fspath(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise InvalidInput(f"{p}: no such {what}") from None
+    except OSError as e:
+        raise InvalidInput(f"{p}: cannot read the {what}: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise InvalidInput(f"{p}: is a directory, not a {what}")
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(
+                st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(
+                st.st_mode) else "not a regular file")
+            raise InvalidInput(f"{p}: is {kind}, not a {what} (a regular file); not read")
+        if st.st_size > limit:
+            raise InvalidInput(f"{p}: is {st.st_size:,} bytes; a {what} is at most "
+                               f"{limit:,}; not read")
+        chunks, left = [], limit + 1
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 20))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+    except OSError as e:
+        raise InvalidInput(f"{p}: cannot read the {what}: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise InvalidInput(f"{p}: grew past {limit:,} bytes while read; a {what} is at most "
+                           f"{limit:,}")
+    return data

@@ -19,13 +19,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import posixpath
+import re
 import shlex
 import time
+from typing import Any
 
 from core import jobs
+from core.errors import HostUnreachable
 from core.events import Notice
+from core.hosts.base import HostState
 from core.records import Run, TauWatcher
+from core.text import MAX_JSON_DEPTH, short
 from core.watch import Watcher, WatchEvalParams, parse_watch
 
 ENDED = ("ended", "stopped", "failed", "lost")
@@ -124,8 +130,21 @@ async def ensure_started(runner, item, run: Run, spec, ckpt_dir: str | None, *,
     host = await runner.host(where)
     st = await jobs.inspect(host, row.capsule)
     if st.state in ("missing", "nopid"):
-        launch = await command(runner, spec, item, run, row.ckpt_dir, host)
-        info = await jobs.start(host, capsule_id(run.id), launch)
+        try:
+            launch = await command(runner, spec, item, run, row.ckpt_dir, host)
+            info = await jobs.start(host, capsule_id(run.id), launch)
+        except Exception as e:  # noqa: BLE001 - a full disk, an unwritable capsule...
+            if isinstance(e, HostUnreachable) and host.status.state is not HostState.CONNECTED:
+                raise  # the host went away: the watcher is started once it is back
+            # marked failed with the reason: nothing waits for a watcher that never ran,
+            # and the train run ends as it would without it
+            from core.faults import describe_fault
+
+            why = f"the tau watcher could not start on {where}: {describe_fault(e)}"
+            runner.store.watcher_update(run.id, state="failed", error=why)
+            runner.store.journal("watch_ended", f"watcher failed: {why}", item_id=item.id,
+                                 run_id=run.id, host=where)
+            raise
         runner.store.journal("watch_started", f"watcher started on {where} (pid {info['pid']}): "
                              f"tau at each checkpoint of {row.ckpt_dir}", item_id=item.id,
                              run_id=run.id, host=where)
@@ -135,9 +154,138 @@ async def ensure_started(runner, item, run: Run, spec, ckpt_dir: str | None, *,
     return runner.store.watcher(run.id)
 
 
+RESULT_MAX = 8 << 20
+"""Largest result file read (a real one is a few KB per prompt set); larger: that step fails."""
+READ_S = 20.0
+"""How long reading one of the watcher's files may take (a stuck filesystem: that step fails)."""
+INT64 = (1 << 63) - 1
+_RESULT = re.compile(r"step_([0-9]{1,19})\.json")  # ASCII digits; more cannot be an int64
+_KINDS = {"l": "a symbolic link", "p": "a FIFO", "c": "a device", "b": "a device",
+          "s": "a socket", "d": "a directory"}
+
+
+class BadResult(Exception):
+    """A watcher's file that is not what the watcher writes: that step's failure."""
+
+
+async def _listing(host, results: str) -> dict[str, tuple[str, int]]:
+    """``{name: (type letter, size)}`` of the results dir, never following a link (a link
+    in place of the dir lists nothing)."""
+    res = await host.run(f"find {shlex.quote(results)} -mindepth 1 -maxdepth 1 -name 'step_*' "
+                         "-printf '%y %s %f\\n' 2>/dev/null", timeout=READ_S)
+    out = {}
+    for line in res.stdout.splitlines():
+        w = line.split(" ", 2)
+        if len(w) == 3 and w[1].isascii() and w[1].isdigit():
+            out[w[2]] = (w[0], int(w[1]))
+    return out
+
+
+async def read_untrusted(host, path: str, *, kind: str = "f", size: int = 0,
+                         limit: int = RESULT_MAX) -> str:
+    """A file the watcher wrote, read only when it is a regular file (never through a link,
+    never a FIFO or a device: checked again just before the read), at most ``limit`` bytes,
+    within :data:`READ_S`. Raises BadResult saying why not."""
+    if kind != "f":
+        raise BadResult(f"is {_KINDS.get(kind, 'not a regular file')}, not a regular file; "
+                        "not read")
+    if size > limit:
+        raise BadResult(f"is {size:,} bytes (at most {limit:,}); not read")
+    q = shlex.quote(path)
+    try:
+        res = await host.run(f"f={q}; if [ -L \"$f\" ] || [ ! -f \"$f\" ]; then echo no; "
+                             f"else echo ok; timeout {int(READ_S)} head -c {limit + 1} -- \"$f\"; "
+                             "fi", timeout=READ_S + 5)
+    except asyncio.TimeoutError:
+        raise BadResult(f"could not be read within {READ_S:.0f} s") from None
+    head, _, body = res.stdout.partition("\n")
+    if head != "ok":
+        raise BadResult("is not a regular file (replaced meanwhile?); not read")
+    if len(body) > limit:
+        raise BadResult(f"is larger than {limit:,} bytes; not read")
+    return body
+
+
+def _parse(text: str) -> Any:
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH:
+        depth = 0
+        for ch in text:
+            if ch in "[{":
+                depth += 1
+                if depth > MAX_JSON_DEPTH:
+                    raise BadResult(f"JSON nested more than {MAX_JSON_DEPTH} levels deep")
+            elif ch in "]}":
+                depth -= 1
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise BadResult(f"is not JSON ({str(e)[:120]})") from None
+
+
+def _number(v: Any, what: str, *, optional: bool = False) -> None:
+    if v is None and optional:
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+            or abs(v) > 1e12:
+        raise BadResult(f"{what} is {short(v, 40)}, not a finite number")
+
+
+def _check_eval(res: Any, what: str) -> None:
+    """An eval's result.json as the watcher embeds it (the fields the store reads)."""
+    if not isinstance(res, dict):
+        raise BadResult(f"{what} is {short(res, 40)}, not an object")
+    _number(res.get("tau"), f"{what}.tau")
+    _number(res.get("tau_pooled"), f"{what}.tau_pooled", optional=True)
+    acc = res.get("per_position_acceptance")
+    if acc is not None:
+        if not isinstance(acc, list) or len(acc) > 4096:
+            raise BadResult(f"{what}.per_position_acceptance is not a list of numbers")
+        for k, v in enumerate(acc):
+            _number(v, f"{what}.per_position_acceptance[{k}]")
+    for sec, name in ((res, what), (res.get("ddtree"), f"{what}.ddtree")):
+        if sec is None:
+            continue
+        if not isinstance(sec, dict):
+            raise BadResult(f"{name} is not an object")
+        pp = sec.get("per_prompt")
+        if pp is None:
+            continue
+        if not isinstance(pp, list) or len(pp) > 1_000_000:
+            raise BadResult(f"{name}.per_prompt is not a list")
+        for k, p in enumerate(pp):
+            if not isinstance(p, dict) or not isinstance(p.get("id"), (str, int)) \
+                    or isinstance(p.get("id"), bool):
+                raise BadResult(f"{name}.per_prompt[{k}] is not an object with an id")
+            _number(p.get("tau"), f"{name}.per_prompt[{k}].tau", optional=True)
+            for key in ("rounds", "per_position_acceptance"):
+                if p.get(key) is not None and not isinstance(p[key], list):
+                    raise BadResult(f"{name}.per_prompt[{k}].{key} is not a list")
+
+
+def check_result(rec: Any, step: int) -> None:
+    """A result file's schema (types, what the store reads); raises BadResult."""
+    if not isinstance(rec, dict):
+        raise BadResult(f"holds {type(rec).__name__}, not an object")
+    state = rec.get("state")
+    if state not in ("done", "failed"):
+        raise BadResult(f"state is {short(state, 40)}, not done or failed")
+    if "step" in rec and (rec["step"] != step or isinstance(rec["step"], bool)):
+        raise BadResult(f"its step is {short(rec['step'], 40)}, its name says {step}")
+    if rec.get("error") is not None and not isinstance(rec["error"], str):
+        raise BadResult("error is not text")
+    if state == "done":
+        _check_eval(rec.get("result"), "result")
+        if rec.get("baseline") is not None:
+            _check_eval(rec["baseline"], "baseline")
+
+
 async def ingest(runner, item, run_id: str, spec, *, away: bool = False) -> list[int]:
     """Store every result the watcher wrote that is not stored yet; update its state.
-    ``away``: these were evaluated while no specdeck looked (journal them as such)."""
+    ``away``: these were evaluated while no specdeck looked (journal them as such).
+
+    Each result file is untrusted (it is a file on a host): read on its own, only as a
+    regular file of the capsule, bounded, schema-checked; a bad one is that step's failure
+    (its reason stored) and the later steps go on."""
     w = runner.store.watcher(run_id)
     if w is None:
         return []
@@ -145,30 +293,47 @@ async def ingest(runner, item, run_id: str, spec, *, away: bool = False) -> list
     results = posixpath.join(w.capsule, "results")
     have = {e.step for e in runner.store.watch_entries(run_id)
             if e.state in ("done", "failed", "skipped")}
-    steps = []
-    for name in (await host.listdir(results) if await host.stat(results) else []):
-        if name.startswith("step_") and name.endswith(".json"):
-            try:
-                steps.append(int(name[5:-5]))
-            except ValueError:
-                continue
+    listing = await _listing(host, results)
+    steps: dict[int, str] = {}
+    noted = None
+    for name in listing:
+        m = _RESULT.fullmatch(name)
+        if m and int(m.group(1)) <= INT64:
+            steps[int(m.group(1))] = name
+            continue
+        if noted is None:  # said once per name (another look, another specdeck)
+            noted = {e.data.get("name") for e in runner.store.events(kinds=["watch_bad_name"])
+                     if e.run_id == run_id and isinstance(e.data, dict)}
+        if name.endswith(".json") and name not in noted:
+            noted.add(name)
+            runner.store.journal("watch_bad_name", f"watcher result {short(name, 80)} ignored: "
+                                 "not step_N.json with N a step (a whole number up to "
+                                 f"{INT64})", item_id=item.id, run_id=run_id, host=w.host,
+                                 data={"name": name[:300]})
     watcher = Watcher(runner, item, run_id, spec)
     new: list[tuple[int, dict]] = []
     for step in sorted(s for s in steps if s not in have):
-        raw = await host.read_from(posixpath.join(results, f"step_{step}.json"), 0, 1 << 28)
+        name = steps[step]
         try:
-            rec = json.loads(raw)
-        except ValueError:
-            continue  # renamed into place whole: only a foreign file can be torn
-        res = rec.get("result") or {}
-        if rec.get("state") == "done" and res.get("tau") is not None:
-            metrics, rows = watcher.result_rows(step, res, rec.get("baseline"))
-            stored = runner.store.watch_ingest(run_id, item.id, step, state="done",
-                                               tau=float(res["tau"]), host=w.host,
-                                               capsule=w.capsule, metrics=metrics,
-                                               eval_rows=rows)
-        else:
+            kind, size = listing[name]
+            rec = _parse(await read_untrusted(host, posixpath.join(results, name), kind=kind,
+                                              size=size))
+            check_result(rec, step)
+            stored = None
+            if rec["state"] == "done":
+                metrics, rows = watcher.result_rows(step, rec["result"], rec.get("baseline"))
+                stored = runner.store.watch_ingest(run_id, item.id, step, state="done",
+                                                   tau=float(rec["result"]["tau"]),
+                                                   host=w.host, capsule=w.capsule,
+                                                   metrics=metrics, eval_rows=rows)
+        except BadResult as e:
+            rec = {"state": "failed", "error": f"result file {name}: {e}"}
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as e:
+            rec = {"state": "failed", "error": f"result file {name}: cannot be stored "
+                                               f"({type(e).__name__}: {short(str(e), 120)})"}
+        if rec["state"] != "done":
             err = rec.get("error") or "the watcher recorded no result"
+            rec = {**rec, "error": err}
             stored = runner.store.watch_ingest(run_id, item.id, step, state="failed",
                                                error=str(err)[:2000], host=w.host,
                                                capsule=w.capsule)
@@ -204,21 +369,33 @@ async def ingest(runner, item, run_id: str, spec, *, away: bool = False) -> list
 
 async def _refresh(runner, w: TauWatcher, host) -> None:
     """The watcher's state from its status.json and its capsule."""
-    raw = await host.read_from(posixpath.join(w.capsule, "status.json"), 0, 1 << 20)
+    path = posixpath.join(w.capsule, "status.json")
+    listing = await _listing_of(host, path)
     try:
-        doc = json.loads(raw) if raw else {}
-    except ValueError:
+        doc = _parse(await read_untrusted(host, path, kind=listing[0], size=listing[1],
+                                          limit=1 << 20)) if listing else {}
+    except BadResult:
         doc = {}
+    doc = _status_fields(doc)
     st = await jobs.inspect(host, w.capsule)
+    if st.state in ("missing", "nopid") and w.state not in ENDED:
+        # no process in its capsule: never started (after a bound), or gone since
+        if w.state != "starting":
+            st = jobs.CapsuleState("lost")
+        elif time.time() - (w.started_at or w.at or 0) > START_BOUND_S:
+            st = jobs.CapsuleState("ended", 97)  # claimed, never started: nothing waits
+            doc.setdefault("error", f"the watcher did not start within {START_BOUND_S:.0f} "
+                           f"s (its capsule {w.capsule} on {w.host} has no process)")
+            doc["state"] = "failed"
     state = doc.get("state") or w.state
     if st.state == "ended":
         state = state if state in ("ended", "stopped", "failed") else (
             "ended" if st.exit_code == 0 else "failed")
     elif st.state == "lost":
         state = "lost"
-    elif state in ENDED:  # said so, its process is still exiting
+    elif state in ENDED and st.state == "running":  # said so, its process is exiting
         state = "ending"
-    err = doc.get("error")
+    err = doc.get("error") or (w.error if state in ENDED else None)
     if st.state == "ended" and st.signal and state == "failed":
         err = f"watcher killed by signal {st.signal}"
     elif state == "lost":
@@ -235,6 +412,39 @@ async def _refresh(runner, w: TauWatcher, host) -> None:
             runner.emit(Notice(w.item_id, f"{w.item_id}: tau watcher on {w.host} "
                                f"{state}" + (f": {err}" if err else "") +
                                f" (its log: {w.capsule}/log)", "error"))
+
+
+START_BOUND_S = 120.0
+"""A watcher claimed this long ago whose capsule holds no process never started: failed."""
+
+
+async def _listing_of(host, path: str) -> tuple[str, int] | None:
+    """(type letter, size) of ``path`` itself (a link is not followed), None if missing."""
+    res = await host.run(f"find {shlex.quote(path)} -maxdepth 0 -printf '%y %s\\n' "
+                         "2>/dev/null", timeout=READ_S)
+    w = res.stdout.split()
+    return (w[0], int(w[1])) if len(w) == 2 and w[1].isascii() and w[1].isdigit() else None
+
+
+def _status_fields(doc: Any) -> dict:
+    """status.json's fields with the types the store keeps (anything else dropped)."""
+    if not isinstance(doc, dict):
+        return {}
+    def step(v):
+        return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= INT64 \
+            else None
+    out: dict[str, Any] = {}
+    if isinstance(doc.get("state"), str) and len(doc["state"]) <= 40:
+        out["state"] = doc["state"]
+    if isinstance(doc.get("error"), str):
+        out["error"] = doc["error"][:2000]
+    for k in ("current", "last_step"):
+        if step(doc.get(k)) is not None:
+            out[k] = doc[k]
+    q = doc.get("queue")
+    if isinstance(q, list):
+        out["queue"] = [x for x in q[:10000] if step(x) is not None]
+    return out
 
 
 MAX_RESTARTS = 3

@@ -17,7 +17,7 @@ from core.errors import InvalidInput
 from core.plan import params_summary
 from core.planfile import load_plan
 from core.records import Run
-from core.todos import plan_to_todos, todos_to_plan_yaml
+from core.todos import plan_to_todos
 from core.text import sanitize
 
 
@@ -136,8 +136,8 @@ def cmd_export(args) -> int:
 
 
 def cmd_import(args) -> int:
-    from core.planfile import parse_plan
-    from core.todos import load_todos
+    from core.planfile import plan_from_data
+    from core.todos import load_todos, plan_yaml, todos_to_plan
 
     src = Path(args.todos)
     todos = load_todos(src)
@@ -149,8 +149,9 @@ def cmd_import(args) -> int:
         raise InvalidInput(f"{out}: already exists; not overwritten", hint="pass --force")
     if out.exists() and not out.is_file():
         raise InvalidInput(f"{out}: is not a regular file; not overwritten")
-    text = todos_to_plan_yaml(todos, args.name or out.stem, str(src))
-    parse_plan(text, str(out))  # what we write must validate
+    doc = todos_to_plan(todos, args.name or out.stem, str(src))
+    text = plan_yaml(doc)
+    plan_from_data(doc, text, str(out))  # what we write must validate
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)

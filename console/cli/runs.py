@@ -9,7 +9,7 @@ import sys
 
 from console.cli import exit_codes
 from console.cli.output import err, run_with
-from core.adopt import AdoptSpec, adopt_item
+from core.adopt import AdoptSpec, adopt_item, parse_pid
 from core.errors import InvalidInput
 from core.planfile import load_plan
 from core.text import collapse_cr, sanitize
@@ -202,8 +202,17 @@ def cmd_adopt(args) -> int:
     if host_name is not None and host_name in plan.hosts and plan.hosts[host_name].local \
             and log and not log.startswith(("/", "~")):
         log = os.path.abspath(log)  # a path typed here, for this machine
-    spec = AdoptSpec(pid=args.pid, slurm_job=args.slurm_job, tmux=args.tmux, log=log,
+    try:
+        pid = parse_pid(args.pid) if args.pid is not None else None
+    except ValueError as e:
+        raise InvalidInput(f"--pid {args.pid[:40]!r}: {e}") from None
+    spec = AdoptSpec(pid=pid, slurm_job=args.slurm_job, tmux=args.tmux, log=log,
                      from_start=args.from_start)
+    if pid is None and args.slurm_job is None and args.tmux is None:
+        if item.adopt is None:  # without one: what the item's adopt: in the plan names
+            raise InvalidInput(f"item {item.id!r} has no adopt: in the plan; say what to "
+                               "adopt", hint="--pid PID, --slurm-job ID or --tmux SESSION")
+        spec = item.adopt
 
     async def go(runner):
         await runner.reconcile()
@@ -243,8 +252,8 @@ def register(add) -> None:
              "follow it")
     sp.add_argument("plan")
     sp.add_argument("item")
-    g = sp.add_mutually_exclusive_group(required=True)
-    g.add_argument("--pid", type=int, help="a process (nohup torchrun...) on the item's host")
+    g = sp.add_mutually_exclusive_group()  # none: the item's adopt: in the plan
+    g.add_argument("--pid", help="a process (nohup torchrun...) on the item's host")
     g.add_argument("--slurm-job", metavar="ID", help="a Slurm job id (the host is the login node)")
     g.add_argument("--tmux", metavar="SESSION", help="a tmux session on the item's host")
     sp.add_argument("--log", help="the file its output goes to, on the host (relative: to "

@@ -456,7 +456,9 @@ class Relay(Action):
             if layout.get("mode") == "append":
                 progress = [min(pst.size, size)]
             else:
-                progress = await _read_journals(dst, book, ranges)
+                progress = await _verified(ctx, src, sp, dst, book, ranges,
+                                           await _read_journals(dst, book, ranges), pst.size,
+                                           label)
         else:
             if layout is not None or (pst is not None and pst.size > size):
                 if layout is not None and pst is not None:
@@ -631,6 +633,45 @@ async def _read_journals(dst, book: _Book, ranges) -> list[int]:
                 done = max(done, int(line))
         out.append(done)
     return out
+
+
+async def _range_sha(host, path: str, start: int, length: int) -> str | None:
+    """sha256 of ``length`` bytes of ``path`` from ``start``, computed on the host."""
+    res = await host.run(f"dd if={shlex.quote(host.path(path))} bs=1M iflag=skip_bytes,"
+                         f"count_bytes skip={int(start)} count={int(length)} status=none "
+                         "| sha256sum")
+    words = res.stdout.split()
+    return words[0] if res.ok and words else None
+
+
+async def _verified(ctx, src, sp, dst, book: _Book, ranges, journaled: list[int],
+                    part_size: int, label: str) -> list[int]:
+    """Each range's resume point, checked against the data: a journal line can survive a
+    crash its bytes did not (the journal and the data are flushed apart). A claim past the
+    end of ``.part`` is cut back to it, and the last journaled chunk of each range is hashed
+    on both hosts; one that differs (a hole the crash left) steps back a chunk at a time
+    until the bytes match. So a rerun re-sends what is missing and completes, instead of
+    failing on a short ``.part`` or a final hash mismatch every time."""
+    async def one(i: int, s: int, e: int, p: int) -> int:
+        q = min(p, max(s, part_size))
+        if q < p:
+            ctx.progress(f"{label}: range {i}'s journal claims byte {p:,}, the .part holds "
+                         f"{max(part_size - s, 0):,} bytes of it: cut back to {q:,}")
+        while q > s:
+            b = s + (q - s - 1) // JOURNAL_CHUNK * JOURNAL_CHUNK
+            got = await asyncio.gather(_range_sha(src, sp, b, q - b),
+                                       _range_sha(dst, book.part, b, q - b))
+            if got[0] is not None and got[0] == got[1]:
+                break
+            ctx.progress(f"{label}: range {i}: bytes {b:,}..{q:,} on {dst.name} differ from "
+                         "the source (lost in a crash?): re-sending them")
+            q = b
+        if q < p:  # the journal says no more than is there (a later kill resumes from it)
+            await dst.write_file(book.journal(i), f"{q}\n".encode())
+        return q
+
+    return list(await asyncio.gather(*(one(i, s, e, p) for i, ((s, e), p)
+                                       in enumerate(zip(ranges, journaled)))))
 
 
 async def _clear(dst, book: _Book, layout: dict | None, *, keep_sums: bool,

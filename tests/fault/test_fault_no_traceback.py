@@ -3,6 +3,10 @@ hostile inputs and faults of each class, exits with the contract's status and on
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 import pytest
 
 from tests.conftest import run_cli
@@ -33,10 +37,22 @@ def _setup(tmp_path, case):
             for p, c in zip("abcdefgh", "bcdefghi")), "bomb.yaml")
     elif case == "plan-deep":
         plan = write_plan(tmp_path, "items: " + "[" * 5000 + "]" * 5000, "deep.yaml")
+    elif case == "plan-fifo":  # issue 28: refused by type and size before a byte is read
+        plan = tmp_path / "fifo.yaml"
+        os.mkfifo(plan)
+    elif case == "plan-device":
+        plan = Path("/dev/zero")
+    elif case == "plan-huge":
+        plan = tmp_path / "huge.yaml"
+        with open(plan, "wb") as f:
+            f.truncate(3 << 30)
+    elif case == "plan-var-nul":
+        plan = local_plan(tmp_path, ITEMS % "y", vars_='{v: "a\\0b", w: "' + "x" * 70000 + '"}')
     return plan, db
 
 
-CASES = ["ok", "garbage-db", "dir-db", "plan-dir", "plan-binary", "plan-bomb", "plan-deep"]
+CASES = ["ok", "garbage-db", "dir-db", "plan-dir", "plan-binary", "plan-bomb", "plan-deep",
+         "plan-fifo", "plan-device", "plan-huge", "plan-var-nul"]
 COMMANDS = [("validate",), ("status",), ("status", "--json"), ("run", "a"), ("run", "--all"),
             ("run", "nope"), ("attach",), ("logs", "a"), ("logs", "a", "-f"),
             ("stop", "a", "--yes"), ("mark", "a", "done"), ("export", "--todowrite")]
@@ -61,8 +77,11 @@ def test_no_traceback_from_any_command(tmp_path, case):
     ("import", "{tmp}/deep.json", "-o", "{tmp}/o.yaml"),
     ("import", "{tmp}/ok.json", "-o", "{tmp}"),
     ("import", "{tmp}/ok.json", "-o", "/proc/nope/o.yaml"),
+    ("import", "{tmp}/fifo.json", "-o", "{tmp}/o.yaml"),
+    ("import", "/dev/zero", "-o", "{tmp}/o.yaml"),
 ])
 def test_no_traceback_from_import(tmp_path, args):
+    os.mkfifo(tmp_path / "fifo.json")
     (tmp_path / "deep.json").write_text("[" * 50000)
     (tmp_path / "ok.json").write_text('[{"content": "x"}]')
     res = run_cli(*[a.format(tmp=tmp_path) for a in args])
@@ -123,3 +142,49 @@ def test_no_traceback_from_what_runs_write(tmp_path, case):
         assert res.returncode in expected, (cmd, res.returncode, res.stderr)
         if res.returncode:
             assert "no eval results" in res.stderr, (cmd, res.stderr)
+
+
+ADOPT_ITEM = """  - id: t
+    content: started by hand
+    status: in_progress
+    action: {kind: shell, host: here, params: {command: "true"}}
+    adopt: {pid_file: run.pid, log: run.log}
+"""
+
+
+@pytest.mark.parametrize("pid", ["", "\u0661\u0662\u0663", "9" * 400, "-5", "1", "2", "0x10",
+                                 None])
+@pytest.mark.parametrize("pid_file", [b"", "\u0661\u0662".encode(), b"9" * 400, b"-1",
+                                      b"\x00\xff", "fifo", "dir"])
+def test_no_traceback_from_adopt(tmp_path, pid, pid_file):
+    """issue 28: bad PIDs typed or in a pid file, kernel threads (pid 2), a FIFO pid file."""
+    plan = local_plan(tmp_path, ADOPT_ITEM)
+    wd = tmp_path / "wd"
+    wd.mkdir(exist_ok=True)
+    (wd / "run.log").write_text("x\n")
+    if pid_file == "fifo":
+        os.mkfifo(wd / "run.pid")
+    elif pid_file == "dir":
+        (wd / "run.pid").mkdir()
+    else:
+        (wd / "run.pid").write_bytes(pid_file)
+    args = ["--pid", pid, "--log", str(wd / "run.log")] if pid is not None else []
+    res = run_cli("--state", tmp_path / "s.db", "adopt", plan, "t", *args, timeout=60)
+    assert "Traceback" not in res.stderr and "Traceback" not in res.stdout, res.stderr
+    assert res.returncode == 2, res.stderr
+    assert ("pid" in res.stderr) and res.stderr.strip()
+
+
+def test_no_traceback_from_hostile_watcher_results(tmp_path):
+    """issue 28: status, attach and logs over a watcher capsule full of hostile files."""
+    from tests.fault.test_fault_watcher_results import BAD, _place, _setup, good
+
+    plan, db, run_id, results = _setup(tmp_path)
+    for i, kind in enumerate(sorted(BAD) + ["link", "fifo", "directory", "device"]):
+        _place(results, 10 * (i + 1), kind, tmp_path / f"elsewhere{i}.json")
+    (results / f"step_{'9' * 200}.json").write_text(json.dumps(good(1)))
+    (results / "step_1000.json").write_text(json.dumps(good(1000)))
+    for cmd in (("status",), ("status", "--json"), ("attach",), ("logs", "train")):
+        res = run_cli("--state", db, cmd[0], plan, *cmd[1:], timeout=120)
+        assert "Traceback" not in res.stderr and "Traceback" not in res.stdout, (cmd, res.stderr)
+        assert res.returncode in (0, 1), (cmd, res.returncode, res.stderr)
