@@ -58,6 +58,15 @@ from core.records import Run
 from core.session import Session, open_store
 
 STOP_GRACE_S = 30.0
+MARK_ASKS = {
+    "done": ("Mark done without running?",
+             "{id} is {where}. Mark it done without running it? Items that need it can then "
+             "run (needed by: {dependents}); u undoes.", "Mark done"),
+    "skipped": ("Skip without running?",
+                "{id} is {where}. Skip it? Nothing runs it; items that need its output wait "
+                "(needed by: {dependents}), items only `after:` it go ahead; u undoes.", "Skip"),
+}
+"""The confirmations of d and s on an action item: title, body, confirm button."""
 
 
 def _until_closed(handler):
@@ -419,13 +428,16 @@ class SpecdeckApp(App[int]):
 
     @on(PlanPane.MarkRequested)
     def _mark_requested(self, event: PlanPane.MarkRequested) -> None:
+        """d and s on an action item ask first (each changes what may run next); u undoes."""
         item = self.plan.item(event.item_id)
-        if event.status == "done" and not item.manual:
-            self.push_screen(ConfirmModal(
-                "Mark done without running?",
-                f"{item.id} is a {item.action.kind} action on {item.action.host}. Mark it done "
-                "without running it? Items that need it can then run.", confirm="Mark done"),
-                lambda yes: yes and self._mark(item.id, "done"))
+        if event.status in MARK_ASKS and not item.manual:
+            title, body, confirm = MARK_ASKS[event.status]
+            needed_by = [it.id for it in self.plan.items if item.id in it.needs]
+            where = f"a {item.action.kind} action" + (f" on {item.action.host}"
+                                                      if item.action.host else "")
+            self.push_screen(ConfirmModal(title, body.format(
+                id=item.id, where=where, dependents=", ".join(needed_by) or "none"),
+                confirm=confirm), lambda yes: yes and self._mark(item.id, event.status))
             return
         self._mark(item.id, event.status)
 
@@ -614,8 +626,11 @@ class SpecdeckApp(App[int]):
         runs = self.services.store.runs_for_item(item_id)
         attempt = max((r.attempt for r in runs), default=0) + 1
         detached = registry.get(item.action.kind).detached
-        title, body = run_text(item, params_summary(item), detached, attempt, status)
-        again = again or status in ("done", "skipped")
+        action = self.runner.action(item)
+        start = action.start_note(runs, self.services.store.artefacts(item_id, "checkpoint")
+                                  ) if action is not None and runs else None
+        title, body = run_text(item, params_summary(item), detached, attempt, status, start)
+        again = again or status in ("done", "skipped", "stopped")
         self.push_screen(ConfirmModal(title, body, confirm="Run"),
                          lambda yes: yes and self.start_item(item_id, again))
 

@@ -23,7 +23,8 @@ COMMANDS: tuple[Command, ...] = (
             "inspect", "enter", "plan"),
     Command("Run item", "run the selected item (asks first, naming kind, host, launcher, "
             "resources and command; a re-run says its attempt number)", "run_item", "r"),
-    Command("Run item again", "run the selected item even though it is done (asks first)",
+    Command("Run item again", "run the selected item even though it is done or stopped (asks "
+            "first, saying whether a train item starts fresh or resumes, from which checkpoint)",
             "run_again", "R"),
     Command("Run all", "run every item whose needs are done, in dependency order; the cursor "
             "and log follow each run as it starts (any key stops following)", "run_all", "A"),
@@ -31,9 +32,13 @@ COMMANDS: tuple[Command, ...] = (
             "stop_run", "x"),
     Command("Adopt run", "make a run started outside specdeck (pid, slurm job, tmux session) "
             "the selected item's run: its log is followed, x stops it", "adopt", "a", "plan"),
-    Command("Mark done", "tick a manual item done", "mark('done')", "d", "plan"),
-    Command("Skip item", "mark the selected item skipped", "mark('skipped')", "s", "plan"),
-    Command("Reset item", "mark the selected item pending again", "mark('pending')", "u", "plan"),
+    Command("Mark done", "tick a manual item done (an action item: asks first)",
+            "mark('done')", "d", "plan"),
+    Command("Skip item", "mark the selected item skipped (an action item: asks first; items "
+            "that need its output wait, items only after it go ahead)", "mark('skipped')", "s",
+            "plan"),
+    Command("Undo mark", "mark the selected item pending again (undoes d, s, a failure or a "
+            "stop)", "mark('pending')", "u", "plan"),
     Command("Filter items", "show only items matching words (id, content, status, host)",
             "filter", "/", "plan"),
     Command("Pin curves", "keep the selected item's latest run on the metrics chart",

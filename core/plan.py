@@ -15,7 +15,9 @@ from typing import Any, Iterable
 
 from core.errors import InvalidInput
 
-STATUSES = ("pending", "in_progress", "done", "failed", "skipped")
+STATUSES = ("pending", "in_progress", "done", "failed", "stopped", "skipped")
+"""An item's statuses: ``stopped`` is a run an operator (or a ``stop`` item) ended; like
+``failed`` it never counts as done, and unlike it no ``retries:`` ever relaunches it."""
 PRIORITIES = ("high", "medium", "low")
 SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 """Plan names, host names and item ids: they name files and directories (state databases,
@@ -78,6 +80,16 @@ class Item:
     line: int = 0
     adopt: Any = None
     """Where its run already is (:class:`core.adopt.AdoptSpec`): ``run`` adopts it."""
+    after: tuple[str, ...] = ()
+    """Ids that only come first: done or skipped lets it start (``needs`` wants done: a
+    skipped need's output is missing)."""
+    retries: int = 0
+    """How many more times a failed run is launched without being asked (``run --all``)."""
+
+    @property
+    def deps(self) -> tuple[str, ...]:
+        """Every id that comes first, its needs and its order-only ``after``."""
+        return self.needs + tuple(a for a in self.after if a not in self.needs)
 
     @property
     def manual(self) -> bool:
@@ -117,7 +129,7 @@ class Plan:
             if root.id in done:
                 continue
             done.add(root.id)
-            stack = [(root, iter(root.needs))]
+            stack = [(root, iter(root.deps))]
             while stack:
                 it, needs = stack[-1]
                 n = next(needs, None)
@@ -126,17 +138,17 @@ class Plan:
                     out.append(it)
                 elif n not in done and n in by_id:
                     done.add(n)
-                    stack.append((by_id[n], iter(by_id[n].needs)))
+                    stack.append((by_id[n], iter(by_id[n].deps)))
         return [it for it in out if wanted is None or it.id in wanted]
 
     def dependents(self, item_id: str) -> list[str]:
-        """Ids of items that need ``item_id``, directly or not."""
+        """Ids of items that need (or come after) ``item_id``, directly or not."""
         out: list[str] = []
         frontier = [item_id]
         while frontier:
             cur = frontier.pop()
             for it in self.items:
-                if cur in it.needs and it.id not in out:
+                if cur in it.deps and it.id not in out:
                     out.append(it.id)
                     frontier.append(it.id)
         return out

@@ -372,8 +372,8 @@ def _plan_of(loc: _Located, path: Path | None) -> Plan:
             continue
         iid = it.get("id")
         label = iid if isinstance(iid, str) and SLUG.match(iid) else f"#{i + 1}"
-        _check_keys(v, it, ip, ("id", "content", "priority", "status", "needs", "action",
-                                "adopt"), item=label)
+        _check_keys(v, it, ip, ("id", "content", "priority", "status", "needs", "after",
+                                "retries", "action", "adopt"), item=label)
         if not isinstance(iid, str) or not SLUG.match(iid):
             v.error(ip + ("id",), f"id must be a slug (letters, digits, _ . -; 64 at most), got "
                     f"{short(iid)}",
@@ -395,13 +395,12 @@ def _plan_of(loc: _Located, path: Path | None) -> Plan:
         if status is not None and status not in STATUSES:
             v.error(ip + ("status",), f"status must be one of {', '.join(STATUSES)}, got "
                     f"{status!r}", item=label, field_path=("status",))
-        needs = it.get("needs") or []
-        if isinstance(needs, str):
-            needs = [needs]
-        if not isinstance(needs, list) or not all(isinstance(n, str) for n in needs):
-            v.error(ip + ("needs",), "needs must be a list of item ids", item=label,
-                    field_path=("needs",))
-            needs = []
+        needs, after = (_id_list(v, it, ip, key, label) for key in ("needs", "after"))
+        retries = it.get("retries", 0)
+        if type(retries) is not int or not 0 <= retries <= MAX_RETRIES:
+            v.error(ip + ("retries",), f"retries must be a whole number from 0 to {MAX_RETRIES}"
+                    f", got {short(retries)}", item=label, field_path=("retries",))
+            retries = 0
         action = None
         raw_action = it.get("action")
         if raw_action is not None:
@@ -411,17 +410,19 @@ def _plan_of(loc: _Located, path: Path | None) -> Plan:
         items.append(Item(label, content if isinstance(content, str) else "",
                           prio if prio in PRIORITIES else "medium",
                           status if status in STATUSES else None, tuple(needs), action,
-                          loc.mark(ip)[0], adopt))
+                          loc.mark(ip)[0], adopt, tuple(after), retries))
 
     ids = {it.id for it in items}
     for i, it in enumerate(items):
-        for j, n in enumerate(it.needs):
-            if n not in ids:
-                v.error(("items", i, "needs", j), f"needs unknown item {n!r}", item=it.id,
-                        field_path=("needs",))
-            elif n == it.id:
-                v.error(("items", i, "needs", j), "an item cannot need itself", item=it.id,
-                        field_path=("needs",))
+        for key, deps in (("needs", it.needs), ("after", it.after)):
+            for j, n in enumerate(deps):
+                if n not in ids:
+                    v.error(("items", i, key, j), f"{key} unknown item {n!r}", item=it.id,
+                            field_path=(key,))
+                elif n == it.id:
+                    v.error(("items", i, key, j), "an item cannot "
+                            + ("need" if key == "needs" else "come after") + " itself",
+                            item=it.id, field_path=(key,))
     _check_cycles(v, items)
 
     if state is not None:
@@ -494,12 +495,26 @@ def _parse_adopt(v, raw, ap, label, action, variables):
     return spec
 
 
+MAX_RETRIES = 100
+
+
+def _id_list(v: _Validator, it: dict, ip: tuple, key: str, label: str) -> list[str]:
+    """``needs`` / ``after``: a list of item ids (one id alone is allowed)."""
+    ids = it.get(key) or []
+    if isinstance(ids, str):
+        ids = [ids]
+    if not isinstance(ids, list) or not all(isinstance(n, str) for n in ids):
+        v.error(ip + (key,), f"{key} must be a list of item ids", item=label, field_path=(key,))
+        ids = []
+    return ids
+
+
 def _check_cycles(v: _Validator, items: list[Item]) -> None:
     graph: dict[str, list[str]] = {}
     index: dict[str, int] = {}
     for i, it in enumerate(items):  # a duplicated id is reported once, as a duplicate
         if it.id not in graph:
-            graph[it.id] = [n for n in it.needs if n != it.id]
+            graph[it.id] = [n for n in it.deps if n != it.id]
             index[it.id] = i
     color: dict[str, int] = {}
 

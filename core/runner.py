@@ -5,8 +5,13 @@ It is the one service both faces use (the CLI and the console's workers). It own
 talks to the store; actions only see an :class:`~core.actions.base.ActionContext`.
 
 Item status follows runs: a run starting makes its item ``in_progress``; succeeded ->
-``done``; failed, stopped, lost or interrupted -> ``failed``. A failed item can be run again
-(a new run, attempt + 1); its dependents stay pending meanwhile.
+``done``; stopped (by an operator or a ``stop`` item) -> ``stopped``; failed, lost or
+interrupted -> ``failed``. What :meth:`Runner.run_items` launches without being asked
+(``run --all``, ``A``, a named item's needs): pending items, a failed item while its
+``retries:`` last, and one whose run specdeck itself interrupted (it resumes). A stopped item
+is launched again only by ``run ITEM --again`` (console ``r``), a failed one also by naming
+it; dependents wait meanwhile, and so does the dependent of a skipped item it ``needs`` (a
+skipped item only satisfies ``after:``, an order).
 
 :meth:`Runner.reconcile` re-derives every run the store thinks live from what is on its
 host (the capsule, or the owning specdeck process for in-process runs), finishing runs that
@@ -38,7 +43,7 @@ from core.records import Artefact, EvalRow, Run
 from core.store import Store
 from core.text import collapse_cr
 
-RUN_TO_ITEM = {"succeeded": "done", "failed": "failed", "stopped": "failed", "lost": "failed",
+RUN_TO_ITEM = {"succeeded": "done", "failed": "failed", "stopped": "stopped", "lost": "failed",
                "interrupted": "failed"}
 
 
@@ -222,6 +227,8 @@ class Runner:
         """Start detached runs and leave them to their hosts instead of following them to
         their end (``specdeck run --detach``, as sbatch submits): such an item counts as
         ``started``; in-process actions (a relay) still run to their end here."""
+        self.resume: set[str] = set()
+        """Items whose next attempt resumes an earlier one (``specdeck run --resume``)."""
 
     # -- plumbing ------------------------------------------------------------------------
     def emit(self, event: Event) -> None:
@@ -305,21 +312,26 @@ class Runner:
         """Run items (all when ``ids`` is None) whose needs are done, in dependency order.
 
         Independent items run concurrently. Returns ``{"done", "failed", "unreachable",
-        "waiting", "manual"}`` lists of item ids.
+        "waiting", "manual", "unadopted", "started", "held"}`` lists of item ids (``started``:
+        left running detached; ``held``: stopped, or failed and not asked for again; see
+        :meth:`held`).
         """
         targets = self.plan.order(ids)
+        named = set(ids) if ids is not None else set()
         summary: dict[str, list[str]] = {k: [] for k in
                                          ("done", "failed", "unreachable", "waiting", "manual",
-                                          "unadopted", "started")}
+                                          "unadopted", "started", "held")}
         pending = list(targets)
         running: dict[asyncio.Task, Item] = {}
+        launched: set[str] = set()
+        """Items launched by this call: naming an item asks for one launch, not a loop."""
         while pending or running:
             st = self.statuses()
             deferred = False
             for it in list(pending):
                 if st[it.id] in ("done", "skipped") and it.id not in self.again:
                     pending.remove(it)
-                    if ids is not None and it.id in set(ids):
+                    if it.id in named:
                         summary["done"].append(it.id)
                         self.emit(Notice(it.id, f"{it.id}: already {st[it.id]} (`specdeck run "
                                          f"{self.plan.path or self.plan.name} {it.id} --again` "
@@ -329,7 +341,14 @@ class Runner:
                     pending.remove(it)
                     summary["manual"].append(it.id)
                     continue
-                needs = [n for n in it.needs if st[n] not in ("done", "skipped")]
+                needs = self.unmet(it, st)
+                why = None if needs else self.held(it, st[it.id],
+                                                   asked=it.id in named - launched)
+                if why:
+                    pending.remove(it)
+                    summary["held"].append(it.id)
+                    self.emit(Notice(it.id, why, "warning"))
+                    continue
                 why = None if needs else adopt.unadopted(self, it)
                 if why and adopt.adopting(it, running.values()):
                     deferred = True  # a stop whose target is being adopted right now
@@ -341,6 +360,7 @@ class Runner:
                     continue
                 if not needs:
                     pending.remove(it)
+                    launched.add(it.id)
                     running[asyncio.create_task(self.run_item(it))] = it
                     continue
                 live = {p.id for p in pending} | {x.id for x in running.values()}
@@ -348,7 +368,7 @@ class Runner:
                     pending.remove(it)
                     summary["waiting"].append(it.id)
                     self.emit(Notice(it.id, f"{it.id}: not run, waits on "
-                                     + ", ".join(f"{n} ({st[n]})" for n in needs)))
+                                     + ", ".join(self._waits_on(it, n, st[n]) for n in needs)))
             if not running:
                 for it in pending:
                     summary["waiting"].append(it.id)
@@ -373,10 +393,64 @@ class Runner:
                     continue
                 except Exception as e:  # noqa: BLE001 - any fault ends the item, not the runner
                     state = self._item_failed(it, e)
+                if state == "failed" and it.retries and self.retries_left(it) > 0:
+                    self.emit(Notice(it.id, f"{it.id}: failed; retry {self.failures(it)} of "
+                                     f"{it.retries} (its plan's retries)", "warning"))
+                    pending.insert(0, it)
+                    continue
                 started = self.detach and state == "in_progress"
-                summary["done" if state == "done" else "started" if started
-                        else "failed"].append(it.id)
+                summary["done" if state == "done" else "started" if started else
+                        "held" if state == "stopped" else "failed"].append(it.id)
         return summary
+
+    def unmet(self, item: Item, statuses: dict[str, str]) -> list[str]:
+        """The ids the item waits on: ``needs`` not done, ``after`` neither done nor skipped."""
+        return [n for n in item.deps
+                if statuses[n] != "done" and not (statuses[n] == "skipped" and n not in item.needs)]
+
+    def _waits_on(self, item: Item, dep: str, status: str) -> str:
+        plan = self.plan.path or self.plan.name
+        if status == "skipped":
+            return (f"{dep} (skipped, and {item.id} needs its output: run it, or write "
+                    f"`after: [{dep}]` in {item.id} if only the order matters)")
+        if status == "stopped":
+            return f"{dep} (stopped: `specdeck run {plan} {dep} --again` runs it again)"
+        return f"{dep} ({status})"
+
+    def held(self, item: Item, status: str, *, asked: bool = False) -> str | None:
+        """Why ``run_items`` does not launch an item whose needs are met, or None.
+
+        A stopped item waits for ``--again`` (console ``r``), whoever asks; a failed one for
+        being named (``asked``) or its plan's ``retries:``. A run specdeck interrupted
+        (Ctrl-C, quitting during a relay) is no failure of the work: it resumes.
+        """
+        if item.id in self.again:
+            return None
+        plan = self.plan.path or self.plan.name
+        if status == "stopped":
+            return (f"{item.id}: stopped by the operator; launched again only when asked "
+                    f"(`specdeck run {plan} {item.id} --again`, or r in the console)")
+        latest = self.store.latest_run(item.id)
+        if (status == "failed" and not asked and self.retries_left(item) <= 0
+                and not (latest and latest.state == "interrupted")):
+            used = f", its {item.retries} retries used" if item.retries else ""
+            return (f"{item.id}: failed{used}; retried only when asked (`specdeck run {plan} "
+                    f"{item.id}`, or r in the console)")
+        return None
+
+    def retries_left(self, item: Item) -> int:
+        """Launches left to a failed item without asking: its ``retries:`` less the
+        failures since its last success (or stop), the first one not counted."""
+        return item.retries - max(self.failures(item), 1) + 1
+
+    def failures(self, item: Item) -> int:
+        """The item's failed (or lost) runs since its last success or stop."""
+        n = 0
+        for r in reversed(self.store.runs_for_item(item.id)):
+            if r.state in ("succeeded", "stopped"):
+                break
+            n += r.state in ("failed", "lost")
+        return n
 
     def _item_failed(self, item: Item, exc: Exception) -> str:
         """An unexpected fault before or around a run: the item fails with the message, and a
@@ -426,6 +500,9 @@ class Runner:
         chk = await action.check(ctx)
         again = item.id in self.again
         self.again.discard(item.id)
+        if item.id in self.resume:
+            ctx.resume = True
+            self.resume.discard(item.id)
         if chk.state == "done" and not again:
             self.set_status(item.id, "done", f"check: {chk.reason or 'already done'}")
             return "done"

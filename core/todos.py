@@ -16,7 +16,8 @@ from core.text import sanitize, short
 
 # -- todowrite interop --------------------------------------------------------------------
 _TODO_IN = {"completed": "done", "done": "done", "pending": "pending",
-            "in_progress": "in_progress", "failed": "failed", "skipped": "skipped",
+            "in_progress": "in_progress", "failed": "failed", "stopped": "stopped",
+            "skipped": "skipped",
             "cancelled": "skipped"}
 _TODO_OUT = {"done": "completed"}
 

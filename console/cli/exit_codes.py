@@ -55,6 +55,6 @@ def for_run(summary: dict, *, named: bool) -> int:
         return UNREACHABLE
     if summary["failed"]:
         return FAILED
-    if named and summary["waiting"] and not summary["unadopted"]:
+    if named and (summary["waiting"] or summary.get("held")) and not summary["unadopted"]:
         return FAILED
     return OK

@@ -12,7 +12,8 @@ from core.events import (Event, HostStateChanged, LogLinesReceived, LogStreamCha
                          Progress, RunEnded, RunStarted, StatusChanged)
 from core.text import collapse_cr, sanitize
 
-GLYPHS = {"pending": "○", "in_progress": "◐", "done": "●", "failed": "✗", "skipped": "⊘"}
+GLYPHS = {"pending": "○", "in_progress": "◐", "done": "●", "failed": "✗", "stopped": "□",
+          "skipped": "⊘"}
 
 
 def err(msg: str, *, hints: bool = True) -> None:

@@ -18,9 +18,9 @@ import sys
 from core.text import sanitize
 
 STATUS_STYLE = {"pending": "", "in_progress": "yellow", "done": "green", "failed": "red",
-                "skipped": "dim", "succeeded": "green", "running": "yellow", "stopped": "red",
+                "skipped": "dim", "succeeded": "green", "running": "yellow", "stopped": "cyan",
                 "lost": "red", "interrupted": "red", "error": "red", "warning": "yellow"}
-_ANSI = {"red": "31", "green": "32", "yellow": "33", "dim": "2", "bold": "1"}
+_ANSI = {"red": "31", "green": "32", "yellow": "33", "cyan": "36", "dim": "2", "bold": "1"}
 
 
 def colour_on(stream=None) -> bool:

@@ -21,6 +21,8 @@ def cmd_run(args) -> int:
         raise InvalidInput("name the items to run, or pass --all")
     if args.again and not args.items:
         raise InvalidInput("--again reruns the items you name; name them")
+    if args.resume and not args.items:
+        raise InvalidInput("--resume resumes the items you name; name them")
     for i in args.items:
         plan.item(i)
     ids = None if args.all else args.items
@@ -29,6 +31,8 @@ def cmd_run(args) -> int:
         await runner.reconcile()
         if args.again:
             runner.again.update(args.items)
+        if args.resume:
+            runner.resume.update(args.items)
         runner.detach = args.detach
         summary = await runner.run_items(ids)
         live = {i: runner.store.live_run(i) for i in summary.get("started", [])}
@@ -228,7 +232,11 @@ def register(add) -> None:
     sp.add_argument("items", nargs="*")
     sp.add_argument("--all", action="store_true", help="run every item that can run")
     sp.add_argument("--again", action="store_true",
-                    help="run the named items again even when done (a new attempt)")
+                    help="run the named items again even when done or stopped (a new "
+                         "attempt; a succeeded train item trains again from step 0)")
+    sp.add_argument("--resume", action="store_true",
+                    help="the new attempt of a train item resumes the earlier one's newest "
+                         "checkpoint (the default only after a failed or stopped attempt)")
     sp.add_argument("--detach", action="store_true",
                     help="start the runs and exit 0 without following them (prints ITEM RUN_ID "
                          "per run; in-process actions such as relay still run to their end)")

@@ -140,14 +140,19 @@ def launch_facts(item, params: dict, detached: bool) -> list[tuple[str, str]]:
     return rows
 
 
-def run_text(item, params: dict, detached: bool, attempt: int, status: str) -> tuple[str, str]:
-    """Title and body of the run confirmation: what will start, where, with what."""
+def run_text(item, params: dict, detached: bool, attempt: int, status: str,
+             start: str | None = None) -> tuple[str, str]:
+    """Title and body of the run confirmation: what will start, where, with what
+    (``start``: what the new attempt does with the earlier ones, e.g. train's fresh start)."""
     title = (f"Run {item.id} again (attempt {attempt})?" if attempt > 1
              else f"Run {item.id} (attempt 1)?")
     why = {"done": "it is done; this is a new attempt", "failed": "its last attempt failed",
+           "stopped": "it was stopped; nothing runs it again unless you do",
            "skipped": "it was skipped"}.get(status)
     width = 10
     lines = [f"{k:<{width}} {v}" for k, v in launch_facts(item, params, detached)]
     if attempt > 1:
         lines.append(f"{'attempt':<{width}} {attempt}" + (f" ({why})" if why else ""))
+    if start:
+        lines.append(f"{'starts':<{width}} {start}")
     return title, "\n".join(lines)

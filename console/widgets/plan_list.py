@@ -30,14 +30,16 @@ from console.widgets.vim import option_list_keys
 from core.text import sanitize
 from core.plan import Item, Plan
 
-GLYPHS = {"pending": "○", "in_progress": "◐", "done": "●", "failed": "✗", "skipped": "⊘"}
+GLYPHS = {"pending": "○", "in_progress": "◐", "done": "●", "failed": "✗",
+          "stopped": "□", "skipped": "⊘"}
 MARKS = {"✎": ("magenta", "manual item: you do it, then mark it done (d)"),
          "▶": ("bold yellow", "a run of this item is live"),
          "⌖": ("cyan", "its curves are pinned on the chart (p)"),
          "⇠": ("bright_black", "needs: the items it waits for")}
 """The other glyphs of an item's line (the help's legend reads them from here)."""
 STATUS_STYLE = {"pending": "bright_black", "in_progress": "bold yellow", "done": "green",
-                "failed": "bold red", "skipped": "dim"}
+                "failed": "bold red", "stopped": "cyan", "skipped": "dim"}
+"""``stopped`` is an operator's decision, not a crash: its own glyph, never red."""
 PRIORITY = {"high": ("▲", "red"), "medium": ("■", "yellow"), "low": ("▼", "blue")}
 
 
@@ -92,7 +94,7 @@ class PlanPane(Vertical):
         Binding("escape", "clear_filter", "Clear filter", show=False),
         Binding("d", "mark('done')", "Done"),
         Binding("s", "mark('skipped')", "Skip"),
-        Binding("u", "mark('pending')", "Reset", show=False),
+        Binding("u", "mark('pending')", "Undo"),
         Binding("p", "pin", "Pin curve", show=False),
     ]
 
@@ -153,6 +155,8 @@ class PlanPane(Vertical):
         self.statuses[item_id] = status
         self._refresh_item(item_id)
         self._summary()
+        if item_id == self.selected:
+            self.refresh_bindings()  # u comes and goes with the status
 
     def set_live(self, item_id: str, live: bool) -> None:
         (self.live.add if live else self.live.discard)(item_id)
@@ -215,6 +219,7 @@ class PlanPane(Vertical):
         # (redrawing an item's line highlights it again: only a move is news)
         if event.option_id and event.option_id != self._announced:
             self._announced = event.option_id
+            self.refresh_bindings()
             self.post_message(self.ItemSelected(event.option_id))
 
     @on(OptionList.OptionSelected, "#plan-options")
@@ -246,6 +251,14 @@ class PlanPane(Vertical):
         box.display = False
         self.set_filter("")
         self.options.focus()
+
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        """``u`` (undo: back to pending) is in the footer only where there is something to
+        undo: the selected item is done, skipped, failed or stopped."""
+        if action == "mark" and parameters == ("pending",):
+            return self.statuses.get(self.selected or "", "pending") not in ("pending",
+                                                                            "in_progress")
+        return True
 
     def action_mark(self, status: str) -> None:
         if self.selected:

@@ -72,6 +72,9 @@ class ActionContext(ABC):
     """The run being started, followed or finished; None while only checking."""
     poll: float = 0.1
     """Seconds between polls of a followed log."""
+    resume: bool | None = None
+    """The operator asked this new attempt to resume (True, ``run --resume``) or left it to
+    the action (None: :meth:`Action.start_note` says what it does)."""
 
     # -- hosts ---------------------------------------------------------------------------
     @abstractmethod
@@ -180,6 +183,12 @@ class Action(ABC):
     async def check(self, ctx: ActionContext) -> CheckResult:
         """Is it already done, can it run, and why not. No side effects."""
         return CheckResult.ready()
+
+    def start_note(self, runs: "list[Run]", checkpoints: "list[Artefact]",
+                   resume: bool | None = None) -> str | None:
+        """What a new attempt after ``runs`` does with them (train: starts fresh, or resumes
+        from which checkpoint), for the run's confirmation and progress; None: nothing."""
+        return None
 
     # detached actions
     async def prepare(self, ctx: ActionContext) -> None:

@@ -84,8 +84,10 @@ class TrainParams:
     metrics: MetricsParams | None = None
     """More metric sources: regexes, HF dict lines, TensorBoard event files (see
     core.metrics_sources and plans/README.md)."""
-    resume: bool = True
-    """Rerunning a failed item resumes from the newest checkpoint in ``out``."""
+    resume: bool | Literal["always"] = True
+    """A new attempt after a failed or stopped one resumes from its newest checkpoint; after
+    a succeeded one it starts fresh at step 0 in its own output dir (``always``: resumes then
+    too; ``false``: never; ``specdeck run --again --resume`` asks once)."""
     watch_eval: WatchEvalParams | None = None
     """Evaluate each new checkpoint while it trains (core.watch, plans/README.md)."""
 
@@ -186,20 +188,32 @@ class Train(Action):
             self._train_yaml = yaml.safe_dump(doc, sort_keys=False).encode()
             await host.write_file(f"{self._capsule}/train.yaml", self._train_yaml)
         self._resume_from = None
-        if self.params.resume:
-            prev = [r for r in ctx.runs() if r.id != ctx.run_id]
-            for r in reversed(prev):
-                arts = ctx.artefacts(kind="checkpoint")
-                mine = [a for a in arts if a.run_id == r.id]
-                if mine and not self.params.out:
-                    self._outdir = posixpath.dirname(mine[-1].path)
-                    self._resume_from = "auto"
-                    break
-            if self.params.out and await host.stat(f"{self._outdir}/latest") is not None:
-                self._resume_from = "auto"
+        if self.params.config:
+            await self._choose_start(ctx)
         await ctx.skip_earlier_metrics(self.metrics_spec())
         if self.params.command:
             ctx.record_config(await command_config(host, self._capsule, self.params.command))
+
+    async def _choose_start(self, ctx) -> None:
+        """Resume an earlier attempt (its dir, ``--resume auto``) or start fresh in this
+        attempt's own dir (see :func:`start_choice`); the progress says which."""
+        prior = [r for r in ctx.runs() if r.id != ctx.run_id]
+        choice = start_choice(self.params, prior, ctx.artefacts(kind="checkpoint"), ctx.resume)
+        if choice.checkpoint is not None:
+            self._outdir = posixpath.dirname(choice.checkpoint.path)
+            self._resume_from = "auto"
+        elif self.params.out and prior and not choice.wanted:
+            self._outdir = f"{self._outdir.rstrip('/')}-attempt{len(prior) + 1}"
+        elif choice.wanted and await ctx.host.stat(f"{self._outdir}/latest") is not None:
+            self._resume_from = "auto"  # what an earlier trainer left in ``out``
+        if choice.note:
+            ctx.progress(f"attempt {len(prior) + 1} {choice.note}; output in {self._outdir}")
+        ctx.record_config({"out_dir": self._outdir})  # until finish records the resolved one
+
+    def start_note(self, runs, checkpoints, resume=None) -> str | None:
+        if not self.params.config:
+            return None  # a command trainer resumes (or not) as its command says
+        return start_choice(self.params, runs, checkpoints, resume).note or None
 
     def _trainer(self, ctx, module_prefix: list[str]) -> str:
         if self.params.command:
@@ -250,6 +264,8 @@ class Train(Action):
         """Where this run's checkpoints land (an attached run: worked out again)."""
         if getattr(self, "_outdir", None):
             return self._outdir
+        if recorded_out(run):
+            return recorded_out(run)
         if self.params.out:
             return host.path(self.params.out)
         if run.adopt:
@@ -403,12 +419,62 @@ class Train(Action):
         return result
 
     async def _find_out(self, ctx, outcome) -> str | None:
+        run = next((r for r in ctx.runs() if r.id == ctx.run_id), None)
+        if getattr(self, "_outdir", None) or recorded_out(run):
+            return getattr(self, "_outdir", None) or recorded_out(run)
         if self.params.out:
             return ctx.host.path(self.params.out)
         arts = [a for a in ctx.artefacts(kind="checkpoint") if a.run_id == ctx.run_id]
         if arts:
             return posixpath.dirname(arts[-1].path)
         return posixpath.join(outcome.capsule or jobs.capsule_path(ctx.host, ctx.run_id), "out")
+
+
+@dataclass(frozen=True)
+class StartChoice:
+    """What a new attempt of a ``core.ml.train`` item does with the earlier ones."""
+
+    wanted: bool
+    """It resumes when it can (False: fresh at step 0 in its own output dir)."""
+    checkpoint: Any = None
+    """The earlier attempt's newest checkpoint (an Artefact) it resumes from, or None."""
+    note: str = ""
+
+
+def start_choice(params: TrainParams, runs: list[Run], checkpoints: list,
+                 asked: bool | None = None) -> StartChoice:
+    """Resume or start fresh, after the item's earlier ``runs`` (oldest first).
+
+    A failed, stopped or interrupted attempt resumes from the newest checkpoint an attempt
+    left (``resume: true``, the default); a succeeded one is done: running it again trains
+    again, from step 0, unless ``asked`` (``--resume``) or ``resume: always`` says resume.
+    """
+    ended = [r for r in runs if not r.live]
+    if not ended:
+        return StartChoice(bool(params.resume) if asked is None else asked)
+    last = ended[-1]
+    wanted = asked if asked is not None else (
+        params.resume == "always" or (params.resume is True and last.state != "succeeded"))
+    if wanted:
+        for r in reversed(ended):
+            mine = sorted((a for a in checkpoints if a.run_id == r.id), key=lambda a: a.step or 0)
+            if mine:
+                c = mine[-1]
+                return StartChoice(True, c, f"resumes attempt {r.attempt} ({r.state}) from its "
+                                   f"checkpoint {posixpath.basename(c.path)} (step {c.step})")
+        return StartChoice(True, None, f"starts at step 0: no earlier attempt left a checkpoint "
+                           "to resume")
+    why = ("resume: false" if params.resume is False else
+           f"attempt {last.attempt} succeeded; `--again --resume` or `resume: always` "
+           "continues from its last checkpoint instead")
+    return StartChoice(False, None, f"starts fresh at step 0 in its own output dir ({why})")
+
+
+def recorded_out(run: Run | None) -> str | None:
+    """The output dir a run recorded (its resolved config's ``out_dir``), if any."""
+    cfg = run.config if run is not None else None
+    out = cfg.get("out_dir") if isinstance(cfg, dict) else None
+    return out if isinstance(out, str) and out else None
 
 
 def _watch_block_size(spec: Any, plan, item) -> list:
@@ -511,4 +577,4 @@ def _absolute_paths(doc: dict, host, config_dir: Path | None, overridden: set[st
             cur[leaf] = host.path(val)
 
 
-__all__ = ["Train", "TrainParams", "Path"]
+__all__ = ["Train", "TrainParams", "StartChoice", "start_choice", "recorded_out", "Path"]
