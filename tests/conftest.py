@@ -66,3 +66,16 @@ def slow_starts(monkeypatch):
 
     monkeypatch.setattr(jobs, "start", slow_start)
     return launching
+
+
+def procs_under(root) -> list[int]:
+    """Processes whose working directory is under ``root`` (a local host's runs: counted to
+    show that something was, or was not, launched)."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/cwd").startswith(str(root)):
+                out.append(int(pid))
+        except OSError:
+            continue
+    return out

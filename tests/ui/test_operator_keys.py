@@ -5,7 +5,6 @@ it resumes). Real Store, real Runner, local hosts; event-driven waits."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from console import messages as m
@@ -13,6 +12,7 @@ from console.screens.confirm import ConfirmModal
 from console.widgets.plan_list import PlanPane, item_prompt
 from core.planfile import load_plan
 from core.store import Store
+from tests.conftest import procs_under
 from tests.ui.conftest import build, pick, process_alive, settle, wait_for
 
 PLAN = """\
@@ -57,18 +57,6 @@ def _plan(tmp_path: Path):
     path = tmp_path / "ops.yaml"
     path.write_text(PLAN.format(root=tmp_path))
     return load_plan(path)
-
-
-def procs_under(root: Path) -> list[int]:
-    """Processes whose working directory is under ``root`` (the runs of this plan's host)."""
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if os.readlink(f"/proc/{pid}/cwd").startswith(str(root)):
-                out.append(int(pid))
-        except OSError:
-            continue
-    return out
 
 
 def of(messages, kind, **match):
