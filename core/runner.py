@@ -26,6 +26,7 @@ import os
 import secrets
 import socket
 import time
+from functools import partial
 from typing import Any, Callable, Iterable
 
 from core import adopt, jobs, shellvars, watch_detached
@@ -463,6 +464,7 @@ class Runner:
                 if live.capsule:
                     msg += (f" (specdeck stopped following it; its command may still run in "
                             f"{live.capsule} on {live.host})")
+                    self._log_behind(live, msg)  # first: no end recorded without it
                 return self._end(item, live.id, "failed", error=msg)
             if live is None:
                 self.set_status(item.id, "failed", msg)
@@ -731,9 +733,11 @@ class Runner:
     async def attach(self, ids: Iterable[str] | None = None) -> list[str]:
         """Attach to every live run (of ``ids``) and follow them until they end."""
         runs = [r for r in self.store.live_runs() if ids is None or r.item_id in set(ids)]
+        behind = [r for r in self.logs_behind() if ids is None or r.item_id in set(ids)]
         await asyncio.gather(*(self.attach_run(r) for r in runs),
-                             watch_detached.reconcile(self, follow_=True, ids=ids))
-        return [r.id for r in runs]
+                             watch_detached.reconcile(self, follow_=True, ids=ids),
+                             self.catch_up_logs(follow=True) if behind else asyncio.sleep(0))
+        return [r.id for r in runs + behind]
 
     async def reconcile(self, *, hosts: Iterable[str] | None = None, follow: bool = False
                         ) -> list[dict]:
@@ -763,6 +767,7 @@ class Runner:
                 self.emit(Notice(run.item_id, f"{run.item_id}: run {run.id} "
                                  f"{after.state} while specdeck was away"))
         await watch_detached.reconcile(self, hosts=hosts)  # tau watchers of ended runs
+        await self.catch_up_logs(hosts=hosts)
         return changes
 
     async def _reconcile_run(self, run: "Run", *, follow: bool) -> str:
@@ -868,9 +873,81 @@ class Runner:
             await asyncio.wait_for(ctx.follow_log(host, run, regex=action.metrics_regex(),
                                                   inspector=ended), self.DRAIN_TIMEOUT_S)
         except asyncio.TimeoutError:
+            self._log_behind(run, f"the end of its log could not be read from {run.host} "
+                             f"within {self.DRAIN_TIMEOUT_S:g} s")
             self.emit(Notice(item.id, f"{item.id}: the end of run {run.id}'s log could not "
-                             f"be read from {run.host} (`specdeck logs` has what was stored)",
-                             "warning"))
+                             f"be read from {run.host} (`specdeck logs` has what was stored; "
+                             "`status` or `attach` stores the rest later)", "warning"))
+
+    # -- logs left behind ----------------------------------------------------------------
+    def _log_behind(self, run: "Run", why: str) -> None:
+        """Journal that a run's stored log may stop short of its host's (the host's log is
+        the truth): :meth:`catch_up_logs` stores the rest, whatever the run's end."""
+        self.store.journal("log_behind", f"its stored log stops at line {run.log_lines}: {why}",
+                           item_id=run.item_id, run_id=run.id, host=run.host,
+                           data={"offset": run.log_offset})
+
+    def logs_behind(self) -> list["Run"]:
+        """Runs whose stored log was journaled behind their host's and not caught up since."""
+        behind: dict[str, None] = {}
+        for ev in self.store.events(kinds=("log_behind", "log_caught_up")):
+            if ev.kind == "log_behind":
+                behind[ev.run_id] = None
+            else:
+                behind.pop(ev.run_id, None)
+        return [r for r in map(self.store.run, behind) if r is not None]
+
+    async def catch_up_logs(self, *, hosts: Iterable[str] | None = None,
+                            follow: bool = False) -> list[str]:
+        """Store what a run's host log holds beyond the stored offset (exactly once, its
+        metrics with it) for every run :meth:`logs_behind` names, whatever state its run
+        ended in; a run whose command still runs is followed to its end when ``follow``
+        (``attach``), else left for later. Returns the ids of the runs caught up."""
+        done = []
+        for run in self.logs_behind():
+            if run.live or not run.capsule or not run.host or (
+                    hosts is not None and run.host not in set(hosts)):
+                continue  # a live run's follower stores it; a capsule-less one has no log
+            try:
+                item = self.plan.item(run.item_id)
+            except SpecdeckError:
+                continue
+            action = self.run_action(item, run)
+            if action is None or not action.detached:
+                continue
+            try:
+                host = await self.host(run.host)
+                ctx = _Context(self, item, host, run.id)
+                st = await action.inspect(ctx, host, run)
+                if st.state == "running" and not follow:
+                    continue  # its torn last line is not final yet: attach follows it
+                before = run.log_lines
+                if st.state == "running":
+                    self.emit(Notice(item.id, f"{item.id}: run {run.id} ended {run.state} "
+                                     f"in specdeck, but its command still runs on {run.host}: "
+                                     "following its log to the end"))
+                    st = await ctx.follow_log(host, run, regex=action.metrics_regex(),
+                                              inspector=partial(action.inspect, ctx, host, run))
+                else:
+                    await self._drain(item, action, host, run, st)
+            except HostUnreachable:
+                continue
+            after = self.store.run(run.id)
+            how = (f"signal {st.signal}" if st.signal else f"exit {st.exit_code}"
+                   if st.exit_code is not None else st.state)
+            msg = (f"stored the rest of its log from {run.host}: {after.log_lines - before} "
+                   f"more lines, {after.log_lines} in all (its command ended: {how}; the run "
+                   f"stays {after.state})")
+            self.store.journal("log_caught_up", msg, item_id=item.id, run_id=run.id,
+                               host=run.host)
+            self.emit(Notice(item.id, f"{item.id}: run {run.id}: {msg}"))
+            latest = self.store.latest_run(item.id)
+            if (self.statuses()[item.id] == "in_progress" and latest.id == run.id):
+                # its end was stored but not its item's (the same fault): say it now
+                self.set_status(item.id, RUN_TO_ITEM[after.state],
+                                f"run {run.id} {after.state}", run.id)
+            done.append(run.id)
+        return done
 
     async def stop_run(self, run_id: str, *, grace_s: float = 30.0) -> Outcome:
         """Stop a live run: SIGTERM to its group, ``grace_s``, SIGKILL. Ends it as stopped."""

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tests.conftest import ROOT
-from tests.fault.conftest import cli, digest, local_plan
+from tests.fault.conftest import cli, digest, local_plan, rows
 
 ITEMS = """  - id: a
     content: say hi
@@ -161,3 +161,53 @@ def test_locked_database_gives_up_with_a_message(tmp_path):
     assert str(db) in res.stderr and "locked" in res.stderr
     assert took < 40
     assert digest(db) == before
+
+
+WAVES = """  - id: waves
+    content: 300 lines, then three waves of 10,000
+    action: {kind: shell, host: here, params: {command: "ulimit -f unlimited; seq 1 300 | sed s/^/line-0-/; sleep 1; for w in 1 2 3; do seq 1 10000 | sed s/^/line-$w-/; sleep 1; done"}}
+"""
+
+
+def test_a_full_state_disk_loses_no_line_once_space_returns(tmp_path):
+    """The disk of the state database fills during a run (a file size limit on specdeck,
+    which its run lifts for itself): the run's end is recorded, its log stops short. Once
+    there is space, `status` and `attach` store the rest from the host's log (the truth),
+    exactly once, its item saying how the run ended."""
+    from tests.cli.conftest import SPECDECK, specdeck
+
+    plan = local_plan(tmp_path, WAVES)
+    db = _fresh_db(tmp_path, plan)
+    limit = db.stat().st_size + 120_000  # room for the first lines, not for a wave
+
+    def full_disk_soon():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    res = subprocess.run([str(SPECDECK), "--state", str(db), "run", str(plan), "waves", "-q"],
+                         preexec_fn=full_disk_soon, capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert "Traceback" not in res.stderr
+    assert res.returncode == 1 and "disk I/O error" in res.stderr, res.stderr
+    ((state, stored),) = rows(db, "SELECT state, log_lines FROM runs")
+    # what the full disk let in: the run ended failed (the issue's case), or, when not even
+    # its end fitted, left running for the next specdeck to reconcile
+    assert state in ("failed", "running") and stored < 30_300, res.stderr
+
+    # space is back: `attach` follows the host's log to its end, `status` again adds nothing
+    res = specdeck("--state", db, "attach", plan, timeout=120)
+    assert res.returncode == 0, res.stderr
+    for _ in range(2):
+        assert specdeck("--state", db, "status", plan).returncode == 0
+    final = {"failed": ("failed", "failed"), "running": ("succeeded", "done")}[state]
+    assert rows(db, "SELECT state, log_lines FROM runs") == [(final[0], 30_300)]
+    log = specdeck("--state", db, "logs", plan, "waves").stdout.splitlines()
+    want = [f"line-0-{i}" for i in range(1, 301)] + [
+        f"line-{w}-{i}" for w in (1, 2, 3) for i in range(1, 10_001)]
+    assert log == want  # every line, in order, once
+    assert rows(db, "SELECT status FROM items WHERE item_id = 'waves'") == [(final[1],)]
+    if state == "failed":
+        assert "stored the rest of its log" in res.stderr
+        assert [k for (k,) in rows(db, "SELECT kind FROM events WHERE kind LIKE 'log_%' "
+                                       "ORDER BY id")] == ["log_behind", "log_caught_up"]
