@@ -265,7 +265,7 @@ async def test_tmux_session_adopted_then_stopped(tmp_path, tmux_session):
         assert not _alive(pane) and not _alive(child)
         nums = _numbers(store.log_bytes(run.id).decode().replace("\r", ""))
         assert len(nums) >= 5 and nums == list(range(nums[0], nums[-1] + 1))
-        assert runner.statuses()["train-v4"] == "failed"
+        assert runner.statuses()["train-v4"] == "stopped"
     finally:
         await runner.close()
         store.close()
@@ -368,7 +368,7 @@ def test_run_all_adopts_from_the_plan_and_its_stop_item_stops_it(tmp_path):
         proc.wait(10)  # stopped by stop-v4, once adopted: not a second copy, nothing lost
         doc = json.loads(run_cli("status", plan, "--json", env=env).stdout)
         got = {i["id"]: (i["status"], (i["run"] or {}).get("state")) for i in doc["items"]}
-        assert got == {"train-v4": ("failed", "stopped"), "eval-v4": ("pending", None),
+        assert got == {"train-v4": ("stopped", "stopped"), "eval-v4": ("pending", None),
                        "stop-v4": ("done", "succeeded")}, res.stderr
         assert not (wd / "LAUNCHED").exists()
     finally:
