@@ -85,7 +85,7 @@ async def test_run_all_skips_then_adopt_from_the_item_pane_and_stop(tmp_path):
             ended = await wait_for(seen, m.RunEnded, lambda x: x.run_id == started.run_id,
                                    pilot=pilot)
             await settle(pilot)
-            assert ended.state == "stopped" and app.statuses["train-v4"] == "failed"
+            assert ended.state == "stopped" and app.statuses["train-v4"] == "stopped"
             proc.wait(10)
             assert not process_alive(proc.pid)
     finally:
@@ -117,7 +117,7 @@ async def test_stop_pressed_while_starting_leaves_no_process(tmp_path, slow_star
             await pilot.press("y")
             await settle(pilot)
             run = store.latest_run("slow")
-            assert run.state == "stopped" and app.statuses["slow"] == "failed"
+            assert run.state == "stopped" and app.statuses["slow"] == "stopped"
             pid = int((tmp_path / "wd" / "started.pid").read_text())
             assert not process_alive(pid)
     finally:

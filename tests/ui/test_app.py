@@ -221,7 +221,10 @@ async def test_mark_manual_done_and_skip(live_plan):
         assert store.item_statuses()["tick"] == "done" and pane.statuses["tick"] == "done"
         pane.select("later")
         await settle(pilot)
-        await pilot.press("s")
+        await pilot.press("s")  # an action item asks before being skipped
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmModal)
+        await pilot.press("y")
         await settle(pilot)
         assert app.statuses["later"] == "skipped"
         await pilot.press("u")
