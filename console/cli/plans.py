@@ -49,7 +49,8 @@ def cmd_status(args) -> int:
         changes = []
         runner.watch = False  # status never waits for tau-over-training evals
         if not args.no_reconcile and (runner.store.live_runs()
-                                      or runner.store.watchers(live=True)):
+                                      or runner.store.watchers(live=True)
+                                      or runner.logs_behind()):
             changes = await runner.reconcile()
         st = runner.statuses()
         latest = runner.store.latest_runs()

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tests.conftest import ROOT
-from tests.fault.conftest import cli, digest, local_plan, rows
+from tests.fault.conftest import cli, digest, local_plan, rows, wait_for
 
 ITEMS = """  - id: a
     content: say hi
@@ -169,11 +169,13 @@ WAVES = """  - id: waves
 """
 
 
-def test_a_full_state_disk_loses_no_line_once_space_returns(tmp_path):
+@pytest.mark.parametrize("later", ["attach", "status"])
+def test_a_full_state_disk_loses_no_line_once_space_returns(tmp_path, later):
     """The disk of the state database fills during a run (a file size limit on specdeck,
     which its run lifts for itself): the run's end is recorded, its log stops short. Once
-    there is space, `status` and `attach` store the rest from the host's log (the truth),
-    exactly once, its item saying how the run ended."""
+    there is space, `attach` (following the command to its end) or `status` (once it has
+    ended) stores the rest from the host's log (the truth), exactly once, its item saying
+    how the run ended."""
     from tests.cli.conftest import SPECDECK, specdeck
 
     plan = local_plan(tmp_path, WAVES)
@@ -195,8 +197,12 @@ def test_a_full_state_disk_loses_no_line_once_space_returns(tmp_path):
     # its end fitted, left running for the next specdeck to reconcile
     assert state in ("failed", "running") and stored < 30_300, res.stderr
 
-    # space is back: `attach` follows the host's log to its end, `status` again adds nothing
-    res = specdeck("--state", db, "attach", plan, timeout=120)
+    # space is back: `attach` follows the host's log to its end; `status` stores what the
+    # ended command left; either again adds nothing
+    if later == "status":
+        ((capsule,),) = rows(db, "SELECT capsule FROM runs")
+        wait_for(lambda: os.path.exists(f"{capsule}/exit"), 60, "its command's end")
+    res = specdeck("--state", db, later, plan, timeout=120)
     assert res.returncode == 0, res.stderr
     for _ in range(2):
         assert specdeck("--state", db, "status", plan).returncode == 0
