@@ -932,6 +932,10 @@ class Runner:
                     await self._drain(item, action, host, run, st)
             except HostUnreachable:
                 continue
+            except Exception as e:  # noqa: BLE001 - the store may still be full: next time
+                self.emit(Notice(item.id, f"{item.id}: run {run.id}'s log could not be caught "
+                                 f"up yet: {describe_fault(e)}", "warning"))
+                continue
             after = self.store.run(run.id)
             how = (f"signal {st.signal}" if st.signal else f"exit {st.exit_code}"
                    if st.exit_code is not None else st.state)

@@ -161,6 +161,8 @@ class PlanPane(Vertical):
     def set_live(self, item_id: str, live: bool) -> None:
         (self.live.add if live else self.live.discard)(item_id)
         self._refresh_item(item_id)
+        if item_id == self.selected:
+            self.refresh_bindings()
 
     def set_pinned(self, item_id: str, pinned: bool) -> None:
         (self.pinned.add if pinned else self.pinned.discard)(item_id)
@@ -254,10 +256,12 @@ class PlanPane(Vertical):
 
     def check_action(self, action: str, parameters: tuple) -> bool | None:
         """``u`` (undo: back to pending) is in the footer only where there is something to
-        undo: the selected item is done, skipped, failed or stopped."""
+        undo: the selected item is done, skipped, failed, stopped, or in progress with no
+        live run (started outside specdeck)."""
         if action == "mark" and parameters == ("pending",):
-            return self.statuses.get(self.selected or "", "pending") not in ("pending",
-                                                                            "in_progress")
+            status = self.statuses.get(self.selected or "", "pending")
+            return status != "pending" and not (status == "in_progress"
+                                                 and self.selected in self.live)
         return True
 
     def action_mark(self, status: str) -> None:
