@@ -217,3 +217,38 @@ def test_a_full_state_disk_loses_no_line_once_space_returns(tmp_path, later):
         assert "stored the rest of its log" in res.stderr
         assert [k for (k,) in rows(db, "SELECT kind FROM events WHERE kind LIKE 'log_%' "
                                        "ORDER BY id")] == ["log_behind", "log_caught_up"]
+
+
+@pytest.mark.parametrize("ended", ["succeeded", "stopped", "failed", "lost"])
+def test_a_log_left_behind_is_caught_up_whatever_the_run_ended(tmp_path, ended):
+    """The host's log is the truth: a run journaled `log_behind` gets the lines its stored
+    log lacks from the stored offset on (metrics with them), once, however it ended."""
+    from tests.cli.conftest import specdeck
+
+    plan = local_plan(tmp_path, """  - id: a
+    content: ten lines and a metric
+    action: {kind: shell, host: here, params: {command: "seq 1 9; echo '{\\"step\\": 1, \\"loss\\": 0.5}'"}}
+""")
+    db = tmp_path / "s.db"
+    assert specdeck("--state", db, "run", plan, "a").returncode == 0
+    ((run_id, offset),) = rows(db, "SELECT id, log_offset FROM runs")
+    con = sqlite3.connect(db)  # as a full disk leaves it: 4 of its 10 lines stored
+    with con:
+        kept = con.execute("SELECT data FROM logs WHERE run_id = ?", [run_id]).fetchone()[0]
+        con.execute("DELETE FROM logs WHERE run_id = ?", [run_id])
+        con.execute("DELETE FROM metrics WHERE run_id = ?", [run_id])
+        head = b"".join(kept.splitlines(keepends=True)[:4])
+        con.execute("INSERT INTO logs (run_id, offset, length, lines, data, at) VALUES "
+                    "(?, 0, ?, 4, ?, 0)", [run_id, len(head), head])
+        con.execute("UPDATE runs SET state = ?, log_offset = ?, log_lines = 4 WHERE id = ?",
+                    [ended, len(head), run_id])
+        con.execute("INSERT INTO events (at, kind, item_id, run_id, host, message) VALUES "
+                    "(0, 'log_behind', 'a', ?, 'here', 'test')", [run_id])
+    con.close()
+    for _ in range(2):
+        assert specdeck("--state", db, "status", plan).returncode == 0
+    assert rows(db, "SELECT state, log_lines, log_offset FROM runs") == [(ended, 10, offset)]
+    assert specdeck("--state", db, "logs", plan, "a").stdout.splitlines()[:9] == [
+        str(i) for i in range(1, 10)]
+    assert rows(db, "SELECT step, name, value FROM metrics") == [(1, "loss", 0.5)]
+    assert len(rows(db, "SELECT 1 FROM events WHERE kind = 'log_caught_up'")) == 1
