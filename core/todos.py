@@ -211,8 +211,9 @@ def plan_to_markdown(plan: Plan, statuses: dict[str, str]) -> str:
     for it in plan.items:
         st = statuses.get(it.id, it.status or "pending")
         extra = [f"`{it.id}`", it.priority] + ([st] if st not in ("pending", "done") else [])
-        if it.needs:
-            extra.append("needs " + ", ".join(f"`{n}`" for n in it.needs))
+        for word, ids in (("needs", it.needs), ("after", it.after)):
+            if ids:
+                extra.append(f"{word} " + ", ".join(f"`{n}`" for n in ids))
         lines.append(f"- [{'x' if st == 'done' else ' '}] {it.content} ({'; '.join(extra)})")
     return "\n".join(lines) + "\n"
 
