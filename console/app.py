@@ -468,7 +468,7 @@ class SpecdeckApp(App[int]):
         self.statuses[msg.item_id] = msg.status
         self.query_one(PlanPane).set_status(msg.item_id, msg.status)
         if self.selected and (msg.item_id == self.selected
-                              or msg.item_id in self.plan.item(self.selected).needs):
+                              or msg.item_id in self.plan.item(self.selected).deps):
             self._work(partial(self.services.load_detail, self.selected), "detail", "detail",
                        exclusive=True)
 
@@ -563,7 +563,7 @@ class SpecdeckApp(App[int]):
             item = self.plan.item(msg.item_id)
             self.query_one(ItemDetail).show(msg.item_id, msg.status, msg.runs, msg.live,
                                             {n: self.statuses.get(n, "pending")
-                                             for n in item.needs},
+                                             for n in item.deps},
                                             msg.history[-1].reason if msg.history else "",
                                             watcher=msg.watcher)
 

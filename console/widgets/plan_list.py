@@ -35,7 +35,7 @@ GLYPHS = {"pending": "○", "in_progress": "◐", "done": "●", "failed": "✗"
 MARKS = {"✎": ("magenta", "manual item: you do it, then mark it done (d)"),
          "▶": ("bold yellow", "a run of this item is live"),
          "⌖": ("cyan", "its curves are pinned on the chart (p)"),
-         "⇠": ("bright_black", "needs: the items it waits for")}
+         "⇠": ("bright_black", "needs (and after): the items it waits for")}
 """The other glyphs of an item's line (the help's legend reads them from here)."""
 STATUS_STYLE = {"pending": "bright_black", "in_progress": "bold yellow", "done": "green",
                 "failed": "bold red", "stopped": "cyan", "skipped": "dim"}
@@ -59,8 +59,8 @@ def item_prompt(item: Item, status: str, *, live: bool = False, pinned: bool = F
     for glyph, on_ in (("✎", item.manual), ("▶", live), ("⌖", pinned)):
         if on_:
             t.append(f" {glyph}", style=MARKS[glyph][0])
-    if item.needs:
-        t.append("  ⇠ " + sanitize(",".join(item.needs), max_len=200), style=MARKS["⇠"][0])
+    if item.deps:
+        t.append("  ⇠ " + sanitize(",".join(item.deps), max_len=200), style=MARKS["⇠"][0])
     content = Text(sanitize(item.content), style="dim" if status in ("done", "skipped") else "")
     return Group(t, Padding(content, (0, 0, 0, 2)))
 
