@@ -202,6 +202,8 @@ class SpecdeckApp(App[int]):
                             ("#metrics", "3 curves"), ("#tau", "4 tau vs baseline")):
             self.query_one(pane).border_title = title
         live = self.services.store.live_runs()
+        for run in live:  # ▶, and no u (undo) while its run lives
+            self.query_one(PlanPane).set_live(run.item_id, True)
         if live:  # reopened: the cursor on the most recent live run
             self.query_one(PlanPane).select(live[-1].item_id)
         self.query_one("#plan-options").focus()
