@@ -8,7 +8,8 @@ the figures were measured under.
 
 Definitions (the same as :mod:`core.ml.tau`):
 
-* a round's acceptance length is accepted draft tokens + 1 (the target's bonus token);
+* a round's acceptance length is the tokens it commits: accepted draft tokens + 1 (the
+  target's bonus token), capped and cut as the reference counts (docs/evaluation.md §1);
 * a prompt's **tau** is the row's ``tau`` (the mean over its rounds; computed from
   ``rounds`` when the row has no ``tau``);
 * **macro** tau is the mean over prompts of the prompt taus;
@@ -55,8 +56,11 @@ from core import stats
 from core.points import eval_row_problem
 from core.records import EvalRow
 
-COMPARED_SETTINGS = ("mode", "block_size", "tree_budget", "target", "prompts", "dtype")
-"""Settings that must be equal for two rows' figures to be comparable."""
+COMPARED_SETTINGS = ("mode", "block_size", "tree_budget", "target", "prompts", "dtype", "accounting", "template")
+"""Settings that must be equal for two rows' figures to be comparable. ``accounting`` is how
+rounds were counted (``dflash-0.1.0``, the reference's, or ``legacy`` for results of older
+specdeck versions that could not be recounted, :func:`core.actions.eval.eval_rows`);
+``template`` whether the chat template ran, with thinking on or off."""
 
 
 @dataclass(frozen=True)

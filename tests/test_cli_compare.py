@@ -68,3 +68,57 @@ def test_compare_bad_input_exits_2(evals, args, words):
     res = run_cli("--state", state, "compare", plan, *args)
     assert res.returncode == 2 and words in res.stderr and "Traceback" not in res.stderr
     assert res.stdout == ""
+
+
+def _result(accounting, rounds_by_prompt, with_tokens=True, max_new=9):
+    """A result.json as core.ml.eval writes it (``accounting`` None: written before the rule)."""
+    per = []
+    for pid, rounds in rounds_by_prompt.items():
+        row = {"id": pid, "tau": sum(rounds) / len(rounds), "rounds": rounds}
+        if with_tokens:  # the output: the prefill's token + what the rounds committed, cut at max_new
+            row["tokens"] = list(range(min(max_new, 1 + sum(rounds))))
+        per.append(row)
+    res = {"mode": "online", "block_size": 4, "target": {"fingerprint": "t"}, "prompts": {"sha256": "s"},
+           "max_new_tokens": max_new, "dtype": "float32", "template": {"chat_template": True, "thinking": False},
+           "per_prompt": per}
+    if accounting:
+        res["accounting"] = accounting
+    else:
+        res.pop("template")
+    return res
+
+
+def test_compare_recounts_or_flags_legacy_results_never_mixes_them(tmp_path):
+    """A store holding rows of both accountings: a legacy result that still has its tokens is
+    recounted as the reference counts; rows stored without them stay legacy and are flagged."""
+    from core.actions.eval import eval_rows
+    from core.records import EvalRow
+
+    plan = tmp_path / "p.yaml"
+    plan.write_text(f"name: acc\nhosts:\n  ev: {{local: true, workdir: {tmp_path}}}\nitems:\n  - id: e\n    content: e\n")
+    state = tmp_path / "s.db"
+    s = Store(str(state))
+    s.add_eval_results(eval_rows("r1", "e", _result(None, {"a": [2, 3, 3, 1], "b": [4, 4, 2]}), "base",
+                                 "baseline", None))
+    s.add_eval_results(eval_rows("r4", "e", _result("dflash-0.1.0", {"a": [2, 3, 3], "b": [4, 4]}), "v6",
+                                 "drafter", None))
+    # legacy: a round after max_new_tokens (a) and an uncapped last round (b)
+    s.add_eval_results(eval_rows("r2", "e", _result(None, {"a": [4, 4, 1], "b": [4, 4, 4]}), "v5", "drafter", None))
+    old = eval_rows("r3", "e", _result(None, {"a": [3, 3, 3], "b": [4, 4, 4]}, with_tokens=False), "v4",
+                    "drafter", None)
+    s.add_eval_results([EvalRow(r.run_id, r.item_id, r.drafter, r.role, r.prompt_id, r.tau, r.rounds, None,
+                                {k: v for k, v in r.settings.items() if k not in ("accounting", "template")}, None)
+                        for r in old])  # as an older specdeck stored them: no accounting key at all
+    s.close()
+    res = run_cli("--state", state, "compare", plan, "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    by = {d["drafter"]: d for d in data["overall"]}
+    assert by["v5"]["mismatch"] == [] and by["v5"]["rounds"] == 4  # recounted: [4, 4] and [4, 4]
+    assert by["v5"]["macro"] == pytest.approx(4.0)
+    assert by["base"]["rounds"] == 5  # recounted too: [2, 3, 3] and [4, 4]
+    assert "accounting" in by["v4"]["mismatch"]  # flagged, never averaged with the recounted rows
+    # a new result records its chat template; the legacy baseline's is unknown: flagged as well
+    assert by["v6"]["mismatch"] == ["template"]
+    text = run_cli("--state", state, "compare", plan).stdout
+    assert "accounting" in text

@@ -20,6 +20,7 @@ from core.actions.base import Action, CheckResult, Launch
 from core.actions.mlbase import (host_python, ml_failure, prompts_on_host, py_module, read_json,
                                  resolve_ref, validate_prompts, validate_ref)
 from core.errors import ActionFailed
+from core.ml import tau
 from core.ml.runio import parse_bytes
 from core.params import to_plain
 from core.records import EvalRow
@@ -191,11 +192,13 @@ def eval_rows(run_id: str, item_id: str, res: dict, label: str, role: str,
               step: int | None) -> list[EvalRow]:
     """The rows a result.json records: one per prompt (and per method: chain, and DDTree
     when measured), labelled ``label`` in the role ``drafter`` or ``baseline``."""
+    legacy = res.get("accounting") is None
     settings = {"mode": res.get("mode"), "block_size": res.get("block_size"),
                 "target": (res.get("target") or {}).get("fingerprint"),
                 "prompts": (res.get("prompts") or {}).get("sha256"),
                 "max_new_tokens": res.get("max_new_tokens"),
                 "definition": res.get("definition"), "dtype": res.get("dtype"),
+                "accounting": res.get("accounting") or tau.LEGACY, "template": res.get("template"),
                 "method": "chain", "tree_budget": None}
     out = []
     sections = [(label, settings, res)]
@@ -205,6 +208,11 @@ def eval_rows(run_id: str, item_id: str, res: dict, label: str, role: str,
                          {**settings, "method": "ddtree", "tree_budget": budget}, res["ddtree"]))
     for name, st, sec in sections:
         for pp in sec.get("per_prompt", []):
-            out.append(EvalRow(run_id, item_id, name, role, str(pp.get("id")), pp.get("tau"),
-                               pp.get("rounds"), pp.get("per_position_acceptance"), st, step))
+            row_tau, rounds, row_st = pp.get("tau"), pp.get("rounds"), st
+            if legacy and isinstance(rounds, list) and isinstance(pp.get("tokens"), list):
+                # counted the old way, but the tokens are there: recount as the reference counts
+                rounds = tau.recount(rounds, len(pp["tokens"]))
+                row_tau, row_st = tau.mean_tau(rounds), {**st, "accounting": tau.ACCOUNTING, "recounted": True}
+            out.append(EvalRow(run_id, item_id, name, role, str(pp.get("id")), row_tau,
+                               rounds, None if row_st is not st else pp.get("per_position_acceptance"), row_st, step))
     return out

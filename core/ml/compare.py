@@ -7,7 +7,8 @@ Pure Python (no torch): the headless core and ``specdeck compare`` use it on a l
 
 Two results are comparable only when they measured the same thing: same mode
 (online/offline), method (chain, or DDTree with the same budget), block size, max new tokens,
-target (config fingerprint) and prompts (same ids and same prompts-file hash). Otherwise
+target (config fingerprint), prompts (same ids and same prompts-file hash), round accounting
+(docs/evaluation.md §1: results of older versions are ``legacy``) and chat template / thinking. Otherwise
 :func:`compare_results` raises :class:`ComparisonError` (the CLI exits 2), unless
 ``allow_mismatch`` is set, in which case the differences are listed under ``mismatches`` and
 ``ok`` is false; tau is then compared over the prompts both files share.
@@ -73,6 +74,8 @@ def _identity(result: dict[str, Any], sec: dict[str, Any], section: str) -> dict
         "temperature": result.get("temperature", 0),
         "target": target.get("fingerprint") or target.get("path"),
         "prompts_sha256": prompts.get("sha256"),
+        "accounting": result.get("accounting") or taulib.LEGACY,
+        "template": result.get("template"),
     }
 
 

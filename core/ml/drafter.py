@@ -270,6 +270,35 @@ class DraftLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
+# ----------------------------------------------------------------------------- forward knobs
+
+
+def block_embeddings(config: DFlashConfig, embed: nn.Module, ids: Tensor) -> Tensor:
+    """The target's embeddings of block tokens, times ``input_embedding_scale`` (docs/drafter.md §3).
+
+    Every path that feeds a block to the drafter (online, DDTree, offline, training) embeds
+    it here, so the knob cannot be honoured in one and forgotten in another.
+    """
+    emb = embed(ids)
+    scale = float(config.input_embedding_scale)
+    return emb * scale if scale != 1.0 else emb
+
+
+def draft_logits(config: DFlashConfig, head: nn.Module, hidden: Tensor) -> Tensor:
+    """Draft logits from draft hidden states through the target's LM head, in the head's dtype.
+
+    ``output_multiplier`` scales them, then ``final_logit_softcapping`` (when set and > 0)
+    soft-caps them to ``cap * tanh(logits / cap)``, in the reference's order.
+    """
+    logits = head(hidden.to(head.weight.dtype))
+    mult, cap = float(config.output_multiplier), config.final_logit_softcapping
+    if mult != 1.0:
+        logits = logits * mult
+    if cap is not None and float(cap) > 0:
+        logits = torch.tanh(logits / float(cap)) * float(cap)
+    return logits
+
+
 # ----------------------------------------------------------------------------- inference cache
 
 
@@ -378,9 +407,12 @@ class DFlashDrafter(nn.Module):
 
     def forward_blocks(self, noise_emb: Tensor, block_positions: Tensor, ctx_kv: list[tuple[Tensor, Tensor]],
                        anchors: Tensor, ctx_positions: Tensor, ctx_doc: Tensor | None = None,
-                       anchor_doc: Tensor | None = None) -> Tensor:
-        """Blockwise multi-anchor stack (see :meth:`DraftAttention.forward_blocks`): [b, A*B, H]."""
-        B = self.config.block_size
+                       anchor_doc: Tensor | None = None, block_size: int | None = None) -> Tensor:
+        """Blockwise multi-anchor stack (see :meth:`DraftAttention.forward_blocks`): [b, A*B, H].
+
+        ``block_size``: B of the blocks (default the drafter's own; eval may run another).
+        """
+        B = block_size or self.config.block_size
         ctx_bias: dict[int | None, Tensor] = {}  # additive float32 context mask per window, built once per pass
         for rule in self.config.attention_rules():
             if rule.window not in ctx_bias:
@@ -440,9 +472,9 @@ class DFlashDrafter(nn.Module):
         return masks
 
     def layer_masks(self, anchors: Tensor, ctx_positions: Tensor, ctx_doc: Tensor | None = None,
-                    anchor_doc: Tensor | None = None) -> dict[AttentionRule, Tensor]:
+                    anchor_doc: Tensor | None = None, block_size: int | None = None) -> dict[AttentionRule, Tensor]:
         """Multi-anchor masks per rule (see :func:`anchor_block_mask`)."""
-        B = self.config.block_size
+        B = block_size or self.config.block_size
         return {rule: anchor_block_mask(anchors, ctx_positions, B, rule, ctx_doc, anchor_doc)
                 for rule in set(self.config.attention_rules())}
 
@@ -461,6 +493,7 @@ def multi_anchor_forward(
     ctx_kv: list[tuple[Tensor, Tensor]] | None = None,
     anchor_positions: Tensor | None = None,
     impl: str = "dense",
+    block_size: int | None = None,
 ) -> Tensor:
     """All anchor blocks of a sequence in one masked forward (training path, docs/drafter.md §5).
 
@@ -481,6 +514,7 @@ def multi_anchor_forward(
             :func:`anchor_block_mask`, docs/training.md §2) or ``blockwise``
             (:meth:`DraftAttention.forward_blocks`: same result, cost linear in the number of
             anchors; used by offline eval).
+        block_size: B of the blocks in ``block_emb`` (default: the drafter's own).
 
     Returns:
         [b, A*B, H] normalised hidden states; block j's rows equal the inference path's output
@@ -493,12 +527,13 @@ def multi_anchor_forward(
         ctx_kv = drafter.context_kv(drafter.project_context(ctx_feats, noise_fn), ctx_positions)
     anchor_doc = torch.gather(doc_ids, 1, anchors) if doc_ids is not None else None
     anchor_pos = anchor_positions if anchor_positions is not None else torch.gather(ctx_positions, 1, anchors)
-    bpos = block_positions(anchor_pos, drafter.block_size)
+    B = block_size or drafter.block_size
+    bpos = block_positions(anchor_pos, B)
     if impl == "blockwise":
-        return drafter.forward_blocks(block_emb, bpos, ctx_kv, anchor_pos, ctx_positions, doc_ids, anchor_doc)
+        return drafter.forward_blocks(block_emb, bpos, ctx_kv, anchor_pos, ctx_positions, doc_ids, anchor_doc, B)
     if impl != "dense":
         raise ValueError(f"impl must be 'dense' or 'blockwise', got {impl!r}")
-    masks = drafter.layer_masks(anchor_pos, ctx_positions, doc_ids, anchor_doc)
+    masks = drafter.layer_masks(anchor_pos, ctx_positions, doc_ids, anchor_doc, B)
     return drafter.forward_block(block_emb, bpos, ctx_kv, masks)
 
 

@@ -30,13 +30,46 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 ZLAB_ARCH = "DFlashDraftModel"
+DFLASH2_ARCH = "DFlash2DraftModel"
 LAYER_FULL = "full_attention"
 LAYER_SLIDING = "sliding_attention"
+
+KNOBS = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None}
+"""Forward knobs of the reference drafter (z-lab ``dflash`` 0.1.0), read from ``dflash_config``
+first, then the top level, as the reference's ``_draft_value`` reads them: the block's token
+embeddings are multiplied by ``input_embedding_scale``; the draft logits by
+``output_multiplier``, then soft-capped ``cap * tanh(logits / cap)`` when
+``final_logit_softcapping`` is set and > 0."""
+
+INERT_KEYS = frozenset({
+    # PretrainedConfig's own bookkeeping
+    "_name_or_path", "name_or_path", "architectures", "auto_map", "chunk_size_feed_forward", "dtype", "torch_dtype",
+    "id2label", "label2id", "is_encoder_decoder", "model_type", "output_attentions", "output_hidden_states",
+    "problem_type", "return_dict", "transformers_version", "use_cache", "tie_word_embeddings",
+    # token ids and init: the drafter borrows embeddings and head, and is loaded, not initialised
+    "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range",
+    # training-only (no dropout at eval; specdeck's trainer applies none)
+    "attention_dropout",
+    # read to derive layer_types / RoPE (implemented through them)
+    "max_window_layers", "use_sliding_window", "rope_parameters",
+    # speculators layout bookkeeping (its layer fields live in transformer_layer_config)
+    "speculators_model_type", "speculators_version", "speculators_config", "transformer_layer_config",
+    "aux_hidden_state_layer_ids", "draft_vocab_size", "sliding_window_non_causal", "has_no_defaults_at_init",
+})
+"""Config keys that do not change a DFlash drafter's forward (besides the ones specdeck reads).
+Any other key is refused at load by name: silently dropping a key that changes the forward
+would measure a different drafter than the one served."""
+
+INERT_DFLASH_KEYS = frozenset({"block_size", "is_causal", "causal"})
+"""``dflash_config`` keys read elsewhere (block size, causality) besides mask/taps/knobs."""
+
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 
 @dataclass(frozen=True)
@@ -120,6 +153,8 @@ class DFlashConfig:
         hidden_act: must be ``silu``.
         source_format: ``zlab`` or ``speculators``: the layout the config was read from.
         extra: other top-level keys of a z-lab config, written back unchanged on save.
+        input_embedding_scale / output_multiplier / final_logit_softcapping: the forward
+            knobs of :data:`KNOBS` (defaults: no effect).
     """
 
     hidden_size: int
@@ -145,6 +180,9 @@ class DFlashConfig:
     hidden_act: str = "silu"
     source_format: str = "zlab"
     extra: dict[str, Any] = field(default_factory=dict)
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
@@ -217,6 +255,11 @@ class DFlashConfig:
             raise ValueError(f"hidden_act {self.hidden_act!r} unsupported (DFlash drafters use silu)")
         if not self.target_layer_ids:
             raise ValueError("target_layer_ids is empty")
+        for name in KNOBS:
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
         if self.num_target_layers is not None and max(self.target_layer_ids) >= self.num_target_layers:
             raise ValueError(f"target_layer_ids {self.target_layer_ids} exceed num_target_layers {self.num_target_layers}")
 
@@ -256,10 +299,13 @@ class DFlashConfig:
             if cfg.get("num_target_layers") is None:
                 raise ValueError("config has neither dflash_config.target_layer_ids nor num_target_layers")
             ids = build_target_layer_ids(int(cfg["num_target_layers"]), int(n_layers))
-        known = ({f.name for f in dataclasses.fields(cls)} - {"extra", "dflash_extra"}) | {"dflash_config"}
+        _refuse_unknown(cfg, dflash)
+        known = ({f.name for f in dataclasses.fields(cls)} - {"extra", "dflash_extra", *KNOBS}) | {"dflash_config"}
         extra = {k: v for k, v in cfg.items() if k not in known}
         dflash_extra = {k: v for k, v in dflash.items() if k not in ("mask_token_id", "target_layer_ids")}
+        knobs = {k: dflash.get(k, cfg.get(k, default)) for k, default in KNOBS.items()}
         return cls(
+            **knobs,
             **_layer_fields(cfg),
             block_size=int(block_size),
             mask_token_id=int(mask),
@@ -302,13 +348,20 @@ class DFlashConfig:
     def to_dict(self) -> dict[str, Any]:
         """The z-lab ``config.json`` layout (docs/drafter.md §6)."""
         out: dict[str, Any] = dict(self.extra)
+        dflash = {**self.dflash_extra, "mask_token_id": self.mask_token_id,
+                  "target_layer_ids": list(self.target_layer_ids)}
+        for name, default in KNOBS.items():  # where the source had it; else in dflash_config
+            value = getattr(self, name)
+            if name in self.extra:
+                out[name] = value
+            elif value != default or name in dflash:
+                dflash[name] = value
         out.update(
             {
-                "architectures": [ZLAB_ARCH],
+                "architectures": list(self.extra.get("architectures") or [ZLAB_ARCH]),
                 "model_type": "qwen3",
                 "block_size": self.block_size,
-                "dflash_config": {**self.dflash_extra, "mask_token_id": self.mask_token_id,
-                                  "target_layer_ids": list(self.target_layer_ids)},
+                "dflash_config": dflash,
                 "num_target_layers": self.num_target_layers,
                 "hidden_size": self.hidden_size,
                 "num_hidden_layers": self.num_hidden_layers,
@@ -340,6 +393,25 @@ class DFlashConfig:
         """Short sha256 of the canonical z-lab dict (identifies the architecture)."""
         blob = json.dumps(self.to_dict(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _refuse_unknown(cfg: dict[str, Any], dflash: dict[str, Any]) -> None:
+    """Refuse, by name, config keys that would change the forward and that specdeck does not
+    implement (a DFlash-2 drafter's, or any key it does not know to be inert)."""
+    arch = cfg.get("architectures") or []
+    dflash2 = [k for k in DFLASH2_KEYS if k in dflash or k in cfg]
+    if DFLASH2_ARCH in arch or dflash2:
+        raise ValueError(f"this is a DFlash-2 drafter ({DFLASH2_ARCH}: grouped dynamic causal convolutions and a "
+                         f"candidate selector; keys {dflash2 or list(DFLASH2_KEYS)}), which specdeck does not run yet; "
+                         "evaluate it with z-lab's dflash package")
+    fields = {f.name for f in dataclasses.fields(DFlashConfig)} | {"dflash_config", "rope_scaling", "rope_theta"}
+    top = sorted(k for k in cfg if k not in fields and k not in INERT_KEYS)
+    inner = sorted(k for k in dflash if k not in ("mask_token_id", "target_layer_ids", *KNOBS, *INERT_DFLASH_KEYS))
+    if top or inner:
+        names = top + [f"dflash_config.{k}" for k in inner]
+        raise ValueError(f"config keys {names} are not known to specdeck: they may change the drafter's forward, "
+                         "and specdeck would measure another drafter than the one served. If a key is inert, add it "
+                         "to INERT_KEYS in core/ml/drafter_config.py; otherwise this drafter needs support first")
 
 
 def _req(cfg: dict[str, Any], key: str) -> Any:

@@ -125,12 +125,33 @@ def _timing(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def stop_ids(args: argparse.Namespace, target: Any, tokenizer: Any) -> list[int]:
+    """The stop ids of an online eval (none with ``--ignore-eos``), recorded in result.json."""
+    from core.ml.target import stop_token_ids
+
+    return [] if args.ignore_eos else stop_token_ids(target, tokenizer)
+
+
+def template_settings(args: argparse.Namespace, tokenizer: Any) -> dict[str, Any]:
+    """How text prompts were wrapped: whether the chat template ran, and with thinking on or
+    off (docs/evaluation.md: off, unless ``--enable-thinking``). ``compare`` treats rows that
+    differ here as not comparable."""
+    applied = not args.no_chat_template and bool(getattr(tokenizer, "chat_template", None))
+    return {"chat_template": applied, "thinking": bool(args.enable_thinking) if applied else None}
+
+
+def cache_template(settings: dict[str, Any]) -> dict[str, Any]:
+    """Offline, prompts were wrapped when the cache was extracted: its settings say how."""
+    applied = settings.get("chat_template")
+    return {"chat_template": applied, "thinking": bool(settings.get("enable_thinking")) if applied else None}
+
+
 def run_online(args, target, tokenizer, drafter, prompts, block_size) -> dict[str, Any]:
     from core.ml.generate import DFlashProposer, chain_generate, ddtree_generate
     from core.ml.prompts import encode
-    from core.ml.target import TargetRunner, stop_token_ids
+    from core.ml.target import TargetRunner
 
-    stops = [] if args.ignore_eos else stop_token_ids(target, tokenizer)
+    stops = stop_ids(args, target, tokenizer)
     vocab = target.config.get_text_config().vocab_size
     runner = TargetRunner(target, drafter.target_layer_ids)
     proposer = DFlashProposer(drafter, target)
@@ -208,6 +229,7 @@ def run_offline(args, target, drafter, prompts, block_size) -> dict[str, Any]:
         rows = args.rows_per_pass or (4096 if drafter.fc.weight.device.type == "cuda" else 512)
         st = sequence_streaks(drafter, embed, head, seq, block_size, args.tree_budget, rows)
         _, rounds = st.trajectory(args.max_new_tokens)
+        trounds = st.trajectory(args.max_new_tokens, tree=True)[1] if args.tree_budget is not None else None
         tokens = seq.generated[: args.max_new_tokens]
         counts = {"target_forwards": 0, "target_tokens": 0, "drafter_forwards": st.drafter_forwards}
         traj_rows.append({"id": p.id, "tau": taulib.mean_tau(rounds), "rounds": rounds, "tokens": tokens,
@@ -215,8 +237,7 @@ def run_offline(args, target, drafter, prompts, block_size) -> dict[str, Any]:
         ar = st.all_anchor_rounds()
         all_rows.append({"id": p.id, "tau": taulib.mean_tau(ar), "rounds": ar, "num_anchors": len(ar)})
         extra: dict[str, Any] = {"tau": traj_rows[-1]["tau"]}
-        if args.tree_budget is not None:
-            _, trounds = st.trajectory(args.max_new_tokens, tree=True)
+        if trounds is not None:
             tree_traj_rows.append({"id": p.id, "tau": taulib.mean_tau(trounds), "rounds": trounds, "tokens": tokens,
                                    "all_anchor_tau": taulib.mean_tau(st.all_anchor_rounds(tree=True)), **counts})
             extra["tau_ddtree"] = tree_traj_rows[-1]["tau"]
@@ -227,7 +248,8 @@ def run_offline(args, target, drafter, prompts, block_size) -> dict[str, Any]:
               "timing": _counts(traj_rows),
               "all_anchor": {**_summary(all_rows, block_size), "per_prompt": all_rows},
               "cache": {"path": str(root.resolve()), "dtype": manifest.get("dtype"),
-                        "settings": manifest.get("settings")}}
+                        "settings": manifest.get("settings")},
+              "template": cache_template(manifest.get("settings") or {})}
     if tree_traj_rows:
         result["ddtree"] = {"budget": args.tree_budget, **_summary(tree_traj_rows, block_size), "per_prompt": tree_traj_rows,
                             "timing": _counts(tree_traj_rows)}
@@ -296,8 +318,13 @@ def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
     cfg = drafter.config
     say(f"drafter attention: {cfg.attention_text()}")
     block_size = args.block_size or cfg.block_size
-    if not 1 <= block_size <= cfg.block_size:
-        raise UsageError(f"--block-size {block_size}: must be 1..{cfg.block_size} (the drafter's trained block size)")
+    if block_size < 1:
+        raise UsageError(f"--block-size {block_size}: must be >= 1")
+    block_note = None
+    if block_size > cfg.block_size:  # the reference allows it too: the drafter takes any block length
+        block_note = (f"block size {block_size} is larger than the drafter's trained block size {cfg.block_size}: "
+                      f"slots past {cfg.block_size - 1} were never trained")
+        say(f"notice: {block_note}")
     what = "the whole target" if args.mode == "online" else "the target's embedding and LM head (memory-mapped)"
     say(f"loading {what} from {args.target} on {device}, dtype {str(dtype).removeprefix('torch.')} "
         f"(stored {str(stored).removeprefix('torch.') if stored else 'unknown'}); "
@@ -325,7 +352,11 @@ def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
         "mode": args.mode,
         "method": "chain",
         "temperature": 0,
+        "accounting": taulib.ACCOUNTING,
         "block_size": block_size,
+        **({"block_size_note": block_note} if block_note else {}),
+        "stop_token_ids": stop_ids(args, target, tokenizer) if args.mode == "online" else None,
+        "template": template_settings(args, tokenizer),
         "max_new_tokens": args.max_new_tokens,
         "target": {"path": str(Path(args.target).resolve()), "model_type": target.config.model_type,
                    "fingerprint": target_fingerprint(args.target), "num_layers": tcfg.num_hidden_layers},

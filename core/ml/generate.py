@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from core.ml import tau as taulib
 from core.ml.ddtree import build_tree, topk_per_depth
-from core.ml.drafter import DFlashDrafter, DraftCache
+from core.ml.drafter import DFlashDrafter, DraftCache, block_embeddings, draft_logits
 from core.ml.target import TargetRunner, cache_kwarg, new_cache
 
 
@@ -92,8 +92,10 @@ class DFlashProposer:
         device = self.drafter.fc.weight.device
         ids = torch.tensor([list(block)], device=self.embed.weight.device)
         positions = torch.arange(c0, start + len(block), device=device)[None]  # [1, c+q]
-        hidden = self.drafter(self.embed(ids).to(device), new_feats.to(device), positions, cache=self.cache)
-        return self.head(hidden[0, 1:].to(self.head.weight.dtype)).float()  # [B-1, V]
+        cfg = self.drafter.config
+        hidden = self.drafter(block_embeddings(cfg, self.embed, ids).to(device), new_feats.to(device), positions,
+                              cache=self.cache)
+        return draft_logits(cfg, self.head, hidden[0, 1:]).float()  # [B-1, V]
 
 
 def _sync(device: torch.device) -> float:
@@ -162,13 +164,16 @@ def chain_generate(proposer: Proposer | None, runner: TargetRunner, prompt: Sequ
     out = [int(logits.argmax())]  # out[i] sits at position P + i
     t1 = _sync(dev)
     P, start, rounds = len(prompt), len(prompt), []
+    end = P + max_new_tokens  # the reference's max_length: no token is committed at or past it
     draft_s = verify_s = 0.0
     stops = set(stop_ids)
-    while start < P + max_new_tokens and not (stops and stops.intersection(out)):
+    stopped = out[0] in stops
+    while start + 1 < end and not stopped:
+        width = min(block_size, end - start)  # the last blocks shrink to what is left, as the reference's
         x = out[start - P]
         ta = _sync(dev)
-        if block_size > 1:
-            draft_logits = proposer.propose([x] + [mask_token_id] * (block_size - 1), start, feats)
+        if width > 1:
+            draft_logits = proposer.propose([x] + [mask_token_id] * (width - 1), start, feats)
             draft = draft_logits.argmax(-1).tolist()
         else:
             draft = []
@@ -176,13 +181,14 @@ def chain_generate(proposer: Proposer | None, runner: TargetRunner, prompt: Sequ
         vlogits, vfeats = runner.verify_chain([x] + draft)
         post = vlogits.argmax(-1).tolist()  # post[i]: target's token after block[i]
         n_acc = taulib.streak(draft, post[:-1])
-        runner.commit_chain(n_acc + 1)
+        produced, stopped = taulib.committed(draft[:n_acc] + [post[n_acc]], end - start - 1, stops)
+        runner.commit_chain(produced)
         tc = _sync(dev)
         draft_s, verify_s = draft_s + (tb - ta), verify_s + (tc - tb)
-        out += draft[:n_acc] + [post[n_acc]]
-        rounds.append(n_acc + 1)
-        start += n_acc + 1
-        feats = vfeats[:, : n_acc + 1] if vfeats is not None else None
+        out += (draft[:n_acc] + [post[n_acc]])[:produced]
+        rounds.append(produced)
+        start += produced
+        feats = vfeats[:, :produced] if vfeats is not None else None
     t2 = _sync(dev)
     tokens, stopped = _finish(out, max_new_tokens, stop_ids)
     return GenerationResult(tokens, rounds, P, stopped, t1 - t0, t2 - t1, draft_s, verify_s,
@@ -203,25 +209,31 @@ def ddtree_generate(proposer: Proposer, runner: TargetRunner, prompt: Sequence[i
     out = [int(logits.argmax())]
     t1 = _sync(dev)
     P, start, rounds = len(prompt), len(prompt), []
+    end = P + max_new_tokens
     draft_s = verify_s = 0.0
     stops = set(stop_ids)
+    stopped = out[0] in stops
     nodes = 0
-    while start < P + max_new_tokens and not (stops and stops.intersection(out)):
+    while start + 1 < end and not stopped:
+        width = min(block_size, end - start)
         x = out[start - P]
         ta = _sync(dev)
-        draft_logits = proposer.propose([x] + [mask_token_id] * (block_size - 1), start, feats)
+        draft_logits = proposer.propose([x] + [mask_token_id] * (width - 1), start, feats)
         tree = build_tree(x, topk_per_depth(draft_logits, budget), budget)
         tb = _sync(dev)
         vlogits, vfeats = runner.verify_tree(tree.tokens, tree.parents, tree.depths)
         accepted, bonus = tree.follow(vlogits.argmax(-1).tolist())
-        runner.commit_tree(accepted)
+        new = [tree.tokens[i] for i in accepted[1:]] + [bonus]
+        produced, stopped = taulib.committed(new, end - start - 1, stops)
+        kept = accepted[:produced]  # the root and the accepted nodes whose tokens precede the last commit
+        runner.commit_tree(kept)
         tc = _sync(dev)
         draft_s, verify_s = draft_s + (tb - ta), verify_s + (tc - tb)
-        out += [tree.tokens[i] for i in accepted[1:]] + [bonus]
-        rounds.append(len(accepted))
+        out += new[:produced]
+        rounds.append(produced)
         nodes += len(tree) - 1
-        start += len(accepted)
-        feats = vfeats[:, accepted] if vfeats is not None else None
+        start += produced
+        feats = vfeats[:, kept] if vfeats is not None else None
     t2 = _sync(dev)
     tokens, stopped = _finish(out, max_new_tokens, stop_ids)
     res = GenerationResult(tokens, rounds, P, stopped, t1 - t0, t2 - t1, draft_s, verify_s,

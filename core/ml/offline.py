@@ -14,9 +14,13 @@ instead of S. :func:`draft_blocks_loop` is the one-anchor-per-forward reference
 
 From the per-anchor streaks:
 
-* trajectory: ``a_0 = P``, ``a_{i+1} = a_i + s(a_i) + 1`` (equals online greedy tau when the
-  cached response is the target's own greedy output and the cache holds at least
-  ``max_new_tokens + B - 1`` generated tokens, so the last round's block has labels);
+* trajectory: ``a_0 = P``, ``a_{i+1} = a_i + r_i`` with ``r_i`` what online commits
+  (:func:`core.ml.tau.trajectory`: ``s(a_i) + 1`` capped at the tokens left, no round once
+  they are all committed), and, as online, a block that would reach past the end shrinks to
+  what is left (those few anchors are drafted again with the shorter block, one forward each,
+  since a non-causal drafter's drafts depend on the block's length). It equals online greedy
+  tau round for round when the cached response is the target's own greedy output (which
+  ends at its stop token, so a stop cuts the trajectory as it cuts online generation);
 * all-anchor: ``1 + mean s(a)`` over anchors whose whole block has labels;
 * DDTree-k offline: s(a) = depth of the deepest root path of the anchor's tree matching the
   labels (no extra target pass).
@@ -24,15 +28,15 @@ From the per-anchor streaks:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
 from core.ml import tau as taulib
-from core.ml.ddtree import build_tree
-from core.ml.drafter import DFlashDrafter, block_token_ids, multi_anchor_forward
+from core.ml.ddtree import build_tree, topk_per_depth
+from core.ml.drafter import DFlashDrafter, block_embeddings, block_token_ids, draft_logits, multi_anchor_forward
 from core.ml.featstore import CachedSequence
 
 
@@ -48,6 +52,9 @@ class SequenceStreaks:
         full: whether the anchor's whole block (B-1 labels) lies inside the sequence.
         tree_streaks: DDTree streak per anchor (when a budget was given).
         drafter_forwards: drafter passes that produced them (anchors batched ``max_rows // B`` a pass).
+        block_size: B of the anchors' blocks.
+        short: ``short(a, width) -> (chain streak, DDTree streak or None)`` of anchor ``a``
+            drafted with a block of only ``width < B`` tokens (the trajectory's last blocks).
     """
 
     id: str
@@ -58,12 +65,22 @@ class SequenceStreaks:
     full: list[bool]
     tree_streaks: list[int] | None = None
     drafter_forwards: int = 0
+    block_size: int = 0
+    short: Callable[[int, int], tuple[int, int | None]] | None = field(default=None, repr=False, compare=False)
 
     def trajectory(self, max_new_tokens: int | None = None, tree: bool = False) -> tuple[list[int], list[int]]:
-        """``(anchors, rounds)`` of the greedy trajectory (rounds = s + 1)."""
-        streaks = self.tree_streaks if tree else self.streaks
+        """``(anchors, rounds)`` of the greedy trajectory, rounds counted as online commits them."""
+        streaks = dict(zip(self.anchors, self.tree_streaks if tree else self.streaks))
         end = self.seq_len if max_new_tokens is None else min(self.seq_len, self.prompt_len + max_new_tokens)
-        return taulib.trajectory(dict(zip(self.anchors, streaks)), self.prompt_len, end)
+
+        def streak_at(a: int) -> int:
+            width = min(self.block_size, end - a)
+            if self.short is not None and width < self.block_size:
+                chain, tree_streak = self.short(a, width)
+                return int(tree_streak if tree else chain)
+            return streaks[a]
+
+        return taulib.trajectory(streak_at, self.prompt_len, end)
 
     def all_anchor_rounds(self, tree: bool = False) -> list[int]:
         """``s(a) + 1`` for every anchor with a full block of labels."""
@@ -108,11 +125,12 @@ def draft_blocks(
         a = torch.tensor([chunk], device=device)  # [1, A]
         cmax = max(chunk)  # only context rows < max anchor are visible to this chunk
         kv = [(k[:, :, :cmax], v[:, :, :cmax]) for k, v in ctx_kv]
-        emb = embed(block_token_ids(ids.to(embed.weight.device), a.to(embed.weight.device), B, drafter.mask_token_id))
+        blocks = block_token_ids(ids.to(embed.weight.device), a.to(embed.weight.device), B, drafter.mask_token_id)
+        emb = block_embeddings(drafter.config, embed, blocks)
         h = multi_anchor_forward(drafter, None, emb.to(device), a, ctx_positions=pos[:, :cmax], ctx_kv=kv,
-                                 anchor_positions=a, impl="blockwise")
+                                 anchor_positions=a, impl="blockwise", block_size=B)
         h = h.view(len(chunk), B, -1)[:, 1:]  # [A, B-1, H]; slot 0 (the anchor) is not a draft
-        logits = head(h.to(head.weight.dtype)).float()  # [A, B-1, V]
+        logits = draft_logits(drafter.config, head, h).float()  # [A, B-1, V]
         drafts.append(logits.argmax(-1).cpu())
         if topk:
             v, j = torch.topk(torch.log_softmax(logits, -1), min(topk, logits.shape[-1]), dim=-1)
@@ -128,15 +146,21 @@ def draft_blocks(
 def draft_blocks_loop(drafter: DFlashDrafter, embed: nn.Module, head: nn.Module, seq: CachedSequence,
                       anchors: Sequence[int], block_size: int) -> Tensor:
     """Reference: one inference-path forward per anchor (context ``F[:a]``, no mask)."""
-    device = drafter.fc.weight.device
-    out = []
-    for a in anchors:
-        block = torch.full((1, block_size), drafter.mask_token_id, dtype=torch.long, device=embed.weight.device)
-        block[0, 0] = seq.input_ids[a]
-        positions = torch.arange(a + block_size, device=device)[None]
-        h = drafter(embed(block).to(device), seq.features[:a].to(device)[None], positions)
-        out.append(head(h[0, 1:].to(head.weight.dtype)).float().argmax(-1).cpu())
+    out = [block_logits(drafter, embed, head, seq, a, block_size).argmax(-1).cpu() for a in anchors]
     return torch.stack(out) if out else torch.empty(0, block_size - 1, dtype=torch.long)
+
+
+@torch.no_grad()
+def block_logits(drafter: DFlashDrafter, embed: nn.Module, head: nn.Module, seq: CachedSequence, a: int,
+                 width: int) -> Tensor:
+    """Draft logits ``[width-1, V]`` (float32) of one block of ``width`` tokens at anchor ``a``,
+    through the inference path (context ``F[:a]``), as online drafts it."""
+    device = drafter.fc.weight.device
+    block = torch.full((1, width), drafter.mask_token_id, dtype=torch.long, device=embed.weight.device)
+    block[0, 0] = seq.input_ids[a]
+    positions = torch.arange(a + width, device=device)[None]
+    h = drafter(block_embeddings(drafter.config, embed, block).to(device), seq.features[:a].to(device)[None], positions)
+    return draft_logits(drafter.config, head, h[0, 1:]).float()
 
 
 def streaks_from_drafts(seq: CachedSequence, anchors: Sequence[int], drafts: Tensor) -> tuple[list[int], list[bool]]:
@@ -177,4 +201,18 @@ def sequence_streaks(
             tree = build_tree(int(seq.input_ids[a]), topk, tree_budget)
             tree_streaks.append(tree.deepest_match(labels[a : a + block_size - 1]))
     passes = -(-len(anchors) // max(1, max_rows // block_size))
-    return SequenceStreaks(seq.id, seq.prompt_len, S, anchors, streaks, full, tree_streaks, passes)
+    result = SequenceStreaks(seq.id, seq.prompt_len, S, anchors, streaks, full, tree_streaks, passes, block_size)
+    labels_all = seq.labels.tolist()
+
+    def short(a: int, width: int) -> tuple[int, int | None]:
+        result.drafter_forwards += 1
+        logits = block_logits(drafter, embed, head, seq, a, width)
+        labels = labels_all[a : a + width - 1]
+        chain = taulib.streak(logits.argmax(-1).tolist(), labels)
+        if tree_budget is None:
+            return chain, None
+        topk = topk_per_depth(logits, tree_budget) if tree_budget > 0 else []
+        return chain, build_tree(int(seq.input_ids[a]), topk, tree_budget).deepest_match(labels)
+
+    result.short = short
+    return result

@@ -114,16 +114,19 @@ def load_tokenizer(path: str | Path) -> Any | None:
 
 
 def stop_token_ids(model: nn.Module, tokenizer: Any | None = None) -> list[int]:
-    """EOS ids from generation_config.json, config.json and the tokenizer (from :func:`load_tokenizer`,
-    so only one the target directory really holds)."""
-    ids: set[int] = set()
-    for src in (getattr(model, "generation_config", None), getattr(model, "config", None), tokenizer):
+    """Stop ids as the reference benchmark takes them (z-lab ``dflash`` 0.1.0 ``stop_token_ids``):
+    the model's ``generation_config.eos_token_id`` (an int or a list; transformers derives the
+    generation config from config.json when the directory has no generation_config.json),
+    else the tokenizer's EOS (from :func:`load_tokenizer`, so only one the target directory
+    really holds). Not their union: a stop id the reference does not use would end specdeck's
+    generations earlier than the reference's and change every round after it."""
+    for src in (getattr(model, "generation_config", None), tokenizer):
         eos = getattr(src, "eos_token_id", None)
         if isinstance(eos, int):
-            ids.add(eos)
-        elif isinstance(eos, (list, tuple)):
-            ids.update(int(e) for e in eos)
-    return sorted(ids)
+            return [eos]
+        if isinstance(eos, (list, tuple)) and eos:
+            return [int(e) for e in eos]
+    return []
 
 
 def cache_kwarg(model: nn.Module) -> str:

@@ -2,9 +2,11 @@
 
 Definitions (docs/evaluation.md §1; the same convention as z-lab/dflash and DDTree):
 
-* A *round* is one target verification step. Its **acceptance length** is
-  ``tau_round = accepted draft tokens + 1`` (the +1 is the target's bonus/correction token),
-  so it lies in ``1..B`` for block size ``B`` (B-1 draft tokens per round).
+* A *round* is one target verification step. Its **acceptance length** is the number of
+  tokens it commits: ``accepted draft tokens + 1`` (the +1 is the target's bonus/correction
+  token), capped at the tokens left before ``max_new_tokens`` and cut after the first stop
+  token (:func:`committed`, the reference's accounting), so it lies in ``1..B`` for block
+  size ``B`` (B-1 draft tokens per round).
 * The **streak** of a round is ``s = tau_round - 1``: the number of consecutive draft tokens
   accepted from slot 1 onward.
 * **Macro tau** (what z-lab and DDTree report): mean over prompts of (mean over that prompt's
@@ -21,12 +23,22 @@ at the end (:func:`summarize`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
+ACCOUNTING = "dflash-0.1.0"
+LEGACY = "legacy"
+"""How rounds are counted (result.json ``accounting``): as z-lab's reference ``dflash_generate``
+in ``dflash`` 0.1.0 counts them (:func:`committed`). Results without the key were counted the
+legacy way (``accepted + 1`` uncapped); :func:`recount` converts them."""
+
 DEFINITION = (
-    "tau (acceptance length) per verification round = accepted draft tokens + 1 (the target's "
-    "bonus/correction token), in 1..block_size. 'tau' is the macro average: mean over prompts of "
+    "tau (acceptance length) per verification round = the tokens the round commits: its "
+    "accepted draft tokens + 1 (the target's bonus/correction token), capped at the tokens left "
+    "before max_new_tokens and cut after the first stop token; in 1..block_size. No round runs "
+    "once max_new_tokens tokens are committed, the prefill's token belongs to no round, and the "
+    "last blocks shrink to the tokens left (accounting 'dflash-0.1.0': z-lab's dflash_generate "
+    "in dflash 0.1.0, round for round). 'tau' is the macro average: mean over prompts of "
     "the mean over that prompt's rounds. 'tau_pooled' = total committed tokens / total rounds "
     "over all prompts. 'per_position_acceptance'[k-1] = fraction of rounds whose streak "
     "(tau-1) is >= k, k = 1..block_size-1 (so tau_pooled = 1 + sum). 'histogram'[t] = number of "
@@ -38,8 +50,9 @@ OFFLINE_DEFINITION = (
     "target at position t). For an anchor a the drafter sees the features of positions < a and "
     "the block [x_a, MASK...]; its streak s(a) = number of leading draft tokens equal to "
     "y[a+1], y[a+2], ... . 'trajectory': a_0 = prompt length, a_(i+1) = a_i + s(a_i) + 1, "
-    "rounds tau = s + 1 (equals online greedy tau when the cached response is the target's own "
-    "greedy output). 'all_anchor': tau = 1 + mean s(a) over every response anchor whose whole "
+    "rounds tau = s + 1 committed as online (capped, cut at a stop, the last blocks shrunk), so "
+    "it equals online greedy tau when the cached response is the target's own greedy output. "
+    "'all_anchor': tau = 1 + mean s(a) over every response anchor whose whole "
     "block has labels."
 )
 
@@ -63,6 +76,51 @@ def streak(draft: Sequence[int], labels: Sequence[int]) -> int:
             break
         s += 1
     return s
+
+
+def committed(new_tokens: Sequence[int], remaining: int, stop_ids: Collection[int] = ()) -> tuple[int, bool]:
+    """How many of a round's new tokens are committed, and whether a stop token ended generation.
+
+    The reference's accounting (``dflash_generate`` in z-lab's ``dflash`` 0.1.0): a round
+    offers ``accepted + 1`` tokens (its accepted drafts, then the target's bonus or
+    correction token); it commits at most ``remaining`` of them (the tokens left before
+    ``max_new_tokens``) and none after the first stop token, which is committed itself. The
+    count committed is the round's acceptance length.
+
+    Args:
+        new_tokens: the round's accepted drafts followed by the target's token.
+        remaining: tokens still allowed (``max_new_tokens`` minus those committed, >= 1).
+        stop_ids: stop token ids.
+
+    Returns:
+        ``(produced, stopped)``.
+    """
+    produced = min(len(new_tokens), remaining)
+    for i, t in enumerate(new_tokens[:produced]):
+        if t in stop_ids:
+            return i + 1, True
+    return produced, False
+
+
+def recount(rounds: Sequence[int], num_tokens: int) -> list[int]:
+    """Rounds of a result counted the legacy way (``accepted + 1`` uncapped, drafts after a
+    stop token counted, one extra round once ``max_new_tokens`` were committed), recounted
+    as :func:`committed` counts them, from the output's length ``num_tokens`` (which was
+    already cut at ``max_new_tokens`` and after the first stop token).
+
+    The first output token comes from the prefill and belongs to no round. Exact for every
+    round but a final one whose block the reference would have shortened (its drafts came
+    from the full block).
+    """
+    out, done = [], 1
+    for r in rounds:
+        left = num_tokens - done
+        if left <= 0:
+            break
+        produced = min(int(r), left)
+        out.append(produced)
+        done += produced
+    return out
 
 
 def committed_tokens(rounds: Iterable[int]) -> int:
@@ -127,27 +185,31 @@ def pooled_tau(per_prompt_rounds: Iterable[Sequence[int]]) -> float | None:
 def trajectory(
     streak_at: Mapping[int, int] | Callable[[int], int], start: int, end: int
 ) -> tuple[list[int], list[int]]:
-    """Walk the greedy trajectory over per-anchor streaks.
+    """Walk the greedy trajectory over per-anchor streaks, committing as online does.
 
-    ``a_0 = start``, ``a_{i+1} = a_i + s(a_i) + 1`` while ``a_i < end``.
+    ``a_0 = start``; while ``a_i + 1 < end`` (a token is still to be committed): the round
+    commits ``r_i = min(s(a_i) + 1, end - a_i - 1)`` tokens (:func:`committed`'s cap) and
+    ``a_{i+1} = a_i + r_i``. A cached greedy response ends at its stop token, so ``end`` at
+    its length cuts at the stop as online generation does.
 
     Args:
         streak_at: streak s(a) per anchor position (mapping or function).
         start: first anchor (the prompt length: the block whose slot 0 is the first generated
             token).
-        end: stop once an anchor reaches this position (prompt length + max new tokens).
+        end: one past the last position that may be committed (prompt length + max new tokens,
+            or the cached sequence's length when shorter).
 
     Returns:
-        ``(anchors, rounds)`` with ``rounds[i] = s(anchors[i]) + 1``.
+        ``(anchors, rounds)``.
     """
     get = streak_at.__getitem__ if isinstance(streak_at, Mapping) else streak_at
     anchors, rounds = [], []
     a = start
-    while a < end:
-        s = int(get(a))
+    while a + 1 < end:
+        produced = min(int(get(a)) + 1, end - a - 1)
         anchors.append(a)
-        rounds.append(s + 1)
-        a += s + 1
+        rounds.append(produced)
+        a += produced
     return anchors, rounds
 
 

@@ -55,9 +55,28 @@ def test_summarize_identity_pooled_equals_one_plus_sum_p():
 def test_trajectory_walks_streaks():
     streaks = {10: 2, 11: 0, 12: 0, 13: 1, 14: 5, 15: 0}
     anchors, rounds = T.trajectory(streaks, 10, 16)
-    assert anchors == [10, 13, 15]  # 10 + 2 + 1 = 13, 13 + 1 + 1 = 15
-    assert rounds == [3, 2, 1]
-    assert T.trajectory(lambda a: 0, 3, 6) == ([3, 4, 5], [1, 1, 1])
+    assert anchors == [10, 13]  # 10 + 2 + 1 = 13; at 13 only 2 tokens are left: 14 and 15
+    assert rounds == [3, 2]
+    assert sum(rounds) == 16 - 10 - 1  # the anchor's own token at 10 was committed before any round
+    assert T.trajectory(lambda a: 0, 3, 6) == ([3, 4], [1, 1])
+    assert T.trajectory({10: 9}, 10, 16) == ([10], [5])  # capped at the tokens left
+    assert T.trajectory({10: 3}, 10, 11) == ([], [])  # max_new_tokens 1: the prefill's token is all
+
+
+def test_a_round_commits_as_the_reference_counts():
+    assert T.committed([5, 6, 7], 10) == (3, False)
+    assert T.committed([5, 6, 7], 2) == (2, False)  # capped at what is left before max_new_tokens
+    assert T.committed([5, 2, 7], 10, {2}) == (2, True)  # cut after the stop token, which counts
+    assert T.committed([2, 6], 1, {2}) == (1, True)
+    assert T.committed([5, 6, 2], 2, {2}) == (2, False)  # the stop lies past the cap: not reached
+
+
+def test_legacy_rounds_are_recounted_from_the_output_length():
+    # legacy: 3 tokens after a stop were counted, then one more round ran after max_new_tokens
+    assert T.recount([4, 4, 3], 6) == [4, 1]  # 1 prefill token + 5 committed = 6 tokens
+    assert T.recount([8, 8, 1], 17) == [8, 8]  # the extra round at exactly max_new_tokens goes
+    assert T.recount([3, 2], 6) == [3, 2]  # already consistent: unchanged
+    assert T.recount([5], 1) == []
 
 
 def _result(rounds, mode="online", block=4, ids=("a", "b"), sha="s1", fp="t1"):

@@ -311,7 +311,7 @@ def test_dense_and_blockwise_attention_give_the_same_gradients(ws, tiny, qwen3_t
         drafter = train_mod.new_drafter(dcfg, 0.1, 0)
         batch = td.pack([cache(ws).load(0), cache(ws).load(1)], 6, torch.Generator().manual_seed(2))
         out = tl.batch_loss(tl.TrainForward(drafter, impl), qwen3_target.get_input_embeddings(),
-                            qwen3_target.get_output_embeddings(), batch, cfg, torch.Generator().manual_seed(3))
+                            qwen3_target.get_output_embeddings(), batch, cfg, torch.Generator().manual_seed(3), drafter.config)
         out.loss.backward()
         grads.append({k: p.grad.clone() for k, p in drafter.named_parameters()})
     for k in grads[0]:
@@ -329,7 +329,7 @@ def test_label_sources_agree_on_greedy_data(ws, qwen3_target, labels, one_thread
         batch = td.pack([cache(ws, name).load(2)], 8, torch.Generator().manual_seed(4))
         assert (batch.final is None) == (name == "feats_taps")
         out = tl.batch_loss(tl.TrainForward(drafter), qwen3_target.get_input_embeddings(),
-                            qwen3_target.get_output_embeddings(), batch, cfg, None)
+                            qwen3_target.get_output_embeddings(), batch, cfg, None, drafter.config)
         losses.append(out.loss.item())
     assert losses[0] == pytest.approx(losses[1], rel=1e-6)
 
@@ -383,7 +383,8 @@ def test_a_sequence_without_anchors_still_runs_the_forward(ws, qwen3_target):
     batch = td.pack([s], 8, torch.Generator().manual_seed(0))
     assert batch.anchors.numel() == 0
     out = tl.batch_loss(tl.TrainForward(drafter), qwen3_target.get_input_embeddings(),
-                        qwen3_target.get_output_embeddings(), batch, cfg, torch.Generator().manual_seed(1))
+                        qwen3_target.get_output_embeddings(), batch, cfg, torch.Generator().manual_seed(1),
+                        drafter.config)
     out.loss.backward()
     assert out.loss.item() == 0.0 and out.den == 0 and out.total.sum() == 0
     assert drafter.fc.weight.grad is not None and not drafter.fc.weight.grad.any()

@@ -197,7 +197,7 @@ class TrainForward(torch.nn.Module):
 
 
 def batch_loss(forward: torch.nn.Module, embed: torch.nn.Module, head: torch.nn.Module, batch: Any, cfg: Any,
-               gen: torch.Generator | None) -> LossOutput:
+               gen: torch.Generator | None, drafter_config: Any) -> LossOutput:
     """Loss of one packed batch: noise/split, one multi-anchor forward, labels, weighted loss.
 
     Args:
@@ -206,13 +206,15 @@ def batch_loss(forward: torch.nn.Module, embed: torch.nn.Module, head: torch.nn.
         batch: a :class:`~core.ml.train.data.Batch` on the training device.
         cfg: the resolved :class:`~core.ml.train.config.TrainConfig`.
         gen: the step's noise generator; None for validation (no noise).
+        drafter_config: the drafter's :class:`~core.ml.drafter_config.DFlashConfig`: its forward
+            knobs (embedding scale, logit multiplier and soft-cap) apply in training as in eval.
 
     Returns:
         :class:`LossOutput` (labels: ``loss.labels``; teacher = the target logits at
         ``a + k - 1`` computed from the final layer returned by
         :func:`~core.ml.train.data.model_inputs`).
     """
-    from core.ml.drafter import block_token_ids
+    from core.ml.drafter import block_embeddings, block_token_ids, draft_logits
     from core.ml.train.data import model_inputs
 
     B, lc = cfg.drafter.block_size, cfg.loss
@@ -223,11 +225,12 @@ def batch_loss(forward: torch.nn.Module, embed: torch.nn.Module, head: torch.nn.
         anchors = torch.zeros(1, dtype=torch.long, device=ids.device)
     A = int(anchors.shape[0])
     with torch.no_grad():
-        block_emb = embed(block_token_ids(ids[None], anchors[None], B, cfg.drafter.mask_token_id))  # [1, A*B, H]
+        block_emb = block_embeddings(drafter_config, embed, block_token_ids(ids[None], anchors[None], B,
+                                                                         cfg.drafter.mask_token_id))  # [1, A*B, H]
     doc = batch.doc[None] if batch.num_sequences > 1 else None
     h = forward(fc_in[None], block_emb, anchors[None], batch.positions[None], doc)  # [1, A*B, H]
     h = h.view(A, B, -1)[:, 1:]  # slot 0 is the anchor token itself: never supervised
-    logits = head(h.to(head.weight.dtype))  # [A, B-1, V]
+    logits = draft_logits(drafter_config, head, h)  # [A, B-1, V], the drafter's knobs applied
     k = torch.arange(1, B, device=ids.device)
     p = anchors[:, None] + k  # [A, B-1] position of slot k's label
     pc = p.clamp(max=S - 1)

@@ -464,7 +464,7 @@ class Trainer:
         gen = torch.Generator().manual_seed(step_seed(cfg.seed, "step", step, self.dist.rank))
         batch = self.batch(self.samples_for(step), gen)
         with self.autocast():
-            out = batch_loss(self.forward, self.embed, self.head, batch, cfg, gen)
+            out = batch_loss(self.forward, self.embed, self.head, batch, cfg, gen, self.drafter.config)
         self.opt.zero_grad(set_to_none=True)
         if not math.isfinite(out.num):
             raise TaskError(f"loss is not finite at step {step} (lower train.lr, check the features)")
@@ -492,7 +492,7 @@ class Trainer:
                 batch = self.batch([i], gen)
                 with self.autocast():
                     out = batch_loss(self.forward.module if self.dist.active else self.forward,
-                                     self.embed, self.head, batch, self.cfg, None)
+                                     self.embed, self.head, batch, self.cfg, None, self.drafter.config)
                 acc += torch.tensor([out.num, out.den, out.streak_sum, out.blocks, *out.correct.tolist(),
                                      *out.total.tolist()], dtype=torch.float64)
         self.drafter.train()
