@@ -410,3 +410,21 @@ def test_checkpoint_files_latest_pruning_and_resume_choice(tmp_path):
         rt.resolve_resume(str(tmp_path / "step_99.pt"), tmp_path)
     ckpt = torch.load(tmp_path / "step_15.pt", weights_only=True)
     assert ckpt["step"] == 15 and set(ckpt["model"]) == {"weight", "bias"}
+
+
+def test_the_drafters_forward_knobs_shape_the_training_loss(ws, qwen3_target, one_thread):
+    """input_embedding_scale and the logit knobs apply in training as in eval (docs/drafter.md §4):
+    the same weights and batch give another loss with each knob set."""
+    import dataclasses
+
+    cfg = resolved(ws, noise={"std": 0.0})
+    drafter = train_mod.new_drafter(tc.drafter_config_dict(cfg, tc.read_target_config(ws / "target")), 0.1, 0)
+    batch = td.pack([cache(ws).load(0)], 8, torch.Generator().manual_seed(4))
+    emb, head = qwen3_target.get_input_embeddings(), qwen3_target.get_output_embeddings()
+
+    def loss(config):
+        return tl.batch_loss(tl.TrainForward(drafter), emb, head, batch, cfg, None, config).loss.item()
+
+    plain = loss(drafter.config)
+    for knob, value in (("input_embedding_scale", 1.8), ("output_multiplier", 0.4), ("final_logit_softcapping", 2.0)):
+        assert loss(dataclasses.replace(drafter.config, **{knob: value})) != pytest.approx(plain, rel=1e-4), knob
