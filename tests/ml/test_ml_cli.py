@@ -159,14 +159,14 @@ def test_offline_eval_reads_a_wider_cache_and_refuses_a_missing_tap(tiny_dirs, t
     assert f"missing {taps[1:]}" in err and "--layers " + ",".join(map(str, taps)) in err
 
 
-@pytest.mark.parametrize("case", ["no-cache", "big-block", "no-drafter", "other-cache", "bad-budget"])
+@pytest.mark.parametrize("case", ["no-cache", "zero-block", "no-drafter", "other-cache", "bad-budget"])
 def test_eval_bad_input_exits_2(tiny_dirs, extracted, tmp_path, capsys, case):
     argv = ["--target", str(tiny_dirs["target"]), "--drafter", str(tiny_dirs["drafter"]),
             "--prompts", str(tiny_dirs["prompts"]), "--out", str(tmp_path / "r.json"), "--max-new-tokens", "4"]
     if case == "no-cache":
         argv += ["--mode", "offline"]
-    elif case == "big-block":
-        argv += ["--block-size", "16"]
+    elif case == "zero-block":
+        argv += ["--block-size", "0"]
     elif case == "no-drafter":
         argv[3] = str(tmp_path)
     elif case == "other-cache":
@@ -180,6 +180,19 @@ def test_eval_bad_input_exits_2(tiny_dirs, extracted, tmp_path, capsys, case):
     assert run_main(eval_mod.main, argv) == 2
     err = capsys.readouterr().err
     assert err.splitlines()[-1].startswith("error: ") and not (tmp_path / "r.json").exists()
+
+
+def test_a_block_larger_than_the_trained_one_runs_with_a_notice(tiny_dirs, tmp_path, capsys):
+    """As the reference allows (docs/drafter.md §4): the log and result.json say so."""
+    out = tmp_path / "r.json"
+    argv = ["--target", str(tiny_dirs["target"]), "--drafter", str(tiny_dirs["drafter"]),
+            "--prompts", str(tiny_dirs["prompts"]), "--out", str(out), "--max-new-tokens", "20", "--block-size", "12"]
+    assert run_main(eval_mod.main, argv) == 0
+    res = json.loads(out.read_text())
+    assert res["block_size"] == 12 and "trained block size 8" in res["block_size_note"]
+    assert "notice: block size 12 is larger" in capsys.readouterr().err
+    assert all(1 <= r <= 12 for p in res["per_prompt"] for r in p["rounds"])
+    assert all(sum(p["rounds"]) == len(p["tokens"]) - 1 for p in res["per_prompt"])
 
 
 # ----------------------------------------------------------------------------- strip
@@ -285,7 +298,12 @@ def test_tiny_dirs_load_like_real_ones_and_evaluate(tiny, arch, tmp_path, capsys
             assert counts["drafter_forwards"] == len(row["rounds"])
         assert timing["target_forwards"] == sum(c["target_forwards"] for c in timing["counts_per_prompt"])
         assert timing["target_tokens"] > timing["target_forwards"]
-    assert res["timing"]["verify_tokens_per_round"] == 4  # chain: B tokens per round
+    widths = []  # chain: B tokens per round, the last blocks shrunk to what is left (as the reference)
+    for row in res["per_prompt"]:
+        starts = [row["prompt_len"] + sum(row["rounds"][:i]) for i in range(len(row["rounds"]))]
+        widths += [min(4, row["prompt_len"] + 10 - s) for s in starts]
+    assert res["timing"]["verify_tokens_per_round"] == pytest.approx(sum(widths) / len(widths))
+    assert max(widths) == 4
     assert res["ddtree"]["timing"]["verify_tokens_per_round"] == 5  # budget + 1 nodes, each fed once
     if arch == "qwen3_5_vlm":  # the campaign layout: composite config, text weights under language_model
         assert json.loads((target_dir / "config.json").read_text())["model_type"] == "qwen3_5"
