@@ -150,9 +150,10 @@ def build_tiny_drafter(config: DFlashConfig, seed: int = 0, std: float = 0.2) ->
 
 
 def dflash2_from(drafter: DFlashDrafter, kernel_size: int = 3, group_size: int = 16, rank: int = 8, top_k: int = 4,
-                 seed: int = 0, std: float = 0.2, identity: bool = False) -> DFlashDrafter:
+                 seed: int = 0, std: float = 0.2, codebook_std: float = 0.6, identity: bool = False) -> DFlashDrafter:
     """A DFlash-2 drafter (docs/drafter.md §7) with ``drafter``'s weights and new convolutions
-    and candidate selector: random (std ``std``), or, with ``identity``, convolutions that pass
+    and candidate selector: random (std ``std``, the codebooks ``codebook_std``, large enough for
+    the selector to overrule a fitted drafter's argmax now and then), or, with ``identity``, convolutions that pass
     their input through (base kernel 1 at lag 0, no dynamic part) and zero codebooks, so it
     drafts exactly as ``drafter`` does."""
     import dataclasses
@@ -175,6 +176,8 @@ def dflash2_from(drafter: DFlashDrafter, kernel_size: int = 3, group_size: int =
             elif name.endswith("base_kernel"):  # near the identity, so the fitted drafter still drafts well
                 p.copy_(std * torch.randn(p.shape, generator=gen))
                 p[:, 0] += 1.0
+            elif name.endswith("_codebook"):
+                p.copy_(codebook_std * torch.randn(p.shape, generator=gen))
             else:
                 p.copy_(std * torch.randn(p.shape, generator=gen))
     return model.float().eval()
