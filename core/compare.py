@@ -699,6 +699,11 @@ def verdicts_markdown(c: Comparison) -> str:
         + "\n"
 
 
+def family_tag(d: Drafter) -> str:
+    """`` [DFlash-2]`` for a DFlash-2 drafter's entry (settings ``family``), else "" (DFlash)."""
+    return " [DFlash-2]" if (d.settings or {}).get("family") == "dflash2" else ""
+
+
 def summary_markdown(c: Comparison) -> str:
     """One row per drafter: the verdict, macro tau against the baseline and its interval,
     then pooled tau, the intervals, the rounds and what makes a row incomparable."""
@@ -706,7 +711,7 @@ def summary_markdown(c: Comparison) -> str:
     out = ["| " + " | ".join(SUMMARY_HEADERS) + " |",
            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for o in c.overall:
-        name = o.drafter + (" (baseline)" if o.role == "baseline" else "")
+        name = o.drafter + family_tag(by_label[o.drafter]) + (" (baseline)" if o.role == "baseline" else "")
         note = mismatch_note(by_label[o.drafter])
         if o.unmatched:
             note = (note + "; " if note else "") + f"no baseline for {', '.join(o.unmatched)}"
@@ -754,7 +759,7 @@ def to_markdown(c: Comparison, *, pivot: bool = False, verdicts: bool = True) ->
     return "\n".join(p for p in parts if p)
 
 
-__all__ = ["COMPARED_SETTINGS", "Comparison", "Drafter", "Cell", "Overall", "Pair",
+__all__ = ["COMPARED_SETTINGS", "Comparison", "Drafter", "Cell", "Overall", "Pair", "family_tag",
            "build_comparison", "to_dict", "to_json", "to_csv", "to_markdown", "to_pivot_markdown",
            "verdicts_markdown", "summary_markdown", "details_markdown", "SUMMARY_HEADERS",
            "pk_chart", "bars", "verdict_lines", "mismatch_note", "fmt_tau", "fmt_delta", "fmt_pct",

@@ -33,7 +33,7 @@ from textual.widgets import DataTable, Static
 
 from console.widgets.acceptance_bars import AcceptanceBars
 from console.widgets.vim import table_keys
-from core.compare import Comparison, fmt_ci, fmt_delta, fmt_pct, fmt_tau, mismatch_note
+from core.compare import Comparison, family_tag, fmt_ci, fmt_delta, fmt_pct, fmt_tau, mismatch_note
 from core.stats import BETTER, NONE, WORSE
 from core.text import sanitize
 
@@ -277,6 +277,8 @@ class TauPane(Vertical):
         if c is None or row is None:
             return t
         o = c.overall_of(row.drafter)
+        if family_tag(c.drafter(row.drafter)):
+            t.append(f"{row.drafter} is a DFlash-2 drafter (convolutions and candidate selector)\n", style="cyan")
         note = mismatch_note(c.drafter(row.drafter))
         if note and not (o.verdict_text or "").startswith("⚠"):
             t.append(note + "\n", style="bold yellow")

@@ -199,7 +199,8 @@ def eval_rows(run_id: str, item_id: str, res: dict, label: str, role: str,
                 "max_new_tokens": res.get("max_new_tokens"),
                 "definition": res.get("definition"), "dtype": res.get("dtype"),
                 "accounting": res.get("accounting") or tau.LEGACY, "template": res.get("template"),
-                "method": "chain", "tree_budget": None}
+                "method": "chain", "tree_budget": None,
+                "family": (res.get("drafter") or {}).get("family") or "dflash"}  # shown, not compared
     out = []
     sections = [(label, settings, res)]
     if isinstance(res.get("ddtree"), dict):

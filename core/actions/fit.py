@@ -137,10 +137,16 @@ def trainer_config_problems(plan: Any, item: Any, params: Any, doc: dict[str, An
             return None
         return local_path(plan, host, value, None if key in params.overrides else base)
 
+    init_dir = here("drafter.init", cfg.drafter.init)
+    init = read_local_json(init_dir / "config.json") if init_dir is not None else None
+    if init is not None:  # whatever the target: a DFlash-2 init cannot be trained
+        try:
+            tc.refuse_dflash2_init(where, cfg.drafter.init, init)
+        except tc.ConfigError as e:
+            return [str(e)]
     target = here("target", cfg.target)
     if target is None or not (target / "config.json").is_file():
         return []  # a remote host (or no target here yet): the trainer's preflight checks it there
-    init = read_local_json(here("drafter.init", cfg.drafter.init) / "config.json") if cfg.drafter.init else None
     try:
         # the tokenizer's <|MASK|> is not read here: a placeholder lets the sizes be checked
         cfg = tc.resolve(cfg, where, tc.read_target_config(target),

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from core.ml.drafter_config import (  # noqa: F401 (re-export)
+    FAMILY_DFLASH2,
     LAYER_SLIDING,
     AttentionRule,
     DFlashConfig,
@@ -250,8 +251,98 @@ class DraftAttention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, q, self.nh * d))
 
 
+class GroupedDynamicCausalConv(nn.Module):
+    """DFlash-2's grouped dynamic causal convolution along the block (docs/drafter.md §7).
+
+    Wraps one operation (a layer's attention or its MLP): :meth:`prepare` convolves its input,
+    :meth:`finish` convolves its output, each with a kernel that is a learned base plus a
+    per-position part predicted from the operation's *input* (both halves are predicted before
+    the operation runs, so the output's kernel still depends on the input's content). Channels
+    come in groups of ``g`` that share the dynamic part, so the projection stays small
+    (``2 * K * H/g`` outputs). Output row ``t`` mixes rows ``t, t-1, ..., t-K+1`` of the *same
+    block* only (rows before the block start count as zeros): context rows never enter, which is
+    why the convolution needs no cache and why many blocks can run side by side.
+
+    Parameters (published names): ``base_kernel [2, K, H]`` (``[0]`` before, ``[1]`` after the
+    operation) and ``kernel_projection.weight [2*K*G, H]`` (G = H/g groups). The identity:
+    ``base_kernel[:, 0] = 1``, the rest and ``kernel_projection`` zero.
+    """
+
+    def __init__(self, hidden_size: int, kernel_size: int, group_size: int) -> None:
+        super().__init__()
+        self.kernel_size, self.group_size, self.groups = kernel_size, group_size, hidden_size // group_size
+        self.base_kernel = nn.Parameter(torch.empty(2, kernel_size, hidden_size))
+        self.kernel_projection = nn.Linear(hidden_size, 2 * kernel_size * self.groups, bias=False)
+
+    def prepare(self, x: Tensor, block: int) -> tuple[Tensor, Tensor]:
+        """Convolve the operation's input ``x [b, n, H]`` (rows in blocks of ``block``).
+
+        Returns:
+            the convolved input [b, n, H] and the output's dynamic kernel [b, n, K, G].
+        """
+        dyn = self.kernel_projection(x).view(*x.shape[:-1], 2, self.kernel_size, self.groups)
+        return self._convolve(x, dyn[..., 0, :, :], 0, block), dyn[..., 1, :, :]
+
+    def finish(self, y: Tensor, dyn: Tensor, block: int) -> Tensor:
+        """Convolve the operation's output ``y [b, n, H]`` with the kernel :meth:`prepare` predicted."""
+        return self._convolve(y, dyn, 1, block)
+
+    def _convolve(self, x: Tensor, dyn: Tensor, half: int, block: int) -> Tensor:
+        # x [b, n, H] -> [b, n/block, block, G, g]; dyn [b, n, K, G] -> [b, n/block, block, K, G, 1]
+        b, n, H = x.shape
+        xs = x.view(b, n // block, block, self.groups, self.group_size)
+        dyn = dyn.reshape(b, n // block, block, self.kernel_size, self.groups, 1)
+        base = self.base_kernel[half].to(x.dtype).view(self.kernel_size, self.groups, self.group_size)
+        out = torch.zeros_like(xs)
+        for lag in range(min(self.kernel_size, block)):
+            past = xs if lag == 0 else F.pad(xs[:, :, :-lag], (0, 0, 0, 0, lag, 0))  # row t sees row t-lag
+            out = out + base[lag] * past
+            out = out + dyn[:, :, :, lag] * past
+        return out.view(b, n, H)
+
+
+class CandidateSelector(nn.Module):
+    """DFlash-2's choice of the draft path among the top-k draft logits (docs/drafter.md §7).
+
+    The drafter predicts all block slots at once, so slot j's argmax ignores which token slot
+    j-1 drafted. The selector restores that dependency cheaply: for slot j it scores each of the
+    k best tokens ``c`` as ``logit(c) + <pred[p] * proj(h_j), succ[c]>`` where ``p`` is the token
+    chosen for slot j-1 (the anchor for slot 0), ``pred``/``succ`` are rank-r codebooks over the
+    vocabulary and ``proj`` maps the slot's draft hidden state to rank r; greedy decoding takes
+    the best score slot by slot. Zero codebooks leave the logits: the path is their argmax.
+
+    Parameters (published names, the codebooks without ``.weight``):
+    ``predecessor_codebook [V, r]``, ``successor_codebook [V, r]``, ``hidden_projection.weight [r, H]``.
+    """
+
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        self.top_k = int(cfg.selector_top_k)
+        self.predecessor_codebook = nn.Parameter(torch.empty(cfg.vocab_size, cfg.selector_rank))
+        self.successor_codebook = nn.Parameter(torch.empty(cfg.vocab_size, cfg.selector_rank))
+        self.hidden_projection = nn.Linear(cfg.hidden_size, cfg.selector_rank, bias=False)
+
+    def select(self, hidden: Tensor, logits: Tensor, anchor_ids: Tensor) -> Tensor:
+        """The greedy path: hidden [b, n, H], logits [b, n, V], anchor_ids [b] -> tokens [b, n]."""
+        unary, candidates = torch.topk(logits, self.top_k, dim=-1)  # [b, n, k]
+        proj = self.hidden_projection(hidden.to(self.hidden_projection.weight.dtype))  # [b, n, r]
+        prev, path = anchor_ids.to(candidates.device), []
+        for j in range(hidden.shape[1]):
+            query = self.predecessor_codebook[prev] * proj[:, j]  # [b, r]
+            pair = torch.einsum("br,bkr->bk", query, self.successor_codebook[candidates[:, j]])
+            best = torch.argmax(unary[:, j] + pair.to(unary.dtype), dim=-1)  # [b]
+            prev = candidates[:, j].gather(-1, best[:, None])[:, 0]
+            path.append(prev)
+        return torch.stack(path, dim=1)
+
+
 class DraftLayer(nn.Module):
-    """Qwen3 pre-norm block; the context rows bypass ``input_layernorm``."""
+    """Qwen3 pre-norm block; the context rows bypass ``input_layernorm``.
+
+    In a DFlash-2 drafter the attention and the MLP are each wrapped by a
+    :class:`GroupedDynamicCausalConv` (``attention_conv``, ``mlp_conv``) over the block rows,
+    inside the residual branch; ``block`` is the length of the blocks the rows come in.
+    """
 
     def __init__(self, cfg: DFlashConfig, layer_idx: int) -> None:
         super().__init__()
@@ -259,15 +350,32 @@ class DraftLayer(nn.Module):
         self.self_attn = DraftAttention(cfg, layer_idx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = DraftMLP(cfg)
+        self.attention_conv = self.mlp_conv = None
+        if cfg.family == FAMILY_DFLASH2:
+            self.attention_conv = GroupedDynamicCausalConv(cfg.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)
+            self.mlp_conv = GroupedDynamicCausalConv(cfg.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)
 
-    def forward(self, h: Tensor, cos: Tensor, sin: Tensor, ctx_k: Tensor, ctx_v: Tensor, mask: Tensor | None) -> Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx_k, ctx_v, mask)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    @staticmethod
+    def _wrapped(conv: GroupedDynamicCausalConv | None, op, x: Tensor, block: int) -> Tensor:
+        if conv is None:
+            return op(x)
+        x, dyn = conv.prepare(x, block)
+        return conv.finish(op(x), dyn, block)
+
+    def forward(self, h: Tensor, cos: Tensor, sin: Tensor, ctx_k: Tensor, ctx_v: Tensor, mask: Tensor | None,
+                block: int | None = None) -> Tensor:
+        block = block or h.shape[1]
+        h = h + self._wrapped(self.attention_conv, lambda x: self.self_attn(x, cos, sin, ctx_k, ctx_v, mask),
+                              self.input_layernorm(h), block)
+        return h + self._wrapped(self.mlp_conv, self.mlp, self.post_attention_layernorm(h), block)
 
     def forward_blocks(self, h: Tensor, cos: Tensor, sin: Tensor, ctx_k: Tensor, ctx_v: Tensor, ctx_bias: Tensor,
                        block_size: int) -> Tensor:
-        h = h + self.self_attn.forward_blocks(self.input_layernorm(h), cos, sin, ctx_k, ctx_v, ctx_bias, block_size)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        h = h + self._wrapped(
+            self.attention_conv,
+            lambda x: self.self_attn.forward_blocks(x, cos, sin, ctx_k, ctx_v, ctx_bias, block_size),
+            self.input_layernorm(h), block_size)
+        return h + self._wrapped(self.mlp_conv, self.mlp, self.post_attention_layernorm(h), block_size)
 
 
 # ----------------------------------------------------------------------------- forward knobs
@@ -297,6 +405,33 @@ def draft_logits(config: DFlashConfig, head: nn.Module, hidden: Tensor) -> Tenso
     if cap is not None and float(cap) > 0:
         logits = torch.tanh(logits / float(cap)) * float(cap)
     return logits
+
+
+def draft_path(drafter: DFlashDrafter, hidden: Tensor, logits: Tensor, anchor_ids: Tensor) -> Tensor:
+    """The greedy draft tokens of block slots 1.. (docs/drafter.md §7): [b, n] int64.
+
+    A DFlash drafter drafts each slot's argmax; a DFlash-2 drafter the path its
+    :class:`CandidateSelector` picks among the top-k logits, slot after slot from the anchor.
+    Every path that turns draft logits into draft tokens (online chain, offline) goes through
+    here, so the two families cannot be told apart by one path and mixed up by another.
+
+    Args:
+        drafter: the drafter.
+        hidden: [b, n, H] draft hidden states of the slots (the anchor's row excluded).
+        logits: [b, n, V] their :func:`draft_logits`.
+        anchor_ids: [b] the blocks' anchor tokens (slot 0).
+    """
+    if drafter.candidate_selector is None:
+        return logits.argmax(-1)
+    return drafter.candidate_selector.select(hidden, logits, anchor_ids)
+
+
+def refuse_tree(drafter: DFlashDrafter | None) -> None:
+    """Refuse DDTree on a DFlash-2 drafter, saying why (docs/evaluation.md §3)."""
+    if drafter is not None and drafter.family == FAMILY_DFLASH2:
+        raise ValueError("DDTree is not defined for a DFlash-2 drafter (DFlash2DraftModel): its draft is the "
+                         "candidate selector's path, which the reference builds no tree from; evaluate it with "
+                         "the chain (drop --tree-budget / tree_budget)")
 
 
 # ----------------------------------------------------------------------------- inference cache
@@ -346,6 +481,12 @@ class DFlashDrafter(nn.Module):
         self.layers = nn.ModuleList(DraftLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(H, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
+        self.candidate_selector = CandidateSelector(config) if config.family == FAMILY_DFLASH2 else None
+
+    @property
+    def family(self) -> str:
+        """``dflash`` or ``dflash2`` (:attr:`DFlashConfig.family`)."""
+        return self.config.family
 
     @property
     def block_size(self) -> int:
@@ -384,7 +525,8 @@ class DFlashDrafter(nn.Module):
         return [layer.self_attn.project_kv(ctx, cos, sin) for layer in self.layers]
 
     def forward_block(
-        self, noise_emb: Tensor, block_positions: Tensor, ctx_kv: list[tuple[Tensor, Tensor]], masks: Masks = None
+        self, noise_emb: Tensor, block_positions: Tensor, ctx_kv: list[tuple[Tensor, Tensor]], masks: Masks = None,
+        block: int | None = None,
     ) -> Tensor:
         """Run the draft stack on block rows against given context K/V.
 
@@ -394,6 +536,8 @@ class DFlashDrafter(nn.Module):
             ctx_kv: per-layer context K/V from :meth:`context_kv` (or a :class:`DraftCache`).
             masks: None (attend everywhere), one bool mask [b, 1, q, c+q] for all layers, or a
                 mapping ``AttentionRule -> mask`` (None: nothing hidden for that rule).
+            block: length of the blocks the q rows come in (default q: one block); a DFlash-2
+                drafter's convolutions run within each block.
 
         Returns:
             [b, q, H] = ``norm(h)``; logits = ``target_lm_head(...)``.
@@ -402,7 +546,7 @@ class DFlashDrafter(nn.Module):
         h = noise_emb.to(self.fc.weight.dtype)
         for layer, (ck, cv) in zip(self.layers, ctx_kv):
             mask = masks[layer.self_attn.rule] if isinstance(masks, Mapping) else masks
-            h = layer(h, cos, sin, ck, cv, mask)
+            h = layer(h, cos, sin, ck, cv, mask, block)
         return self.norm(h)
 
     def forward_blocks(self, noise_emb: Tensor, block_positions: Tensor, ctx_kv: list[tuple[Tensor, Tensor]],
@@ -534,7 +678,7 @@ def multi_anchor_forward(
     if impl != "dense":
         raise ValueError(f"impl must be 'dense' or 'blockwise', got {impl!r}")
     masks = drafter.layer_masks(anchor_pos, ctx_positions, doc_ids, anchor_doc, B)
-    return drafter.forward_block(block_emb, bpos, ctx_kv, masks)
+    return drafter.forward_block(block_emb, bpos, ctx_kv, masks, B)
 
 
 # ----------------------------------------------------------------------------- load / save
@@ -567,6 +711,9 @@ def _read_safetensors(path: Path) -> dict[str, Tensor]:
 
 
 _FOREIGN_PREFIXES = ("embed_tokens.", "lm_head.", "verifier_", "d2t", "t2d", "t2d.")
+_CODEBOOK_ALIASES = {f"candidate_selector.{n}_codebook.weight": f"candidate_selector.{n}_codebook"
+                     for n in ("predecessor", "successor")}
+"""The codebooks as ``nn.Embedding`` would name them; the published files (and specdeck's) have no ``.weight``."""
 
 
 def load_drafter(
@@ -575,9 +722,9 @@ def load_drafter(
     dtype: torch.dtype | None = None,
     strict: bool = True,
 ) -> DFlashDrafter:
-    """Load a drafter directory (``config.json`` + ``model.safetensors``).
+    """Load a drafter directory (``config.json`` + ``model.safetensors``), DFlash or DFlash-2.
 
-    An optional ``model.`` prefix on every key is stripped. In speculators-format directories
+    A DFlash-2 drafter's codebooks load with or without a ``.weight`` suffix. An optional ``model.`` prefix on every key is stripped. In speculators-format directories
     the tensors that are not part of the drafter body (``embed_tokens``, ``lm_head``,
     ``verifier_*``, ``d2t``/``t2d``) are ignored. Any other unexpected or missing key fails.
 
@@ -600,6 +747,7 @@ def load_drafter(
         state = {k[len("model."):]: v for k, v in state.items()}
     if config.source_format == "speculators":
         state = {k: v for k, v in state.items() if not k.startswith(_FOREIGN_PREFIXES)}
+    state = {_CODEBOOK_ALIASES.get(k, k): v for k, v in state.items()}
     want = expected_tensors(config)
     missing, unexpected = sorted(set(want) - set(state)), sorted(set(state) - set(want))
     bad_shape = [f"{k}: {tuple(state[k].shape)} != {want[k]}" for k in want if k in state and tuple(state[k].shape) != want[k]]

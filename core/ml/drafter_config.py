@@ -70,6 +70,13 @@ INERT_DFLASH_KEYS = frozenset({"block_size", "is_causal", "causal"})
 """``dflash_config`` keys read elsewhere (block size, causality) besides mask/taps/knobs."""
 
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+"""The sizes of a DFlash-2 drafter (z-lab ``DFlash2DraftModel``), read from ``dflash_config`` first,
+then the top level, as the reference reads them: the kernel length and channel group of the
+grouped dynamic causal convolutions around each layer's attention and MLP, the rank of the
+candidate selector's codebooks and how many top draft logits it chooses among (docs/drafter.md §7).
+A config with all four (or that names ``DFlash2DraftModel``) is a DFlash-2 drafter; some but not
+all of them is refused."""
+FAMILY_DFLASH, FAMILY_DFLASH2 = "dflash", "dflash2"
 
 
 @dataclass(frozen=True)
@@ -155,6 +162,8 @@ class DFlashConfig:
         extra: other top-level keys of a z-lab config, written back unchanged on save.
         input_embedding_scale / output_multiplier / final_logit_softcapping: the forward
             knobs of :data:`KNOBS` (defaults: no effect).
+        conv_kernel_size / conv_group_size / selector_rank / selector_top_k: the DFlash-2 sizes
+            of :data:`DFLASH2_KEYS` (None in a DFlash-1 drafter).
     """
 
     hidden_size: int
@@ -183,6 +192,10 @@ class DFlashConfig:
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
+    conv_kernel_size: int | None = None
+    conv_group_size: int | None = None
+    selector_rank: int | None = None
+    selector_top_k: int | None = None
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
@@ -203,6 +216,11 @@ class DFlashConfig:
     def feature_dim(self) -> int:
         """Width of the concatenated target features (K * H)."""
         return self.num_taps * self.hidden_size
+
+    @property
+    def family(self) -> str:
+        """``dflash2`` for a DFlash-2 drafter (convolutions and candidate selector), else ``dflash``."""
+        return FAMILY_DFLASH2 if self.conv_kernel_size is not None else FAMILY_DFLASH
 
     def causality(self) -> tuple[list[bool], str]:
         """Per-layer causality and the config key that decided it (see :func:`resolve_causality`)."""
@@ -260,8 +278,27 @@ class DFlashConfig:
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                       or not math.isfinite(value)):
                 raise ValueError(f"{name} must be a finite number, got {value!r}")
+        self._validate_dflash2()
         if self.num_target_layers is not None and max(self.target_layer_ids) >= self.num_target_layers:
             raise ValueError(f"target_layer_ids {self.target_layer_ids} exceed num_target_layers {self.num_target_layers}")
+
+    def _validate_dflash2(self) -> None:
+        given = [k for k in DFLASH2_KEYS if getattr(self, k) is not None]
+        arch = self.extra.get("architectures") or []
+        if not given and DFLASH2_ARCH not in arch:
+            return
+        if len(given) < len(DFLASH2_KEYS):
+            missing = [k for k in DFLASH2_KEYS if k not in given]
+            raise ValueError(f"a DFlash-2 drafter ({DFLASH2_ARCH}) needs all of {list(DFLASH2_KEYS)} in "
+                             f"dflash_config; missing {missing}")
+        for name in DFLASH2_KEYS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.hidden_size % self.conv_group_size:
+            raise ValueError(f"conv_group_size {self.conv_group_size} must divide hidden_size {self.hidden_size}")
+        if self.selector_top_k > self.vocab_size:
+            raise ValueError(f"selector_top_k {self.selector_top_k} exceeds vocab_size {self.vocab_size}")
 
     # ------------------------------------------------------------------ reading
 
@@ -300,12 +337,14 @@ class DFlashConfig:
                 raise ValueError("config has neither dflash_config.target_layer_ids nor num_target_layers")
             ids = build_target_layer_ids(int(cfg["num_target_layers"]), int(n_layers))
         _refuse_unknown(cfg, dflash)
-        known = ({f.name for f in dataclasses.fields(cls)} - {"extra", "dflash_extra", *KNOBS}) | {"dflash_config"}
+        known = ({f.name for f in dataclasses.fields(cls)} - {"extra", "dflash_extra", *KNOBS, *DFLASH2_KEYS}) | {"dflash_config"}
         extra = {k: v for k, v in cfg.items() if k not in known}
         dflash_extra = {k: v for k, v in dflash.items() if k not in ("mask_token_id", "target_layer_ids")}
         knobs = {k: dflash.get(k, cfg.get(k, default)) for k, default in KNOBS.items()}
+        sizes = {k: dflash.get(k, cfg.get(k)) for k in DFLASH2_KEYS}
         return cls(
             **knobs,
+            **sizes,
             **_layer_fields(cfg),
             block_size=int(block_size),
             mask_token_id=int(mask),
@@ -356,9 +395,14 @@ class DFlashConfig:
                 out[name] = value
             elif value != default or name in dflash:
                 dflash[name] = value
+        for name in DFLASH2_KEYS:
+            value = getattr(self, name)
+            if value is not None:
+                (out if name in self.extra else dflash)[name] = value
+        arch = DFLASH2_ARCH if self.family == FAMILY_DFLASH2 else ZLAB_ARCH
         out.update(
             {
-                "architectures": list(self.extra.get("architectures") or [ZLAB_ARCH]),
+                "architectures": list(self.extra.get("architectures") or [arch]),
                 "model_type": "qwen3",
                 "block_size": self.block_size,
                 "dflash_config": dflash,
@@ -397,16 +441,11 @@ class DFlashConfig:
 
 def _refuse_unknown(cfg: dict[str, Any], dflash: dict[str, Any]) -> None:
     """Refuse, by name, config keys that would change the forward and that specdeck does not
-    implement (a DFlash-2 drafter's, or any key it does not know to be inert)."""
-    arch = cfg.get("architectures") or []
-    dflash2 = [k for k in DFLASH2_KEYS if k in dflash or k in cfg]
-    if DFLASH2_ARCH in arch or dflash2:
-        raise ValueError(f"this is a DFlash-2 drafter ({DFLASH2_ARCH}: grouped dynamic causal convolutions and a "
-                         f"candidate selector; keys {dflash2 or list(DFLASH2_KEYS)}), which specdeck does not run yet; "
-                         "evaluate it with z-lab's dflash package")
+    implement (any key it does not know to be inert)."""
     fields = {f.name for f in dataclasses.fields(DFlashConfig)} | {"dflash_config", "rope_scaling", "rope_theta"}
     top = sorted(k for k in cfg if k not in fields and k not in INERT_KEYS)
-    inner = sorted(k for k in dflash if k not in ("mask_token_id", "target_layer_ids", *KNOBS, *INERT_DFLASH_KEYS))
+    inner = sorted(k for k in dflash if k not in ("mask_token_id", "target_layer_ids", *KNOBS, *DFLASH2_KEYS,
+                                                   *INERT_DFLASH_KEYS))
     if top or inner:
         names = top + [f"dflash_config.{k}" for k in inner]
         raise ValueError(f"config keys {names} are not known to specdeck: they may change the drafter's forward, "

@@ -298,7 +298,7 @@ def memory_preflight(args: argparse.Namespace, dtype: Any, device: Any) -> dict[
 
 
 def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
-    from core.ml.drafter import load_drafter
+    from core.ml.drafter import load_drafter, refuse_tree
     from core.ml.extract import target_fingerprint
     from core.ml.prompts import describe
     from core.ml.target import load_target, load_tokenizer, resolve_device, resolve_dtype
@@ -316,7 +316,12 @@ def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
     except (OSError, ValueError) as exc:
         raise UsageError(f"--drafter {args.drafter}: {exc}") from exc
     cfg = drafter.config
-    say(f"drafter attention: {cfg.attention_text()}")
+    if args.tree_budget is not None:
+        try:
+            refuse_tree(drafter)
+        except ValueError as exc:
+            raise UsageError(f"--tree-budget {args.tree_budget}: {exc}") from None
+    say(f"drafter ({cfg.family}) attention: {cfg.attention_text()}")
     block_size = args.block_size or cfg.block_size
     if block_size < 1:
         raise UsageError(f"--block-size {block_size}: must be >= 1")
@@ -363,7 +368,7 @@ def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
         "drafter": {"path": str(Path(args.drafter).resolve()), "fingerprint": _file_sha256(Path(args.drafter) / "model.safetensors")
                     if (Path(args.drafter) / "model.safetensors").is_file() else None,
                     "block_size": cfg.block_size, "target_layer_ids": cfg.target_layer_ids,
-                    "mask_token_id": cfg.mask_token_id, "config_format": cfg.source_format,
+                    "mask_token_id": cfg.mask_token_id, "config_format": cfg.source_format, "family": cfg.family,
                     "attention": cfg.attention_summary()},
         "prompts": describe(args.prompts, prompts),
         "device": str(device),

@@ -1,6 +1,7 @@
 """Online speculative decoding with a DFlash drafter: chain (docs/evaluation.md §2) and DDTree (docs/evaluation.md §3).
 
-Greedy (temperature 0) only: drafts are argmax, the target's argmax decides acceptance, so the
+Greedy (temperature 0) only: drafts are argmax (a DFlash-2 drafter's: its candidate selector's
+path, :func:`core.ml.drafter.draft_path`), the target's argmax decides acceptance, so the
 committed tokens are exactly the target's greedy decoding (lossless; tests check it token for
 token against :func:`greedy_generate`).
 
@@ -23,7 +24,7 @@ from torch import Tensor, nn
 
 from core.ml import tau as taulib
 from core.ml.ddtree import build_tree, topk_per_depth
-from core.ml.drafter import DFlashDrafter, DraftCache, block_embeddings, draft_logits
+from core.ml.drafter import DFlashDrafter, DraftCache, block_embeddings, draft_logits, draft_path, refuse_tree
 from core.ml.target import TargetRunner, cache_kwarg, new_cache
 
 
@@ -69,6 +70,16 @@ class Proposer(Protocol):
         ...
 
 
+def draft_tokens(proposer: Proposer, block: Sequence[int], start: int, new_feats: Tensor | None) -> list[int]:
+    """The B-1 greedy draft tokens of a block: the proposer's own ``draft`` when it has one (a
+    DFlash-2 drafter's selector path is not the argmax of its logits), else the argmax of
+    :meth:`Proposer.propose`."""
+    draft = getattr(proposer, "draft", None)
+    if draft is not None:
+        return draft(block, start, new_feats)
+    return proposer.propose(block, start, new_feats).argmax(-1).tolist()
+
+
 class DFlashProposer:
     """Drafts with a :class:`DFlashDrafter`, the target's embeddings and LM head (docs/evaluation.md §2).
 
@@ -87,6 +98,17 @@ class DFlashProposer:
 
     @torch.no_grad()
     def propose(self, block: Sequence[int], start: int, new_feats: Tensor | None) -> Tensor:
+        return self._forward(block, start, new_feats)[1]
+
+    @torch.no_grad()
+    def draft(self, block: Sequence[int], start: int, new_feats: Tensor | None) -> list[int]:
+        """The greedy draft tokens [B-1] (:func:`core.ml.drafter.draft_path`: argmax, or the selector's path)."""
+        hidden, logits = self._forward(block, start, new_feats)
+        anchor = torch.tensor([int(block[0])], device=logits.device)
+        return draft_path(self.drafter, hidden[None], logits[None], anchor)[0].tolist()
+
+    def _forward(self, block: Sequence[int], start: int, new_feats: Tensor | None) -> tuple[Tensor, Tensor]:
+        """Draft hidden states [B-1, H] and float32 logits [B-1, V] of the block's slots 1..."""
         c0 = len(self.cache)
         assert new_feats is not None and new_feats.shape[1] == start - c0, "context rows out of step"
         device = self.drafter.fc.weight.device
@@ -95,7 +117,7 @@ class DFlashProposer:
         cfg = self.drafter.config
         hidden = self.drafter(block_embeddings(cfg, self.embed, ids).to(device), new_feats.to(device), positions,
                               cache=self.cache)
-        return draft_logits(cfg, self.head, hidden[0, 1:]).float()  # [B-1, V]
+        return hidden[0, 1:], draft_logits(cfg, self.head, hidden[0, 1:]).float()  # [B-1, H], [B-1, V]
 
 
 def _sync(device: torch.device) -> float:
@@ -173,8 +195,7 @@ def chain_generate(proposer: Proposer | None, runner: TargetRunner, prompt: Sequ
         x = out[start - P]
         ta = _sync(dev)
         if width > 1:
-            draft_logits = proposer.propose([x] + [mask_token_id] * (width - 1), start, feats)
-            draft = draft_logits.argmax(-1).tolist()
+            draft = draft_tokens(proposer, [x] + [mask_token_id] * (width - 1), start, feats)
         else:
             draft = []
         tb = _sync(dev)
@@ -201,7 +222,12 @@ def ddtree_generate(proposer: Proposer, runner: TargetRunner, prompt: Sequence[i
     """DDTree speculative decoding (greedy), docs/evaluation.md §3: one tree of ``budget`` nodes per round.
 
     ``tau_round`` = accepted nodes including the root (= accepted drafts + 1), as for chain.
+
+    Raises:
+        ValueError: a DFlash-2 drafter (its draft is the selector's path, the reference builds
+            no tree from it, and a tree of per-slot top-k logits would ignore the selector).
     """
+    refuse_tree(getattr(proposer, "drafter", None))
     proposer.reset()
     dev = runner.device
     t0 = _sync(dev)

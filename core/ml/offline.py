@@ -36,7 +36,15 @@ from torch import Tensor, nn
 
 from core.ml import tau as taulib
 from core.ml.ddtree import build_tree, topk_per_depth
-from core.ml.drafter import DFlashDrafter, block_embeddings, block_token_ids, draft_logits, multi_anchor_forward
+from core.ml.drafter import (
+    DFlashDrafter,
+    block_embeddings,
+    block_token_ids,
+    draft_logits,
+    draft_path,
+    multi_anchor_forward,
+    refuse_tree,
+)
 from core.ml.featstore import CachedSequence
 
 
@@ -99,7 +107,7 @@ def draft_blocks(
     max_rows: int = 512,
     topk: int = 0,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """Argmax draft tokens for many anchors, batched.
+    """Greedy draft tokens (:func:`core.ml.drafter.draft_path`) for many anchors, batched.
 
     Args:
         drafter / embed / head: the drafter and the target's embedding and LM head.
@@ -131,7 +139,7 @@ def draft_blocks(
                                  anchor_positions=a, impl="blockwise", block_size=B)
         h = h.view(len(chunk), B, -1)[:, 1:]  # [A, B-1, H]; slot 0 (the anchor) is not a draft
         logits = draft_logits(drafter.config, head, h).float()  # [A, B-1, V]
-        drafts.append(logits.argmax(-1).cpu())
+        drafts.append(draft_path(drafter, h, logits, blocks[0, ::B].to(logits.device)).cpu())
         if topk:
             v, j = torch.topk(torch.log_softmax(logits, -1), min(topk, logits.shape[-1]), dim=-1)
             vals.append(v.cpu())
@@ -146,7 +154,7 @@ def draft_blocks(
 def draft_blocks_loop(drafter: DFlashDrafter, embed: nn.Module, head: nn.Module, seq: CachedSequence,
                       anchors: Sequence[int], block_size: int) -> Tensor:
     """Reference: one inference-path forward per anchor (context ``F[:a]``, no mask)."""
-    out = [block_logits(drafter, embed, head, seq, a, block_size).argmax(-1).cpu() for a in anchors]
+    out = [block_drafts(drafter, embed, head, seq, a, block_size)[1].cpu() for a in anchors]
     return torch.stack(out) if out else torch.empty(0, block_size - 1, dtype=torch.long)
 
 
@@ -155,12 +163,27 @@ def block_logits(drafter: DFlashDrafter, embed: nn.Module, head: nn.Module, seq:
                  width: int) -> Tensor:
     """Draft logits ``[width-1, V]`` (float32) of one block of ``width`` tokens at anchor ``a``,
     through the inference path (context ``F[:a]``), as online drafts it."""
+    return _block_forward(drafter, embed, head, seq, a, width)[1]
+
+
+def _block_forward(drafter: DFlashDrafter, embed: nn.Module, head: nn.Module, seq: CachedSequence, a: int,
+                   width: int) -> tuple[Tensor, Tensor]:
+    """Draft hidden states ``[width-1, H]`` and float32 logits ``[width-1, V]`` of one block."""
     device = drafter.fc.weight.device
     block = torch.full((1, width), drafter.mask_token_id, dtype=torch.long, device=embed.weight.device)
     block[0, 0] = seq.input_ids[a]
     positions = torch.arange(a + width, device=device)[None]
     h = drafter(block_embeddings(drafter.config, embed, block).to(device), seq.features[:a].to(device)[None], positions)
-    return draft_logits(drafter.config, head, h[0, 1:]).float()
+    return h[0, 1:], draft_logits(drafter.config, head, h[0, 1:]).float()
+
+
+def block_drafts(drafter: DFlashDrafter, embed: nn.Module, head: nn.Module, seq: CachedSequence, a: int,
+                 width: int) -> tuple[Tensor, Tensor]:
+    """Draft logits ``[width-1, V]`` and greedy draft tokens ``[width-1]`` of one block at anchor
+    ``a`` (:func:`core.ml.drafter.draft_path`: a DFlash-2 drafter's are its selector's path)."""
+    h, logits = _block_forward(drafter, embed, head, seq, a, width)
+    anchor = seq.input_ids[a : a + 1].to(logits.device)
+    return logits, draft_path(drafter, h[None], logits[None], anchor)[0]
 
 
 def streaks_from_drafts(seq: CachedSequence, anchors: Sequence[int], drafts: Tensor) -> tuple[list[int], list[bool]]:
@@ -183,7 +206,13 @@ def sequence_streaks(
     tree_budget: int | None = None,
     max_rows: int = 512,
 ) -> SequenceStreaks:
-    """All per-anchor streaks of one cached sequence (anchors = every response position)."""
+    """All per-anchor streaks of one cached sequence (anchors = every response position).
+
+    A DFlash-2 drafter's chain streaks are those of its selector's greedy path per anchor (what
+    online drafts at that anchor); DDTree (``tree_budget``) is refused for it, as online.
+    """
+    if tree_budget is not None:
+        refuse_tree(drafter)
     S = seq.input_ids.shape[0]
     anchors = list(range(seq.prompt_len, S))
     k = tree_budget if tree_budget else 0
@@ -206,9 +235,9 @@ def sequence_streaks(
 
     def short(a: int, width: int) -> tuple[int, int | None]:
         result.drafter_forwards += 1
-        logits = block_logits(drafter, embed, head, seq, a, width)
+        logits, drafts = block_drafts(drafter, embed, head, seq, a, width)
         labels = labels_all[a : a + width - 1]
-        chain = taulib.streak(logits.argmax(-1).tolist(), labels)
+        chain = taulib.streak(drafts.tolist(), labels)
         if tree_budget is None:
             return chain, None
         topk = topk_per_depth(logits, tree_budget) if tree_budget > 0 else []

@@ -149,6 +149,40 @@ def build_tiny_drafter(config: DFlashConfig, seed: int = 0, std: float = 0.2) ->
     return model.float().eval()
 
 
+def dflash2_from(drafter: DFlashDrafter, kernel_size: int = 3, group_size: int = 16, rank: int = 8, top_k: int = 4,
+                 seed: int = 0, std: float = 0.2, codebook_std: float = 0.6, identity: bool = False) -> DFlashDrafter:
+    """A DFlash-2 drafter (docs/drafter.md §7) with ``drafter``'s weights and new convolutions
+    and candidate selector: random (std ``std``, the codebooks ``codebook_std``, large enough for
+    the selector to overrule a fitted drafter's argmax now and then), or, with ``identity``, convolutions that pass
+    their input through (base kernel 1 at lag 0, no dynamic part) and zero codebooks, so it
+    drafts exactly as ``drafter`` does."""
+    import dataclasses
+
+    config = dataclasses.replace(drafter.config, conv_kernel_size=kernel_size, conv_group_size=group_size,
+                                 selector_rank=rank, selector_top_k=top_k,
+                                 extra={k: v for k, v in drafter.config.extra.items() if k != "architectures"})
+    model = DFlashDrafter(config)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        fresh = {n: p for n, p in model.named_parameters()}
+        old = dict(drafter.named_parameters())
+        for name, p in fresh.items():
+            if name in old:
+                p.copy_(old[name])
+            elif identity and name.endswith("base_kernel"):
+                p.zero_()[:, 0] = 1.0
+            elif identity:
+                p.zero_()
+            elif name.endswith("base_kernel"):  # near the identity, so the fitted drafter still drafts well
+                p.copy_(std * torch.randn(p.shape, generator=gen))
+                p[:, 0] += 1.0
+            elif name.endswith("_codebook"):
+                p.copy_(codebook_std * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(std * torch.randn(p.shape, generator=gen))
+    return model.float().eval()
+
+
 def fit_tiny_drafter(drafter: DFlashDrafter, target: Any, steps: int = 200, num_seqs: int = 8, gen_tokens: int = 64,
                      anchors: int = 24, lr: float = 3e-3, seed: int = 0,
                      prompts: Sequence[Sequence[int]] = ()) -> DFlashDrafter:

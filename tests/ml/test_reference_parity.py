@@ -100,14 +100,16 @@ def specdeck_eval(target: Path, drafter: Path, prompts: Path, out: Path, *args: 
     return json.loads(out.read_text())
 
 
-def reference_eval(target_dir: Path, drafter_dir: Path, texts, max_new: int, block_size: int | None):
-    """The reference, as its benchmark drives it: its loaders, wrapping, stop ids, generate."""
+def reference_eval(target_dir: Path, drafter_dir: Path, texts, max_new: int, block_size: int | None,
+                   draft_class: str = "DFlashDraftModel"):
+    """The reference, as its benchmark drives it: its loaders (``draft_class`` of ``dflash.model``),
+    wrapping, stop ids, generate."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target = AutoModelForCausalLM.from_pretrained(str(target_dir), attn_implementation="sdpa",
                                                   dtype=torch.float32).eval()
-    draft = dflash_model.DFlashDraftModel.from_pretrained(str(drafter_dir), attn_implementation="sdpa",
-                                                          dtype=torch.float32).eval()
+    draft = getattr(dflash_model, draft_class).from_pretrained(str(drafter_dir), attn_implementation="sdpa",
+                                                               dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(str(target_dir))
     out = []
     for text in texts:
@@ -237,12 +239,3 @@ def test_each_drafter_knob_is_honoured_as_the_reference_does(base, knob, tmp_pat
                                   "--max-new-tokens", "40", "--tree-budget", "6")
         assert [r["rounds"] for r in ours["ddtree"]["per_prompt"]] != \
             [r["rounds"] for r in base_tree["ddtree"]["per_prompt"]], f"DDTree does not see {knob}"
-
-
-def test_a_dflash2_config_is_refused_by_name(base, tmp_path):
-    from core.ml.runio import UsageError
-
-    drafter = variant(base, "dflash2", conv_kernel_size=4, conv_group_size=16, selector_rank=8, selector_top_k=4)
-    with pytest.raises(UsageError, match="DFlash-2"):
-        specdeck_eval(base / "target", drafter, base / "prompts.jsonl", tmp_path / "r.json")
-    assert not (tmp_path / "r.json").exists()

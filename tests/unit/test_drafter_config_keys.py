@@ -72,14 +72,46 @@ def test_inert_keys_pass():
     DFlashConfig.from_dict(raw)
 
 
-@pytest.mark.parametrize("marker", ["architectures", "selector_rank"])
-def test_a_dflash2_drafter_is_named_and_refused(marker):
+DFLASH2 = {"conv_kernel_size": 4, "conv_group_size": 16, "selector_rank": 64, "selector_top_k": 8}
+
+
+@pytest.mark.parametrize("where", ["dflash_config", "top"])
+def test_a_dflash2_config_is_read_where_the_reference_reads_it_and_kept(where):
     raw = campaign()
-    if marker == "architectures":
-        raw["architectures"] = ["DFlash2DraftModel"]
-    else:
-        raw["dflash_config"]["selector_rank"] = 64
-    with pytest.raises(ValueError, match="DFlash-2 drafter"):
+    raw["architectures"] = ["DFlash2DraftModel"]
+    (raw["dflash_config"] if where == "dflash_config" else raw).update(DFLASH2)
+    cfg = DFlashConfig.from_dict(raw)
+    assert cfg.family == "dflash2" and DFlashConfig.from_dict(campaign()).family == "dflash"
+    assert {k: getattr(cfg, k) for k in DFLASH2} == DFLASH2
+    out = cfg.to_dict()
+    assert out["architectures"] == ["DFlash2DraftModel"]
+    home = out["dflash_config"] if where == "dflash_config" else out
+    assert {k: home[k] for k in DFLASH2} == DFLASH2
+    again = DFlashConfig.from_dict(out)
+    assert again.family == "dflash2" and again.to_dict() == out
+
+
+def test_a_dflash2_config_without_architectures_saves_as_dflash2():
+    raw = campaign()
+    raw.pop("architectures", None)
+    raw["dflash_config"].update(DFLASH2)
+    assert DFlashConfig.from_dict(raw).to_dict()["architectures"] == ["DFlash2DraftModel"]
+
+
+@pytest.mark.parametrize("change,expect", [
+    ({"architectures": ["DFlash2DraftModel"]}, "missing ['conv_kernel_size'"),
+    ({"selector_rank": 64}, "DFlash-2 drafter"),
+    ({**DFLASH2, "conv_group_size": 7}, "conv_group_size 7 must divide hidden_size"),
+    ({**DFLASH2, "selector_top_k": 10**7}, "selector_top_k 10000000 exceeds vocab_size"),
+    ({**DFLASH2, "conv_kernel_size": 0}, "conv_kernel_size must be an integer >= 1"),
+    ({**DFLASH2, "selector_rank": 8.5}, "selector_rank must be an integer >= 1"),
+], ids=["arch-only", "partial", "group", "top-k", "kernel", "rank-float"])
+def test_an_inconsistent_dflash2_config_is_refused_naming_the_key(change, expect):
+    raw = campaign()
+    if "architectures" in change:
+        raw["architectures"] = change["architectures"]
+    raw["dflash_config"].update({k: v for k, v in change.items() if k != "architectures"})
+    with pytest.raises(ValueError, match=expect.replace("[", r"\[").replace("(", r"\(")):
         DFlashConfig.from_dict(raw)
 
 

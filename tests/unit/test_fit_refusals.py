@@ -152,3 +152,20 @@ def test_watch_eval_baseline_of_another_block_size_needs_saying_so(ws, extra, ok
     assert (res.returncode == 0) == ok, res.stderr
     if not ok:
         assert res.returncode == 2 and "block size 8 but baseline d16 with 16" in res.stderr
+
+
+@pytest.mark.parametrize("marker", ["architectures", "dflash_config"])
+def test_a_dflash2_drafter_init_is_refused_at_validate(ws, marker):
+    raw = drafter_config(8)
+    if marker == "architectures":
+        raw["architectures"] = ["DFlash2DraftModel"]
+    else:
+        raw["dflash_config"].update(conv_kernel_size=4, conv_group_size=16, selector_rank=8, selector_top_k=4)
+    (ws / "d2").mkdir()
+    (ws / "d2/config.json").write_text(json.dumps(raw))
+    res = run_cli("validate", write_plan(ws, [train_item({"drafter.init": str(ws / "d2")})]))
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "item 'train'" in res.stderr and "Traceback" not in res.stderr
+    assert "'drafter.init'" in res.stderr and "is a DFlash-2 drafter" in res.stderr, res.stderr
+    ok = run_cli("validate", write_plan(ws, [train_item({"drafter.init": str(ws / "d8")})]))
+    assert ok.returncode == 0, ok.stderr

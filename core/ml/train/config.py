@@ -445,6 +445,24 @@ TARGET_SIZES = {"num_target_layers": "num_hidden_layers", "hidden_size": "hidden
 """Drafter-section keys that must equal the target's config.json (key there)."""
 
 
+def refuse_dflash2_init(where: str, init: str | None, init_config: dict[str, Any]) -> None:
+    """A DFlash-2 ``drafter.init`` is refused: specdeck's trainer has no loss or path for its
+    convolutions and candidate selector (it would drop them, or train them as nothing), so it
+    would not continue that drafter (docs/drafter.md §7).
+
+    Raises:
+        ConfigError: naming the key, the directory and what to do instead.
+    """
+    from core.ml.drafter_config import DFLASH2_ARCH, DFLASH2_KEYS
+
+    inner = init_config.get("dflash_config") or {}
+    if DFLASH2_ARCH in (init_config.get("architectures") or []) or \
+            any(k in inner or k in init_config for k in DFLASH2_KEYS):
+        raise ConfigError(f"{where}: 'drafter.init' {init} is a DFlash-2 drafter (DFlash2DraftModel: convolutions "
+                          "and a candidate selector), which specdeck does not train; start from a DFlash "
+                          "(DFlashDraftModel) drafter, or train it with z-lab's tools")
+
+
 def resolve(cfg: TrainConfig, where: str, target_cfg: dict[str, Any] | None, mask_token_id: int | None = None,
             init_config: dict[str, Any] | None = None) -> TrainConfig:
     """Fill the automatic values; returns a new config (the resolved one).
@@ -477,6 +495,7 @@ def resolve(cfg: TrainConfig, where: str, target_cfg: dict[str, Any] | None, mas
     n_target = d.num_target_layers
     final = n_target - 1 if n_target is not None else None
     if init_config is not None:
+        refuse_dflash2_init(where, d.init, init_config)
         init = DFlashConfig.from_dict(init_config)
         taps = list(init.target_layer_ids)
         if cfg.fc_layers == "taps_and_final" and final is not None:  # a v4 drafter taps the final layer itself
