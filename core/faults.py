@@ -6,7 +6,6 @@ its kind, its message and (for OS errors) the path, via :func:`describe_fault`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import signal
 from dataclasses import dataclass
@@ -47,6 +46,8 @@ def watch_signals_in_loop() -> None:
     how = _current
     if how is None:
         return
+    import asyncio
+
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
 

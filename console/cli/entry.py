@@ -5,8 +5,6 @@ and an exit status (:mod:`console.cli.exit_codes`)."""
 from __future__ import annotations
 
 import argparse
-import asyncio
-import sqlite3
 import sys
 
 from console.cli import conventions, exit_codes, plans, results, runs, ui
@@ -14,6 +12,21 @@ from console.cli.conventions import VersionAction, autocomplete, check_state, ho
     polish, quiet_broken_pipe
 from console.cli.output import err
 from core.errors import PlanError, SpecdeckError
+
+
+def _cancelled() -> type[BaseException]:
+    """asyncio's CancelledError, looked up only when an error reaches its clause: a command
+    that never ran a loop does not load asyncio for it."""
+    import asyncio
+
+    return asyncio.CancelledError
+
+
+def _database_error() -> type[BaseException]:
+    """sqlite3's DatabaseError, looked up as :func:`_cancelled` is."""
+    import sqlite3
+
+    return sqlite3.DatabaseError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
             code = args.fn(args)
         sys.stdout.flush()  # a closed pipe shows here, not as a warning at exit
         return code
+    except SystemExit:  # --version, --help, a usage error: argparse's own exit
+        raise
     except BrokenPipeError:
         quiet_broken_pipe()
         return exit_codes.BROKEN_PIPE
@@ -62,12 +77,12 @@ def main(argv: list[str] | None = None) -> int:
         if e.hint:
             err(f"  hint: {e.hint}")
         return exit_codes.for_error(e)
-    except (KeyboardInterrupt, asyncio.CancelledError):
+    except (KeyboardInterrupt, _cancelled()):
         plan = getattr(args, "plan", None) or "<plan.yaml>"
         err(f"specdeck: {how.name}: detached runs keep going on their hosts (`specdeck attach "
             f"{plan}` follows them again); runs inside this specdeck were marked interrupted")
         return exit_codes.for_interruption(how)
-    except sqlite3.DatabaseError as e:
+    except _database_error() as e:
         err(f"specdeck: state database {getattr(args, 'state', None) or '(default)'}: {e}")
         err("  hint: free disk space or fix the file's permissions; pass another --state "
             "to start afresh")

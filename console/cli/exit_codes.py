@@ -18,8 +18,6 @@ signalled one 3, and neither ever exits 0.
 
 from __future__ import annotations
 
-import sqlite3
-
 from core.errors import HostUnreachable, InvalidInput, RemoteCommandFailed
 from core.faults import Interruption
 
@@ -32,6 +30,8 @@ BROKEN_PIPE = 141
 
 def for_error(exc: BaseException) -> int:
     """The exit status for an error that ended a command (never 0)."""
+    import sqlite3
+
     if isinstance(exc, InvalidInput):  # a PlanError too
         return INVALID
     if isinstance(exc, HostUnreachable):

@@ -1,5 +1,7 @@
 """What the CLI prints for a person: one sanitized line on stderr (:func:`err`), and the
-runner's events as they happen (:class:`Printer`)."""
+runner's events as they happen (:class:`Printer`); :func:`load_plan` and :func:`run_with`,
+the two steps every plan command takes, load the plan reader and the runner only when a
+command takes them (``--version`` and ``--help`` load neither)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,6 @@ import time
 
 from console.cli.conventions import runnable
 from console.cli.render import paint
-from core.events import (Event, HostStateChanged, LogLinesReceived, LogStreamChanged, Notice,
-                         Progress, RunEnded, RunStarted, StatusChanged)
 from core.text import collapse_cr, sanitize
 
 GLYPHS = {"pending": "○", "in_progress": "◐", "done": "●", "failed": "✗", "stopped": "□",
@@ -32,7 +32,10 @@ class Printer:
         self.quiet = quiet
         self._last_progress: dict[str, float] = {}
 
-    def __call__(self, ev: Event) -> None:
+    def __call__(self, ev) -> None:
+        from core.events import (HostStateChanged, LogLinesReceived, LogStreamChanged, Notice,
+                                 Progress, RunEnded, RunStarted, StatusChanged)
+
         ts = time.strftime("%H:%M:%S")
         if isinstance(ev, LogLinesReceived):
             if not self.quiet and not ev.from_progress:
@@ -66,6 +69,14 @@ class Printer:
             err(f"[{ts}] {ev.item_id}: log stream {ev.state} ({ev.host}: {ev.reason})")
         elif isinstance(ev, Notice):
             err(f"[{ts}] {paint(ev.message, ev.level, sys.stderr)}")
+
+
+def load_plan(path):
+    """The plan at ``path`` (:func:`core.planfile.load_plan`); the reader, and every action
+    kind it validates against, loads on the first call."""
+    from core.planfile import load_plan as load
+
+    return load(path)
 
 
 def run_with(plan, args, work, *, show_events: bool = True):

@@ -10,18 +10,13 @@ import sys
 import time
 from pathlib import Path
 
-from console.cli.output import GLYPHS, err, run_with
+from console.cli.output import GLYPHS, err, load_plan, run_with
 from console.cli.render import table
-from core import watch_detached
 from core.errors import InvalidInput
-from core.plan import params_summary
-from core.planfile import load_plan
-from core.records import Run
-from core.todos import plan_to_todos
 from core.text import sanitize
 
 
-def _run_json(run: "Run | None") -> dict | None:
+def _run_json(run) -> dict | None:
     if not run:
         return None
     return {k: getattr(run, k) for k in ("id", "host", "state", "pid", "exit_code", "signal",
@@ -43,6 +38,9 @@ def cmd_validate(args) -> int:
 
 
 def cmd_status(args) -> int:
+    from core import watch_detached
+    from core.plan import params_summary
+
     plan = load_plan(args.plan)
 
     async def go(runner):
@@ -130,6 +128,8 @@ def cmd_export(args) -> int:
 
         sys.stdout.write(plan_to_markdown(plan, st))
         return 0
+    from core.todos import plan_to_todos
+
     text = json.dumps(plan_to_todos(plan, st), indent=2, ensure_ascii=False)
     # C1 controls (U+0080-U+009F) stay escaped: still the same JSON, safe on a terminal
     print(re.sub("[\x7f-\x9f]", lambda m: f"\\u{ord(m.group()):04x}", text))

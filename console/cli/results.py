@@ -13,9 +13,8 @@ import csv
 import json
 import sys
 
-from console.cli.output import run_with
+from console.cli.output import load_plan, run_with
 from core.errors import InvalidInput
-from core.planfile import load_plan
 from core.points import value_of
 
 

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
 
 from console.cli import exit_codes
-from console.cli.output import err, run_with
-from core.adopt import AdoptSpec, adopt_item, parse_pid
+from console.cli.output import err, load_plan, run_with
 from core.errors import InvalidInput
-from core.planfile import load_plan
 from core.text import collapse_cr, sanitize
 
 
@@ -85,6 +82,7 @@ async def _catch_up(runner, run, plan_arg: str, item_id: str):
     """A live run's newest lines into the store before ``logs`` prints it (the run's state
     first, as ``status`` refreshes it); the run as it now stands. When the host cannot
     give them, say on stderr how old the stored copy is and that ``-f`` follows."""
+    import asyncio
     import time
 
     from core.errors import HostUnreachable
@@ -116,6 +114,8 @@ def _ago(seconds: float) -> str:
 
 
 def cmd_logs(args) -> int:
+    import asyncio
+
     plan = load_plan(args.plan)
     plan.item(args.item)
 
@@ -199,6 +199,8 @@ def cmd_stop(args) -> int:
 
 
 def cmd_adopt(args) -> int:
+    from core.adopt import AdoptSpec, adopt_item, parse_pid
+
     plan = load_plan(args.plan)
     item = plan.item(args.item)
     log = args.log

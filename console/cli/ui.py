@@ -11,8 +11,7 @@ import sys
 import time
 
 from console.cli import exit_codes
-from console.cli.output import Printer, err
-from core.planfile import load_plan
+from console.cli.output import Printer, err, load_plan
 
 
 def open_console(plan, *, state: str | None = None, autorun: bool = False) -> int:
