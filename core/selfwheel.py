@@ -23,13 +23,19 @@ HOST_REQUIRES = ("pyyaml>=6", "transformers>=5.0", "safetensors>=0.4", "tokenize
 
 
 def _files() -> list[tuple[str, Path]]:
+    """Each package's files in the order of their paths' parts (as sorted ``Path``s order
+    them: the hash depends on it), walked with ``os.walk`` pruning ``__pycache__``
+    (``specdeck --version`` computes this at every call)."""
     root = Path(core.__file__).resolve().parent.parent
     out = []
     for pkg in PACKAGES:
-        base = root / pkg
-        for p in sorted(base.rglob("*")):
-            if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc",):
-                out.append((p.relative_to(root).as_posix(), p))
+        rels = []
+        for d, dirs, files in os.walk(root / pkg):
+            dirs[:] = [x for x in dirs if x != "__pycache__"]
+            at = Path(d).relative_to(root).as_posix()
+            rels += [f"{at}/{f}" for f in files if not f.endswith(".pyc")
+                     and os.path.isfile(os.path.join(d, f))]
+        out += [(rel, root / rel) for rel in sorted(rels, key=lambda r: r.split("/"))]
     return out
 
 

@@ -54,10 +54,12 @@ import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from core import stats
 from core.records import WatchEntry
+
+if TYPE_CHECKING:
+    from core import stats  # core.stats loads when a step is evaluated
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -349,6 +351,7 @@ class Watcher:
                     ) -> tuple[list[tuple[int, str, float]], list[dict]]:
         """The metrics (tau, its interval, pooled, per-position) and the eval rows (drafter
         ``<item>@<step>``, and the baseline) an eval's result.json at ``step`` is stored as."""
+        from core import stats
         from core.actions.eval import eval_rows
 
         metrics = [(step, "tau", float(res["tau"]))]
@@ -377,6 +380,8 @@ class Watcher:
 
     def _paired(self, a: int, b: int) -> stats.Paired | None:
         """Step ``a``'s per-prompt tau against step ``b``'s (None: under 2 shared prompts)."""
+        from core import stats
+
         ta, tb = self._prompt_taus(a), self._prompt_taus(b)
         shared = [p for p in ta if p in tb]
         if len(shared) < 2:
@@ -385,6 +390,7 @@ class Watcher:
                             name=f"{self.run_id}:{a}-{b}")
 
     def alerts_at(self, step: int) -> None:
+        from core import stats
         from core.events import Notice
 
         done = [e for e in self.store.watch_entries(self.run_id)

@@ -120,11 +120,7 @@ def table(headers: list[str], rows: list[list[str]], *, title: str | None = None
     """Print a table, every value whole: on a terminal columns in ``wrap`` (indexes) take
     the slack and wrap long text, others fold rather than cut, and with ``fit`` the
     rightmost columns that do not fit whole are left out (said below it); piped, plain
-    aligned columns (:func:`plain_table`)."""
-    from rich import box
-    from rich.markup import escape
-    from rich.table import Table
-
+    aligned columns (:func:`plain_table`); rich's table loads only for a terminal."""
     stream = stream or sys.stdout
     headers, rows = _cells(headers, [list(r) + [""] * (len(headers) - len(r)) for r in rows])
     if not is_terminal(stream):
@@ -132,6 +128,10 @@ def table(headers: list[str], rows: list[list[str]], *, title: str | None = None
             stream.write(title + "\n")
         plain_table(headers, rows, stream)
         return
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
     con = console(stream)
     keep = fit_columns(headers, rows, con.width, wrap=wrap) if fit else range(len(headers))
     natural = natural_widths(headers, rows)
