@@ -8,11 +8,8 @@ install, or a laptop without build tools. The version carries a hash of the code
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import io
 import os
-import zipfile
 from pathlib import Path
 
 import core
@@ -51,11 +48,17 @@ def version() -> str:
 
 
 def _record_hash(data: bytes) -> str:
+    import base64
+
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
 def build_wheel(out_dir: str | os.PathLike) -> Path:
-    """Write ``specdeck-<version>-py3-none-any.whl`` into ``out_dir`` and return its path."""
+    """Write ``specdeck-<version>-py3-none-any.whl`` into ``out_dir`` and return its path
+    (zipfile loads here: ``--version`` hashes the same files and needs none of it)."""
+    import io
+    import zipfile
+
     ver = version()
     dist = f"specdeck-{ver}.dist-info"
     meta = "\n".join(["Metadata-Version: 2.1", "Name: specdeck", f"Version: {ver}",

@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shlex
-import shutil
 import sys
 from pathlib import Path
 
@@ -93,6 +91,9 @@ def command_name() -> str:
     """How to run this specdeck from a shell, as printed in hints: ``specdeck`` when that
     name on PATH is this very program, else the path of the running executable (the
     README's ``.venv/bin/specdeck``, or ``python -m console.cli`` run by this interpreter)."""
+    import shlex
+    import shutil
+
     exe = _running_executable()
     found = shutil.which("specdeck")
     if found and exe and _same_file(found, exe):

@@ -53,12 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI on ``argv`` (default: the command line); return its exit status."""
     parser = build_parser()
     autocomplete(parser)
-    from core.faults import Interruption, terminate_as_interrupt
-
-    args, how = None, Interruption()
+    args, how = None, None
     try:
         args = parser.parse_args(hoist_globals(parser, sys.argv[1:] if argv is None else argv))
         check_state(args)
+        from core.faults import terminate_as_interrupt
+
         with terminate_as_interrupt() as how:
             code = args.fn(args)
         sys.stdout.flush()  # a closed pipe shows here, not as a warning at exit
@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
             err(f"  hint: {e.hint}")
         return exit_codes.for_error(e)
     except (KeyboardInterrupt, _cancelled()):
+        from core.faults import Interruption
+
+        how = how or Interruption()  # Ctrl-C before the command started
         plan = getattr(args, "plan", None) or "<plan.yaml>"
         err(f"specdeck: {how.name}: detached runs keep going on their hosts (`specdeck attach "
             f"{plan}` follows them again); runs inside this specdeck were marked interrupted")

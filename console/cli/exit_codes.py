@@ -18,8 +18,12 @@ signalled one 3, and neither ever exits 0.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from core.errors import HostUnreachable, InvalidInput, RemoteCommandFailed
-from core.faults import Interruption
+
+if TYPE_CHECKING:
+    from core.faults import Interruption
 
 OK = 0
 FAILED = 1
