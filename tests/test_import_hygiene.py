@@ -65,3 +65,42 @@ def test_static_import_owners():
             assert rel.startswith("core/ml/"), f"{rel} imports torch/transformers"
         if rel.startswith("core/"):
             assert "textual" not in mods and "console" not in mods, rel
+
+
+def modules_after_cli(*argv: str, cwd: Path = ROOT) -> tuple[int, set[str]]:
+    """The CLI's exit status on ``argv`` and every module it had loaded when it ended."""
+    code = ("import sys\nfrom console.cli import main\ntry:\n    rc = main(sys.argv[1:])\n"
+            "except SystemExit as e:\n    rc = e.code or 0\n"
+            "sys.stderr.write('\\n'.join(sorted(sys.modules)) + '\\n')\nsys.exit(rc)\n")
+    done = subprocess.run([sys.executable, "-c", code, *argv], cwd=cwd, capture_output=True,
+                          text=True)
+    return done.returncode, set(done.stderr.split())
+
+
+HEAVY = {"asyncio", "sqlite3", "sqlite_utils", "yaml", "rich", "numpy", "asyncssh",
+         "argcomplete", "zipfile", "core.planfile", "core.runner", "core.store", "core.jobs",
+         "core.actions.registry", "core.events", "core.stats", "core.compare"}
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["status", "--help"]])
+def test_version_and_help_load_no_command_code(argv):
+    """Start-up (issue 34): what no command ran is not imported; these print from the parser
+    alone."""
+    rc, mods = modules_after_cli(*argv)
+    assert rc == 0
+    assert not HEAVY & mods, sorted(HEAVY & mods)
+
+
+def test_piped_status_loads_no_rich_table_nor_compare(tmp_path):
+    plan = tmp_path / "p.yaml"
+    plan.write_text("name: p\nitems:\n  - id: a\n    content: A manual step\n")
+    rc, mods = modules_after_cli("status", str(plan), "--state", str(tmp_path / "s.db"))
+    assert rc == 2  # a --state that does not exist: refused before the store opens
+    assert not {"core.store", "sqlite_utils", "rich"} & mods
+    rc, _ = modules_after_cli("--state", str(tmp_path / "s.db"), "mark", str(plan), "a", "done")
+    assert rc == 0
+    rc, mods = modules_after_cli("status", str(plan), "--state", str(tmp_path / "s.db"))
+    assert rc == 0
+    assert "core.store" in mods  # the command ran
+    assert not {"rich.table", "rich.console", "core.compare", "core.stats", "argcomplete",
+                "asyncssh", "textual"} & mods, mods
