@@ -210,8 +210,8 @@ USAGE = {
     "attach": (["attach", "{plan}", "nope"], "no item 'nope' in plan 'cli'"),
     "logs": (["logs", "{plan}", "hello"], "item 'hello' has no runs yet"),
     "stop": (["stop", "{plan}"], "the following arguments are required: item"),
-    "adopt": (["adopt", "{plan}", "train"],
-              "one of the arguments --pid --slurm-job --tmux is required"),
+    "adopt": (["adopt", "{plan}", "train"],  # no --pid/--slurm-job/--tmux and no adopt: in the plan
+              "item 'train' has no adopt: in the plan; say what to adopt"),
     "compare": (["compare", "{plan}", "--detect", "0"], "--detect 0.0: a tau difference"),
     "diff": (["diff", "{plan}", "train", "hello"], "item 'train' has no run with a recorded"),
     "metrics": (["metrics", "{plan}", "train"], "item 'train' has no runs yet"),
