@@ -47,6 +47,23 @@ MAX_JSON_DEPTH = 32
 """Deepest nesting looked into; a deeper line is kept as text."""
 
 
+def too_deep(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether ``text`` nests brackets deeper than ``limit``: checked before the recursive JSON
+    decoder sees untrusted text (brackets inside strings count too, which only makes the bound
+    stricter), so parsing it never hits a RecursionError."""
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    depth = 0
+    for ch in text:
+        if ch in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif ch in "]}":
+            depth -= 1
+    return False
+
+
 def json_line(line: bytes | str) -> Any:
     """A log line's JSON object, or None when it is not one, too long or too deep.
 
@@ -58,17 +75,8 @@ def json_line(line: bytes | str) -> Any:
         return None
     if isinstance(s, bytes):
         s = s.decode("utf-8", "replace")
-    if s.count("[") + s.count("{") > MAX_JSON_DEPTH:
-        # Bound the nesting before the recursive decoder sees it (brackets inside strings
-        # count too: that only makes the bound stricter).
-        depth = 0
-        for ch in s:
-            if ch in "[{":
-                depth += 1
-                if depth > MAX_JSON_DEPTH:
-                    return None
-            elif ch in "]}":
-                depth -= 1
+    if too_deep(s):
+        return None
     try:
         return json.loads(s)
     except (ValueError, RecursionError):

@@ -31,7 +31,7 @@ from core.errors import HostUnreachable
 from core.events import Notice
 from core.hosts.base import HostState
 from core.records import Run, TauWatcher
-from core.text import MAX_JSON_DEPTH, short
+from core.text import MAX_JSON_DEPTH, short, too_deep
 from core.watch import Watcher, WatchEvalParams, parse_watch
 
 ENDED = ("ended", "stopped", "failed", "lost")
@@ -207,15 +207,8 @@ async def read_untrusted(host, path: str, *, kind: str = "f", size: int = 0,
 
 
 def _parse(text: str) -> Any:
-    if text.count("[") + text.count("{") > MAX_JSON_DEPTH:
-        depth = 0
-        for ch in text:
-            if ch in "[{":
-                depth += 1
-                if depth > MAX_JSON_DEPTH:
-                    raise BadResult(f"JSON nested more than {MAX_JSON_DEPTH} levels deep")
-            elif ch in "]}":
-                depth -= 1
+    if too_deep(text):
+        raise BadResult(f"JSON nested more than {MAX_JSON_DEPTH} levels deep")
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as e:
