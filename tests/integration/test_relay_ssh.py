@@ -286,8 +286,10 @@ def test_four_streams_killed_at_half_resume_every_range(two_hosts, tmp_path):
 
 
 def test_a_range_corrupted_on_the_destination_is_caught_by_the_final_hash(two_hosts, tmp_path):
+    """Bit rot in a range's earlier chunks: the resume re-checks only each range's last journaled
+    chunk against the source (a rot there is re-sent), so the final hash is what catches this."""
     a, b = two_hosts
-    size = 192 * MB
+    size = 384 * MB  # 96 MB ranges: at half, each has journaled two chunks or more
     make_file(tmp_path / "A" / "big.bin", size)
     src = (tmp_path / "A" / "big.bin").read_bytes()
     plan = relay_plan(tmp_path, a.alias, b.alias, "big.bin", "big.bin", streams=4,
@@ -296,7 +298,9 @@ def test_a_range_corrupted_on_the_destination_is_caught_by_the_final_hash(two_ho
     _run_and_kill_at_half(tmp_path, plan, state, size)
     ranges = json.loads((tmp_path / "B" / "big.bin.part.ranges").read_text())["ranges"]
     journaled, _ = _landed(tmp_path, src, ranges)
-    s2 = next(s for j, (s, _) in zip(journaled, ranges) if j > s and s > 0)
+    from core.actions.relay import JOURNAL_CHUNK
+
+    s2 = next(s for j, (s, _) in zip(journaled, ranges) if j - s >= 2 * JOURNAL_CHUNK)
     with (tmp_path / "B" / "big.bin.part").open("r+b") as f:  # bit rot in a landed range
         f.seek(s2 + 1234)
         f.write(bytes([src[s2 + 1234] ^ 0xFF]))
