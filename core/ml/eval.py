@@ -84,6 +84,8 @@ def validate(args: argparse.Namespace) -> None:
         raise UsageError("--tree-budget must be >= 0")
     if args.max_new_tokens < 1:
         raise UsageError("--max-new-tokens must be >= 1")
+    if args.block_size is not None and args.block_size < 1:
+        raise UsageError(f"--block-size {args.block_size}: must be >= 1")
     if args.max_memory is not None:
         from core.ml.weights import parse_bytes
 
@@ -322,7 +324,7 @@ def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
         except ValueError as exc:
             raise UsageError(f"--tree-budget {args.tree_budget}: {exc}") from None
     say(f"drafter ({cfg.family}) attention: {cfg.attention_text()}")
-    block_size = args.block_size or cfg.block_size
+    block_size = args.block_size if args.block_size is not None else cfg.block_size
     if block_size < 1:
         raise UsageError(f"--block-size {block_size}: must be >= 1")
     block_note = None
