@@ -323,7 +323,7 @@ def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
             refuse_tree(drafter)
         except ValueError as exc:
             raise UsageError(f"--tree-budget {args.tree_budget}: {exc}") from None
-    say(f"drafter ({cfg.family}) attention: {cfg.attention_text()}")
+    say(f"drafter attention: {cfg.attention_text()}; family {cfg.family}")
     block_size = args.block_size if args.block_size is not None else cfg.block_size
     if block_size < 1:
         raise UsageError(f"--block-size {block_size}: must be >= 1")
