@@ -143,7 +143,10 @@ def spec_from_text(what: str, log: str = "", from_start: bool = False) -> AdoptS
     if len(words) == 1 and words[0].isdigit():
         words = ["pid", words[0]]
     if len(words) == 2 and words[0] == "pid":
-        return AdoptSpec(pid=parse_pid(words[1]), log=log, from_start=from_start)
+        try:
+            return AdoptSpec(pid=parse_pid(words[1]), log=log, from_start=from_start)
+        except ValueError as e:  # say what would be understood, as for any other typo
+            raise ValueError(f"{e}: say pid 12345, slurm 678 or tmux SESSION") from None
     if len(words) == 2 and words[0] == "slurm" and _JOB.fullmatch(words[1]):
         return AdoptSpec(slurm_job=words[1], log=log, from_start=from_start)
     if len(words) == 2 and words[0] == "tmux":
