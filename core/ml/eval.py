@@ -325,8 +325,6 @@ def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
             raise UsageError(f"--tree-budget {args.tree_budget}: {exc}") from None
     say(f"drafter attention: {cfg.attention_text()}; family {cfg.family}")
     block_size = args.block_size if args.block_size is not None else cfg.block_size
-    if block_size < 1:
-        raise UsageError(f"--block-size {block_size}: must be >= 1")
     block_note = None
     if block_size > cfg.block_size:  # the reference allows it too: the drafter takes any block length
         block_note = (f"block size {block_size} is larger than the drafter's trained block size {cfg.block_size}: "
