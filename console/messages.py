@@ -16,7 +16,7 @@ from typing import Any
 
 from textual.message import Message
 
-from core.records import Event, Run, StatusChange
+from core.records import Event, Run, RunChange, StatusChange
 
 
 # -- from the runner (core.events, via console.bridge) -----------------------------------
@@ -99,8 +99,8 @@ class NoticePosted(Message):
 class SessionOpened(Message):
     """Reconcile and the journal's account of what happened while the console was closed."""
 
-    changes: list[dict]
-    """``Runner.reconcile()``'s ``[{run, item, was, now, ...}]``."""
+    changes: list[RunChange]
+    """``Runner.reconcile()``'s changed runs."""
     meanwhile: list[Event]
     """Journal events (run ends) since the last console session."""
     since: float | None

@@ -97,7 +97,7 @@ class Services:
         self.store.journal("console_opened", f"console opened on plan {self.plan.name}")
         self.heartbeat()
         changes = await self.runner.reconcile() if reconcile else []
-        told = {c["run"] for c in changes}
+        told = {c.run for c in changes}
         meanwhile = [e for rid, e in ends.items() if rid not in told]
         if since_id is not None:  # what tau watchers evaluated meanwhile (ingested just now)
             meanwhile += self.store.events(since_id=since_id, kinds=("watch_meanwhile",))
@@ -282,7 +282,7 @@ class Services:
             await self.runner.run_item(item)
             return
         summary = await self.runner.run_items([item_id])
-        if item_id in summary["unreachable"]:
+        if item_id in summary.unreachable:
             raise HostUnreachable(item.action.host or "?", "see the hosts bar")
 
     async def adopt(self, item_id: str, spec) -> None:

@@ -108,6 +108,21 @@ class CapsuleState:
     pid: int | None = None
 
 
+@dataclass(frozen=True)
+class Launched:
+    """Where a detached launch went: what :func:`start` (and ``core.slurm.submit``) return,
+    recorded on the run."""
+
+    capsule: str
+    """The run capsule directory on the host."""
+    pid: int | None = None
+    """The command's pid (None for a Slurm job, until it runs)."""
+    pstart: str = ""
+    """The pid's start ticks and boot id (tells it from a later process of that pid)."""
+    job_id: str | None = None
+    """The Slurm job id (``launcher: slurm``)."""
+
+
 def capsule_path(host: Host, run_id: str) -> str:
     return host.path(f"{CAPSULES}/{run_id}")
 
@@ -128,8 +143,9 @@ def cmd_script(launch: Launch, host: Host, capsule: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-async def start(host: Host, run_id: str, launch: Launch, *, timeout: float = 20.0) -> dict:
-    """Start ``launch`` detached on ``host``; return ``{capsule, pid, pstart}``."""
+async def start(host: Host, run_id: str, launch: Launch, *, timeout: float = 20.0
+                ) -> Launched:
+    """Start ``launch`` detached on ``host``; return its capsule, pid and pid start."""
     d = capsule_path(host, run_id)
     await host.makedirs(host.path(launch.cwd or "."))
     await host.write_file(f"{d}/cmd.sh", cmd_script(launch, host, d).encode(), mode=0o700)
@@ -143,8 +159,7 @@ async def start(host: Host, run_id: str, launch: Launch, *, timeout: float = 20.
         raw = await host.read_from(f"{d}/pid", 0, 4096)
         if raw.strip():
             parts = raw.decode().split()
-            return {"capsule": d, "pid": int(parts[0]),
-                    "pstart": " ".join(parts[1:]) if len(parts) > 1 else ""}
+            return Launched(d, int(parts[0]), " ".join(parts[1:]) if len(parts) > 1 else "")
         if time.monotonic() > deadline:
             raise HostUnreachable(host.name, f"run capsule {d} did not start within {timeout}s")
         await asyncio.sleep(0.02)

@@ -93,6 +93,52 @@ class Run(Record):
         return replace(run, **fix) if fix else run
 
 
+@dataclass(frozen=True)
+class RunSummary:
+    """What :meth:`core.runner.Runner.run_items` did with the items it was asked to run:
+    their ids by what became of them, in the order they came to it."""
+
+    done: tuple[str, ...] = ()
+    """Ran and succeeded, or already done (a named one)."""
+    failed: tuple[str, ...] = ()
+    unreachable: tuple[str, ...] = ()
+    """Its host could not be reached (``run`` exits 3)."""
+    waiting: tuple[str, ...] = ()
+    """Not run: waits on needs that did not become done."""
+    manual: tuple[str, ...] = ()
+    """Waits for the operator (a manual item)."""
+    unadopted: tuple[str, ...] = ()
+    """in_progress with no run specdeck knows: never launched twice (core.adopt)."""
+    started: tuple[str, ...] = ()
+    """Left running detached (``run --detach``)."""
+    held: tuple[str, ...] = ()
+    """Stopped, or failed and not asked for again (:meth:`core.runner.Runner.held`)."""
+
+
+@dataclass(frozen=True)
+class RunChange:
+    """A live run that :meth:`core.runner.Runner.reconcile` found changed on its host (or
+    could not reach: ``now`` is ``unknown`` and ``reason`` says why)."""
+
+    run: str
+    """The run's id."""
+    item: str
+    was: str
+    """Its state in the store before."""
+    now: str
+    """Its state now, or ``unknown`` (its host unreachable)."""
+    exit_code: int | None = None
+    signal: str | None = None
+    error: str | None = None
+    reason: str | None = None
+    """Why it is unknown (its host could not be reached)."""
+
+    @property
+    def why(self) -> str | None:
+        """The error it ended with, or why its state is unknown."""
+        return self.error or self.reason
+
+
 @record("data")
 class Artefact(Record):
     """A file a run produced (a checkpoint, an eval result) at a path on its host."""

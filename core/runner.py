@@ -40,7 +40,7 @@ from core.hosts import Host, make_host
 from core.hosts.base import HostState
 from core.plan import Item, Plan
 from core.progress import describe
-from core.records import Artefact, EvalRow, Run
+from core.records import Artefact, EvalRow, Run, RunChange, RunSummary
 from core.store import Store
 from core.text import collapse_cr
 
@@ -220,6 +220,9 @@ class Runner:
         self._in_process: dict[str, asyncio.Future] = {}
         """run id -> the task running an in-process action (a relay...) in this process."""
         self._host_states: dict[str, HostState] = {}
+        self._reconciles: set[asyncio.Task] = set()
+        """Reconciles started by a host's reconnect: kept (a task nobody references may be
+        collected mid-run), forgotten when done, cancelled by :meth:`close`."""
         for h in self.hosts.values():
             h.on_status(self._host_status_changed)
         self.again: set[str] = set()
@@ -240,7 +243,9 @@ class Runner:
         was, self._host_states[name] = self._host_states.get(name), status.state
         if (status.state == HostState.CONNECTED and self.reconcile_on_reconnect
                 and was in (HostState.RECONNECTING, HostState.UNREACHABLE)):
-            asyncio.get_event_loop().create_task(self._safe_reconcile(name))
+            task = asyncio.get_event_loop().create_task(self._safe_reconcile(name))
+            self._reconciles.add(task)
+            task.add_done_callback(self._reconciles.discard)
 
     reconcile_on_reconnect = False
     """Reconcile a host's live runs each time it reconnects (the console turns this on)."""
@@ -266,6 +271,10 @@ class Runner:
         return h
 
     async def close(self) -> None:
+        """End the reconciles a reconnect started, then close every contacted host."""
+        for task in list(self._reconciles):
+            task.cancel()
+        await asyncio.gather(*self._reconciles, return_exceptions=True)
         for h in self.hosts.values():
             if h.status.state == HostState.UNKNOWN and not h.status.reason:
                 continue  # never contacted: nothing to close, nothing to report
@@ -309,19 +318,15 @@ class Runner:
         return await action.check(_Context(self, item, host, None))
 
     # -- running -------------------------------------------------------------------------
-    async def run_items(self, ids: Iterable[str] | None = None) -> dict[str, list[str]]:
+    async def run_items(self, ids: Iterable[str] | None = None) -> RunSummary:
         """Run items (all when ``ids`` is None) whose needs are done, in dependency order.
 
-        Independent items run concurrently. Returns ``{"done", "failed", "unreachable",
-        "waiting", "manual", "unadopted", "started", "held"}`` lists of item ids (``started``:
-        left running detached; ``held``: stopped, or failed and not asked for again; see
-        :meth:`held`).
+        Independent items run concurrently. Returns the item ids by what became of them
+        (:class:`~core.records.RunSummary`).
         """
         targets = self.plan.order(ids)
         named = set(ids) if ids is not None else set()
-        summary: dict[str, list[str]] = {k: [] for k in
-                                         ("done", "failed", "unreachable", "waiting", "manual",
-                                          "unadopted", "started", "held")}
+        summary: dict[str, list[str]] = {f.name: [] for f in dataclasses.fields(RunSummary)}
         pending = list(targets)
         running: dict[asyncio.Task, Item] = {}
         launched: set[str] = set()
@@ -402,7 +407,7 @@ class Runner:
                 started = self.detach and state == "in_progress"
                 summary["done" if state == "done" else "started" if started else
                         "held" if state == "stopped" else "failed"].append(it.id)
-        return summary
+        return RunSummary(**{k: tuple(v) for k, v in summary.items()})
 
     def unmet(self, item: Item, statuses: dict[str, str]) -> list[str]:
         """The ids the item waits on: ``needs`` not done, ``after`` neither done nor skipped."""
@@ -549,10 +554,10 @@ class Runner:
             return self._end(item, run_id, "failed", error=str(e))
         except Exception as e:  # noqa: BLE001 - a fault of the host, the disk or a library
             return self._end(item, run_id, "failed", error=describe_fault(e))
-        self.store.update_run(run_id, state="running", pid=launched.get("pid"),
-                              pstart=launched.get("pstart"), capsule=launched["capsule"],
-                              job_id=launched.get("job_id"))
-        self.emit(RunStarted(item.id, run_id, item.action.host, launched.get("pid")))
+        self.store.update_run(run_id, state="running", pid=launched.pid,
+                              pstart=launched.pstart, capsule=launched.capsule,
+                              job_id=launched.job_id)
+        self.emit(RunStarted(item.id, run_id, item.action.host, launched.pid))
         if self.detach:
             return self.statuses()[item.id]
         return await self._follow_and_finish(item, action, host, self.store.run(run_id))
@@ -740,12 +745,12 @@ class Runner:
         return [r.id for r in runs + behind]
 
     async def reconcile(self, *, hosts: Iterable[str] | None = None, follow: bool = False
-                        ) -> list[dict]:
-        """Re-derive each live run from its host. Returns ``[{run, item, was, now}]``.
+                        ) -> list[RunChange]:
+        """Re-derive each live run from its host. Returns the runs whose state changed.
 
         Runs whose host is unreachable are left as they are (reported as unknown).
         """
-        changes = []
+        changes: list[RunChange] = []
         for run in self.store.live_runs():
             if hosts is not None and run.host not in set(hosts):
                 continue
@@ -756,14 +761,14 @@ class Runner:
             try:
                 await self._reconcile_run(run, follow=follow)
             except HostUnreachable as e:
-                changes.append({"run": run.id, "item": run.item_id, "was": run.state,
-                                "now": "unknown", "reason": str(e)})
+                changes.append(RunChange(run.id, run.item_id, run.state, "unknown",
+                                         reason=str(e)))
                 continue
             after = self.store.run(run.id)
             if after.state != run.state:
-                changes.append({"run": run.id, "item": run.item_id, "was": run.state,
-                                "now": after.state, "exit_code": after.exit_code,
-                                "signal": after.signal, "error": after.error})
+                changes.append(RunChange(run.id, run.item_id, run.state, after.state,
+                                         exit_code=after.exit_code, signal=after.signal,
+                                         error=after.error))
                 self.emit(Notice(run.item_id, f"{run.item_id}: run {run.id} "
                                  f"{after.state} while specdeck was away"))
         await watch_detached.reconcile(self, hosts=hosts)  # tau watchers of ended runs

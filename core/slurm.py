@@ -43,8 +43,8 @@ def _options(sp) -> list[str]:
     return [f"#SBATCH {shlex.quote(o)}" for o in opts]
 
 
-async def submit(host, run_id: str, launch: Launch, sp) -> dict:
-    """Write the capsule and batch script, sbatch it; return ``{capsule, job_id}``."""
+async def submit(host, run_id: str, launch: Launch, sp) -> jobs.Launched:
+    """Write the capsule and batch script, sbatch it; return its capsule and job id."""
     d = jobs.capsule_path(host, run_id)
     await host.makedirs(d)
     await host.write_file(f"{d}/cmd.sh", jobs.cmd_script(launch, host).encode(), mode=0o700)
@@ -58,7 +58,7 @@ async def submit(host, run_id: str, launch: Launch, sp) -> dict:
                            hint="check the item's slurm: resources against `sinfo`")
     job_id = res.stdout.strip().split(";")[0]
     await host.write_file(f"{d}/job_id", job_id.encode())
-    return {"capsule": d, "job_id": job_id, "pid": None, "pstart": ""}
+    return jobs.Launched(d, job_id=job_id)
 
 
 def _signame(sig: str) -> str:

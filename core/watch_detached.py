@@ -145,7 +145,7 @@ async def ensure_started(runner, item, run: Run, spec, ckpt_dir: str | None, *,
             runner.store.journal("watch_ended", f"watcher failed: {why}", item_id=item.id,
                                  run_id=run.id, host=where)
             raise
-        runner.store.journal("watch_started", f"watcher started on {where} (pid {info['pid']}): "
+        runner.store.journal("watch_started", f"watcher started on {where} (pid {info.pid}): "
                              f"tau at each checkpoint of {row.ckpt_dir}", item_id=item.id,
                              run_id=run.id, host=where)
         runner.emit(Notice(item.id, f"{item.id}: tau watcher started on {where} "

@@ -24,6 +24,7 @@ from core.errors import HostUnreachable, InvalidInput, RemoteCommandFailed
 
 if TYPE_CHECKING:
     from core.faults import Interruption
+    from core.records import RunSummary
 
 OK = 0
 FAILED = 1
@@ -52,13 +53,13 @@ def for_interruption(how: Interruption) -> int:
     return 128 + int(how.signum)
 
 
-def for_run(summary: dict, *, named: bool) -> int:
+def for_run(summary: "RunSummary", *, named: bool) -> int:
     """The exit status of ``specdeck run`` from the runner's summary: 3 when a host could not
     be reached, 1 when an item failed or (``named`` items) one is still waiting on others."""
-    if summary["unreachable"]:
+    if summary.unreachable:
         return UNREACHABLE
-    if summary["failed"]:
+    if summary.failed:
         return FAILED
-    if named and (summary["waiting"] or summary.get("held")) and not summary["unadopted"]:
+    if named and (summary.waiting or summary.held) and not summary.unadopted:
         return FAILED
     return OK

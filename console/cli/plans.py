@@ -71,12 +71,12 @@ def cmd_status(args) -> int:
         return 0
     for c in changes:
         how = ""
-        if c.get("signal"):
-            how = f" (signal {c['signal']})"
-        elif c.get("exit_code") is not None:
-            how = f" (exit {c['exit_code']})"
-        err(f"meanwhile: {c['item']}: run {c['run']} {c['was']} -> {c['now']}{how}"
-            + (f": {c.get('error') or c.get('reason')}" if c.get("error") or c.get("reason") else ""))
+        if c.signal:
+            how = f" (signal {c.signal})"
+        elif c.exit_code is not None:
+            how = f" (exit {c.exit_code})"
+        err(f"meanwhile: {c.item}: run {c.run} {c.was} -> {c.now}{how}"
+            + (f": {c.why}" if c.why else ""))
     rows = []
     for it in plan.items:
         run = latest.get(it.id)

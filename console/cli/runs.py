@@ -32,7 +32,7 @@ def cmd_run(args) -> int:
             runner.resume.update(args.items)
         runner.detach = args.detach
         summary = await runner.run_items(ids)
-        live = {i: runner.store.live_run(i) for i in summary.get("started", [])}
+        live = {i: runner.store.live_run(i) for i in summary.started}
         return summary, {i: r.id for i, r in live.items() if r}
 
     summary, started = run_with(plan, args, go)
@@ -42,19 +42,19 @@ def cmd_run(args) -> int:
         err(f"{item_id}: run {run_id} started detached; `specdeck attach {args.plan} {item_id}` "
             f"or `specdeck logs {args.plan} {item_id} -f` follows it, `specdeck status "
             f"{args.plan}` shows where it stands")
-    if summary["manual"]:
-        err(f"manual items waiting for the operator: {', '.join(summary['manual'])} "
+    if summary.manual:
+        err(f"manual items waiting for the operator: {', '.join(summary.manual)} "
             f"(`specdeck mark {args.plan} ITEM done`)")
-    if not summary["unreachable"]:
-        for i in summary["failed"]:
+    if not summary.unreachable:
+        for i in summary.failed:
             err(f"failed: {i}  (log: `specdeck logs {args.plan} {i}`)")
-        if summary["unadopted"] and not summary["failed"]:
+        if summary.unadopted and not summary.failed:
             err(f"not launched until a run started outside specdeck is adopted: "
-                f"{', '.join(summary['unadopted'])} (`specdeck adopt`, see above)")
-    if args.detach and not (summary["failed"] or summary["unreachable"]):
-        if summary["waiting"]:
-            err(f"waiting for the started runs to end: {', '.join(summary['waiting'])} "
-                f"(run them then: `specdeck run {args.plan} {' '.join(summary['waiting'])}`)")
+                f"{', '.join(summary.unadopted)} (`specdeck adopt`, see above)")
+    if args.detach and not (summary.failed or summary.unreachable):
+        if summary.waiting:
+            err(f"waiting for the started runs to end: {', '.join(summary.waiting)} "
+                f"(run them then: `specdeck run {args.plan} {' '.join(summary.waiting)}`)")
         return exit_codes.OK
     return exit_codes.for_run(summary, named=bool(args.items))
 

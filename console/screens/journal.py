@@ -12,7 +12,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
 from console.widgets.vim import table_keys
-from core.records import Event
+from core.records import Event, RunChange
 from core.text import sanitize
 
 KIND_STYLE = {"run_succeeded": "green", "run_failed": "bold red", "run_lost": "bold red",
@@ -20,15 +20,14 @@ KIND_STYLE = {"run_succeeded": "green", "run_failed": "bold red", "run_lost": "b
               "console_opened": "bright_black", "console_closed": "bright_black"}
 
 
-def meanwhile_summary(changes: list[dict], meanwhile: list[Event]) -> tuple[list[str], str, bool]:
+def meanwhile_summary(changes: list[RunChange], meanwhile: list[Event]) -> tuple[list[str], str, bool]:
     """Lines, a title (``While the console was closed: 1 failed, 2 succeeded``) and whether
     every run ended well, from reconcile's changes and the journal's run ends (one per run:
     Services.open_session tells each change once)."""
-    lines = [f"{c['item']}: run {c['run']} {c['was']} → {c['now']}"
-             + (f" ({c.get('error') or c.get('reason')})"
-                if c.get("error") or c.get("reason") else "") for c in changes]
+    lines = [f"{c.item}: run {c.run} {c.was} → {c.now}" + (f" ({c.why})" if c.why else "")
+             for c in changes]
     lines += [f"{e.item_id}: {e.message}  [{e.run_id}]" for e in meanwhile]
-    ends = [c["now"] for c in changes] + [e.kind.removeprefix("run_") for e in meanwhile
+    ends = [c.now for c in changes] + [e.kind.removeprefix("run_") for e in meanwhile
                                           if e.kind.startswith("run_")]
     counts = ", ".join(f"{ends.count(s)} {s}" for s in sorted(set(ends)))
     return lines, f"While the console was closed: {counts}", all(s == "succeeded" for s in ends)

@@ -228,7 +228,7 @@ class Action(ABC):
         return None
 
     async def launch(self, ctx: ActionContext, host: "Host", run_id: str,
-                     launch: Launch) -> dict:
+                     launch: Launch) -> jobs.Launched:
         """Start ``launch`` detached; returns what :func:`core.jobs.start` returns (capsule,
         pid, pstart; job_id for Slurm)."""
         return await jobs.start(host, run_id, launch)

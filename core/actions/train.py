@@ -243,11 +243,11 @@ class Train(Action):
                       launcher=p.launcher, metrics_regex=p.metrics_regex)
 
     # -- launcher hooks (used by the runner) ---------------------------------------------
-    async def launch(self, ctx, host, run_id: str, launch: Launch) -> dict:
+    async def launch(self, ctx, host, run_id: str, launch: Launch) -> jobs.Launched:
         info = await self._launch(ctx, host, run_id, launch)
         if self._detached_watch(host.name):  # started with the run: no window without it
             run = next(r for r in ctx.runs(ctx.item.id) if r.id == run_id)
-            run = dataclasses.replace(run, host=host.name, capsule=info.get("capsule"))
+            run = dataclasses.replace(run, host=host.name, capsule=info.capsule)
             try:
                 await ctx.start_tau_watcher(run, self.params.watch_eval, self._outdir)
             except Exception as e:  # noqa: BLE001 - the follower tries again; training runs
@@ -272,7 +272,7 @@ class Train(Action):
             return None
         return posixpath.join(run.capsule or jobs.capsule_path(host, run.id), "out")
 
-    async def _launch(self, ctx, host, run_id: str, launch: Launch) -> dict:
+    async def _launch(self, ctx, host, run_id: str, launch: Launch) -> jobs.Launched:
         p = self.params
         if p.launcher == "slurm":
             from core import slurm

@@ -251,7 +251,7 @@ def test_fault_watcher_that_cannot_start_is_failed_and_nothing_waits(tmp_path):
     summary, store = asyncio.run(go())
     store = Store(db)
     run = store.latest_run("train")
-    assert summary["done"] == ["train"] and run.state == "succeeded", summary
+    assert summary.done == ("train",) and run.state == "succeeded", summary
     w = store.watcher(run.id)
     assert w.state == "failed" and "could not start" in (w.error or ""), w
     assert store.log_bytes(run.id).decode().splitlines() == ["training", "done"]

@@ -207,7 +207,7 @@ async def test_plan_adopt_field_is_adopted_by_run_and_ends_with_unknown_status(t
     try:
         summary = await asyncio.wait_for(runner.run_items(["train-v4"]), 30)
         proc.wait()
-        assert summary["failed"] == ["train-v4"] and not (wd / "LAUNCHED").exists()
+        assert summary.failed == ("train-v4",) and not (wd / "LAUNCHED").exists()
         run = store.latest_run("train-v4")
         assert (run.state, run.exit_code, run.signal) == ("lost", None, None)
         assert "exit status is unknown" in run.error

@@ -56,12 +56,12 @@ async def test_env_values_travel_outside_argv(sshd, tmp_path):
         assert res.stdout == "payload\n"
         # a detached capsule: the value sits in a file only its owner reads, never in argv
         info = await jobs.start(host, "r1", Launch('sleep 0.5; echo "$SOME_TOKEN_NAME"'))
-        st = await jobs.inspect(host, info["capsule"])
+        st = await jobs.inspect(host, info.capsule)
         while st.state == "running":
             await asyncio.sleep(0.1)
-            st = await jobs.inspect(host, info["capsule"])
-        assert (await host.read_file(f"{info['capsule']}/log")).decode().strip() == token
-        mode = os.stat(f"{info['capsule']}/cmd.sh").st_mode
+            st = await jobs.inspect(host, info.capsule)
+        assert (await host.read_file(f"{info.capsule}/log")).decode().strip() == token
+        mode = os.stat(f"{info.capsule}/cmd.sh").st_mode
         assert not mode & (stat.S_IRWXG | stat.S_IRWXO)
     finally:
         stop.set()

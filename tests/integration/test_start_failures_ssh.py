@@ -84,7 +84,7 @@ async def test_a_host_lost_while_starting_ends_the_run_and_counts_unreachable(
     monkeypatch.setattr(jobs, "start", host_goes_away)
     try:
         summary = await runner.run_items(["job"])
-        assert summary["unreachable"] == ["job"] and not summary["failed"]  # the CLI: exit 3
+        assert summary.unreachable == ("job",) and not summary.failed  # the CLI: exit 3
         run = store.latest_run("job")
         assert run.state == "failed" and not store.live_runs()
         assert run.capsule and run.capsule in run.error and "gpu" in run.error

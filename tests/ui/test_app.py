@@ -341,9 +341,9 @@ async def test_recovery_tells_what_happened_meanwhile(live_plan):
 
     store.claim_run("broken-0101-01", "broken", "shell", "here", owner="gone:1:1")
     launched = await jobs.start(host, "broken-0101-01", Launch("exit 4"))
-    store.update_run("broken-0101-01", state="running", pid=launched["pid"],
-                     capsule=launched["capsule"])
-    while (await jobs.inspect(host, launched["capsule"])).state == "running":
+    store.update_run("broken-0101-01", state="running", pid=launched.pid,
+                     capsule=launched.capsule)
+    while (await jobs.inspect(host, launched.capsule)).state == "running":
         pass  # the command exits at once; inspect is a real round trip, not a sleep
     seen: list = []
     app = build(plan, store)

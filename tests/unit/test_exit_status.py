@@ -65,6 +65,9 @@ def test_interruptions_exit_as_shells_report_signals():
     ({"unreachable": [], "failed": [], "waiting": ["c"], "unadopted": []}, False, 0),
     ({"unreachable": [], "failed": [], "waiting": ["c"], "unadopted": ["c"]}, True, 0)])
 def test_run_summary_status(summary, named, status):
+    from core.records import RunSummary
+
+    summary = RunSummary(**{k: tuple(v) for k, v in summary.items()})
     assert exit_codes.for_run(summary, named=named) == status
 
 
