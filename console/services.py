@@ -287,9 +287,7 @@ class Services:
 
     async def adopt(self, item_id: str, spec) -> None:
         """Adopt a run started outside specdeck as the item's run, and follow it."""
-        from core.adopt import adopt_item
-
-        await adopt_item(self.runner, self.item(item_id), spec)
+        await self.runner.adopt(item_id, spec)
 
     async def run_all(self) -> None:
         """Every item whose needs are done, in dependency order, until nothing more can run."""

@@ -23,8 +23,10 @@ runs, and from then on it is like any other:
 
 The runner sees an adopted run through :class:`Adopted`, which wraps the item's action
 (so a train item keeps its metrics, checkpoint events and ``watch_eval``) and replaces how
-the run is inspected, followed and stopped. The functions that take ``runner`` are given
-the :class:`core.runner.Runner` (not imported here: the runner imports this module).
+the run is inspected, followed and stopped. Nothing here reads the store or takes the
+runner: each function is given what it reads (statuses, runs), and
+:meth:`core.runner.Runner.adopt` records the adoption (as every run is started by the
+runner). What an ``adopt:`` says and how it is parsed is :mod:`core.adopt_spec`'s.
 
 **Never twice.** An item whose status is ``in_progress`` with no run specdeck knows (it was
 started outside specdeck) is never launched: :func:`unadopted` says why and which ``adopt``
@@ -38,48 +40,20 @@ import dataclasses
 import json
 import os
 import posixpath
-import re
-import secrets
 import shlex
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 from core import jobs
 from core.actions.base import Action
+from core.adopt_spec import JOB_ID, PID_MAX, AdoptSpec, adopt_hint, parse_pid
 from core.errors import ActionFailed, InvalidInput
 
 if TYPE_CHECKING:
-    from core.plan import Item
+    from core.hosts.base import Host
+    from core.plan import Item, Plan
     from core.records import Run
 
-HOWS = ("pid", "slurm", "tmux")
-PID_MAX = 1 << 22
-"""Linux's largest possible PID (``PID_MAX_LIMIT`` on 64-bit): anything above is no PID."""
-_PID = re.compile(r"[0-9]{1,10}")  # ASCII digits only (str.isdigit takes '١٢٣', '²')
-_JOB = re.compile(r"[0-9]{1,18}")  # a Slurm job id, likewise
-
-
-def parse_pid(text: str | bytes) -> int:
-    """A PID as typed or as a pid file holds it: ASCII digits, surrounding whitespace
-    stripped, 2..PID_MAX. Raises ValueError saying what is wrong with anything else (empty,
-    other digits, signs, binary, a number no PID can be)."""
-    if isinstance(text, bytes):
-        try:
-            text = text.decode("ascii")
-        except UnicodeDecodeError:
-            raise ValueError(f"not a PID (binary or non-ASCII bytes: {text[:20]!r})") from None
-    raw = text.strip(" \t\r\n")
-    if not raw:
-        raise ValueError("empty (no PID in it)")
-    if not _PID.fullmatch(raw):
-        raise ValueError(f"not a PID (ASCII digits only): {raw[:20]!r}"
-                         + ("..." if len(raw) > 20 else ""))
-    pid = int(raw)
-    if not 1 < pid <= PID_MAX:
-        raise ValueError(f"pid {pid} is not a process that can be adopted (PIDs run "
-                         f"2..{PID_MAX})")
-    return pid
 PID_FILE_MAX = 64
 """A pid file holds one number: a larger one is not read."""
 PF_KTHREAD = 0x00200000
@@ -89,99 +63,34 @@ UNKNOWN_EXIT = ("the adopted run ended; its exit status is unknown (specdeck did
                 "it, so nothing recorded how it ended)")
 
 
-@dataclass(frozen=True)
-class AdoptSpec:
-    """Where an item's run already is: exactly one of pid / pid_file / slurm_job / tmux."""
-
-    pid: int | None = None
-    pid_file: str | None = None
-    slurm_job: str | None = None
-    tmux: str | None = None
-    log: str | None = None
-    from_start: bool = False
-
-    @property
-    def how(self) -> str:
-        if self.pid is not None or self.pid_file is not None:
-            return "pid"
-        return "slurm" if self.slurm_job is not None else "tmux"
-
-
-PLAN_KEYS = ("pid_file", "log", "slurm_job", "tmux", "from_start")
-
-
-def parse_spec(raw: Any) -> tuple[AdoptSpec | None, list[tuple[tuple, str]]]:
-    """A plan item's ``adopt:`` mapping (``${vars}`` already replaced) -> spec, problems."""
-    if not isinstance(raw, dict):
-        return None, [((), "adopt must be a mapping: {pid_file, log} or {slurm_job} or {tmux}")]
-    problems: list[tuple[tuple, str]] = []
-    for k in raw:
-        if k not in PLAN_KEYS:
-            problems.append(((k,), f"unknown key {k!r} (known: {', '.join(PLAN_KEYS)})"))
-    given = [k for k in ("pid_file", "slurm_job", "tmux") if raw.get(k) is not None]
-    if len(given) != 1:
-        problems.append(((), "give exactly one of pid_file (with log), slurm_job or tmux"))
-    for k in ("pid_file", "log", "tmux"):
-        if raw.get(k) is not None and (not isinstance(raw[k], str) or not raw[k].strip()):
-            problems.append(((k,), f"{k} must be a non-empty string"))
-    job = raw.get("slurm_job")
-    if job is not None and not _JOB.fullmatch(str(job)):
-        problems.append((("slurm_job",), f"slurm_job must be a job id (digits), got {job!r}"))
-    if raw.get("from_start") not in (None, True, False):
-        problems.append((("from_start",), "from_start must be true or false"))
-    if problems:
-        return None, problems
-    return AdoptSpec(pid_file=raw.get("pid_file"), slurm_job=str(job) if job is not None else None,
-                     tmux=raw.get("tmux"), log=raw.get("log"),
-                     from_start=bool(raw.get("from_start"))), []
-
-
-def spec_from_text(what: str, log: str = "", from_start: bool = False) -> AdoptSpec:
-    """``pid 123`` / ``123`` / ``slurm 456`` / ``tmux NAME`` (as typed in the console)."""
-    words = what.split()
-    log = log.strip() or None
-    if len(words) == 1 and words[0].isdigit():
-        words = ["pid", words[0]]
-    if len(words) == 2 and words[0] == "pid":
-        try:
-            return AdoptSpec(pid=parse_pid(words[1]), log=log, from_start=from_start)
-        except ValueError as e:  # say what would be understood, as for any other typo
-            raise ValueError(f"{e}: say pid 12345, slurm 678 or tmux SESSION") from None
-    if len(words) == 2 and words[0] == "slurm" and _JOB.fullmatch(words[1]):
-        return AdoptSpec(slurm_job=words[1], log=log, from_start=from_start)
-    if len(words) == 2 and words[0] == "tmux":
-        return AdoptSpec(tmux=words[1], log=log, from_start=from_start)
-    raise ValueError(f"{what.strip() or 'nothing'!r}: say pid 12345, slurm 678 or tmux SESSION")
-
-
 # -- never twice -------------------------------------------------------------------------
-def adopt_hint(plan, item_id: str) -> str:
+def unadopted(plan: "Plan", item: "Item", statuses: Mapping[str, str],
+              live_run: Callable[[str], "Run | None"]) -> str | None:
+    """Why ``item`` must not be launched now (a run started outside specdeck), or None.
+
+    Args:
+        plan: The plan ``item`` is in (a stop item's target is looked up in it).
+        statuses: Every item's status (the store's, else the plan's).
+        live_run: An item id's live run as the store knows it, or None.
+    """
     where = str(plan.path) if plan.path else plan.name
-    return (f"`specdeck adopt {shlex.quote(where)} {item_id} --pid PID --log PATH` (or "
-            f"--slurm-job ID / --tmux SESSION), or `specdeck mark {shlex.quote(where)} "
-            f"{item_id} pending` if nothing runs")
-
-
-def unadopted(runner, item: "Item") -> str | None:
-    """Why ``item`` must not be launched now (a run started outside specdeck), or None."""
-    st = runner.statuses()
-    if st.get(item.id) == "in_progress" and item.adopt is None \
-            and runner.store.live_run(item.id) is None:
+    if statuses.get(item.id) == "in_progress" and item.adopt is None \
+            and live_run(item.id) is None:
         return (f"{item.id}: in_progress with no run specdeck knows (started outside "
-                f"specdeck?): not launched again; adopt it: {adopt_hint(runner.plan, item.id)}")
+                f"specdeck?): not launched again; adopt it: {adopt_hint(where, item.id)}")
     if item.action is not None and item.action.kind == "stop" and item.action.params is not None:
-        target = runner.plan.item(item.action.params.item)
-        if st.get(target.id) == "in_progress" and runner.store.live_run(target.id) is None:
+        target = plan.item(item.action.params.item)
+        if statuses.get(target.id) == "in_progress" and live_run(target.id) is None:
             return (f"{item.id}: nothing to stop until {target.id} is adopted (in_progress "
-                    f"with no run specdeck knows): {adopt_hint(runner.plan, target.id)}")
+                    f"with no run specdeck knows): {adopt_hint(where, target.id)}")
     return None
 
 
-def from_plan(runner, item: "Item") -> bool:
+def from_plan(item: "Item", status: str, runs: Sequence["Run"]) -> bool:
     """Adopt the run the item's ``adopt:`` names (instead of launching one): while it is
-    in_progress, or before specdeck has run it at all; a rerun after its end launches."""
-    return item.adopt is not None and (
-        runner.statuses()[item.id] == "in_progress" or not runner.store.runs_for_item(item.id))
+    in_progress (``status``), or before specdeck has run it at all (no ``runs``); a rerun
+    after its end launches."""
+    return item.adopt is not None and (status == "in_progress" or not runs)
 
 
 def adopting(item: "Item", running: Iterable["Item"]) -> bool:
@@ -248,7 +157,8 @@ def _is_specdeck(cmdline: str) -> bool:
     return "specdeck" in heads or any(words[i:i + 2] in entry for i in range(min(len(words), 3)))
 
 
-async def _probe_pid(runner, host, spec: AdoptSpec, log: str | None) -> dict:
+async def _probe_pid(host: "Host", spec: AdoptSpec, log: str | None,
+                     live_runs: Iterable["Run"]) -> dict:
     pid = spec.pid
     if pid is None:
         path = host.path(spec.pid_file)
@@ -292,7 +202,7 @@ async def _probe_pid(runner, host, spec: AdoptSpec, log: str | None) -> dict:
     if _is_local(host) and pid in _ancestry() or _is_specdeck(cmdline):
         raise InvalidInput(f"pid {pid} on {host.name} is specdeck's own ({cmdline[:80]!r}), "
                            "not a run to adopt")
-    for r in runner.store.live_runs():
+    for r in live_runs:
         if r.host == host.name and r.pid == pid:
             raise InvalidInput(f"pid {pid} on {host.name} is run {r.id} of item "
                                f"{r.item_id!r}, which specdeck already follows",
@@ -310,9 +220,9 @@ async def _probe_pid(runner, host, spec: AdoptSpec, log: str | None) -> dict:
             "log": log, "base": base, "what": f"pid {pid}", "cmdline": cmdline[:200]}
 
 
-async def _probe_slurm(runner, host, spec: AdoptSpec, log: str | None) -> dict:
+async def _probe_slurm(host: "Host", spec: AdoptSpec, log: str | None) -> dict:
     job = spec.slurm_job
-    if not job or not _JOB.fullmatch(job):
+    if not job or not JOB_ID.fullmatch(job):
         raise InvalidInput(f"Slurm job id {job!r}: a job id is digits")
     res = await host.run(f"scontrol -o show job {shlex.quote(job)}")
     if res.exit_status == 127:
@@ -343,7 +253,7 @@ async def _tmux(host, *args: str):
     return await host.run(["tmux", *args])
 
 
-async def _probe_tmux(runner, host, spec: AdoptSpec, log: str | None) -> dict:
+async def _probe_tmux(host: "Host", spec: AdoptSpec, log: str | None) -> dict:
     s = spec.tmux
     res = await _tmux(host, "list-panes", "-s", "-t", f"={s}", "-F", "#{pane_pid} #{pane_dead}")
     if not res.ok:
@@ -358,67 +268,52 @@ async def _probe_tmux(runner, host, spec: AdoptSpec, log: str | None) -> dict:
             "pane_pid": int(panes[0][0]) if panes else None, "what": f"tmux session {s}"}
 
 
-async def probe(runner, host, spec: AdoptSpec) -> dict:
-    """Check what ``spec`` names exists and may be adopted; raises InvalidInput otherwise."""
+async def probe(host: "Host", spec: AdoptSpec, live_runs: Iterable["Run"]) -> dict:
+    """Check what ``spec`` names exists and may be adopted; raises InvalidInput otherwise.
+    ``live_runs``: the runs specdeck follows (a pid one of them runs is never adopted)."""
     log = None
     if spec.log is not None:
         log = spec.log if spec.log.startswith("/") else host.path(spec.log)
-    return await {"pid": _probe_pid, "slurm": _probe_slurm, "tmux": _probe_tmux}[spec.how](
-        runner, host, spec, log)
+    if spec.how == "pid":
+        return await _probe_pid(host, spec, log, live_runs)
+    return await (_probe_slurm if spec.how == "slurm" else _probe_tmux)(host, spec, log)
 
 
-# -- adopting ----------------------------------------------------------------------------
-async def adopt_item(runner, item: "Item", spec: AdoptSpec, *,
-                     host_name: str | None = None, follow: bool = True) -> str:
-    """Make what ``spec`` names the item's live run; follow it (``follow``) until it ends.
-
-    Bad input (nothing there, another user's, specdeck's own, a missing log) raises
-    :class:`InvalidInput` before anything is recorded. Returns the item's status.
-    """
-    from core.events import Notice, RunStarted
-
-    action = runner.action(item)
+# -- adopting (recorded by core.runner.Runner.adopt) -------------------------------------
+def refuse(plan: "Plan", item: "Item", action: Action | None, host_name: str | None,
+           live: "Run | None") -> None:
+    """Raise InvalidInput when ``item`` cannot adopt a run on ``host_name`` now (a manual or
+    in-process item, a host not in the plan, a run already live); nothing is recorded."""
     if action is None or not action.detached:
         raise InvalidInput(f"item {item.id!r} is "
                            + ("manual" if action is None else f"{item.action.kind}, run inside specdeck")
                            + ": only an item with a detached action (shell, train, eval...) "
                            "can adopt a run")
-    host_name = host_name or item.action.host
-    if host_name not in runner.plan.hosts:
-        raise InvalidInput(f"plan {runner.plan.name!r} has no host {host_name!r} "
-                           f"(hosts: {', '.join(runner.plan.hosts)})")
-    live = runner.store.live_run(item.id)
+    if host_name not in plan.hosts:
+        raise InvalidInput(f"plan {plan.name!r} has no host {host_name!r} "
+                           f"(hosts: {', '.join(plan.hosts)})")
     if live is not None:
         raise InvalidInput(f"item {item.id!r} already has live run {live.id} on "
                            f"{live.host}", hint="stop it first, or `specdeck attach`")
-    host = await runner.host(host_name)
-    info = await probe(runner, host, spec)
+
+
+async def locate(host: "Host", spec: AdoptSpec, live_runs: Iterable["Run"]) -> dict:
+    """What ``spec`` names on ``host``, checked (:func:`probe`), with its log's inode: the
+    adoption's record (``Run.adopt``). Bad input raises InvalidInput."""
+    info = await probe(host, spec, live_runs)
     ident = await host.identity(info["log"]) if info["log"] else None
     if ident:  # the log's inode: a rotation (even while no specdeck follows) is noticed
         info["log_ident"] = " ".join(ident.split()[1:3])
-    run_id = f"{item.id}-{time.strftime('%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-    capsule = jobs.capsule_path(host, run_id)
+    return info
+
+
+async def make_capsule(host: "Host", info: dict, capsule: str) -> None:
+    """The adoption's capsule on its host: ``adopted.json`` (and, for tmux, the panes kept
+    on exit, the pane's output piped into its log when no log was given)."""
     await host.makedirs(capsule)
     if info["how"] == "tmux":
         await _tmux_keep(host, info, capsule)
     await host.write_file(f"{capsule}/adopted.json", json.dumps(info, indent=1).encode())
-    run = runner.store.claim_run(run_id, item.id, item.action.kind, host_name,
-                                 owner=runner.owner, launcher=f"adopt:{info['how']}")
-    if run is None:
-        raise InvalidInput(f"item {item.id!r} got a live run meanwhile (another specdeck)")
-    runner.store.update_run(run_id, state="running", pid=info.get("pid") or info.get("pane_pid"),
-                            pstart=info.get("pstart"), capsule=capsule, job_id=info.get("job"),
-                            adopt=json.dumps(info), log_base=info["base"])
-    runner.store.journal("adopted", f"adopted {info['what']} as {run_id}", item_id=item.id,
-                         run_id=run_id, host=host_name, data=info)
-    where = f"{info['log']} from byte {info['base']}" if info["log"] else "the pane, from now on"
-    runner.set_status(item.id, "in_progress", f"adopted {info['what']} as run {run_id}", run_id)
-    runner.emit(Notice(item.id, f"{item.id}: adopted {info['what']} on {host_name} as run "
-                       f"{run_id}; log: {where}"))
-    if not follow:
-        runner.emit(RunStarted(item.id, run_id, host_name, info.get("pid"), attached=True))
-        return runner.statuses()[item.id]
-    return await runner.attach_run(runner.store.run(run_id))
 
 
 async def _tmux_keep(host, info: dict, capsule: str) -> None:

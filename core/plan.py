@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from core.adopt_spec import AdoptSpec
 from core.errors import InvalidInput
 
 STATUSES = ("pending", "in_progress", "done", "failed", "stopped", "skipped")
@@ -78,8 +79,8 @@ class Item:
     needs: tuple[str, ...] = ()
     action: ActionSpec | None = None
     line: int = 0
-    adopt: Any = None
-    """Where its run already is (:class:`core.adopt.AdoptSpec`): ``run`` adopts it."""
+    adopt: AdoptSpec | None = None
+    """Where its run already is (``adopt:`` in the plan): ``run`` adopts it."""
     after: tuple[str, ...] = ()
     """Ids that only come first: done or skipped lets it start (``needs`` wants done: a
     skipped need's output is missing)."""

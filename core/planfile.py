@@ -21,6 +21,7 @@ from typing import Any, Iterable
 import yaml
 
 from core.actions import registry
+from core.adopt_spec import parse_spec
 from core.errors import InvalidInput, PlanError
 from core.params import ParamError, parse_params, shell_fields
 from core.plan import (ENV_NAME, PRIORITIES, SECRET_NAME, SLUG, STATUSES, VAR_REF, ActionSpec,
@@ -484,8 +485,6 @@ def _parse_action(v, raw, ap, label, hosts, raw_hosts, variables, registry) -> A
 def _parse_adopt(v, raw, ap, label, action, variables):
     if raw is None:
         return None
-    from core.adopt import parse_spec
-
     errors: list[tuple[tuple, str]] = []
     spec, problems = parse_spec(_interpolate(raw, variables, False, errors, ()))
     if action is None or not registry.get(action.kind).detached:

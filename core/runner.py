@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import secrets
 import socket
@@ -32,7 +33,8 @@ from typing import Any, Callable, Iterable
 from core import adopt, jobs, shellvars, watch_detached
 from core.actions import registry
 from core.actions.base import Action, ActionContext, CheckResult, Outcome
-from core.errors import ActionFailed, HostUnreachable, SpecdeckError
+from core.adopt_spec import AdoptSpec
+from core.errors import ActionFailed, HostUnreachable, InvalidInput, SpecdeckError
 from core.faults import describe_fault
 from core.events import (Event, HostStateChanged, LogLinesReceived, LogStreamChanged, Notice,
                          Progress, RunEnded, RunStarted, StatusChanged)
@@ -355,7 +357,7 @@ class Runner:
                     summary["held"].append(it.id)
                     self.emit(Notice(it.id, why, "warning"))
                     continue
-                why = None if needs else adopt.unadopted(self, it)
+                why = None if needs else adopt.unadopted(self.plan, it, st, self.store.live_run)
                 if why and adopt.adopting(it, running.values()):
                     deferred = True  # a stop whose target is being adopted right now
                     continue
@@ -490,15 +492,16 @@ class Runner:
             self.emit(Notice(item.id, f"{item.id}: run {live.id} is live; attaching"))
             await self.attach_run(live)
             return self.statuses()[item.id]
-        if adopt.from_plan(self, item):  # the plan says where its run already is
+        if item.adopt is not None and adopt.from_plan(  # the plan says where its run is
+                item, self.statuses()[item.id], self.store.runs_for_item(item.id)):
             try:
-                return await adopt.adopt_item(self, item, item.adopt)
+                return await self.adopt(item.id, item.adopt)
             except SpecdeckError as e:
                 self.emit(Notice(item.id, f"{item.id}: cannot adopt the run its plan names: "
                                  f"{e.message} (ended? `specdeck mark PLAN {item.id} done`, or "
                                  "`pending` to launch it anew)", "error"))
                 return "failed"
-        why = adopt.unadopted(self, item)
+        why = adopt.unadopted(self.plan, item, self.statuses(), self.store.live_run)
         if why:
             self.emit(Notice(item.id, why, "warning"))
             return self.statuses()[item.id]
@@ -517,7 +520,7 @@ class Runner:
             self.set_status(item.id, "failed", f"blocked: {chk.reason}")
             self.emit(Notice(item.id, f"{item.id}: cannot run: {chk.reason}", "error"))
             return "failed"
-        run_id = f"{item.id}-{time.strftime('%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        run_id = self._new_run_id(item)
         launcher = action.launcher_name()
         run = self.store.claim_run(run_id, item.id, item.action.kind,
                                    item.action.host, owner=self.owner, launcher=launcher)
@@ -561,6 +564,49 @@ class Runner:
         if self.detach:
             return self.statuses()[item.id]
         return await self._follow_and_finish(item, action, host, self.store.run(run_id))
+
+    @staticmethod
+    def _new_run_id(item: Item) -> str:
+        return f"{item.id}-{time.strftime('%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+    async def adopt(self, item_id: str, spec: AdoptSpec, *, host_name: str | None = None,
+                    follow: bool = True) -> str:
+        """Make what ``spec`` names (a pid, a Slurm job, a tmux session started outside
+        specdeck) the item's live run; follow it (``follow``) until it ends.
+
+        Bad input (nothing there, another user's, specdeck's own, a missing log) raises
+        :class:`~core.errors.InvalidInput` before anything is recorded (:mod:`core.adopt`).
+        Returns the item's status.
+        """
+        item = self.plan.item(item_id)
+        host_name = host_name or (item.action.host if item.action else None)
+        adopt.refuse(self.plan, item, self.action(item), host_name,
+                     self.store.live_run(item.id))
+        host = await self.host(host_name)
+        info = await adopt.locate(host, spec, self.store.live_runs())
+        run_id = self._new_run_id(item)
+        capsule = jobs.capsule_path(host, run_id)
+        await adopt.make_capsule(host, info, capsule)
+        run = self.store.claim_run(run_id, item.id, item.action.kind, host_name,
+                                   owner=self.owner, launcher=f"adopt:{info['how']}")
+        if run is None:
+            raise InvalidInput(f"item {item.id!r} got a live run meanwhile (another specdeck)")
+        self.store.update_run(run_id, state="running",
+                              pid=info.get("pid") or info.get("pane_pid"),
+                              pstart=info.get("pstart"), capsule=capsule, job_id=info.get("job"),
+                              adopt=json.dumps(info), log_base=info["base"])
+        self.store.journal("adopted", f"adopted {info['what']} as {run_id}", item_id=item.id,
+                           run_id=run_id, host=host_name, data=info)
+        where = (f"{info['log']} from byte {info['base']}" if info["log"]
+                 else "the pane, from now on")
+        self.set_status(item.id, "in_progress", f"adopted {info['what']} as run {run_id}",
+                        run_id)
+        self.emit(Notice(item.id, f"{item.id}: adopted {info['what']} on {host_name} as run "
+                         f"{run_id}; log: {where}"))
+        if not follow:
+            self.emit(RunStarted(item.id, run_id, host_name, info.get("pid"), attached=True))
+            return self.statuses()[item.id]
+        return await self.attach_run(self.store.run(run_id))
 
     def stop_requested(self, run_id: str) -> bool:
         """A stop of the run was asked for, by this process or another (a run still starting,

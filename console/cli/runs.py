@@ -199,7 +199,7 @@ def cmd_stop(args) -> int:
 
 
 def cmd_adopt(args) -> int:
-    from core.adopt import AdoptSpec, adopt_item, parse_pid
+    from core.adopt_spec import AdoptSpec, parse_pid
 
     plan = load_plan(args.plan)
     item = plan.item(args.item)
@@ -222,7 +222,7 @@ def cmd_adopt(args) -> int:
 
     async def go(runner):
         await runner.reconcile()
-        return await adopt_item(runner, item, spec, host_name=args.host)
+        return await runner.adopt(item.id, spec, host_name=args.host)
 
     status = run_with(plan, args, go)
     return exit_codes.OK if status in ("done", "in_progress") else exit_codes.FAILED

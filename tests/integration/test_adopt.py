@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from core import adopt as adopt_mod
-from core.adopt import AdoptSpec, adopt_item, from_plan
+from core.adopt import from_plan
+from core.adopt_spec import AdoptSpec
 from core.errors import InvalidInput
 from core.planfile import parse_plan
 from core.runner import Runner
@@ -177,7 +178,7 @@ async def test_bad_input_records_nothing(tmp_path):
     try:
         for spec, why in cases:
             with pytest.raises(InvalidInput, match=why):
-                await adopt_item(runner, item, spec)
+                await runner.adopt(item.id, spec)
         assert store.runs_for_item("train-v4") == [] and store.status_history("train-v4") == []
         assert store.events(kinds=["adopted", "run_claimed"]) == []
     finally:
@@ -213,8 +214,10 @@ async def test_plan_adopt_field_is_adopted_by_run_and_ends_with_unknown_status(t
         assert "exit status is unknown" in run.error
         assert _numbers(store.log_bytes(run.id).decode()) == list(range(1, 31))
         # that run has ended: running the item again launches it, it does not re-adopt
-        assert not from_plan(runner, runner.plan.item("train-v4"))
-        assert adopt_mod.unadopted(runner, runner.plan.item("train-v4")) is None
+        item = runner.plan.item("train-v4")
+        assert not from_plan(item, runner.statuses()[item.id], runner.store.runs_for_item(item.id))
+        assert adopt_mod.unadopted(runner.plan, item, runner.statuses(),
+                                   runner.store.live_run) is None
     finally:
         await runner.close()
         store.close()
@@ -248,7 +251,7 @@ async def test_tmux_session_adopted_then_stopped(tmp_path, tmux_session):
     plan = _plan(tmp_path, {"local": True, "workdir": str(wd)})
     runner, store = await _runner(plan, tmp_path)
     try:
-        await adopt_item(runner, runner.plan.item("train-v4"), AdoptSpec(tmux=s), follow=False)
+        await runner.adopt("train-v4", AdoptSpec(tmux=s), follow=False)
         run = store.live_run("train-v4")
         assert run.launcher == "adopt:tmux"
         follower = asyncio.create_task(runner.attach_run(run))
@@ -279,7 +282,7 @@ async def test_tmux_dead_pane_gives_the_exit_status(tmp_path, tmux_session):
     runner, store = await _runner(plan, tmp_path)
     try:
         status = await asyncio.wait_for(
-            adopt_item(runner, runner.plan.item("train-v4"), AdoptSpec(tmux=s)), 30)
+            runner.adopt("train-v4", AdoptSpec(tmux=s)), 30)
         run = store.latest_run("train-v4")
         assert (status, run.state, run.exit_code) == ("failed", "failed", 3)
         assert "bye" in store.log_bytes(run.id).decode()
@@ -336,7 +339,7 @@ async def test_adopted_train_item_records_metrics_and_checkpoints(tmp_path):
                                       "cache": "feats"}}}}]}))
     runner, store = await _runner(plan, tmp_path)
     try:
-        task = asyncio.create_task(adopt_item(runner, runner.plan.item("train-v4"),
+        task = asyncio.create_task(runner.adopt("train-v4",
                                               AdoptSpec(pid=proc.pid, log=str(wd / "train.log"))))
         while proc.poll() is None:  # reaped as it ends (a zombie has ended too)
             await asyncio.sleep(0.05)

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from core.adopt import AdoptSpec, adopt_item
+from core.adopt_spec import AdoptSpec
 from core.errors import InvalidInput
 from core.planfile import parse_plan
 from core.runner import Runner
@@ -38,10 +38,10 @@ async def test_plain_sbatch_job_adopted_by_id_and_followed_to_its_exit_code(slur
     runner = Runner(plan, store, poll=0.05)
     try:
         with pytest.raises(InvalidInput, match="Slurm job 999999 on login: unknown"):
-            await adopt_item(runner, plan.item("train-v4"), AdoptSpec(slurm_job="999999"))
+            await runner.adopt("train-v4", AdoptSpec(slurm_job="999999"))
         assert store.runs_for_item("train-v4") == []
         status = await asyncio.wait_for(
-            adopt_item(runner, plan.item("train-v4"), AdoptSpec(slurm_job=job, from_start=True)),
+            runner.adopt("train-v4", AdoptSpec(slurm_job=job, from_start=True)),
             120)
         run = store.latest_run("train-v4")
         assert (status, run.state, run.exit_code, run.job_id) == (
@@ -54,7 +54,7 @@ async def test_plain_sbatch_job_adopted_by_id_and_followed_to_its_exit_code(slur
                                "echo up; sleep 300"], env=env, capture_output=True, text=True,
                               check=True).stdout.strip().split(";")[0]
         runner.mark("train-v4", "in_progress")
-        await adopt_item(runner, plan.item("train-v4"), AdoptSpec(slurm_job=job2), follow=False)
+        await runner.adopt("train-v4", AdoptSpec(slurm_job=job2), follow=False)
         live = store.live_run("train-v4")
         outcome = await asyncio.wait_for(runner.stop_run(live.id, grace_s=2), 90)
         assert outcome.state == "stopped"

@@ -273,7 +273,7 @@ def test_a_killed_watcher_is_started_again_and_carries_on(sshd_factory, tiny_mod
 async def test_an_adopted_run_gets_its_watcher(tiny_models, tmp_path):
     """A run started by hand and adopted: its watcher starts at the adoption and records each
     checkpoint (these are not torch files: each eval fails, is recorded, the next follows)."""
-    from core.adopt import AdoptSpec, adopt_item
+    from core.adopt_spec import AdoptSpec
     from core.planfile import parse_plan
     from core.runner import Runner
 
@@ -300,7 +300,7 @@ async def test_an_adopted_run_gets_its_watcher(tiny_models, tmp_path):
     store = Store(tmp_path / "s.db")
     runner = Runner(parse_plan(plan.read_text(), str(plan), path=plan), store, poll=0.05)
     try:
-        await asyncio.wait_for(adopt_item(runner, runner.plan.item("train-v4"),
+        await asyncio.wait_for(runner.adopt("train-v4",
                                           AdoptSpec(pid=proc.pid, log=str(wd / "train.log"))), 120)
         run = store.latest_run("train-v4")
         w = store.watcher(run.id)
