@@ -276,24 +276,53 @@ def _plan_of(loc: _Located, path: Path | None) -> Plan:
         v.error((), "a plan is a mapping with name, hosts, vars and items")
         raise PlanError(v.issues)
     _check_keys(v, data, (), ("name", "hosts", "vars", "items", "state"))
-    state = data.get("state")
+    state = _parse_state(v, data.get("state"))
+    name = _parse_name(v, data.get("name"))
+    variables = _parse_vars(v, data.get("vars") or {})
+    raw_hosts = data.get("hosts") or {}
+    if not isinstance(raw_hosts, dict):
+        v.error(("hosts",), "hosts must be a mapping of name: {local|ssh, workdir}",
+                field_path=("hosts",))
+        raw_hosts = {}
+    hosts = _parse_hosts(v, raw_hosts)
+    items = _parse_items(v, loc, data.get("items"), hosts, raw_hosts, variables)
+    _check_deps(v, items)
+    _check_cycles(v, items)
+
+    if state is not None:
+        state = str(((path.parent if path else Path.cwd()) / Path(state).expanduser()).resolve())
+    plan = Plan(name, path, hosts, dict(variables), tuple(items), state)
+    _check_kind_rules(v, plan)
+    if v.issues:
+        raise PlanError(v.issues)
+    return plan
+
+
+def _parse_state(v: _Validator, state: Any) -> str | None:
+    """``state:``, the state database's path as written (None: none, or not a path)."""
     if state is not None and (not isinstance(state, str) or not state.strip()):
         v.error(("state",), "state: the state database's path (relative to the plan file)",
                 field_path=("state",))
-        state = None
+        return None
+    return state
 
-    name = data.get("name")
+
+def _parse_name(v: _Validator, name: Any) -> str:
+    """``name:``, a slug (``plan`` stands in for a missing one, so the rest is checked)."""
     if not isinstance(name, str) or not name.strip():
         v.error(("name",), "name: a non-empty string is required", field_path=("name",))
-        name = "plan"
-    elif not SLUG.match(name):
+        return "plan"
+    if not SLUG.match(name):
         v.error(("name",), f"name {name!r} must be a slug (letters, digits, _ . -; 64 at most)",
                 field_path=("name",))
+    return name
 
-    variables = data.get("vars") or {}
+
+def _parse_vars(v: _Validator, variables: Any) -> dict:
+    """``vars:``, checked as environment values (each travels in a run's environment)."""
     if not isinstance(variables, dict):
         v.error(("vars",), "vars must be a mapping of name: value", field_path=("vars",))
-        variables = {}
+        return {}
     for k, val in variables.items():
         if not isinstance(val, (str, int, float, bool)):
             v.error(("vars", k), f"var {k!r} must be a string or number", field_path=("vars", k))
@@ -303,13 +332,12 @@ def _plan_of(loc: _Located, path: Path | None) -> Plan:
             v.error(("vars", k), f"var {k!r} looks like a secret: secrets never go in plans; "
                     "keep them in the host's environment or ssh-agent", field_path=("vars", k),
                     key=True)
+    return variables
 
+
+def _parse_hosts(v: _Validator, raw_hosts: dict) -> dict[str, HostSpec]:
+    """``hosts:``, by name (a host whose name or shape is wrong is left out)."""
     hosts: dict[str, HostSpec] = {}
-    raw_hosts = data.get("hosts") or {}
-    if not isinstance(raw_hosts, dict):
-        v.error(("hosts",), "hosts must be a mapping of name: {local|ssh, workdir}",
-                field_path=("hosts",))
-        raw_hosts = {}
     for hname, h in raw_hosts.items():
         hp = ("hosts", hname)
         if not isinstance(hname, str) or not SLUG.match(hname):
@@ -320,47 +348,61 @@ def _plan_of(loc: _Located, path: Path | None) -> Plan:
             v.error(hp, "a host is {local: true, workdir: PATH} or {ssh: ALIAS, workdir: PATH}",
                     field_path=hp)
             continue
-        _check_keys(v, h, hp, ("local", "ssh", "workdir", "python", "env"), base=hp)
-        local, ssh = h.get("local"), h.get("ssh")
-        if local not in (None, True, False):
-            v.error(hp + ("local",), "local must be true or false", field_path=hp + ("local",))
-        if bool(local) == bool(ssh):
-            v.error(hp, f"host {hname!r} needs exactly one of `local: true` or `ssh: ALIAS`",
-                    field_path=hp)
-        if ssh is not None and (not isinstance(ssh, str) or not ssh or ssh.startswith("-")
-                                or any(c.isspace() for c in ssh)):
-            v.error(hp + ("ssh",), "ssh must be an alias or user@host[:port]",
-                    field_path=hp + ("ssh",))
-        wd = h.get("workdir")
-        if not isinstance(wd, str) or not wd:
-            v.error(hp + ("workdir",), "workdir: a path is required", field_path=hp + ("workdir",))
-        py = h.get("python")
-        if py is not None and not isinstance(py, str):
-            v.error(hp + ("python",), "python must be a path", field_path=hp + ("python",))
-        env = h.get("env") or {}
-        if not isinstance(env, dict):
-            v.error(hp + ("env",), "env must be a mapping", field_path=hp + ("env",))
-            env = {}
-        for ek, ev in env.items():
-            if not isinstance(ek, str) or not ENV_NAME.match(ek):
-                v.error(hp + ("env", ek), f"env name {ek!r} must be a shell variable name "
-                        "(letters, digits, _; not starting with a digit; 128 at most)",
-                        field_path=hp + ("env", ek), key=True)
-            if not isinstance(ev, (str, int, float)) or isinstance(ev, bool):
-                v.error(hp + ("env", ek), "env values must be strings", field_path=hp + ("env", ek))
-            elif not _env_safe(ev):
-                v.error(hp + ("env", ek), f"env values must be {ENV_VALUE_RULE}",
-                        field_path=hp + ("env", ek))
-            if SECRET_NAME.search(str(ek)):
-                v.error(hp + ("env", ek), f"env {ek!r} looks like a secret: secrets never go in "
-                        "plans; export it in the host's shell profile instead",
-                        field_path=hp + ("env", ek), key=True)
-        hosts[hname] = HostSpec(hname, wd if isinstance(wd, str) else ".", bool(local),
-                                ssh if isinstance(ssh, str) else None,
-                                py if isinstance(py, str) else None,
-                                {str(k): str(x) for k, x in env.items()})
+        hosts[hname] = _parse_host(v, hname, h)
+    return hosts
 
-    raw_items = data.get("items")
+
+def _parse_host(v: _Validator, hname: str, h: dict) -> HostSpec:
+    hp = ("hosts", hname)
+    _check_keys(v, h, hp, ("local", "ssh", "workdir", "python", "env"), base=hp)
+    local, ssh = h.get("local"), h.get("ssh")
+    if local not in (None, True, False):
+        v.error(hp + ("local",), "local must be true or false", field_path=hp + ("local",))
+    if bool(local) == bool(ssh):
+        v.error(hp, f"host {hname!r} needs exactly one of `local: true` or `ssh: ALIAS`",
+                field_path=hp)
+    if ssh is not None and (not isinstance(ssh, str) or not ssh or ssh.startswith("-")
+                            or any(c.isspace() for c in ssh)):
+        v.error(hp + ("ssh",), "ssh must be an alias or user@host[:port]",
+                field_path=hp + ("ssh",))
+    wd = h.get("workdir")
+    if not isinstance(wd, str) or not wd:
+        v.error(hp + ("workdir",), "workdir: a path is required", field_path=hp + ("workdir",))
+    py = h.get("python")
+    if py is not None and not isinstance(py, str):
+        v.error(hp + ("python",), "python must be a path", field_path=hp + ("python",))
+    env = _parse_host_env(v, hp, h.get("env") or {})
+    return HostSpec(hname, wd if isinstance(wd, str) else ".", bool(local),
+                    ssh if isinstance(ssh, str) else None,
+                    py if isinstance(py, str) else None,
+                    {str(k): str(x) for k, x in env.items()})
+
+
+def _parse_host_env(v: _Validator, hp: tuple, env: Any) -> dict:
+    """A host's ``env:``: shell variable names, values fit for an environment, no secrets."""
+    if not isinstance(env, dict):
+        v.error(hp + ("env",), "env must be a mapping", field_path=hp + ("env",))
+        return {}
+    for ek, ev in env.items():
+        if not isinstance(ek, str) or not ENV_NAME.match(ek):
+            v.error(hp + ("env", ek), f"env name {ek!r} must be a shell variable name "
+                    "(letters, digits, _; not starting with a digit; 128 at most)",
+                    field_path=hp + ("env", ek), key=True)
+        if not isinstance(ev, (str, int, float)) or isinstance(ev, bool):
+            v.error(hp + ("env", ek), "env values must be strings", field_path=hp + ("env", ek))
+        elif not _env_safe(ev):
+            v.error(hp + ("env", ek), f"env values must be {ENV_VALUE_RULE}",
+                    field_path=hp + ("env", ek))
+        if SECRET_NAME.search(str(ek)):
+            v.error(hp + ("env", ek), f"env {ek!r} looks like a secret: secrets never go in "
+                    "plans; export it in the host's shell profile instead",
+                    field_path=hp + ("env", ek), key=True)
+    return env
+
+
+def _parse_items(v: _Validator, loc: _Located, raw_items: Any, hosts: dict[str, HostSpec],
+                 raw_hosts: dict, variables: dict) -> list[Item]:
+    """``items:``, in order (an item that is not a mapping is left out)."""
     if not isinstance(raw_items, list):
         v.error(("items",), "items: a list of todo items is required", field_path=("items",))
         raw_items = []
@@ -371,48 +413,59 @@ def _plan_of(loc: _Located, path: Path | None) -> Plan:
         if not isinstance(it, dict):
             v.error(ip, "an item is a mapping with id, content, priority, needs, action")
             continue
-        iid = it.get("id")
-        label = iid if isinstance(iid, str) and SLUG.match(iid) else f"#{i + 1}"
-        _check_keys(v, it, ip, ("id", "content", "priority", "status", "needs", "after",
-                                "retries", "action", "adopt"), item=label)
-        if not isinstance(iid, str) or not SLUG.match(iid):
-            v.error(ip + ("id",), f"id must be a slug (letters, digits, _ . -; 64 at most), got "
-                    f"{short(iid)}",
-                    item=label, field_path=("id",))
-        elif iid in seen:
-            v.error(ip + ("id",), f"duplicate id (first used by item #{seen[iid] + 1})",
-                    item=label, field_path=("id",))
-        else:
-            seen[iid] = i
-        content = it.get("content")
-        if not isinstance(content, str) or not content.strip():
-            v.error(ip + ("content",), "content: the todo text is required", item=label,
-                    field_path=("content",))
-        prio = it.get("priority", "medium")
-        if prio not in PRIORITIES:
-            v.error(ip + ("priority",), f"priority must be one of {', '.join(PRIORITIES)}, "
-                    f"got {prio!r}", item=label, field_path=("priority",))
-        status = it.get("status")
-        if status is not None and status not in STATUSES:
-            v.error(ip + ("status",), f"status must be one of {', '.join(STATUSES)}, got "
-                    f"{status!r}", item=label, field_path=("status",))
-        needs, after = (_id_list(v, it, ip, key, label) for key in ("needs", "after"))
-        retries = it.get("retries", 0)
-        if type(retries) is not int or not 0 <= retries <= MAX_RETRIES:
-            v.error(ip + ("retries",), f"retries must be a whole number from 0 to {MAX_RETRIES}"
-                    f", got {short(retries)}", item=label, field_path=("retries",))
-            retries = 0
-        action = None
-        raw_action = it.get("action")
-        if raw_action is not None:
-            action = _parse_action(v, raw_action, ip + ("action",), label, hosts, raw_hosts,
-                                   variables, registry)
-        adopt = _parse_adopt(v, it.get("adopt"), ip + ("adopt",), label, action, variables)
-        items.append(Item(label, content if isinstance(content, str) else "",
-                          prio if prio in PRIORITIES else "medium",
-                          status if status in STATUSES else None, tuple(needs), action,
-                          loc.mark(ip)[0], adopt, tuple(after), retries))
+        items.append(_parse_item(v, loc, i, it, seen, hosts, raw_hosts, variables))
+    return items
 
+
+def _parse_item(v: _Validator, loc: _Located, i: int, it: dict, seen: dict[str, int],
+                hosts: dict[str, HostSpec], raw_hosts: dict, variables: dict) -> Item:
+    """Item ``#i + 1``; ``seen``: the ids before it (by index), this one added."""
+    ip = ("items", i)
+    iid = it.get("id")
+    label = iid if isinstance(iid, str) and SLUG.match(iid) else f"#{i + 1}"
+    _check_keys(v, it, ip, ("id", "content", "priority", "status", "needs", "after",
+                            "retries", "action", "adopt"), item=label)
+    if not isinstance(iid, str) or not SLUG.match(iid):
+        v.error(ip + ("id",), f"id must be a slug (letters, digits, _ . -; 64 at most), got "
+                f"{short(iid)}",
+                item=label, field_path=("id",))
+    elif iid in seen:
+        v.error(ip + ("id",), f"duplicate id (first used by item #{seen[iid] + 1})",
+                item=label, field_path=("id",))
+    else:
+        seen[iid] = i
+    content = it.get("content")
+    if not isinstance(content, str) or not content.strip():
+        v.error(ip + ("content",), "content: the todo text is required", item=label,
+                field_path=("content",))
+    prio = it.get("priority", "medium")
+    if prio not in PRIORITIES:
+        v.error(ip + ("priority",), f"priority must be one of {', '.join(PRIORITIES)}, "
+                f"got {prio!r}", item=label, field_path=("priority",))
+    status = it.get("status")
+    if status is not None and status not in STATUSES:
+        v.error(ip + ("status",), f"status must be one of {', '.join(STATUSES)}, got "
+                f"{status!r}", item=label, field_path=("status",))
+    needs, after = (_id_list(v, it, ip, key, label) for key in ("needs", "after"))
+    retries = it.get("retries", 0)
+    if type(retries) is not int or not 0 <= retries <= MAX_RETRIES:
+        v.error(ip + ("retries",), f"retries must be a whole number from 0 to {MAX_RETRIES}"
+                f", got {short(retries)}", item=label, field_path=("retries",))
+        retries = 0
+    action = None
+    raw_action = it.get("action")
+    if raw_action is not None:
+        action = _parse_action(v, raw_action, ip + ("action",), label, hosts, raw_hosts,
+                               variables, registry)
+    adopt = _parse_adopt(v, it.get("adopt"), ip + ("adopt",), label, action, variables)
+    return Item(label, content if isinstance(content, str) else "",
+                prio if prio in PRIORITIES else "medium",
+                status if status in STATUSES else None, tuple(needs), action,
+                loc.mark(ip)[0], adopt, tuple(after), retries)
+
+
+def _check_deps(v: _Validator, items: list[Item]) -> None:
+    """Every ``needs`` / ``after`` names another item of the plan."""
     ids = {it.id for it in items}
     for i, it in enumerate(items):
         for key, deps in (("needs", it.needs), ("after", it.after)):
@@ -424,22 +477,17 @@ def _plan_of(loc: _Located, path: Path | None) -> Plan:
                     v.error(("items", i, key, j), "an item cannot "
                             + ("need" if key == "needs" else "come after") + " itself",
                             item=it.id, field_path=(key,))
-    _check_cycles(v, items)
 
-    if state is not None:
-        state = str(((path.parent if path else Path.cwd()) / Path(state).expanduser()).resolve())
-    plan = Plan(name, path, hosts, dict(variables), tuple(items), state)
-    # Cross-item rules each kind knows about (relay's hosts, stop's item...).
-    for i, it in enumerate(items):
+
+def _check_kind_rules(v: _Validator, plan: Plan) -> None:
+    """Cross-item rules each kind knows about (relay's hosts, stop's item...)."""
+    for i, it in enumerate(plan.items):
         if it.action is None or it.action.params is None:
             continue
         cls = registry.get(it.action.kind)
         for fpath, msg in cls.validate_plan(it.action.params, plan, it):
             v.error(("items", i, "action", "params") + tuple(fpath), msg, item=it.id,
                     field_path=("action", "params") + tuple(fpath))
-    if v.issues:
-        raise PlanError(v.issues)
-    return plan
 
 
 def _parse_action(v, raw, ap, label, hosts, raw_hosts, variables, registry) -> ActionSpec | None:
