@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import hashlib
 import json
@@ -51,6 +52,7 @@ import re
 import shlex
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from core.actions.base import Action, CheckResult
 from core.errors import ActionFailed, HostUnreachable
@@ -417,159 +419,61 @@ class Relay(Action):
                    src_id: str | None = None, streams: int | None = None) -> dict:
         label = label or posixpath.basename(dp)
         book = book or _Book.beside(dp)
+        f = _File(src, sp, dst, dp, size, expected, limit, label, book, overall, src_id, streams)
         try:
-            return await self._copy(ctx, src, sp, dst, dp, size, expected, limit, label,
-                                    overall, book, src_id, streams)
+            return await self._copy(ctx, f)
         except OSError as exc:
             raise _os_failure(exc, label, dst, book) from None
 
-    async def _copy(self, ctx, src, sp, dst, dp, size, expected, limit, label, overall,
-                    book: _Book, src_id, streams) -> dict:
-        # -- where the copy stands ------------------------------------------------------
-        looked = await asyncio.gather(
-            dst.lstat(book.part), dst.lstat(book.state), dst.lstat(book.sums),
-            src.identity(sp) if src_id is None else _value(src_id))
-        pst, sst_state, _ = looked[:3]
-        src_id = looked[3]
-        for path, st in zip((book.part, book.state, book.sums), looked[:3]):
-            if st is not None and (st.is_link or st.is_dir):
-                kind = "a symbolic link" if st.is_link else "a directory"
-                raise ActionFailed(
-                    f"relay: {label}: {dst.name}:{dst.path(path)} is {kind}; specdeck writes "
-                    "its temporary files only as plain files, never through a link",
-                    hint=f"remove it on {dst.name} (`rm {shlex.quote(dst.path(path))}`) if it "
-                         "is not yours, then run the item again")
-        if src_id is None:
-            raise ActionFailed(f"relay: source {src.name}:{sp} does not exist")
-        layout = None
-        if sst_state is not None:
-            try:
-                layout = json.loads(await dst.read_from(book.state, 0, 1 << 20))
-            except ValueError:
-                layout = None
-        ranges: list[list[int]]
-        progress: list[int]
+    async def _copy(self, ctx, f: _File) -> dict:
+        """Copy one file (resuming what an earlier run left), verify its sha256, and rename
+        its ``.part`` into place; returns what the run's result says of it."""
+        pst, layout, src_id = await _standing(f)
+        f = dataclasses.replace(f, src_id=src_id)
         layout_written: asyncio.Future = asyncio.ensure_future(_noop())
-        if (layout and pst is not None and layout.get("size") == size
-                and layout.get("src") == src_id and _ranges_ok(layout.get("ranges"), size)):
-            ranges = layout["ranges"]
-            if layout.get("mode") == "append":
-                progress = [min(pst.size, size)]
-            else:
-                progress = await _verified(ctx, src, sp, dst, book, ranges,
-                                           await _read_journals(dst, book, ranges), pst.size,
-                                           label)
-        else:
-            if layout is not None or (pst is not None and pst.size > size):
-                if layout is not None and pst is not None:
-                    ctx.progress(f"{label}: the source changed since the partial copy: "
-                                 "starting over")
-                await _clear(dst, book, layout, keep_sums=True)
-                pst = None
-            offset = pst.size if pst is not None else 0  # a .part from an append (no layout)
-            n = streams or default_streams(size - offset)
-            if n > 1 and size - offset >= BULK_MIN and await _bulk_unavailable(
-                    src, dst, size - offset) is None:
-                ranges = split_ranges(size, n)
-                progress = [min(max(offset, s), e) for s, e in ranges]
-                layout = {"size": size, "src": src_id, "mode": "ranges", "ranges": ranges}
-            else:
-                ranges, progress = [[0, size]], [offset]
-                layout = {"size": size, "src": src_id, "mode": "append", "ranges": ranges}
-            layout_written = asyncio.ensure_future(self._start_layout(dst, book, layout,
+        ranges, progress, resumable = _resumable(f, pst, layout)
+        if not resumable:
+            ranges, progress, layout, pst = await _new_layout(ctx, f, pst, layout)
+            layout_written = asyncio.ensure_future(self._start_layout(f.dst, f.book, layout,
                                                                       ranges, progress))
+        elif layout.get("mode") != "append":
+            progress = await _verified(ctx, f.src, f.sp, f.dst, f.book, ranges,
+                                       await _read_journals(f.dst, f.book, ranges), pst.size,
+                                       f.label)
         mode = layout["mode"]
         resumed = sum(p - s for p, (s, _) in zip(progress, ranges))
-        left = size - resumed
+        left = f.size - resumed
         try:
-            await self._preflight(dst, dp, left, label=label)
+            await self._preflight(f.dst, f.dp, left, label=f.label)
             if resumed:
-                ctx.progress(f"{label}: resuming at {human(resumed)} of {human(size)}"
+                ctx.progress(f"{f.label}: resuming at {human(resumed)} of {human(f.size)}"
                              + (f" ({len(ranges)} ranges)" if mode == "ranges" else ""))
-            meter = _Meter(ctx, size, resumed, limit, label, overall)
+            meter = _Meter(ctx, f.size, resumed, f.limit, f.label, f.overall)
             fresh_stream = mode == "append" and resumed == 0
             stream = hashlib.sha256() if fresh_stream else None
-            reference = expected.lower() if expected else None
+            reference = f.expected.lower() if f.expected else None
             src_hash = asyncio.ensure_future(
-                _value(reference) if reference or fresh_stream else src.sha256(sp))
+                _value(reference) if reference or fresh_stream else f.src.sha256(f.sp))
             try:
                 if mode == "ranges":  # the prefix journals first: the writers append to them
                     await layout_written
                 jobs = [(i, p, e) for i, (p, (_, e)) in enumerate(zip(progress, ranges)) if p < e]
                 sent_digest = None
                 if mode == "append" and not jobs and pst is None:
-                    await dst.write_file(book.part, b"")  # an empty file
+                    await f.dst.write_file(f.book.part, b"")  # an empty file
                 if jobs:
-                    why = await _bulk_unavailable(src, dst, left)
-                    try:
-                        if why is None:
-                            try:
-                                sent_digest = await _pump_bulk(ctx, src, sp, dst, book, jobs,
-                                                               mode, meter, stream, label)
-                            except bulk.NotReady as exc:  # no byte moved: the other path
-                                why = str(exc)
-                        if why is not None:
-                            if why is not _SMALL:  # a small file's path is not news
-                                ctx.progress(f"{label}: data path: {src.name} -> specdeck -> "
-                                             f"{dst.name} in-process streams ({why})")
-                            await _pump(src, sp, dst, book, jobs, mode, meter, stream)
-                    except BaseException:  # cut, stopped or failed: where it got to, for the log
-                        meter.report(final=True)
-                        raise
+                    sent_digest = await _send(ctx, f, jobs, mode, meter, stream, left)
                 meter.report(final=True)
                 await layout_written
-                got, after = await asyncio.gather(dst.stat(book.part), src.identity(sp))
-                if got is None or got.size != size:
-                    raise ActionFailed(
-                        f"relay: {label}: wrote {got.size if got else 0} bytes of {size}",
-                        hint="run the item again; it resumes from the .part file")
-                if after != src_id:
-                    rm = f"rm {shlex.quote(dst.path(book.part))}"
-                    raise ActionFailed(
-                        f"relay: {label}: {src.name}:{sp} changed while it was copied "
-                        f"(size, inode or mtime: {src_id} -> {after}); nothing was renamed",
-                        hint="the source changed while it was copied (is something still "
-                             "writing it?): once it is complete, run the item again (the "
-                             f"partial copy is discarded then; or remove it: {rm})")
-                src_what, what = src.name, "the stream from it"
-                if stream is not None:
-                    ctx.progress(f"{label}: verifying sha256: the stream against the plan's"
-                                 if reference else
-                                 f"{label}: verified: sha256 of the bytes {src.name} sent, "
-                                 "which the destination wrote")
-                    h_src = h_dst = sent_digest or stream.hexdigest()
-                else:
-                    src_what = "the plan's sha256" if reference else src.name
-                    ctx.progress(f"{label}: verifying sha256 of {dst.name}'s whole file "
-                                 f"against {'the plan' if reference else src.name}")
-                    h_src, h_dst = await asyncio.gather(src_hash, dst.sha256(book.part))
-                    what = f"{dst.name}:{book.part}"
+                await _check_written(f)
+                digests = await _digests(ctx, f, stream, sent_digest, reference, src_hash)
             finally:
                 src_hash.cancel()
         finally:
             layout_written.cancel()
-        if h_src != h_dst or (expected and expected.lower() != h_src):
-            rm = f"rm {shlex.quote(dst.path(book.part))}"
-            if expected and expected.lower() != h_dst and stream is not None:
-                hint = "the source differs from the plan's sha256: check which checkpoint you meant"
-            elif stream is not None:
-                hint = (f"the source changed while it was copied (is something still writing "
-                        f"it?): once it is complete, remove the partial copy ({rm}) and run "
-                        "the item again")
-            else:
-                hint = (f"the copy is corrupt (or the source is not the plan's file): remove "
-                        f"it ({rm}) and run the item again")
-            raise ActionFailed(
-                f"relay: {label}: sha256 mismatch: {src_what} has {h_src}, {what} has {h_dst}"
-                + (f", plan expects {expected}" if expected else "") + "; nothing was renamed",
-                hint=hint)
-        if book.part != dp + ".part":
-            await dst.makedirs(posixpath.dirname(dp))
-        await dst.rename(book.part, dp)
-        did = await dst.identity(dp)
-        await asyncio.gather(dst.write_file(book.sums, _Record(h_src, size, src_id, did).text()),
-                             _clear(dst, book, layout, keep_sums=True, part=False))
-        return {"size": size, "sha256": h_src, "resumed_from": resumed,
+        _refuse_mismatch(f, digests, streamed=stream is not None)
+        await _land(f, digests.src, layout)
+        return {"size": f.size, "sha256": digests.src, "resumed_from": resumed,
                 "bytes_sent": meter.sent, "streams": len(jobs) if jobs else 0}
 
     @staticmethod
@@ -585,6 +489,192 @@ class Relay(Action):
 
 
 _SMALL = "a small file"
+
+
+@dataclass(frozen=True)
+class _File:
+    """One file's copy: ``src:sp`` to ``dst:dp`` through the bookkeeping files of ``book``."""
+
+    src: Any
+    sp: str
+    dst: Any
+    dp: str
+    size: int
+    expected: str | None
+    """The plan's sha256 of it (a single-file relay), or None."""
+    limit: float | None
+    """Bytes per second at most (``bwlimit``), or None."""
+    label: str
+    """Its name in progress and errors."""
+    book: _Book
+    overall: _Overall | None = None
+    """The whole tree's progress (a directory relay), or None."""
+    src_id: str | None = None
+    """The source's identity (size, inode, mtime), when already known (a tree listing)."""
+    streams: int | None = None
+    """Streams asked for (``streams:``), or None: :func:`default_streams`."""
+
+
+@dataclass(frozen=True)
+class _Digests:
+    """The two sha256s compared before a copy is renamed into place, and what each is of."""
+
+    src: str
+    dst: str
+    src_what: str
+    dst_what: str
+
+
+async def _standing(f: _File) -> tuple[Any, dict | None, str]:
+    """Where the copy stands: the ``.part``'s stat, the layout an earlier run recorded (or
+    None), the source's identity. Refuses bookkeeping files that are links or directories."""
+    dst, book = f.dst, f.book
+    looked = await asyncio.gather(
+        dst.lstat(book.part), dst.lstat(book.state), dst.lstat(book.sums),
+        f.src.identity(f.sp) if f.src_id is None else _value(f.src_id))
+    pst, sst_state, _ = looked[:3]
+    src_id = looked[3]
+    for path, st in zip((book.part, book.state, book.sums), looked[:3]):
+        if st is not None and (st.is_link or st.is_dir):
+            kind = "a symbolic link" if st.is_link else "a directory"
+            raise ActionFailed(
+                f"relay: {f.label}: {dst.name}:{dst.path(path)} is {kind}; specdeck writes "
+                "its temporary files only as plain files, never through a link",
+                hint=f"remove it on {dst.name} (`rm {shlex.quote(dst.path(path))}`) if it "
+                     "is not yours, then run the item again")
+    if src_id is None:
+        raise ActionFailed(f"relay: source {f.src.name}:{f.sp} does not exist")
+    layout = None
+    if sst_state is not None:
+        try:
+            layout = json.loads(await dst.read_from(book.state, 0, 1 << 20))
+        except ValueError:
+            layout = None
+    return pst, layout, src_id
+
+
+def _resumable(f: _File, pst, layout: dict | None) -> tuple[list, list, bool]:
+    """An earlier run's copy of this very source: its ranges and (an append) how far it got;
+    ``([], [], False)`` when there is none to resume."""
+    if (layout and pst is not None and layout.get("size") == f.size
+            and layout.get("src") == f.src_id and _ranges_ok(layout.get("ranges"), f.size)):
+        return layout["ranges"], [min(pst.size, f.size)], True
+    return [], [], False
+
+
+async def _new_layout(ctx, f: _File, pst, layout: dict | None):
+    """A new copy's layout (what an outdated one left is cleared): one append stream, or
+    ranges for parallel streams; a ``.part`` an append left (no layout) is kept. Returns
+    ranges, progress, the layout and the ``.part``'s stat (None once cleared)."""
+    size = f.size
+    if layout is not None or (pst is not None and pst.size > size):
+        if layout is not None and pst is not None:
+            ctx.progress(f"{f.label}: the source changed since the partial copy: "
+                         "starting over")
+        await _clear(f.dst, f.book, layout, keep_sums=True)
+        pst = None
+    offset = pst.size if pst is not None else 0  # a .part from an append (no layout)
+    n = f.streams or default_streams(size - offset)
+    if n > 1 and size - offset >= BULK_MIN and await _bulk_unavailable(
+            f.src, f.dst, size - offset) is None:
+        ranges = split_ranges(size, n)
+        progress = [min(max(offset, s), e) for s, e in ranges]
+        layout = {"size": size, "src": f.src_id, "mode": "ranges", "ranges": ranges}
+    else:
+        ranges, progress = [[0, size]], [offset]
+        layout = {"size": size, "src": f.src_id, "mode": "append", "ranges": ranges}
+    return ranges, progress, layout, pst
+
+
+async def _send(ctx, f: _File, jobs, mode: str, meter: _Meter, stream, left: int):
+    """Move the missing bytes: the bulk data path when it can run, else in-process streams.
+    Returns the digest the bulk path computed of a fresh stream (None otherwise)."""
+    src, dst = f.src, f.dst
+    why = await _bulk_unavailable(src, dst, left)
+    sent_digest = None
+    try:
+        if why is None:
+            try:
+                sent_digest = await _pump_bulk(ctx, src, f.sp, dst, f.book, jobs,
+                                               mode, meter, stream, f.label)
+            except bulk.NotReady as exc:  # no byte moved: the other path
+                why = str(exc)
+        if why is not None:
+            if why is not _SMALL:  # a small file's path is not news
+                ctx.progress(f"{f.label}: data path: {src.name} -> specdeck -> "
+                             f"{dst.name} in-process streams ({why})")
+            await _pump(src, f.sp, dst, f.book, jobs, mode, meter, stream)
+    except BaseException:  # cut, stopped or failed: where it got to, for the log
+        meter.report(final=True)
+        raise
+    return sent_digest
+
+
+async def _check_written(f: _File) -> None:
+    """The ``.part`` has every byte, and the source did not change while it was copied."""
+    got, after = await asyncio.gather(f.dst.stat(f.book.part), f.src.identity(f.sp))
+    if got is None or got.size != f.size:
+        raise ActionFailed(
+            f"relay: {f.label}: wrote {got.size if got else 0} bytes of {f.size}",
+            hint="run the item again; it resumes from the .part file")
+    if after != f.src_id:
+        rm = f"rm {shlex.quote(f.dst.path(f.book.part))}"
+        raise ActionFailed(
+            f"relay: {f.label}: {f.src.name}:{f.sp} changed while it was copied "
+            f"(size, inode or mtime: {f.src_id} -> {after}); nothing was renamed",
+            hint="the source changed while it was copied (is something still "
+                 "writing it?): once it is complete, run the item again (the "
+                 f"partial copy is discarded then; or remove it: {rm})")
+
+
+async def _digests(ctx, f: _File, stream, sent_digest, reference, src_hash) -> _Digests:
+    """The sha256s to compare: of the fresh stream (what was sent is what was written), or
+    of the destination's whole file against the source's (or the plan's)."""
+    src, dst = f.src, f.dst
+    if stream is not None:
+        ctx.progress(f"{f.label}: verifying sha256: the stream against the plan's"
+                     if reference else
+                     f"{f.label}: verified: sha256 of the bytes {src.name} sent, "
+                     "which the destination wrote")
+        h = sent_digest or stream.hexdigest()
+        return _Digests(h, h, src.name, "the stream from it")
+    ctx.progress(f"{f.label}: verifying sha256 of {dst.name}'s whole file "
+                 f"against {'the plan' if reference else src.name}")
+    h_src, h_dst = await asyncio.gather(src_hash, dst.sha256(f.book.part))
+    return _Digests(h_src, h_dst, "the plan's sha256" if reference else src.name,
+                    f"{dst.name}:{f.book.part}")
+
+
+def _refuse_mismatch(f: _File, d: _Digests, *, streamed: bool) -> None:
+    """Raise (nothing renamed) when the digests differ, or differ from the plan's."""
+    expected = f.expected
+    if d.src == d.dst and not (expected and expected.lower() != d.src):
+        return
+    rm = f"rm {shlex.quote(f.dst.path(f.book.part))}"
+    if expected and expected.lower() != d.dst and streamed:
+        hint = "the source differs from the plan's sha256: check which checkpoint you meant"
+    elif streamed:
+        hint = (f"the source changed while it was copied (is something still writing "
+                f"it?): once it is complete, remove the partial copy ({rm}) and run "
+                "the item again")
+    else:
+        hint = (f"the copy is corrupt (or the source is not the plan's file): remove "
+                f"it ({rm}) and run the item again")
+    raise ActionFailed(
+        f"relay: {f.label}: sha256 mismatch: {d.src_what} has {d.src}, {d.dst_what} has "
+        f"{d.dst}" + (f", plan expects {expected}" if expected else "") + "; nothing was renamed",
+        hint=hint)
+
+
+async def _land(f: _File, digest: str, layout: dict) -> None:
+    """Rename the verified ``.part`` into place and record its hash (a rerun skips it)."""
+    dst, book = f.dst, f.book
+    if book.part != f.dp + ".part":
+        await dst.makedirs(posixpath.dirname(f.dp))
+    await dst.rename(book.part, f.dp)
+    did = await dst.identity(f.dp)
+    await asyncio.gather(dst.write_file(book.sums, _Record(digest, f.size, f.src_id, did).text()),
+                         _clear(dst, book, layout, keep_sums=True, part=False))
 
 
 async def _noop() -> None:
