@@ -47,6 +47,11 @@ def version() -> str:
     return f"{core.__version__}+g{code_hash()}"
 
 
+def wheel_name() -> str:
+    """The file name :func:`build_wheel` writes (the version carries the code hash)."""
+    return f"specdeck-{version()}-py3-none-any.whl"
+
+
 def _record_hash(data: bytes) -> str:
     import base64
 
@@ -83,6 +88,6 @@ def build_wheel(out_dir: str | os.PathLike) -> Path:
         records.append(f"{dist}/RECORD,,")
         zi = zipfile.ZipInfo(f"{dist}/RECORD", date_time=(2020, 1, 1, 0, 0, 0))
         z.writestr(zi, "\n".join(records) + "\n")
-    path = Path(out_dir) / f"specdeck-{ver}-py3-none-any.whl"
+    path = Path(out_dir) / wheel_name()
     path.write_bytes(buf.getvalue())
     return path

@@ -164,7 +164,17 @@ class ActionContext(ABC):
 
 
 class Action(ABC):
-    """Base class of every action kind. Subclasses set ``kind`` and ``Params``."""
+    """Base class of every action kind. Subclasses set ``kind`` and ``Params``.
+
+    **Stateless between hooks.** The runner builds a fresh action (from the item's params)
+    for every call, and specdeck may restart between any two hooks of a run: ``follow``,
+    ``inspect``, ``stop`` and ``finish`` often run on an instance (and in a process) where
+    ``prepare`` never ran. So no hook reads what another hook set on ``self``: each works
+    from its params, its :class:`ActionContext`, the :class:`~core.records.Run` (what the
+    runner stored: capsule, pid, job id, config) and what the command left on the host.
+    What ``prepare`` finds that ``command`` needs is recorded with the run
+    (:meth:`ActionContext.record_config`), never kept on the instance.
+    """
 
     kind: ClassVar[str]
     Params: ClassVar[type]
@@ -177,28 +187,47 @@ class Action(ABC):
 
     @classmethod
     def validate_plan(cls, params: Any, plan: "Plan", item: "Item") -> list[tuple[tuple, str]]:
-        """Rules that need the whole plan (hosts named in params, other items)."""
+        """Rules that need the whole plan (hosts named in params, other items). Reads the
+        plan only: it runs while a plan file is read (``validate``), with no store or host."""
         return []
 
     async def check(self, ctx: ActionContext) -> CheckResult:
-        """Is it already done, can it run, and why not. No side effects."""
+        """Is it already done, can it run, and why not. No side effects: it may run at any
+        time on any instance (before a run, for the console's item pane), and what it finds
+        is not kept for the hooks after it."""
         return CheckResult.ready()
 
     def start_note(self, runs: "list[Run]", checkpoints: "list[Artefact]",
                    resume: bool | None = None) -> str | None:
         """What a new attempt after ``runs`` does with them (train: starts fresh, or resumes
-        from which checkpoint), for the run's confirmation and progress; None: nothing."""
+        from which checkpoint), for the run's confirmation and progress; None: nothing.
+        A pure function of its arguments and the params."""
         return None
 
     # detached actions
     async def prepare(self, ctx: ActionContext) -> None:
-        """Uploads and preflight before launching; raise ActionFailed to refuse."""
+        """Uploads and preflight before launching; raise ActionFailed to refuse.
+
+        Runs once per run, in the launching process, with ``ctx.run_id`` set (the run is
+        ``starting``). What it finds or puts on the host that ``command`` needs (the host's
+        python, an uploaded file's path) is recorded with the run
+        (:meth:`ActionContext.record_config`), not kept on ``self``: ``command`` may run on
+        another instance. A restart after it leaves the run ``starting`` with nothing
+        launched; reconcile ends it ``interrupted``."""
 
     def command(self, ctx: ActionContext) -> Launch:
+        """The command to launch: built from the params, ``ctx`` and what ``prepare``
+        recorded with the run (read back through ``ctx.runs()``), never from ``self``. No
+        side effects; it may be asked again on a fresh instance and must say the same."""
         raise NotImplementedError(f"{self.kind} is not a detached action")
 
     async def finish(self, ctx: ActionContext, outcome: Outcome) -> dict:
-        """Read what the run left and return the result record; raise ActionFailed on failure."""
+        """Read what the run left and return the result record; raise ActionFailed on failure.
+
+        Often the only hook called on its instance: reconcile calls it on a run that ended
+        while no specdeck followed it, after a crash or in another process. So it reads
+        only ``outcome`` (its capsule), the run's record and what the command left on the
+        host, and may be called again for a run whose end was not stored."""
         if outcome.state != "succeeded":
             how = f"signal {outcome.signal}" if outcome.signal else f"exit code {outcome.exit_code}"
             if outcome.state == "lost":
@@ -209,43 +238,57 @@ class Action(ABC):
 
     # in-process actions
     async def run(self, ctx: ActionContext) -> dict:
+        """An in-process action's whole work (the only hook it has); resumable, since
+        specdeck can die at any point and the next run starts on a fresh instance from what
+        is on the hosts (a relay's ``.part`` and journals)."""
         raise NotImplementedError(f"{self.kind} is a detached action")
 
     # -- hooks the runner calls on detached runs (override to launch, inspect, follow or
     # stop some other way: Slurm, torchrun over several nodes, an adopted process) ------
     def launcher_name(self) -> str:
-        """The ``launcher`` recorded on the run: ``process`` unless the action says."""
+        """The ``launcher`` recorded on the run: ``process`` unless the action says. A pure
+        function of the params."""
         return "process"
 
     def metrics_regex(self) -> Any:
         """How log lines become metrics: a regex with named groups (``step`` among them), a
-        parser with ``parse(line)`` (:mod:`core.metrics_sources`), or None (JSON lines)."""
+        parser with ``parse(line)`` (:mod:`core.metrics_sources`), or None (JSON lines).
+        A pure function of the params (asked on whatever instance follows the log)."""
         return None
 
     def metrics_spec(self) -> Any:
         """The action's ``metrics:`` params (:class:`core.metrics_sources.MetricsParams`),
-        read for metric files (TensorBoard) alongside the log; None for none."""
+        read for metric files (TensorBoard) alongside the log; None for none. A pure
+        function of the params."""
         return None
 
     async def launch(self, ctx: ActionContext, host: "Host", run_id: str,
                      launch: Launch) -> jobs.Launched:
-        """Start ``launch`` detached; returns what :func:`core.jobs.start` returns (capsule,
-        pid, pstart; job_id for Slurm)."""
+        """Start ``launch`` (what ``command`` returned) detached; returns what
+        :func:`core.jobs.start` returns (capsule, pid, pstart; job_id for Slurm), which the
+        runner stores on the run: everything the later hooks need to find the run again is
+        in that record or in the capsule, never on ``self``."""
         return await jobs.start(host, run_id, launch)
 
     async def inspect(self, ctx: ActionContext, host: "Host", run: "Run") -> jobs.CapsuleState:
-        """Where a run stands on its host (running, ended, lost...)."""
+        """Where a run stands on its host (running, ended, lost...). Reads only the host and
+        ``run`` (its capsule, job id): it is asked on fresh instances, by reconcile, by
+        ``status`` and by another specdeck."""
         return await jobs.inspect(host, run.capsule or jobs.capsule_path(host, run.id))
 
     async def follow(self, ctx: ActionContext, host: "Host", run: "Run", on_lines, *,
                      log_path: str | None = None, inspector=None) -> jobs.CapsuleState:
         """Follow a run's log into the store until it ends; returns how it ended.
-        ``log_path`` / ``inspector``: another log file and end test (an adopted run's)."""
+        ``log_path`` / ``inspector``: another log file and end test (an adopted run's).
+        Called at launch and again on every attach and reconcile (a fresh instance, maybe
+        in another process): it works out what it needs from ``run`` and the host."""
         return await ctx.follow_log(host, run, on_lines, regex=self.metrics_regex(),
                                     inspector=inspector or (lambda: self.inspect(ctx, host, run)),
                                     log_path=log_path)
 
     async def stop(self, ctx: ActionContext, host: "Host", run: "Run",
                    grace_s: float) -> jobs.CapsuleState:
-        """SIGTERM the run's process group, ``grace_s``, then SIGKILL; returns its end."""
+        """SIGTERM the run's process group, ``grace_s``, then SIGKILL; returns its end.
+        Usually called on a fresh instance (``specdeck stop``, another specdeck): it finds
+        what to stop from ``run`` and the host alone."""
         return await jobs.stop(host, run.capsule, grace_s=grace_s)

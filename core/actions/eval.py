@@ -17,8 +17,9 @@ from typing import Literal
 
 from core.actions import fit
 from core.actions.base import Action, CheckResult, Launch
-from core.actions.mlbase import (host_python, ml_failure, prompts_on_host, py_module, read_json,
-                                 resolve_ref, validate_prompts, validate_ref)
+from core.actions.mlbase import (host_python, launch_inputs, ml_failure, prompts_on_host,
+                                 py_module, read_json, record_launch, resolve_ref,
+                                 validate_prompts, validate_ref)
 from core.errors import ActionFailed
 from core.ml import tau
 from core.ml.runio import parse_bytes
@@ -121,14 +122,14 @@ class Eval(Action):
         return CheckResult.ready()
 
     async def prepare(self, ctx) -> None:
-        self._python = await host_python(ctx.host)
-        self._prompts, _ = await prompts_on_host(ctx.host, ctx.plan, self.params.prompts,
-                                                     upload=True)
+        python = await host_python(ctx.host)
+        prompts, _ = await prompts_on_host(ctx.host, ctx.plan, self.params.prompts, upload=True)
+        record_launch(ctx, python=python, prompts=prompts)
 
-    def _eval_cmd(self, ctx, drafter: str, out: str) -> str:
+    def _eval_cmd(self, ctx, found: dict, drafter: str, out: str) -> str:
         p, h = self.params, ctx.host
-        return py_module(self._python, "core.ml.eval", "--target", h.path(p.target),
-                         "--drafter", drafter, "--prompts", self._prompts, "--out", out,
+        return py_module(found["python"], "core.ml.eval", "--target", h.path(p.target),
+                         "--drafter", drafter, "--prompts", found["prompts"], "--out", out,
                          "--mode", p.mode,
                          *(["--cache", h.path(p.cache)] if p.cache else []),
                          *(["--tree-budget", p.tree_budget] if p.tree_budget else []),
@@ -141,15 +142,17 @@ class Eval(Action):
 
     def command(self, ctx) -> Launch:
         h = ctx.host
+        found = launch_inputs(ctx)
         src = h.path(resolve_ref(ctx, self.params.drafter))
         lines = ["set -e"]
         drafter = src
         if src.endswith((".pt", ".pth", ".bin")):
             drafter = "drafter"
-            lines.append(py_module(self._python, "core.ml.strip", src, drafter))
-        lines.append(self._eval_cmd(ctx, drafter, "result-drafter.json"))
+            lines.append(py_module(found["python"], "core.ml.strip", src, drafter))
+        lines.append(self._eval_cmd(ctx, found, drafter, "result-drafter.json"))
         if self.params.baseline:
-            lines.append(self._eval_cmd(ctx, h.path(self.params.baseline), "baseline/result.json"))
+            lines.append(self._eval_cmd(ctx, found, h.path(self.params.baseline),
+                                        "baseline/result.json"))
         from core import jobs
 
         return Launch("\n".join(lines), cwd=jobs.capsule_path(h, ctx.run_id))

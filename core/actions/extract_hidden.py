@@ -12,8 +12,8 @@ import json
 from dataclasses import dataclass
 
 from core.actions.base import Action, CheckResult, Launch
-from core.actions.mlbase import (host_python, ml_failure, prompts_on_host, py_module,
-                                 read_json, validate_prompts)
+from core.actions.mlbase import (host_python, launch_inputs, ml_failure, prompts_on_host,
+                                 py_module, read_json, record_launch, validate_prompts)
 from core.errors import ActionFailed
 
 
@@ -68,9 +68,9 @@ class ExtractHidden(Action):
 
     async def prepare(self, ctx) -> None:
         host = ctx.host
-        self._python = await host_python(host)
-        self._prompts, ids = await prompts_on_host(ctx.host, ctx.plan, self.params.prompts,
-                                                     upload=True)
+        python = await host_python(host)
+        prompts, ids = await prompts_on_host(ctx.host, ctx.plan, self.params.prompts,
+                                             upload=True)
         cfg = await read_json(host, f"{self.params.target}/config.json")
         if cfg is None:
             raise ActionFailed(f"extract_hidden: {self.params.target}/config.json is missing on "
@@ -87,14 +87,15 @@ class ExtractHidden(Action):
                 f"extract_hidden: about {need / 1e9:.2f} GB needed for {n} prompts x {tokens} "
                 f"tokens x {n_layers + 1} layers x {hidden}, {free / 1e9:.2f} GB free on {host.name}",
                 hint="free space, lower max_new_tokens or limit, or choose another out dir")
-        self._estimate = need
+        record_launch(ctx, python=python, prompts=prompts)
 
     def command(self, ctx) -> Launch:
         p = self.params
         h = ctx.host
         layers = ",".join(map(str, p.layers)) if p.layers else h.path(p.drafter)
-        return Launch(py_module(self._python, "core.ml.extract", "--target", h.path(p.target),
-                                "--prompts", self._prompts, "--layers", layers,
+        found = launch_inputs(ctx)
+        return Launch(py_module(found["python"], "core.ml.extract", "--target", h.path(p.target),
+                                "--prompts", found["prompts"], "--layers", layers,
                                 "--out", h.path(p.out), "--max-new-tokens", p.max_new_tokens,
                                 *(["--limit", p.limit] if p.limit else []),
                                 "--dtype", p.dtype,

@@ -13,7 +13,8 @@ import struct
 from dataclasses import dataclass
 
 from core.actions.base import Action, CheckResult, Launch
-from core.actions.mlbase import (host_python, ml_failure, py_module, resolve_ref, validate_ref)
+from core.actions.mlbase import (host_python, launch_inputs, ml_failure, py_module,
+                                 record_launch, resolve_ref, validate_ref)
 from core.errors import ActionFailed
 
 RECORD = ".specdeck-strip.json"
@@ -87,7 +88,7 @@ class ExtractWeights(Action):
     def command(self, ctx) -> Launch:
         p = self.params
         ckpt = ctx.host.path(resolve_ref(ctx, p.checkpoint))
-        cmd = py_module(self._python, "core.ml.strip", ckpt, ctx.host.path(p.out),
+        cmd = py_module(launch_inputs(ctx)["python"], "core.ml.strip", ckpt, ctx.host.path(p.out),
                         *(["--key", p.key] if p.key else []),
                         *(["--prefix", p.prefix] if p.prefix else []),
                         *(["--config", ctx.host.path(p.config)] if p.config else []),
@@ -95,7 +96,7 @@ class ExtractWeights(Action):
         return Launch(cmd)
 
     async def prepare(self, ctx) -> None:
-        self._python = await host_python(ctx.host)
+        record_launch(ctx, python=await host_python(ctx.host))
 
     async def finish(self, ctx, outcome) -> dict:
         host = ctx.host

@@ -134,6 +134,26 @@ async def prompts_on_host(host, plan, spec: str, *, upload: bool) -> tuple[str, 
     return path, prompt_ids(data)
 
 
+def record_launch(ctx, **found: str) -> None:
+    """Record with the run, as its config, what ``prepare`` found or put on the host that
+    ``command`` needs (the host's python, an uploaded prompts file): an action keeps no
+    state between hooks, since the runner builds a fresh one for each call and a restart
+    may come between any two (core/actions/base.py)."""
+    ctx.record_config(found)
+
+
+def launch_inputs(ctx) -> dict:
+    """What :func:`record_launch` recorded for this run (raises ActionFailed when its
+    ``prepare`` never ran)."""
+    run = next((r for r in ctx.runs() if r.id == ctx.run_id), None)
+    found = run.config if run is not None else None
+    if not isinstance(found, dict):
+        raise ActionFailed(f"item {ctx.item.id!r}: run {ctx.run_id} was never prepared "
+                           "(nothing recorded of its host's python or inputs)",
+                           hint="run the item again")
+    return found
+
+
 def resolve_ref(ctx, ref: str) -> str:
     """A path, or the checkpoint an ``item:<id>@latest|@step_N`` reference names."""
     m = REF.match(ref)

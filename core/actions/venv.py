@@ -91,10 +91,9 @@ class Venv(Action):
     Params = VenvParams
     summary = "create a uv venv on a host with torch (cpu/cuda) + packages + this specdeck"
 
-    _self_version: str | None = None
-    """The specdeck version installed by this run (from the uploaded wheel's name)."""
-
-    def _wanted(self) -> dict[str, list]:
+    def _wanted(self, self_version: str | None = None) -> dict[str, list]:
+        """Each package wanted and its version clauses; ``self_version``: the specdeck a
+        run installed (its wheel's name), else this one's."""
         want = {}
         for p in self.params.packages:
             name, clauses = parse_requirement(p)
@@ -104,7 +103,7 @@ class Venv(Action):
         if self.params.install_self:
             from core.selfwheel import version
 
-            want["specdeck"] = [("==", self._self_version or version())]
+            want["specdeck"] = [("==", self_version or version())]
             for r in ("transformers", "safetensors"):
                 want.setdefault(r, [])
         return want
@@ -125,9 +124,9 @@ class Venv(Action):
         except (ValueError, IndexError):
             return None
 
-    def _unsatisfied(self, found: dict) -> list[str]:
+    def _unsatisfied(self, found: dict, self_version: str | None = None) -> list[str]:
         bad = []
-        for name, clauses in self._wanted().items():
+        for name, clauses in self._wanted(self_version).items():
             v = found.get(name)
             if v is None:
                 bad.append(f"{name} missing")
@@ -157,13 +156,19 @@ class Venv(Action):
                 f"about {need / 1e9:.1f} GB needed for torch={self.params.torch}",
                 hint="free space on the host or choose another workdir, then run again")
         if self.params.install_self:
-            from core import jobs
             from core.selfwheel import build_wheel
 
             with tempfile.TemporaryDirectory() as d:
                 whl = build_wheel(d)
-                self._wheel = f"{jobs.capsule_path(host, ctx.run_id)}/{whl.name}"
-                await host.write_file(self._wheel, whl.read_bytes())
+                await host.write_file(self._wheel(ctx), whl.read_bytes())
+
+    @staticmethod
+    def _wheel(ctx) -> str:
+        """Where ``prepare`` uploads this specdeck's wheel: in the run's capsule."""
+        from core import jobs
+        from core.selfwheel import wheel_name
+
+        return f"{jobs.capsule_path(ctx.host, ctx.run_id)}/{wheel_name()}"
 
     def command(self, ctx) -> Launch:
         p = self.params
@@ -208,7 +213,7 @@ class Venv(Action):
         if p.install_self:
             from core.selfwheel import HOST_REQUIRES
 
-            lines.append(f"{pip} --no-deps {shlex.quote(self._wheel)} || fail 'specdeck install failed' 45")
+            lines.append(f"{pip} --no-deps {shlex.quote(self._wheel(ctx))} || fail 'specdeck install failed' 45")
             lines.append(f"{pip} {' '.join(shlex.quote(r) for r in HOST_REQUIRES)} "
                          f"|| fail 'specdeck requirements failed' 44")
         names = json.dumps(sorted(self._wanted()))
@@ -223,12 +228,13 @@ class Venv(Action):
     async def finish(self, ctx, outcome) -> dict:
         host = ctx.host
         if outcome.state == "succeeded":
+            installed = None  # the specdeck this run installed (its wheel's name)
             for name in await host.listdir(outcome.capsule):
                 if name.startswith("specdeck-") and name.endswith(".whl"):
-                    self._self_version = name.split("-")[1]
+                    installed = name.split("-")[1]
             raw = await host.read_from(f"{outcome.capsule}/versions.json", 0, 1 << 16)
             found = json.loads(raw or b"{}")
-            bad = self._unsatisfied(found)
+            bad = self._unsatisfied(found, installed)
             if bad:
                 raise ActionFailed(f"venv on {host.name}: installed, but " + "; ".join(bad),
                                    hint="check the versions asked for in params")

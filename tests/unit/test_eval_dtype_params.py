@@ -18,9 +18,9 @@ class _Host:
 
 
 def _cmd(params: EvalParams) -> list[str]:
-    action = Eval(params)
-    action._python, action._prompts = "/opt/venv/bin/python", "/home/op/prompts.jsonl"
-    return shlex.split(action._eval_cmd(SimpleNamespace(host=_Host()), "drafter", "out.json"))
+    found = {"python": "/opt/venv/bin/python", "prompts": "/home/op/prompts.jsonl"}
+    return shlex.split(Eval(params)._eval_cmd(SimpleNamespace(host=_Host()), found, "drafter",
+                                              "out.json"))
 
 
 def test_dtype_and_max_memory_reach_the_command():
