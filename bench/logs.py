@@ -41,12 +41,12 @@ async def main() -> None:
         store.claim_run("tp", "tp", "shell", "bench", owner="bench")
         gen = f"seq 1 {N} | sed 's/.*/{{\"step\": &, \"loss\": 0.5, \"note\": \"padding\"}}/'"
         info = await jobs.start(host, "tp", Launch(gen))
-        store.update_run("tp", state="running", capsule=info["capsule"])
-        while (await jobs.inspect(host, info["capsule"])).state == "running":
+        store.update_run("tp", state="running", capsule=info.capsule)
+        while (await jobs.inspect(host, info.capsule)).state == "running":
             await asyncio.sleep(0.05)
         size = (await host.stat(f"{info['capsule']}/log")).size
         t0 = time.perf_counter()
-        await jobs.follow(host, store, "tp", info["capsule"])
+        await jobs.follow(host, store, "tp", info.capsule)
         dt = time.perf_counter() - t0
         lines = store.run("tp").log_lines
         assert lines == N, lines
@@ -66,14 +66,14 @@ async def main() -> None:
                   "for i in range(500):\n"
                   "    print(repr(time.time()), flush=True); time.sleep(0.01)'")
         info = await jobs.start(host, "lat", Launch(writer))
-        store.update_run("lat", state="running", capsule=info["capsule"])
+        store.update_run("lat", state="running", capsule=info.capsule)
         lat: list[float] = []
 
         def on_lines(ls):
             now = time.time()
             lat.extend(now - float(x) for x in ls if x.strip())
 
-        await jobs.follow(host, store, "lat", info["capsule"], on_lines=on_lines, poll=0.1)
+        await jobs.follow(host, store, "lat", info.capsule, on_lines=on_lines, poll=0.1)
         lat.sort()
         med = statistics.median(lat)
         p95 = lat[int(0.95 * (len(lat) - 1))]

@@ -352,7 +352,7 @@ async def test_recovery_tells_what_happened_meanwhile(live_plan):
         app.notify = lambda message, **kw: notes.append((kw.get("title"), message))
         await settle(pilot)
         opened = of(seen, m.SessionOpened)[0]
-        assert [(c["item"], c["now"]) for c in opened.changes] == [("broken", "failed")]
+        assert [(c.item, c.now) for c in opened.changes] == [("broken", "failed")]
         assert [e.run_id for e in opened.meanwhile] == ["hello-0101-01"]
         assert len(notes) == 1  # one summary, not a toast per run
         title, text = notes[0]

@@ -439,7 +439,7 @@ async def test_unclean_exit_then_reopen_tells_each_change_once(tmp_path, go):
         app.notify = lambda message, **kw: notes.append((kw.get("title"), message))
         opened = await wait_for(seen, m.SessionOpened, pilot=pilot)
         await settle(pilot)
-        assert [(c["item"], c["was"], c["now"]) for c in opened.changes] == [
+        assert [(c.item, c.was, c.now) for c in opened.changes] == [
             ("long", "running", "succeeded")]
         assert [e.run_id for e in opened.meanwhile] == ["by-cli-0101-01"]
         summary = [n for n in notes if n[0] and n[0].startswith("While the console")]
