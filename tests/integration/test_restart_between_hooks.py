@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -57,8 +58,6 @@ def _plan(tmp: Path, kind: str, tiny: Path) -> Path:
     wd = tmp / "remote"
     wd.mkdir(parents=True)
     p = tmp / "plan.yaml"
-    import sys
-
     p.write_text(json.dumps({
         "name": "restart", "hosts": {"gpu": {"local": True, "workdir": str(wd),
                                              "python": sys.executable}},
