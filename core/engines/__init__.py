@@ -1,8 +1,7 @@
 """How serving engines will read a DFlash drafter (docs/serving.md).
 
-Pure Python (no torch): :mod:`core.engines.rules` holds one rule table per engine and the
-revision it was read from; :mod:`core.engines.lint` runs them over a drafter config and lists
-where an engine's reading differs from specdeck's own (docs/drafter.md §5);
-:mod:`core.engines.override` rewrites a drafter config so specdeck runs it under an engine's
-rule ("tau as that engine serves it").
+The rule tables live in :mod:`core.ml.engines` (pure Python; ``core.ml.eval`` runs a drafter
+under one of them through :mod:`core.ml.engine_rule`, and ``core.ml`` imports nothing from the
+rest of ``core``); :mod:`core.engines.lint` runs them over a drafter config and lists where an
+engine's reading differs from specdeck's own (docs/drafter.md §5).
 """

@@ -1,7 +1,7 @@
 """``specdeck engines``: how each engine will read a drafter, against specdeck's own reading.
 
 :func:`lint` reads a drafter's ``config.json`` with every rule table of
-:mod:`core.engines.rules` and with specdeck's own semantics
+:mod:`core.ml.engines` and with specdeck's own semantics
 (:class:`~core.ml.drafter_config.DFlashConfig`, docs/drafter.md §5), and adds a ``differs``
 finding wherever an engine will run another mask, tap other layers, or fill the block with
 another token than specdeck measured: a tau specdeck reports is then not the tau that engine
@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from core.engines.rules import ENGINES, EngineReading, Finding, LayerReading
+from core.ml.engines import ENGINES, EngineReading, Finding, LayerReading
 from core.ml.drafter_config import DFlashConfig
 
 

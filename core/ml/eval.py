@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-chat-template", action="store_true")
     p.add_argument("--enable-thinking", action="store_true")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--engine-rule", metavar="ENGINE", help="run the drafter under this engine's attention rule "
+                   "(vllm, sglang, llama.cpp; core.ml.engines), to measure tau as that engine serves it")
     return p
 
 
@@ -301,6 +303,7 @@ def memory_preflight(args: argparse.Namespace, dtype: Any, device: Any) -> dict[
 
 def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
     from core.ml.drafter import load_drafter, refuse_tree
+    from core.ml.engine_rule import use_engine_rule
     from core.ml.extract import target_fingerprint
     from core.ml.prompts import describe
     from core.ml.target import load_target, load_tokenizer, resolve_device, resolve_dtype
@@ -317,6 +320,7 @@ def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
         drafter = load_drafter(args.drafter, device=device, dtype=dtype)
     except (OSError, ValueError) as exc:
         raise UsageError(f"--drafter {args.drafter}: {exc}") from exc
+    engine_rule = use_engine_rule(drafter, args.drafter, args.engine_rule) if args.engine_rule else None
     cfg = drafter.config
     if args.tree_budget is not None:
         try:
@@ -369,7 +373,7 @@ def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
                     if (Path(args.drafter) / "model.safetensors").is_file() else None,
                     "block_size": cfg.block_size, "target_layer_ids": cfg.target_layer_ids,
                     "mask_token_id": cfg.mask_token_id, "config_format": cfg.source_format, "family": cfg.family,
-                    "attention": cfg.attention_summary()},
+                    "attention": cfg.attention_summary(), **({"engine_rule": engine_rule} if engine_rule else {})},
         "prompts": describe(args.prompts, prompts),
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
