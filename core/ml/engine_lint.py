@@ -1,5 +1,7 @@
 """``specdeck engines``: how each engine will read a drafter, against specdeck's own reading.
 
+Pure Python (no torch), like :mod:`core.ml.engines`, whose rule tables it runs.
+
 :func:`lint` reads a drafter's ``config.json`` with every rule table of
 :mod:`core.ml.engines` and with specdeck's own semantics
 (:class:`~core.ml.drafter_config.DFlashConfig`, docs/drafter.md §5), and adds a ``differs``
