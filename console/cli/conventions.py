@@ -31,7 +31,8 @@ EXAMPLES = {
     "mark": "specdeck mark plans/v5.yaml review done",
     "logs": "specdeck logs plans/v5.yaml train-v5 -f",
     "stop": "specdeck stop plans/v5.yaml train-v5 --grace 60",
-    "export": "specdeck export plans/v5.yaml --todowrite > todos.json   # or --markdown",
+    "export": "specdeck export plans/v5.yaml --todowrite > todos.json   # or --markdown\n"
+              "  specdeck export drafters/v5 --out serve/v5 --format speculators --target models/Qwen3-8B",
     "import": "specdeck import todos.json -o plans/campaign.yaml",
     "ui": "specdeck ui plans/v5.yaml",
     "demo": "specdeck demo --headless --quick",
@@ -65,7 +66,7 @@ STATE_USE = {
     "run": "creates", "adopt": "creates", "mark": "creates", "ui": "creates", "demo": "creates",
     "status": "reads", "attach": "reads", "logs": "reads", "stop": "reads", "export": "reads",
     "compare": "reads", "diff": "reads", "metrics": "reads",
-    "validate": None, "import": None, "kinds": None, "completion": None,
+    "validate": None, "import": None, "kinds": None, "completion": None, "engines": None,
 }
 """What each command does with the state database: ``creates`` (it records what it does,
 so a new ``--state`` starts a campaign's state there), ``reads`` (a ``--state`` that does

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from console.cli import serving
 from console.cli.output import GLYPHS, err, load_plan, run_with
 from console.cli.render import table
 from core.errors import InvalidInput
@@ -117,6 +118,12 @@ def cmd_mark(args) -> int:
 
 
 def cmd_export(args) -> int:
+    if args.out is None and not (args.todowrite or args.markdown):
+        raise InvalidInput("export needs --todowrite or --markdown (a plan), or --out DIR (a drafter)")
+    if args.out is not None:
+        if args.todowrite or args.markdown:
+            raise InvalidInput("--out writes a drafter, --todowrite/--markdown print a plan: give one")
+        return serving.cmd_export_drafter(args)
     plan = load_plan(args.plan)
 
     async def go(runner):
@@ -187,9 +194,12 @@ def register(add) -> None:
     sp.add_argument("plan")
     sp.add_argument("item")
     sp.add_argument("status", choices=["pending", "in_progress", "done", "skipped"])
-    sp = add("export", cmd_export, "print the plan's state: todowrite JSON or a Markdown checklist")
-    sp.add_argument("plan")
-    fmt = sp.add_mutually_exclusive_group(required=True)
+    sp = add("export", cmd_export, "print the plan's state: todowrite JSON or a Markdown checklist; "
+             "or write a drafter in the layout an engine loads (export DRAFTER_DIR --out DIR)")
+    sp.add_argument("plan", metavar="PLAN|DRAFTER_DIR",
+                    help="a plan file (--todowrite, --markdown) or a drafter directory (--out)")
+    serving.add_export_args(sp)
+    fmt = sp.add_mutually_exclusive_group()
     fmt.add_argument("--todowrite", action="store_true",
                      help="todowrite JSON: [{content, status, priority, id, needs}]")
     fmt.add_argument("--markdown", action="store_true",
