@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from core.actions.base import Action
 from core.actions.eval import Eval
+from core.actions.export import Export
 from core.actions.extract_hidden import ExtractHidden
 from core.actions.extract_weights import ExtractWeights
 from core.actions.manual import Manual
@@ -18,7 +19,7 @@ from core.actions.train import Train
 from core.actions.venv import Venv
 
 KINDS: dict[str, type[Action]] = {cls.kind: cls for cls in (
-    Manual, Shell, Stop, Relay, Venv, ExtractWeights, ExtractHidden, Train, Eval)}
+    Manual, Shell, Stop, Relay, Venv, ExtractWeights, ExtractHidden, Train, Eval, Export)}
 
 
 def get(kind: str) -> type[Action]:
