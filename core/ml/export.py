@@ -189,8 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     target = target_config(args.target) if args.target else {}
     dtype = DTYPES[args.dtype]
     out = Path(args.out)
-    make_dir(out)
-    with tempfile.TemporaryDirectory(prefix=".export.", dir=out) as tmp:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.export.", dir=out.parent) as tmp:
         stage = Path(tmp)
         if args.format == "speculators":
             with atomic_target(stage / WEIGHTS_NAME) as t:
@@ -206,6 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 (stage / name).unlink()
         else:
             written += [CONFIG_NAME, WEIGHTS_NAME]
+        make_dir(out)
         for name in written:
             os.replace(stage / name, out / name)
     for w in warnings:
