@@ -152,3 +152,50 @@ def test_speculators_export_passes_the_package_validation_and_matches_its_conver
                    "--verifier", "org/tiny") == 0
     named = json.loads((tmp_path / "named" / "config.json").read_text())["speculators_config"]["verifier"]
     assert named == {"name_or_path": "org/tiny", "architectures": ["Qwen3ForCausalLM"]}
+
+
+# ----------------------------------------------------------------------------- gguf
+
+
+STUB = '''import json, sys
+from pathlib import Path
+args = sys.argv[1:]
+src = Path(args[0])
+out = Path(args[args.index("--outfile") + 1])
+Path(sys.argv[0]).with_name("called.json").write_text(json.dumps({
+    "args": args, "files": sorted(p.name for p in src.iterdir()), "config": json.loads((src / "config.json").read_text())}))
+out.write_bytes(b"GGUF")
+'''
+
+
+def test_gguf_runs_the_trees_converter_on_a_zlab_export_with_the_target(pair, tmp_path, umask_077, capsys):
+    """The converter itself needs a real target tokenizer (tests/ml/test_export.py below); here a
+    stand-in records how it is called: on a z-lab export, with --target-model-dir and the dtype."""
+    target, _ = pair
+    tree = tmp_path / "llama.cpp"
+    (tree / "gguf-py").mkdir(parents=True)
+    (tree / "convert_hf_to_gguf.py").write_text(STUB)
+    out = tmp_path / "gguf"
+    assert _export(pair, out, "--format", "gguf", "--target", str(target), "--llama-cpp", str(tree),
+                   "--dtype", "fp32") == 0
+    called = json.loads((tree / "called.json").read_text())
+    args = called["args"]
+    assert args[args.index("--target-model-dir") + 1] == str(target.resolve())
+    assert args[args.index("--outtype") + 1] == "f32"
+    assert called["files"] == ["config.json", "model.safetensors"]
+    assert called["config"]["use_sliding_window"] is True  # so the converter writes the window
+    assert sorted(p.name for p in out.iterdir()) == ["drafter.gguf", "provenance.json"]
+    assert set(_modes(out).values()) <= {0o644, 0o755}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".gguf.export.")]
+    assert "warning: llama.cpp: differs attention" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not os.environ.get("SPECDECK_LLAMA_CPP"), reason="needs a llama.cpp tree in $SPECDECK_LLAMA_CPP")
+def test_real_converter_refusal_is_passed_on_with_nothing_written(pair, tmp_path, capsys):
+    """specdeck's tiny byte-level tokenizer is not one llama.cpp's converter knows: its own
+    message comes back (exit 2) and no GGUF is left behind."""
+    target, _ = pair
+    out = tmp_path / "gguf"
+    assert _export(pair, out, "--format", "gguf", "--target", str(target)) == 2
+    assert "convert_hf_to_gguf.py failed" in capsys.readouterr().err
+    assert not out.exists()
