@@ -199,15 +199,16 @@ def read_vllm(raw: dict[str, Any]) -> EngineReading:
         causal_all, source = bool(dflash["causal"]), "dflash_config.causal"
     else:
         causal_all, source = None, "layer_types"
-    layers = []
+    layers, needs_window = [], False
     for i in range(n):
         t = types[i] if types and i < len(types) else FULL
         sliding = use_swa if (types is None or (use_swa and not any_sliding)) else t == SLIDING
         causal = causal_all if causal_all is not None else (bool(types) and t == SLIDING)
         layers.append(LayerReading(i, t, causal, int(window) if sliding and window else None))
-        if sliding and not window:
-            findings.append(Finding("missing", "sliding_window", "vLLM raises: a sliding layer needs "
-                                    "dflash_config.swa_window_size or sliding_window"))
+        needs_window |= sliding
+    if needs_window and not window:
+        findings.append(Finding("missing", "sliding_window", "vLLM raises: a sliding layer needs "
+                                "dflash_config.swa_window_size or sliding_window"))
     if dflash.get("is_causal") is not None:
         findings.append(Finding("ignored", "dflash_config.is_causal", "vLLM reads top-level is_causal and "
                                 "dflash_config.causal only; dflash_config.is_causal does not change its mask"))
