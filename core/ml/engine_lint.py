@@ -191,7 +191,8 @@ def render(result: Lint) -> str:
                      f"block {r.block_size if r.block_size is not None else '-'} [{r.block_from}]")
         same = spec is not None and not any(f.kind == "differs" for f in r.findings)
         if same:
-            lines.append("  same as specdeck: attention, taps, mask token, block size")
+            lines.append("  same as specdeck: attention, taps, mask token"
+                         + (", block size" if r.block_size is not None else ""))
         for f in sorted(r.findings, key=lambda f: order.get(f.kind, 9)):
             lines.append(f"  {f.kind.upper() if f.kind in ('differs', 'refused', 'missing') else f.kind}"
                          f" {f.field}: {f.message}")
