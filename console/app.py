@@ -51,7 +51,6 @@ from console.widgets.metrics_pane import MetricsPane
 from console.widgets.plan_list import PlanPane
 from console.widgets.tau_table import TauPane
 from core.errors import SpecdeckError
-from core.actions import registry
 from core.hosts import bulk
 from core.plan import Plan, params_summary
 from core.records import Run
@@ -152,7 +151,7 @@ class SpecdeckApp(App[int]):
         self.runner = session.runner
         self.bridge = bridge
         self.services = Services(session, self.post_message, flush_logs=bridge.flush)
-        self.statuses = self.runner.statuses()
+        self.statuses = session.statuses()
         self.selected: str | None = None
         self.pinned: dict[str, str] = {}
         """item id -> run id drawn on the metrics chart whatever is selected."""
@@ -201,7 +200,7 @@ class SpecdeckApp(App[int]):
         for pane, title in (("#plan", "1 plan"), ("#detail", "5 item"), ("#logpane", "2 log"),
                             ("#metrics", "3 curves"), ("#tau", "4 tau vs baseline")):
             self.query_one(pane).border_title = title
-        live = self.services.store.live_runs()
+        live = self.session.live_runs()
         for run in live:  # ▶, and no u (undo) while its run lives
             self.query_one(PlanPane).set_live(run.item_id, True)
         if live:  # reopened: the cursor on the most recent live run
@@ -625,13 +624,9 @@ class SpecdeckApp(App[int]):
         if status == "in_progress" and self.services.live_run(item_id):
             self.notify(f"{item_id} is running; its log is on the right (x stops it)")
             return
-        runs = self.services.store.runs_for_item(item_id)
-        attempt = max((r.attempt for r in runs), default=0) + 1
-        detached = registry.get(item.action.kind).detached
-        action = self.runner.action(item)
-        start = action.start_note(runs, self.services.store.artefacts(item_id, "checkpoint")
-                                  ) if action is not None and runs else None
-        title, body = run_text(item, params_summary(item), detached, attempt, status, start)
+        would = self.session.run_preview(item_id)
+        title, body = run_text(item, params_summary(item), would.detached, would.attempt, status,
+                               would.start_note)
         again = again or status in ("done", "skipped", "stopped")
         self.push_screen(ConfirmModal(title, body, confirm="Run"),
                          lambda yes: yes and self.start_item(item_id, again))

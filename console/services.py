@@ -1,4 +1,5 @@
-"""What the console's workers do: calls into core (Runner, Store verbs), results as messages.
+"""What the console's workers do: calls into core (the Session's verbs, the store's reads),
+results as messages.
 
 Every coroutine here runs in a worker owned by the App (``SpecdeckApp._work``), never by a
 widget, so that removing a widget cannot cancel a run. Each one calls core services and posts
@@ -22,7 +23,7 @@ from core.compare import build_comparison
 from core.errors import HostUnreachable, InvalidInput, SpecdeckError
 from core.plan import Item
 from core.records import Event, Run
-from core.session import Session
+from core.session import Session, at_step
 
 LOG_TAIL = 2000
 """Lines of a stored log loaded when a run is shown (the pane keeps at most LogPane.MAX)."""
@@ -63,6 +64,7 @@ class Services:
 
     def __init__(self, session: Session, post: Callable[[Message], object], *,
                  flush_logs: Callable[[str], None] = lambda run_id: None):
+        self.session = session
         self.plan = session.plan
         self.runner = session.runner
         self.store = session.store
@@ -96,14 +98,14 @@ class Services:
                 ends[e.run_id] = e
         self.store.journal("console_opened", f"console opened on plan {self.plan.name}")
         self.heartbeat()
-        changes = await self.runner.reconcile() if reconcile else []
+        changes = await self.session.reconcile() if reconcile else []
         told = {c.run for c in changes}
         meanwhile = [e for rid, e in ends.items() if rid not in told]
         if since_id is not None:  # what tau watchers evaluated meanwhile (ingested just now)
             meanwhile += self.store.events(since_id=since_id, kinds=("watch_meanwhile",))
         self.heartbeat()
         self.post(m.SessionOpened(changes, meanwhile, since))
-        return self.store.live_runs()
+        return self.session.live_runs()
 
     def heartbeat(self) -> None:
         """Mark the store seen by a console up to now."""
@@ -111,7 +113,7 @@ class Services:
 
     def close_session(self) -> list[dict]:
         """Journal the close; return the live runs, which keep going on their hosts."""
-        live = self.store.live_runs()
+        live = self.session.live_runs()
         names = ", ".join(f"{r.item_id} ({r.id} on {r.host})" for r in live)
         self.store.journal("console_closed", "console closed" +
                            (f"; still running: {names}" if live else ""))
@@ -155,13 +157,13 @@ class Services:
         return self.plan.item(item_id)
 
     def statuses(self) -> dict[str, str]:
-        return self.runner.statuses()
+        return self.session.statuses()
 
     def live_run(self, item_id: str) -> "Run | None":
-        return self.store.live_run(item_id)
+        return self.session.live_run(item_id)
 
     def latest_run(self, item_id: str) -> "Run | None":
-        return self.store.latest_run(item_id)
+        return self.session.latest_run(item_id)
 
     def connected_hosts(self) -> list[str]:
         return [n for n, h in self.runner.hosts.items() if h.status.state.value == "connected"]
@@ -169,7 +171,7 @@ class Services:
     def in_process_runs(self) -> "list[Run]":
         """Live runs happening inside this console (a relay): quitting interrupts them."""
         out = []
-        for r in self.store.live_runs():
+        for r in self.session.live_runs():
             if r.owner != self.runner.owner:
                 continue
             try:
@@ -185,13 +187,11 @@ class Services:
     async def load_detail(self, item_id: str) -> None:
         """Runs, status history and live run of one item, then its check() verdict."""
         item = self.item(item_id)
-        status = self.runner.statuses()[item_id]
-        runs = self.store.runs_for_item(item_id)
-        from core.watch_detached import status_of
-
+        status = self.session.statuses()[item_id]
+        runs = self.session.runs_of(item_id)
         self.post(m.ItemDetailLoaded(item_id, status, runs, self.store.status_history(item_id),
-                                     self.store.live_run(item_id),
-                                     status_of(self.store, runs[-1].id if runs else None)))
+                                     self.session.live_run(item_id),
+                                     self.session.watcher_status(runs[-1].id if runs else None)))
         if item.manual:
             if status == "done":
                 self.post(m.CheckFinished(item_id, "done", "marked done by hand"))
@@ -210,7 +210,7 @@ class Services:
     async def load_log(self, item_id: str, run_id: str | None = None) -> None:
         """The item's live run (else its latest, or ``run_id``) and the tail of its log."""
         run = (self.store.run(run_id) if run_id else
-               self.store.live_run(item_id) or self.store.latest_run(item_id))
+               self.session.live_run(item_id) or self.session.latest_run(item_id))
         if run:
             # Lines the bridge still holds are in the store already: post them first, so
             # they land before the tail (and are ignored) instead of after it (twice).
@@ -226,7 +226,7 @@ class Services:
             if r:
                 runs.append(r)
         if item_id:
-            own = [r for r in self.store.runs_for_item(item_id) if r.id not in pinned]
+            own = [r for r in self.session.runs_of(item_id) if r.id not in pinned]
             runs += own[-OVERLAY_RUNS:]
         out = []
         for r in runs:
@@ -247,23 +247,16 @@ class Services:
     async def load_tau(self, *, force: bool = False, step: int | None = None) -> None:
         """The comparison of every eval result in the store (posted only when rows changed).
 
-        ``step``: only the drafters evaluated at that training step (tau over training,
-        :mod:`core.watch`), with every baseline (as ``specdeck compare --step``); raises
+        ``step``: only the drafters evaluated at that training step, with every baseline
+        (:func:`core.session.at_step`, as ``specdeck compare --step``); raises
         :class:`InvalidInput` when nothing was evaluated at that step.
         """
-        rows = self.store.eval_results()
+        rows = self.session.eval_rows()
         signature = (len(rows), max((r.id for r in rows), default=0), step)
         if signature == self._tau_signature and not force:
             return
         if step is not None:
-            steps = sorted({r.step for r in rows
-                            if r.role != "baseline" and r.step is not None})
-            if step not in steps:
-                raise InvalidInput(
-                    f"no tau evaluated at step {step}",
-                    hint=(f"evaluated steps: {', '.join(map(str, steps[-12:]))}" if steps
-                          else "no checkpoint has been evaluated yet (watch_eval)"))
-            rows = [r for r in rows if r.role == "baseline" or r.step == step]
+            rows = at_step(rows, step)
         self._tau_signature = signature
         self.post(m.TauLoaded(build_comparison(rows), step))
 
@@ -273,31 +266,26 @@ class Services:
 
     # -- commands ------------------------------------------------------------------------
     async def run_item(self, item_id: str, *, again: bool = False) -> None:
-        """Run an item whose needs are done (``again``: run even if it is already done)."""
+        """Run an item whose needs are done (``again``: even if it is done, skipped or
+        stopped; its needs are checked all the same, as ``specdeck run ITEM --again``)."""
         item = self.item(item_id)
         if item.manual:
             raise InvalidInput(f"{item_id} is a manual item: do it, then mark it done (d)")
-        if again:
-            self.runner.again.add(item_id)  # even where check() says done (the CLI's --again)
-            await self.runner.run_item(item)
-            return
-        summary = await self.runner.run_items([item_id])
+        summary = await self.session.run([item_id], again=again)
         if item_id in summary.unreachable:
             raise HostUnreachable(item.action.host or "?", "see the hosts bar")
 
     async def adopt(self, item_id: str, spec) -> None:
         """Adopt a run started outside specdeck as the item's run, and follow it."""
-        await self.runner.adopt(item_id, spec)
+        await self.session.adopt(item_id, spec)
 
     async def run_all(self) -> None:
         """Every item whose needs are done, in dependency order, until nothing more can run."""
-        await self.runner.run_items(None)
+        await self.session.run(None)
 
     async def stop_run(self, run_id: str, grace_s: float) -> None:
         """Stop a live run (its end reaches the app as RunEnded, like any other end)."""
-        await self.runner.stop_run(run_id, grace_s=grace_s)
+        await self.session.stop(run_id, grace_s=grace_s)
 
     async def mark(self, item_id: str, status: str) -> None:
-        if status in ("done", "skipped", "pending") and self.store.live_run(item_id):
-            raise InvalidInput(f"{item_id} has a live run; stop it first (x)")
-        self.runner.mark(item_id, status)
+        self.session.mark(item_id, status, stop_hint="x")

@@ -119,6 +119,11 @@ class Plan:
     def dir(self) -> Path:
         return self.path.parent if self.path else Path.cwd()
 
+    def statuses(self, stored: dict[str, str]) -> dict[str, str]:
+        """Each item's status: the one ``stored`` (the store's) holds, else the plan's own
+        ``status:``, else ``pending``; in plan order."""
+        return {it.id: stored.get(it.id, it.status or "pending") for it in self.items}
+
     def order(self, ids: Iterable[str] | None = None) -> list[Item]:
         """Items in dependency order (needs first), stable in file order."""
         wanted = set(ids) if ids is not None else None

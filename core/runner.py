@@ -286,8 +286,7 @@ class Runner:
                 pass
 
     def statuses(self) -> dict[str, str]:
-        stored = self.store.item_statuses()
-        return {it.id: stored.get(it.id, it.status or "pending") for it in self.plan.items}
+        return self.plan.statuses(self.store.item_statuses())
 
     def action(self, item: Item) -> Action | None:
         if item.action is None or item.action.params is None:
@@ -940,13 +939,7 @@ class Runner:
 
     def logs_behind(self) -> list["Run"]:
         """Runs whose stored log was journaled behind their host's and not caught up since."""
-        behind: dict[str, None] = {}
-        for ev in self.store.events(kinds=("log_behind", "log_caught_up")):
-            if ev.kind == "log_behind":
-                behind[ev.run_id] = None
-            else:
-                behind.pop(ev.run_id, None)
-        return [r for r in map(self.store.run, behind) if r is not None]
+        return self.store.logs_behind()
 
     async def catch_up_logs(self, *, hosts: Iterable[str] | None = None,
                             follow: bool = False) -> list[str]:

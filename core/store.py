@@ -281,6 +281,17 @@ class Store:
     def live_runs(self) -> list[Run]:
         return self._runs(f"state IN {LIVE_STATES}", [], order_by="started_at")
 
+    def logs_behind(self) -> list[Run]:
+        """Runs whose stored log was journaled behind their host's (``log_behind``) and not
+        caught up since (``log_caught_up``)."""
+        behind: dict[str, None] = {}
+        for ev in self.events(kinds=("log_behind", "log_caught_up")):
+            if ev.kind == "log_behind":
+                behind[ev.run_id] = None
+            else:
+                behind.pop(ev.run_id, None)
+        return [r for r in map(self.run, behind) if r is not None]
+
     def latest_run(self, item_id: str) -> Run | None:
         rows = self._runs("item_id = ?", [item_id], order_by="attempt DESC", limit=1)
         return rows[0] if rows else None

@@ -1,6 +1,6 @@
 """What the CLI prints for a person: one sanitized line on stderr (:func:`err`), and the
 runner's events as they happen (:class:`Printer`); :func:`load_plan` and :func:`run_with`,
-the two steps every plan command takes, load the plan reader and the runner only when a
+the two steps every plan command takes, load the plan reader and the session only when a
 command takes them (``--version`` and ``--help`` load neither)."""
 
 from __future__ import annotations
@@ -79,11 +79,12 @@ def load_plan(path):
     return load(path)
 
 
-def run_with(plan, args, work, *, show_events: bool = True):
-    """``work(runner)`` in a session on ``plan`` (state: ``--state``); the runner's events are
-    printed on stderr unless ``show_events`` is False (``-q`` keeps log lines quiet)."""
+def run_with(plan, args, work, *, show_events: bool = True, read: bool = False):
+    """``work(session)`` in a :class:`core.session.Session` on ``plan`` (state: ``--state``;
+    ``read``: opened to look, a runner and hosts only if a verb needs them); the runner's
+    events are printed on stderr unless ``show_events`` is False (``-q`` keeps log lines
+    quiet)."""
     from core.session import run_in_session
 
     emit = Printer(quiet=getattr(args, "quiet", False)) if show_events else None
-    return run_in_session(plan, lambda session: work(session.runner), state=args.state,
-                          emit=emit)
+    return run_in_session(plan, work, state=args.state, emit=emit, read=read)

@@ -44,20 +44,12 @@ def cmd_status(args) -> int:
 
     plan = load_plan(args.plan)
 
-    async def go(runner):
-        changes = []
-        runner.watch = False  # status never waits for tau-over-training evals
-        if not args.no_reconcile and (runner.store.live_runs()
-                                      or runner.store.watchers(live=True)
-                                      or runner.logs_behind()):
-            changes = await runner.reconcile()
-        st = runner.statuses()
-        latest = runner.store.latest_runs()
-        alerts = runner.store.events(kinds=["alert"])
-        watchers = {i: watch_detached.status_of(runner.store, r.id) for i, r in latest.items()}
-        return changes, st, latest, alerts, watchers
+    async def go(session):
+        changes = [] if args.no_reconcile else await session.refresh()
+        return changes, session.overview()
 
-    changes, st, latest, alerts, watchers = run_with(plan, args, go, show_events=False)
+    changes, seen = run_with(plan, args, go, show_events=False, read=True)
+    st, latest, alerts, watchers = seen.statuses, seen.latest, seen.alerts, seen.watchers
     if args.json:
         out = {"plan": plan.name, "items": [{
             "id": it.id, "content": it.content, "priority": it.priority, "status": st[it.id],
@@ -106,11 +98,8 @@ def cmd_mark(args) -> int:
     plan = load_plan(args.plan)
     plan.item(args.item)
 
-    async def go(runner):
-        if args.status in ("done", "skipped", "pending") and runner.store.live_run(args.item):
-            raise InvalidInput(f"item {args.item!r} has a live run; stop it first "
-                               f"(`specdeck stop {args.plan} {args.item}`)")
-        runner.mark(args.item, args.status)
+    async def go(session):
+        session.mark(args.item, args.status, stop_hint=f"`specdeck stop {args.plan} {args.item}`")
 
     run_with(plan, args, go, show_events=False)
     print(f"{args.item}: {args.status}")
@@ -126,10 +115,10 @@ def cmd_export(args) -> int:
         return serving.cmd_export_drafter(args)
     plan = load_plan(args.plan)
 
-    async def go(runner):
-        return runner.statuses()
+    async def go(session):
+        return session.statuses()
 
-    st = run_with(plan, args, go, show_events=False)
+    st = run_with(plan, args, go, show_events=False, read=True)
     if args.markdown:
         from core.todos import plan_to_markdown
 

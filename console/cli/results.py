@@ -37,13 +37,10 @@ def cmd_compare(args) -> int:
     if args.item:
         plan.item(args.item)
 
-    async def go(runner):
-        rows = runner.store.eval_results(args.item)
-        if args.step is not None:
-            rows = [r for r in rows if r.role == "baseline" or r.step == args.step]
-        return rows
+    async def go(session):
+        return session.eval_rows(args.item, step=args.step)
 
-    rows = run_with(plan, args, go, show_events=False)
+    rows = run_with(plan, args, go, show_events=False, read=True)
     if not rows:
         raise InvalidInput(f"plan {plan.name!r} has no eval results yet"
                            + (f" for {args.item}" if args.item else ""),
@@ -86,18 +83,17 @@ WHERE_KEYS = ("out_dir", "out", "resume")
 """Top-level config keys that say where a run wrote or what it resumed from."""
 
 
-def _diff_side(store, plan, spec: str) -> tuple[str, dict]:
+def _diff_side(session, spec: str) -> tuple[str, dict]:
     """``ITEM`` (its latest run with a recorded config) or ``ITEM#N`` (attempt N)."""
     item, _, attempt = spec.partition("#")
-    plan.item(item)
-    runs = [r for r in store.runs_for_item(item) if r.config]
+    session.plan.item(item)
+    runs = [r for r in session.runs_of(item) if r.config]
     if attempt:
         if not attempt.isdigit():
             raise InvalidInput(f"{spec!r}: ITEM#N takes an attempt number")
-        runs = [r for r in runs if r.attempt == int(attempt)]
+        recorded, runs = runs, [r for r in runs if r.attempt == int(attempt)]
         if not runs:
-            have = ", ".join(f"#{r.attempt}" for r in store.runs_for_item(item)
-                             if r.config) or "none"
+            have = ", ".join(f"#{r.attempt}" for r in recorded) or "none"
             raise InvalidInput(f"item {item!r} has no attempt #{attempt} with a recorded "
                                f"config (recorded: {have})")
     if not runs:
@@ -112,10 +108,10 @@ def cmd_diff(args) -> int:
 
     plan = load_plan(args.plan)
 
-    async def go(runner):
-        return [_diff_side(runner.store, plan, s) for s in (args.item_a, args.item_b)]
+    async def go(session):
+        return [_diff_side(session, s) for s in (args.item_a, args.item_b)]
 
-    (la, a), (lb, b) = run_with(plan, args, go, show_events=False)
+    (la, a), (lb, b) = run_with(plan, args, go, show_events=False, read=True)
     fa, fb = _flatten(a), _flatten(b)
     missing = object()
     differ = sorted(k for k in set(fa) | set(fb) if fa.get(k, missing) != fb.get(k, missing))
@@ -142,9 +138,9 @@ def cmd_diff(args) -> int:
 FIELDS = ("step", "name", "value", "time")
 
 
-def pick_run(store, item_id: str, which: str | None) -> dict:
+def pick_run(session, item_id: str, which: str | None):
     """The run ``which`` names (an attempt number or a run id); default: the latest."""
-    runs = store.runs_for_item(item_id)
+    runs = session.runs_of(item_id)
     if not runs:
         raise InvalidInput(f"item {item_id!r} has no runs yet",
                            hint=f"start one: `specdeck run <plan> {item_id}`")
@@ -162,11 +158,11 @@ def cmd_metrics(args) -> int:
     plan.item(args.item)
     names = [n.strip() for n in args.names.split(",") if n.strip()] if args.names else None
 
-    async def go(runner):
-        run = pick_run(runner.store, args.item, args.run)
-        return run, runner.store.metric_rows(run.id, names)
+    async def go(session):
+        run = pick_run(session, args.item, args.run)
+        return run, session.store.metric_rows(run.id, names)
 
-    run, rows = run_with(plan, args, go, show_events=False)
+    run, rows = run_with(plan, args, go, show_events=False, read=True)
     # an older store may hold a NaN or infinite point (this version never stores one): left
     # out, and said, so --csv stays numeric and --jsonl strict JSON
     bad = [r for r in rows if None in (value_of(r.value), value_of(r.time))]
@@ -207,7 +203,9 @@ def register(add) -> None:
     sp = add("compare", cmd_compare, "the tau table: prompt x drafter vs baseline")
     sp.add_argument("plan")
     sp.add_argument("--item", help="only this eval item's results")
-    sp.add_argument("--step", type=int, help="only drafters evaluated at this training step")
+    sp.add_argument("--step", type=int, metavar="N",
+                    help="only the drafters evaluated at training step N, with every baseline "
+                         "(a step nobody evaluated: exit 2, naming the evaluated steps)")
     sp.add_argument("--pair", nargs=2, action="append", metavar=("A", "B"),
                     help="also compare drafter A with B on their shared prompts (paired test, "
                          "verdict); repeatable; their DDTree rows are paired too")

@@ -24,15 +24,11 @@ def cmd_run(args) -> int:
         plan.item(i)
     ids = None if args.all else args.items
 
-    async def go(runner):
-        await runner.reconcile()
-        if args.again:
-            runner.again.update(args.items)
-        if args.resume:
-            runner.resume.update(args.items)
-        runner.detach = args.detach
-        summary = await runner.run_items(ids)
-        live = {i: runner.store.live_run(i) for i in summary.started}
+    async def go(session):
+        await session.reconcile()
+        summary = await session.run(ids, again=args.again, resume=args.resume,
+                                    detach=args.detach)
+        live = {i: session.live_run(i) for i in summary.started}
         return summary, {i: r.id for i, r in live.items() if r}
 
     summary, started = run_with(plan, args, go)
@@ -64,9 +60,9 @@ def cmd_attach(args) -> int:
     if args.item:
         plan.item(args.item)
 
-    async def go(runner):
-        await runner.reconcile()
-        ran = await runner.attach([args.item] if args.item else None)
+    async def go(session):
+        await session.reconcile()
+        ran = await session.attach([args.item] if args.item else None)
         if not ran:
             err("no live runs" + (f" for {args.item}" if args.item else ""))
 
@@ -78,34 +74,20 @@ LOG_CATCH_UP_S = 30.0
 """How long ``logs`` waits for a live run's host to hand over the lines it has not stored."""
 
 
-async def _catch_up(runner, run, plan_arg: str, item_id: str):
+async def _catch_up(session, run, plan_arg: str, item_id: str):
     """A live run's newest lines into the store before ``logs`` prints it (the run's state
     first, as ``status`` refreshes it); the run as it now stands. When the host cannot
     give them, say on stderr how old the stored copy is and that ``-f`` follows."""
-    import asyncio
     import time
 
-    from core.errors import HostUnreachable
-
-    await runner.reconcile(hosts=[run.host] if run.host else None)
-    run = runner.store.run(run.id)
-    if not run.live:
-        return run
-    why = None
-    try:
-        if not await asyncio.wait_for(runner.catch_up_log(run), LOG_CATCH_UP_S):
-            return run  # in-process: its specdeck stores every line as it goes
-    except HostUnreachable as e:
-        why = str(e)
-    except asyncio.TimeoutError:
-        why = f"{run.host} did not hand the new lines over within {LOG_CATCH_UP_S:g} s"
+    run, why = await session.catch_up_log(run, timeout_s=LOG_CATCH_UP_S)
     if why:
-        at = runner.store.log_stored_at(run.id)
+        at = session.store.log_stored_at(run.id)
         age = (f"stored {time.strftime('%H:%M:%S', time.localtime(at))}, "
                f"{_ago(time.time() - at)} ago" if at else "nothing stored yet")
         err(f"[run {run.id} is live; this is the stored copy of its log ({age}): {why}; "
             f"`specdeck logs {plan_arg} {item_id} -f` follows it]")
-    return runner.store.run(run.id)
+    return run
 
 
 def _ago(seconds: float) -> str:
@@ -119,13 +101,13 @@ def cmd_logs(args) -> int:
     plan = load_plan(args.plan)
     plan.item(args.item)
 
-    async def go(runner):
-        store = runner.store
-        run = store.latest_run(args.item)
+    async def go(session):
+        store = session.store
+        run = session.latest_run(args.item)
         if run is None:
             raise InvalidInput(f"item {args.item!r} has no runs yet")
         if run.live and not args.follow:
-            run = await _catch_up(runner, run, args.plan, args.item)
+            run = await _catch_up(session, run, args.plan, args.item)
         out = sys.stdout.buffer
         printed = 0
 
@@ -143,8 +125,8 @@ def cmd_logs(args) -> int:
                 printed += len(data)
 
         flush()
-        if args.follow and store.live_run(args.item):
-            task = asyncio.create_task(runner.attach([args.item]))
+        if args.follow and session.live_run(args.item):
+            task = asyncio.create_task(session.attach([args.item]))
             while not task.done():
                 flush()
                 await asyncio.sleep(0.1)
@@ -159,7 +141,7 @@ def cmd_logs(args) -> int:
             err(f"[run {final.id} is live: its log up to now; `specdeck logs {args.plan} "
                 f"{args.item} -f` follows it]")
 
-    run_with(plan, args, go, show_events=False)
+    run_with(plan, args, go, show_events=False, read=True)
     return 0
 
 
@@ -167,12 +149,12 @@ def cmd_stop(args) -> int:
     plan = load_plan(args.plan)
     plan.item(args.item)
 
-    async def go(runner):
-        await runner.reconcile()
-        live = runner.store.live_run(args.item)
+    async def go(session):
+        await session.reconcile()
+        live = session.live_run(args.item)
         if live is None:
             # a command that exited may have left children running: those end too
-            run, n = await runner.end_leftovers(args.item, grace_s=min(args.grace, 10.0))
+            run, n = await session.end_leftovers(args.item, grace_s=min(args.grace, 10.0))
             err(f"{args.item}: run {run.id}: ended {n} process(es) it left running" if n
                 else f"{args.item}: no live run")
             return 0
@@ -188,7 +170,7 @@ def cmd_stop(args) -> int:
             if sys.stdin.readline().strip().lower() not in ("y", "yes"):
                 err("not stopped")
                 return exit_codes.FAILED
-        outcome = await runner.stop_run(live.id, grace_s=args.grace)
+        outcome = await session.stop(live.id, grace_s=args.grace)
         err(f"{args.item}: run {live.id} {outcome.state}"
             + (f" (signal {outcome.signal})" if outcome.signal else
                f" (exit {outcome.exit_code})" if outcome.exit_code is not None else
@@ -220,9 +202,9 @@ def cmd_adopt(args) -> int:
                                "adopt", hint="--pid PID, --slurm-job ID or --tmux SESSION")
         spec = item.adopt
 
-    async def go(runner):
-        await runner.reconcile()
-        return await runner.adopt(item.id, spec, host_name=args.host)
+    async def go(session):
+        await session.reconcile()
+        return await session.adopt(item.id, spec, host_name=args.host)
 
     status = run_with(plan, args, go)
     return exit_codes.OK if status in ("done", "in_progress") else exit_codes.FAILED
