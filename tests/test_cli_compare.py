@@ -122,3 +122,30 @@ def test_compare_recounts_or_flags_legacy_results_never_mixes_them(tmp_path):
     assert by["v6"]["mismatch"] == ["template"]
     text = run_cli("--state", state, "compare", plan).stdout
     assert "accounting" in text
+
+
+def test_compare_at_a_step_keeps_the_baselines_and_refuses_a_step_nobody_evaluated(tmp_path):
+    """``--step N``: the drafters evaluated at training step N with every baseline (no
+    checkpoint, so bound to no step); a step nobody evaluated is refused (exit 2) naming the
+    steps that were, never answered with the baselines alone. The console's t does the same
+    on the same state (tests/ui/test_app.py::test_tau_over_training_and_tau_at_step)."""
+    from tests.ui.conftest import CAMPAIGN, WATCH_STEPS, add_tau_watch, populate
+
+    plan = tmp_path / "v5.yaml"
+    plan.write_text(CAMPAIGN.format(root=tmp_path))
+    state = tmp_path / "s.db"
+    s = Store(str(state))
+    populate(s)
+    add_tau_watch(s)
+    s.close()
+
+    res = run_cli("--state", state, "compare", plan, "--step", "1000", "--json")
+    assert res.returncode == 0, res.stderr
+    names = {o["drafter"] for o in json.loads(res.stdout)["overall"]}
+    assert "train-v5@1000" in names and "z-lab-b8" in names and "baseline" in names
+    assert not {"v5", "train-v5@400"} & names
+
+    res = run_cli("--state", state, "compare", plan, "--step", "123")
+    assert res.returncode == 2 and res.stdout == "", res.stdout
+    assert "no tau evaluated at step 123" in res.stderr
+    assert f"evaluated steps: {', '.join(map(str, WATCH_STEPS))}" in res.stderr

@@ -223,3 +223,21 @@ def test_again_on_a_succeeded_train_item_trains_from_step_0_in_a_new_dir(
     assert res.returncode == 0, res.stderr
     assert "attempt 3 resumes attempt 2 (succeeded) from its checkpoint step_12.pt" in res.stderr
     assert _out_dir(tmp_path, 3) == out2
+
+
+def test_run_again_checks_needs_as_any_run(ops, tmp_path):
+    """``--again`` asks for one more attempt, not for skipping the needs: an item marked done
+    whose need is not done waits (exit 1, nothing launched), and runs once its need is done.
+    The console's R does the same (tests/ui/test_operator_keys.py::
+    test_run_again_checks_needs_as_the_cli_does)."""
+    assert specdeck("mark", ops, "after-slow", "done").returncode == 0
+    res = specdeck("run", ops, "after-slow", "--again")
+    assert res.returncode == 1, res.stderr
+    assert "after-slow: not run, waits on slow (pending)" in res.stderr
+    assert attempts(tmp_path, "after-slow") == 0 and procs_under(tmp_path / "wd") == []
+    assert statuses(ops)["after-slow"]["status"] == "done"
+
+    assert specdeck("mark", ops, "slow", "done").returncode == 0
+    res = specdeck("run", ops, "after-slow", "--again")
+    assert res.returncode == 0, res.stderr
+    assert "│ after" in res.stderr and attempts(tmp_path, "after-slow") == 1

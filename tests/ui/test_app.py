@@ -463,6 +463,9 @@ async def test_tau_over_training_and_tau_at_step(campaign):
         await pilot.press("t", *"123", "enter")
         await settle(pilot)
         assert app.tau_step == 1000 and any("no tau evaluated at step 123" in n for n in notes)
+        # the same refusal as `specdeck compare --step 123` (tests/test_cli_compare.py::
+        # test_compare_at_a_step_keeps_the_baselines_and_refuses_a_step_nobody_evaluated)
+        assert any("evaluated steps: 200, 400, 600, 800, 1000" in n for n in notes), notes
 
         await pilot.press("t", *"400", "enter")
         await settle(pilot)

@@ -120,6 +120,41 @@ async def test_a_stopped_item_is_never_relaunched_by_run_all(tmp_path):
         store.close()
 
 
+async def test_run_again_checks_needs_as_the_cli_does(tmp_path):
+    """R on an item marked done whose need is not done launches nothing and says what it
+    waits on, as ``specdeck run ITEM --again`` does (tests/cli/test_operator_words.py::
+    test_run_again_checks_needs_as_any_run); once the need is done, R runs it."""
+    plan = _plan(tmp_path)
+    store = Store(str(tmp_path / "state.db"))
+    store.set_status("after-slow", "done")
+    seen: list = []
+    app = build(plan, store)
+    try:
+        async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
+            await pick(pilot, "after-slow")
+            await pilot.press("R")
+            await pilot.pause()
+            assert isinstance(app.screen, ConfirmModal)
+            await pilot.press("y")
+            notice = await wait_for(seen, m.NoticePosted, lambda x: x.item_id == "after-slow"
+                                    and "waits on" in x.message, pilot=pilot)
+            await settle(pilot)
+            assert "after-slow: not run, waits on slow (pending)" in notice.message
+            assert store.runs_for_item("after-slow") == [] and not of(seen, m.RunStarted)
+            assert app.statuses["after-slow"] == "done"
+
+            store.set_status("slow", "done")
+            app.action_reload()
+            await pick(pilot, "after-slow")
+            await pilot.press("R", "y")
+            await wait_for(seen, m.RunEnded, lambda x: x.item_id == "after-slow", pilot=pilot)
+            await settle(pilot)
+            assert [r.state for r in store.runs_for_item("after-slow")] == ["succeeded"]
+    finally:
+        await_procs_gone(tmp_path)
+        store.close()
+
+
 async def test_skip_and_done_ask_first_and_u_shows_where_it_undoes(tmp_path):
     plan = _plan(tmp_path)
     store = Store(str(tmp_path / "state.db"))
