@@ -178,11 +178,11 @@ async def run_campaign(session) -> tuple[dict, list, dict]:
     Returns the runner's summary, the eval rows of the tau table (not ``WATCHED``'s, which
     are tau over training) and tau over training (:func:`tau_over_training`'s series).
     """
-    runner, store = session.runner, session.store
-    await runner.reconcile()
-    summary = await runner.run_items(None)
-    rows = store.eval_results()
-    run = store.latest_run(WATCHED)
+    store = session.store
+    await session.reconcile()
+    summary = await session.run(None)
+    rows = session.eval_rows()
+    run = session.latest_run(WATCHED)
     over = {n: dict(store.metric_series(run.id, n))
             for n in ("tau", "tau_ci95_lo", "tau_ci95_hi")} if run else {}
     if run:  # checkpoints not evaluated: a newer one was waiting, or the eval failed
