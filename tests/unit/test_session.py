@@ -99,16 +99,16 @@ async def test_run_again_checks_needs_and_does_not_outlive_the_call(plan, state)
     async with Session.open(plan, state=state) as session:
         session.mark("b", "done", stop_hint="x")
         summary = await session.run(["b"], again=True)
-        assert summary["waiting"] == ["b"] and session.runs_of("b") == []
+        assert summary.waiting == ("b",) and session.runs_of("b") == []
         assert not session.runner.again
         with pytest.raises(InvalidInput):
             await session.run(None, again=True)  # again names its items
 
         session.mark("a", "done", stop_hint="x")
         summary = await session.run(["b"])  # done, not asked again: nothing runs
-        assert summary["done"] == ["b"] and session.runs_of("b") == []
+        assert summary.done == ("b",) and session.runs_of("b") == []
         summary = await session.run(["b"], again=True)  # its need done: a real run
-        assert summary["done"] == ["b"]
+        assert summary.done == ("b",)
         assert [r.state for r in session.runs_of("b")] == ["succeeded"]
         assert session.latest_run("b").attempt == 1 and session.live_run("b") is None
 
