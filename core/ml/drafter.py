@@ -59,6 +59,8 @@ from core.ml.masks import (  # noqa: F401 (re-exported: the trainer imports them
     context_mask,
     uniform_feature_noise,
 )
+from core.ml.sampling import Sampling, draw
+from core.ml.sampling import probs as sampling_probs
 
 Masks = Tensor | Mapping[AttentionRule, Tensor | None] | None
 
@@ -324,16 +326,38 @@ class CandidateSelector(nn.Module):
 
     def select(self, hidden: Tensor, logits: Tensor, anchor_ids: Tensor) -> Tensor:
         """The greedy path: hidden [b, n, H], logits [b, n, V], anchor_ids [b] -> tokens [b, n]."""
+        return self._walk(hidden, logits, anchor_ids, lambda scores: torch.argmax(scores, dim=-1))[0]
+
+    def sample(self, hidden: Tensor, logits: Tensor, anchor_ids: Tensor, temperature: float,
+               generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """A sampled path, as the reference samples it: slot j's token is drawn from
+        ``softmax(scores / temperature)`` over its k candidates (no top-p / top-k: the candidates
+        are the filter). Returns the tokens [b, n] and that distribution over the vocabulary
+        [b, n, V] (0 outside the candidates): the ``q`` of rejection sampling."""
+        rows: list[Tensor] = []
+
+        def pick(scores: Tensor) -> Tensor:
+            q = torch.softmax(scores.float() / temperature, dim=-1)  # [b, k]
+            rows.append(q)
+            return torch.multinomial(q, 1, generator=generator)[:, 0]
+
+        path, candidates = self._walk(hidden, logits, anchor_ids, pick)
+        q = torch.zeros(*logits.shape, dtype=torch.float32, device=logits.device)
+        return path, q.scatter_(-1, candidates, torch.stack(rows, dim=1))
+
+    def _walk(self, hidden: Tensor, logits: Tensor, anchor_ids: Tensor, pick) -> tuple[Tensor, Tensor]:
+        """Slot after slot from the anchor, ``pick`` one of the k candidates by their scores
+        [b, k] -> index [b]. Returns the path [b, n] and the candidates [b, n, k]."""
         unary, candidates = torch.topk(logits, self.top_k, dim=-1)  # [b, n, k]
         proj = self.hidden_projection(hidden.to(self.hidden_projection.weight.dtype))  # [b, n, r]
         prev, path = anchor_ids.to(candidates.device), []
         for j in range(hidden.shape[1]):
             query = self.predecessor_codebook[prev] * proj[:, j]  # [b, r]
             pair = torch.einsum("br,bkr->bk", query, self.successor_codebook[candidates[:, j]])
-            best = torch.argmax(unary[:, j] + pair.to(unary.dtype), dim=-1)  # [b]
+            best = pick(unary[:, j] + pair.to(unary.dtype))  # [b]
             prev = candidates[:, j].gather(-1, best[:, None])[:, 0]
             path.append(prev)
-        return torch.stack(path, dim=1)
+        return torch.stack(path, dim=1), candidates
 
 
 class DraftLayer(nn.Module):
@@ -424,6 +448,23 @@ def draft_path(drafter: DFlashDrafter, hidden: Tensor, logits: Tensor, anchor_id
     if drafter.candidate_selector is None:
         return logits.argmax(-1)
     return drafter.candidate_selector.select(hidden, logits, anchor_ids)
+
+
+def draft_sample(drafter: DFlashDrafter, hidden: Tensor, logits: Tensor, anchor_ids: Tensor, sampling: Sampling,
+                 generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """The sampled draft tokens of block slots 1.. and the distribution each was drawn from
+    (docs/evaluation.md §2, "Sampling"): ``([b, n], [b, n, V])``.
+
+    A DFlash drafter draws each slot from its tempered, filtered logits
+    (:func:`core.ml.sampling.probs`); a DFlash-2 drafter walks its candidate selector, drawing
+    each slot among the selector's candidates (:meth:`CandidateSelector.sample`), as the
+    reference does. Either way the distribution returned is the one drawn from, which is what
+    rejection sampling needs to stay lossless.
+    """
+    if drafter.candidate_selector is None:
+        q = sampling_probs(logits, sampling)
+        return draw(q, generator), q
+    return drafter.candidate_selector.sample(hidden, logits, anchor_ids, sampling.temperature, generator)
 
 
 def refuse_tree(drafter: DFlashDrafter | None) -> None:

@@ -4,10 +4,14 @@
         [--mode online|offline] [--cache DIR] [--tree-budget K] [--block-size B]
         [--max-new-tokens N] [--device auto|cpu|cuda] [--dtype auto|float32|bfloat16|float16]
         [--limit N] [--ignore-eos] [--speedup] [--rows-per-pass R] [--seed S]
+        [--temperature T [--top-p P] [--top-k K] [--samples N]]
 
 online: chain speculative decoding (docs/evaluation.md §2) per prompt, greedy; with ``--tree-budget K`` also
 DDTree with K nodes (docs/evaluation.md §3); with ``--speedup`` also a block-size-1 run through the same
-harness (speedup = mean TPOT(B=1) / mean TPOT(run)).
+harness (speedup = mean TPOT(B=1) / mean TPOT(run)). With ``--temperature T > 0`` the chain samples
+(docs/evaluation.md §2, "Sampling": the reference's speculative sampling, lossless), each prompt
+``--samples N`` times with its own seed (:func:`core.ml.sampling.sample_seed` of ``--seed``, the
+prompt id and the sample index, recorded in each per-prompt row); DDTree and offline refuse it.
 offline: tau from an extract cache (``--cache``, from ``core.ml.extract``), batched over all
 anchors of a sequence (docs/evaluation.md §1): trajectory (top-level figures, comparable with online) and
 all-anchor (``all_anchor``); with ``--tree-budget`` also DDTree offline (``ddtree``).
@@ -55,10 +59,23 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default 512 on CPU, 4096 on CUDA)")
     p.add_argument("--no-chat-template", action="store_true")
     p.add_argument("--enable-thinking", action="store_true")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the run's seed: each sampled (prompt, sample) "
+                   "draws from a generator seeded from it, the prompt id and the sample index")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: sampled "
+                   "speculative decoding, lossless (chain, online only)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus filter of the sampling distribution (1: none)")
+    p.add_argument("--top-k", type=int, default=0, help="top-k filter of the sampling distribution (0: none)")
+    p.add_argument("--samples", type=int, default=1, help="sampled: generations per prompt, each with its own "
+                   "seed (tau at T > 0 is a random variable per prompt)")
     p.add_argument("--engine-rule", metavar="ENGINE", help="run the drafter under this engine's attention rule "
                    "(vllm, sglang, llama.cpp; core.ml.engines), to measure tau as that engine serves it")
     return p
+
+
+def sampling_of(args: argparse.Namespace) -> Any:
+    from core.ml.sampling import Sampling
+
+    return Sampling(args.temperature, args.top_p, args.top_k)
 
 
 def _file_sha256(path: Path) -> str:
@@ -88,6 +105,7 @@ def validate(args: argparse.Namespace) -> None:
         raise UsageError("--max-new-tokens must be >= 1")
     if args.block_size is not None and args.block_size < 1:
         raise UsageError(f"--block-size {args.block_size}: must be >= 1")
+    validate_sampling(args)
     if args.max_memory is not None:
         from core.ml.weights import parse_bytes
 
@@ -95,6 +113,30 @@ def validate(args: argparse.Namespace) -> None:
             parse_bytes(args.max_memory)
         except ValueError as exc:
             raise UsageError(f"--max-memory {exc}") from None
+
+
+def validate_sampling(args: argparse.Namespace) -> None:
+    """Sampling settings and what refuses them (UsageError: exit 2, nothing written)."""
+    why = sampling_of(args).problem()
+    if why:
+        raise UsageError(f"--{why.replace('_', '-')}")
+    if args.samples < 1:
+        raise UsageError(f"--samples {args.samples}: must be >= 1")
+    if args.temperature == 0:
+        if args.samples > 1:
+            raise UsageError(f"--samples {args.samples}: greedy decoding (--temperature 0) is deterministic, "
+                             "every sample would repeat the first; set --temperature > 0 or drop --samples")
+        return
+    if args.mode == "offline":
+        raise UsageError(f"--temperature {args.temperature}: offline tau compares the drafts with the target's "
+                         "cached greedy continuation; at a temperature > 0 the target's continuation is random "
+                         "and the cache holds one greedy sample of it, so offline tau is not defined there: "
+                         "use --mode online (docs/evaluation.md §2, \"Sampling\")")
+    if args.tree_budget is not None:
+        raise UsageError(f"--tree-budget {args.tree_budget} with --temperature {args.temperature}: DDTree "
+                         "verifies greedily (it walks the tree along the target's argmax) and there is no "
+                         "lossless sampled tree verification (nor in the reference); drop --tree-budget to "
+                         "sample the chain, or use --temperature 0 (docs/evaluation.md §3)")
 
 
 def _summary(rows: list[dict[str, Any]], block_size: int) -> dict[str, Any]:
@@ -153,6 +195,7 @@ def cache_template(settings: dict[str, Any]) -> dict[str, Any]:
 def run_online(args, target, tokenizer, drafter, prompts, block_size) -> dict[str, Any]:
     from core.ml.generate import DFlashProposer, chain_generate, ddtree_generate
     from core.ml.prompts import encode
+    from core.ml.sampling import sample_seed
     from core.ml.target import TargetRunner
 
     stops = stop_ids(args, target, tokenizer)
@@ -161,14 +204,17 @@ def run_online(args, target, tokenizer, drafter, prompts, block_size) -> dict[st
     proposer = DFlashProposer(drafter, target)
     plain = TargetRunner(target, None) if args.speedup else None
     chain_rows, tree_rows, ar_rows = [], [], []
-    progress = Progress("eval", len(prompts), "prompts")
+    progress = Progress("eval", len(prompts) * args.samples, "prompts" if args.samples == 1 else "generations")
     mask = drafter.mask_token_id
-    for p in prompts:
+    sampling = sampling_of(args)
+    # Sample by sample, so each sample's conversations follow that sample's own answers.
+    for k, p in ((k, p) for k in range(args.samples) for p in prompts):
+        seed = None if sampling.greedy else sample_seed(args.seed, p.id, k)
         ids = encode(p, tokenizer, vocab, not args.no_chat_template, args.enable_thinking)
-        r = chain_generate(proposer, runner, ids, args.max_new_tokens, block_size, mask, stops)
+        r = chain_generate(proposer, runner, ids, args.max_new_tokens, block_size, mask, stops, sampling, seed or 0)
         p.answer = r.tokens  # a conversation's next turn follows the target's own answer
-        chain_rows.append(_row(p.id, r))
-        extra: dict[str, Any] = {"tau": r.tau}
+        chain_rows.append(_row(p.id, r, k, seed))
+        extra: dict[str, Any] = {"tau": r.tau} if args.samples == 1 else {"tau": r.tau, "sample": k}
         if args.tree_budget is not None:
             t = ddtree_generate(proposer, runner, ids, args.max_new_tokens, block_size, mask, args.tree_budget, stops)
             if t.tokens != r.tokens:
@@ -176,7 +222,8 @@ def run_online(args, target, tokenizer, drafter, prompts, block_size) -> dict[st
             tree_rows.append(_row(p.id, t) | {"mean_tree_nodes": t.extra["mean_tree_nodes"]})
             extra["tau_ddtree"] = t.tau
         if plain is not None:
-            ar_rows.append(_row(p.id, chain_generate(None, plain, ids, args.max_new_tokens, 1, mask, stops)))
+            ar_rows.append(_row(p.id, chain_generate(None, plain, ids, args.max_new_tokens, 1, mask, stops, sampling,
+                                                     seed or 0), k, seed))
         progress.step(tokens=len(r.tokens), id=p.id, **extra)
     runner.close()
     result = {**_summary(chain_rows, block_size), "per_prompt": chain_rows, "timing": _timing(chain_rows)}
@@ -193,8 +240,11 @@ def run_online(args, target, tokenizer, drafter, prompts, block_size) -> dict[st
     return result
 
 
-def _row(pid: str, r: Any) -> dict[str, Any]:
-    return {"id": pid, "tau": r.tau, "rounds": r.rounds, "tokens": r.tokens, "prompt_len": r.prompt_len,
+def _row(pid: str, r: Any, sample: int = 0, seed: int | None = None) -> dict[str, Any]:
+    """One generation's row: ``sample`` is its index among the prompt's samples, ``seed`` its
+    generator's seed (None: greedy, nothing drawn)."""
+    return {"id": pid, "sample": sample, "seed": seed, "tau": r.tau, "rounds": r.rounds, "tokens": r.tokens,
+            "prompt_len": r.prompt_len,
             "stopped": r.stopped, "prefill_s": r.prefill_s, "decode_s": r.decode_s,
             "draft_s": r.draft_s, "verify_s": r.verify_s, "target_forwards": r.target_forwards,
             "target_tokens": r.target_tokens, "drafter_forwards": r.drafter_forwards}
@@ -354,13 +404,17 @@ def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
         figures = run_online(args, target, tokenizer, drafter, prompts, block_size)
     else:
         figures = run_offline(args, target, drafter, prompts, block_size)
-    definition = taulib.DEFINITION if args.mode == "online" else taulib.DEFINITION + " " + taulib.OFFLINE_DEFINITION
+    definition = taulib.DEFINITION if args.temperature == 0 else taulib.SAMPLED_DEFINITION
+    if args.mode == "offline":
+        definition += " " + taulib.OFFLINE_DEFINITION
     result = {
         "kind": KIND,
         "definition": definition,
         "mode": args.mode,
         "method": "chain",
-        "temperature": 0,
+        **sampling_of(args).to_json(),
+        "seed": args.seed,
+        "samples": args.samples,
         "accounting": taulib.ACCOUNTING,
         "block_size": block_size,
         **({"block_size_note": block_note} if block_note else {}),

@@ -1,9 +1,16 @@
 """Online speculative decoding with a DFlash drafter: chain (docs/evaluation.md §2) and DDTree (docs/evaluation.md §3).
 
-Greedy (temperature 0) only: drafts are argmax (a DFlash-2 drafter's: its candidate selector's
+Greedy (temperature 0): drafts are argmax (a DFlash-2 drafter's: its candidate selector's
 path, :func:`core.ml.drafter.draft_path`), the target's argmax decides acceptance, so the
 committed tokens are exactly the target's greedy decoding (lossless; tests check it token for
 token against :func:`greedy_generate`).
+
+Sampled (chain only, ``sampling`` with a temperature > 0): drafts are drawn from the drafter's
+tempered, filtered distribution (a DFlash-2 drafter's: along its selector,
+:func:`core.ml.drafter.draft_sample`) and accepted by speculative sampling
+(:func:`core.ml.sampling.accept`), so the committed tokens are distributed as the target's own
+sampling (lossless as a distribution; tests/ml/test_sampling.py). DDTree has no lossless tree
+verification here (nor in the reference) and stays greedy.
 
 One round, chain: block ``[x_s, MASK * (B-1)]`` -> drafter -> B-1 draft tokens -> target
 verifies the B block tokens in one forward -> ``n_acc`` = leading drafts equal to the target's
@@ -22,9 +29,12 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
+from core.ml import sampling as sampler
 from core.ml import tau as taulib
 from core.ml.ddtree import build_tree, topk_per_depth
-from core.ml.drafter import DFlashDrafter, DraftCache, block_embeddings, draft_logits, draft_path, refuse_tree
+from core.ml.drafter import (DFlashDrafter, DraftCache, block_embeddings, draft_logits, draft_path, draft_sample,
+                             refuse_tree)
+from core.ml.sampling import Sampling
 from core.ml.target import TargetRunner, cache_kwarg, new_cache
 
 
@@ -80,6 +90,18 @@ def draft_tokens(proposer: Proposer, block: Sequence[int], start: int, new_feats
     return proposer.propose(block, start, new_feats).argmax(-1).tolist()
 
 
+def sample_tokens(proposer: Proposer, block: Sequence[int], start: int, new_feats: Tensor | None,
+                  sampling: Sampling, generator: torch.Generator) -> tuple[list[int], Tensor]:
+    """The B-1 sampled draft tokens of a block and the distributions [B-1, V] they were drawn
+    from: the proposer's own ``sample`` when it has one (a DFlash-2 drafter draws along its
+    selector), else draws from the tempered, filtered :meth:`Proposer.propose` logits."""
+    own = getattr(proposer, "sample", None)
+    if own is not None:
+        return own(block, start, new_feats, sampling, generator)
+    q = sampler.probs(proposer.propose(block, start, new_feats), sampling)
+    return sampler.draw(q, generator).tolist(), q
+
+
 class DFlashProposer:
     """Drafts with a :class:`DFlashDrafter`, the target's embeddings and LM head (docs/evaluation.md §2).
 
@@ -106,6 +128,16 @@ class DFlashProposer:
         hidden, logits = self._forward(block, start, new_feats)
         anchor = torch.tensor([int(block[0])], device=logits.device)
         return draft_path(self.drafter, hidden[None], logits[None], anchor)[0].tolist()
+
+    @torch.no_grad()
+    def sample(self, block: Sequence[int], start: int, new_feats: Tensor | None, sampling: Sampling,
+               generator: torch.Generator) -> tuple[list[int], Tensor]:
+        """Sampled draft tokens [B-1] and the distributions [B-1, V] they were drawn from
+        (:func:`core.ml.drafter.draft_sample`)."""
+        hidden, logits = self._forward(block, start, new_feats)
+        anchor = torch.tensor([int(block[0])], device=logits.device)
+        tokens, q = draft_sample(self.drafter, hidden[None], logits[None], anchor, sampling, generator)
+        return tokens[0].tolist(), q[0]
 
     def _forward(self, block: Sequence[int], start: int, new_feats: Tensor | None) -> tuple[Tensor, Tensor]:
         """Draft hidden states [B-1, H] and float32 logits [B-1, V] of the block's slots 1..."""
@@ -165,8 +197,9 @@ def greedy_generate(model: nn.Module, prompt: Sequence[int], max_new_tokens: int
 
 @torch.no_grad()
 def chain_generate(proposer: Proposer | None, runner: TargetRunner, prompt: Sequence[int], max_new_tokens: int,
-                   block_size: int, mask_token_id: int, stop_ids: Sequence[int] = ()) -> GenerationResult:
-    """Chain DFlash speculative decoding (greedy), docs/evaluation.md §2.
+                   block_size: int, mask_token_id: int, stop_ids: Sequence[int] = (),
+                   sampling: Sampling | None = None, seed: int = 0) -> GenerationResult:
+    """Chain DFlash speculative decoding, docs/evaluation.md §2: greedy, or sampled with ``sampling``.
 
     Args:
         proposer: the drafter wrapper (None only with ``block_size == 1``: plain decoding
@@ -177,13 +210,19 @@ def chain_generate(proposer: Proposer | None, runner: TargetRunner, prompt: Sequ
         block_size: B (may be smaller than the drafter's trained block size).
         mask_token_id: id of the masked block slots.
         stop_ids: stop token ids.
+        sampling: temperature, top-p, top-k (None or temperature 0: greedy, exactly as before).
+        seed: the seed of this generation's generator (sampled only): the same seed gives the
+            same rounds and tokens.
     """
     if proposer is not None:
         proposer.reset()
     dev = runner.device
+    sampled = sampling is not None and not sampling.greedy
+    gen = sampler.generator(seed, dev) if sampled else None
     t0 = _sync(dev)
     logits, feats = runner.prefill(prompt)
-    out = [int(logits.argmax())]  # out[i] sits at position P + i
+    # out[i] sits at position P + i; sampled, the first token is drawn from the target, as the reference's
+    out = [int(sampler.draw(sampler.probs(logits, sampling), gen)) if sampled else int(logits.argmax())]
     t1 = _sync(dev)
     P, start, rounds = len(prompt), len(prompt), []
     end = P + max_new_tokens  # the reference's max_length: no token is committed at or past it
@@ -194,19 +233,27 @@ def chain_generate(proposer: Proposer | None, runner: TargetRunner, prompt: Sequ
         width = min(block_size, end - start)  # the last blocks shrink to what is left, as the reference's
         x = out[start - P]
         ta = _sync(dev)
-        if width > 1:
-            draft = draft_tokens(proposer, [x] + [mask_token_id] * (width - 1), start, feats)
-        else:
+        block = [x] + [mask_token_id] * (width - 1)
+        q = None
+        if width <= 1:
             draft = []
+        elif sampled:
+            draft, q = sample_tokens(proposer, block, start, feats, sampling, gen)
+        else:
+            draft = draft_tokens(proposer, block, start, feats)
         tb = _sync(dev)
         vlogits, vfeats = runner.verify_chain([x] + draft)
-        post = vlogits.argmax(-1).tolist()  # post[i]: target's token after block[i]
-        n_acc = taulib.streak(draft, post[:-1])
-        produced, stopped = taulib.committed(draft[:n_acc] + [post[n_acc]], end - start - 1, stops)
+        if sampled:  # speculative sampling: accept with min(1, p/q), correct from the residual
+            n_acc, nxt = sampler.accept(draft, q, sampler.probs(vlogits, sampling), gen)
+        else:
+            post = vlogits.argmax(-1).tolist()  # post[i]: target's token after block[i]
+            n_acc = taulib.streak(draft, post[:-1])
+            nxt = post[n_acc]
+        produced, stopped = taulib.committed(draft[:n_acc] + [nxt], end - start - 1, stops)
         runner.commit_chain(produced)
         tc = _sync(dev)
         draft_s, verify_s = draft_s + (tb - ta), verify_s + (tc - tb)
-        out += (draft[:n_acc] + [post[n_acc]])[:produced]
+        out += (draft[:n_acc] + [nxt])[:produced]
         rounds.append(produced)
         start += produced
         feats = vfeats[:, :produced] if vfeats is not None else None

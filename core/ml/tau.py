@@ -45,6 +45,16 @@ DEFINITION = (
     "rounds with tau == t. Greedy (temperature 0) drafts and verification."
 )
 
+GREEDY = "Greedy (temperature 0) drafts and verification."
+SAMPLED_DEFINITION = DEFINITION.removesuffix(GREEDY) + (
+    "Sampled (temperature > 0; top_p, top_k as recorded): drafts drawn from the drafter's tempered, "
+    "filtered distribution q (a DFlash-2 drafter's: along its candidate selector), each accepted with "
+    "probability min(1, p/q) for the target's p, the correction drawn from max(p - q, 0) renormalised, the "
+    "bonus from p (lossless: the output is distributed as the target's own sampling). 'per_prompt' holds "
+    "one row per prompt and sample ('sample', 'seed'); every prompt has 'samples' rows, so 'tau' is the "
+    "mean over prompts of each prompt's mean over its samples."
+)
+
 OFFLINE_DEFINITION = (
     "Offline tau from cached target features and greedy labels y (y[t+1] = argmax of the "
     "target at position t). For an anchor a the drafter sees the features of positions < a and "
