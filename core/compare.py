@@ -32,8 +32,14 @@ Decisions:
   and the baseline's figures it is compared with are computed over the prompts both have;
   the drafter's prompts the baseline lacks are listed in ``unmatched``. Without a baseline the
   overall is over all the drafter's prompts.
-* **Repeats.** When an entry has two rows for one prompt (an eval run again), the later row
-  (store order) wins and a warning says so.
+* **Samples nested in prompts.** A sampled eval (temperature > 0) measures each prompt several
+  times, one row per seed (settings ``sample``: its index). Prompts stay the unit: a prompt's
+  tau is the mean of its samples' taus, its rounds are all its samples' rounds, and every
+  interval, the paired test and the verdict are over prompts (a drafter and its baseline paired
+  by prompt), so a verdict at T 0.7 means what it means at T 0: the seeds only make each
+  prompt's figure less noisy. ``temperature``, ``top_p`` and ``top_k`` are compared settings.
+* **Repeats.** When an entry has two rows for one prompt and sample (an eval run again), the
+  later row (store order) wins and a warning says so.
 * **Uncertainty** (:mod:`core.stats`): every overall figure has a seeded 95 % bootstrap
   interval over prompts (``macro_ci95``; ``pooled_ci95`` resamples prompts, then rounds
   within them) and the number of ``rounds`` behind it. A drafter with a baseline, and each
@@ -49,18 +55,24 @@ from __future__ import annotations
 import csv
 import io
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Iterable, Mapping, Sequence
 
 from core import stats
 from core.points import eval_row_problem
 from core.records import EvalRow
 
-COMPARED_SETTINGS = ("mode", "block_size", "tree_budget", "target", "prompts", "dtype", "accounting", "template")
+COMPARED_SETTINGS = ("mode", "block_size", "tree_budget", "target", "prompts", "dtype", "accounting", "template",
+                     "temperature", "top_p", "top_k")
 """Settings that must be equal for two rows' figures to be comparable. ``accounting`` is how
 rounds were counted (``dflash-0.1.0``, the reference's, or ``legacy`` for results of older
 specdeck versions that could not be recounted, :func:`core.actions.eval.eval_rows`);
-``template`` whether the chat template ran, with thinking on or off."""
+``template`` whether the chat template ran, with thinking on or off; ``temperature``,
+``top_p``, ``top_k`` how tokens were drawn (temperature 0: greedy)."""
+
+SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0.0}
+"""What rows stored before the sampling settings were recorded were measured at (greedy), so
+they stay comparable with greedy rows that record them; numbers compare as numbers (0 == 0.0)."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +115,8 @@ class Cell:
     rounds: int | None
     """Number of rounds measured (None when the row has no ``rounds``)."""
     mismatch: tuple[str, ...] = ()
+    samples: int = 1
+    """How many samples (seeds) the prompt's ``tau`` averages."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +153,8 @@ class Overall:
     verdict_text: str | None = None
     prompts_needed: int | None = None
     """About how many prompts would detect :data:`core.stats.DETECT` (no difference found)."""
+    samples: int = 1
+    """The most samples (seeds) any of its prompts averages (1: one measurement per prompt)."""
 
 
 @dataclass(frozen=True)
@@ -219,9 +235,46 @@ class Comparison:
 
 
 # -- building ----------------------------------------------------------------------------
+def _setting(s: Mapping, key: str):
+    """A compared setting's value, as compared (:data:`SAMPLING_DEFAULTS`)."""
+    v = s.get(key)
+    if key not in SAMPLING_DEFAULTS:
+        return v
+    if v is None:
+        return SAMPLING_DEFAULTS[key]
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+
 def _key_of(settings: Mapping | None) -> tuple:
     s = settings or {}
-    return tuple(json.dumps(s.get(k), sort_keys=True, default=str) for k in COMPARED_SETTINGS)
+    return tuple(json.dumps(_setting(s, k), sort_keys=True, default=str) for k in COMPARED_SETTINGS)
+
+
+def sample_of(row: EvalRow) -> int:
+    """The row's sample index among its prompt's samples (0 for a greedy row)."""
+    k = (row.settings or {}).get("sample")
+    return k if isinstance(k, int) and not isinstance(k, bool) else 0
+
+
+PER_ROW_SETTINGS = ("sample",)
+"""Row settings that tell a prompt's rows apart rather than describe the entry."""
+
+
+def sampling_note(d: "Drafter") -> str:
+    """How the entry's tokens were drawn: ``"T 0"`` (greedy), ``"T 0.7, top-p 0.95, 20 seeds"``."""
+    s = d.settings or {}
+    t = _setting(s, "temperature")
+    if not isinstance(t, float) or t == 0:
+        return "T 0"
+    parts = [f"T {t:g}"]
+    if _setting(s, "top_p") != 1.0:
+        parts.append(f"top-p {s.get('top_p'):g}")
+    if _setting(s, "top_k") not in (0.0, None):
+        parts.append(f"top-k {s.get('top_k')}")
+    n = s.get("samples")
+    if isinstance(n, int) and n > 1:
+        parts.append(f"{n} seeds per prompt")
+    return ", ".join(parts)
 
 
 def _mean(xs: Sequence[float]) -> float | None:
@@ -295,14 +348,32 @@ class _Entry:
     settings: dict
     skey: tuple
     rows: dict[str, EvalRow] = field(default_factory=dict)
-    """prompt id -> row (the latest one)."""
+    """prompt id -> the prompt's row: its one row, or its samples nested (:func:`_nested`)."""
+    samples: dict[str, dict[int, EvalRow]] = field(default_factory=dict)
+    """prompt id -> sample index -> row (the latest one)."""
     run_ids: list[str] = field(default_factory=list)
     label: str = ""
+
+    def nsamples(self, pids: Iterable[str] | None = None) -> int:
+        return max((len(self.samples[p]) for p in (self.samples if pids is None else pids)), default=1)
+
+
+def _nested(rows: Mapping[int, EvalRow]) -> EvalRow:
+    """One prompt's figure from its samples: tau the mean of theirs, rounds all of theirs,
+    per-position rates pooled over those rounds. A single row is itself."""
+    if len(rows) == 1:
+        return next(iter(rows.values()))
+    ordered = [rows[k] for k in sorted(rows)]
+    taus = [t for t in map(_prompt_tau, ordered) if t is not None]
+    groups = [r.rounds for r in ordered]
+    rounds = [x for g in groups for x in g] if all(g is not None for g in groups) else None
+    return replace(ordered[0], tau=_mean(taus), rounds=rounds, per_position=list(_per_position(ordered)) or None)
 
 
 def _differing(a: Mapping, b: Mapping) -> tuple[str, ...]:
     return tuple(k for k in COMPARED_SETTINGS
-                 if _key_of({k: a.get(k)}) != _key_of({k: b.get(k)}))
+                 if json.dumps(_setting(a, k), sort_keys=True, default=str)
+                 != json.dumps(_setting(b, k), sort_keys=True, default=str))
 
 
 def build_comparison(rows: Iterable[EvalRow],
@@ -334,7 +405,7 @@ def build_comparison(rows: Iterable[EvalRow],
         if why:
             left_out.append(f"left out: {why}")
             continue
-        settings = dict(r.settings or {})
+        settings = {k: v for k, v in (r.settings or {}).items() if k not in PER_ROW_SETTINGS}
         role = r.role or "drafter"
         step = r.step
         name = str(r.drafter or "?")
@@ -342,16 +413,20 @@ def build_comparison(rows: Iterable[EvalRow],
         e = entries.get(key)
         if e is None:
             e = entries[key] = _Entry(name, role, step, settings, key[3])
-        pid = str(r.prompt_id)
-        if pid in e.rows:
-            warnings.append(f"{name}: prompt {pid} measured again (run {r.run_id}); "
+        pid, k = str(r.prompt_id), sample_of(r)
+        mine = e.samples.setdefault(pid, {})
+        if k in mine:
+            which = f"prompt {pid}" + (f" sample {k}" if k or len(mine) > 1 else "")
+            warnings.append(f"{name}: {which} measured again (run {r.run_id}); "
                             "the later figure is used")
-        e.rows[pid] = r
+        mine[k] = r
         if r.run_id and r.run_id not in e.run_ids:
             e.run_ids.append(r.run_id)
         if pid not in prompts:
             prompts.append(pid)
 
+    for e in entries.values():
+        e.rows = {pid: _nested(by_sample) for pid, by_sample in e.samples.items()}
     _label_entries(list(entries.values()))
     baselines = [e for e in entries.values() if e.role == "baseline"]
 
@@ -374,7 +449,7 @@ def build_comparison(rows: Iterable[EvalRow],
             delta, pct = _ratio(tau, btau)
             rounds = row.rounds
             cells.append(Cell(pid, e.label, e.role, tau, btau, delta, pct,
-                              len(rounds) if rounds is not None else None, mismatch))
+                              len(rounds) if rounds is not None else None, mismatch, len(e.samples[pid])))
         overall.append(_overall(e, base, mismatch, seed, detect))
     by_label = {e.label: e for e in entries.values()}
     done = [_pair(by_label[a], by_label[b], seed, detect)
@@ -459,7 +534,7 @@ def _compare(a: _Entry, b: _Entry, shared: Sequence[str], mismatch: tuple[str, .
                                     for p in shared) if ta is not None and tb is not None]
     res = stats.paired([x for x, _ in both], [y for _, y in both], name=f"{a.label}|{b.label}",
                        seed=seed, detect=detect)
-    text = res.text(a.label, b.label)
+    text = res.text(a.label, b.label, seeds=max(a.nsamples(shared), b.nsamples(shared)))
     if mismatch:
         diff = ", ".join(f"{k} {a.settings.get(k)}≠{b.settings.get(k)}" for k in mismatch)
         text = f"⚠ settings differ ({diff}), not comparable: {text}"
@@ -472,7 +547,7 @@ def _overall(e: _Entry, base: _Entry | None, mismatch: tuple[str, ...], seed: in
         rows = list(e.rows.values())
         macro, pooled, mci, pci, rounds = _figures(e.label, rows, seed)
         return Overall(e.label, e.role, len(rows), macro, pooled, mismatch=mismatch,
-                       macro_ci95=mci, pooled_ci95=pci, rounds=rounds)
+                       macro_ci95=mci, pooled_ci95=pci, rounds=rounds, samples=e.nsamples())
     shared = [p for p in e.rows if p in base.rows]
     unmatched = tuple(p for p in e.rows if p not in base.rows)
     macro, pooled, mci, pci, rounds = _figures(e.label, [e.rows[p] for p in shared], seed)
@@ -484,7 +559,7 @@ def _overall(e: _Entry, base: _Entry | None, mismatch: tuple[str, ...], seed: in
     res, text = _compare(e, base, shared, mismatch, seed, detect)
     return Overall(e.label, e.role, len(shared), macro, pooled, bmacro, bpooled, dm, pm, dp, pp,
                    mismatch, unmatched, mci, pci, rounds, res.ci95, res.p_value, res.test,
-                   res.verdict, text, res.prompts_needed)
+                   res.verdict, text, res.prompts_needed, e.nsamples(shared))
 
 
 def _pair(a: _Entry, b: _Entry, seed: int, detect: float) -> Pair:
@@ -591,9 +666,11 @@ def verdict_lines(c: Comparison) -> list[str]:
 
 
 def method_note(c: Comparison) -> str:
+    nested = any(o.samples > 1 for o in c.overall)
     return (f"95 % intervals: bootstrap over prompts, seeded (pooled: prompts, then rounds "
             f"within them); test: {stats.TEST} on per-prompt tau, p < 0.05; "
-            "prompts needed: for 80 % power")
+            "prompts needed: for 80 % power"
+            + ("; sampled: each prompt's tau is the mean over its seeds, prompts are the unit" if nested else ""))
 
 
 def _family(d: Drafter) -> str:
@@ -759,7 +836,7 @@ def to_markdown(c: Comparison, *, pivot: bool = False, verdicts: bool = True) ->
     return "\n".join(p for p in parts if p)
 
 
-__all__ = ["COMPARED_SETTINGS", "Comparison", "Drafter", "Cell", "Overall", "Pair", "family_tag",
+__all__ = ["COMPARED_SETTINGS", "SAMPLING_DEFAULTS", "sampling_note", "sample_of", "Comparison", "Drafter", "Cell", "Overall", "Pair", "family_tag",
            "build_comparison", "to_dict", "to_json", "to_csv", "to_markdown", "to_pivot_markdown",
            "verdicts_markdown", "summary_markdown", "details_markdown", "SUMMARY_HEADERS",
            "pk_chart", "bars", "verdict_lines", "mismatch_note", "fmt_tau", "fmt_delta", "fmt_pct",

@@ -254,14 +254,16 @@ class Paired:
     """Standard deviation of the per-prompt differences (None under 2 prompts)."""
     test: str = TEST
 
-    def text(self, a: str, b: str) -> str:
+    def text(self, a: str, b: str, seeds: int = 1) -> str:
         """The verdict in words, e.g. ``v5 is better than v4 (+0.42, 95 % CI +0.18..+0.66,
-        16 prompts, p = 0.003)``."""
+        16 prompts, p = 0.003)``; with ``seeds`` > 1 (sampled, seeds nested in prompts) the
+        prompts say so: ``16 prompts x 20 seeds``."""
         if self.delta is None:
             return f"{a} vs {b}: no shared prompts to compare"
         ci = f"95 % CI {fmt_ci(self.ci95, signed=True)}" if self.ci95 else "no interval"
         p = f", p {fmt_p(self.p_value)}" if self.p_value is not None else ""
-        figures = f"{self.delta:+.2f}, {ci}, {self.prompts} prompt{'s' * (self.prompts != 1)}{p}"
+        nested = f" × {seeds} seeds" if seeds > 1 else ""
+        figures = f"{self.delta:+.2f}, {ci}, {self.prompts} prompt{'s' * (self.prompts != 1)}{nested}{p}"
         if self.verdict in (BETTER, WORSE):
             return f"{a} is {self.verdict} than {b} ({figures})"
         need = (f"about {self.prompts_needed} prompts would detect {self.detect:+.2g}"

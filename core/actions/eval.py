@@ -59,9 +59,17 @@ class EvalParams:
     """The target's dtype on the eval host; auto keeps the checkpoint's own (bf16 stays bf16)."""
     max_memory: str | None = None
     """Refuse before loading when the eval needs more (e.g. 60G); default: what the host has free."""
+    temperature: float = 0.0
+    """0: greedy; > 0: sampled speculative decoding, lossless (chain only: no tree_budget, online)."""
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    samples: int = 1
+    """Sampled: generations per prompt, each with its own seed (compare averages them per prompt)."""
 
     def validate(self):
         out = []
+        out += sampling_problems(self)
         if self.max_memory is not None:
             try:
                 parse_bytes(self.max_memory)
@@ -72,6 +80,25 @@ class EvalParams:
         if self.tree_budget is not None and self.tree_budget < 1:
             out.append((("tree_budget",), "must be >= 1"))
         return out
+
+
+def sampling_problems(p) -> list:
+    """The sampling params' problems, as ``validate`` reports them (``core.ml.eval`` refuses the same)."""
+    from core.ml.sampling import Sampling
+
+    why = Sampling(p.temperature, p.top_p, p.top_k).problem()
+    if why:
+        return [((why[0],), why[1])]
+    if p.samples < 1:
+        return [(("samples",), "must be >= 1")]
+    if p.temperature == 0 and p.samples > 1:
+        return [(("samples",), "greedy decoding (temperature 0) is deterministic: set a temperature > 0")]
+    if p.temperature > 0 and p.tree_budget is not None:
+        return [(("tree_budget",), "DDTree verifies greedily: there is no lossless sampled tree "
+                                   "verification; drop tree_budget or use temperature 0")]
+    if p.temperature > 0 and p.mode == "offline":
+        return [(("mode",), "offline tau is not defined at a temperature > 0: use mode online")]
+    return []
 
 
 class Eval(Action):
@@ -138,6 +165,8 @@ class Eval(Action):
                          *(["--limit", p.limit] if p.limit else []),
                          "--dtype", p.dtype,
                          *(["--max-memory", p.max_memory] if p.max_memory else []),
+                         *(["--temperature", p.temperature, "--top-p", p.top_p, "--top-k", p.top_k,
+                            "--seed", p.seed, "--samples", p.samples] if p.temperature else []),
                          None if p.chat_template else "--no-chat-template")
 
     def command(self, ctx) -> Launch:
@@ -203,7 +232,9 @@ def eval_rows(run_id: str, item_id: str, res: dict, label: str, role: str,
                 "definition": res.get("definition"), "dtype": res.get("dtype"),
                 "accounting": res.get("accounting") or tau.LEGACY, "template": res.get("template"),
                 "method": "chain", "tree_budget": None,
-                "family": (res.get("drafter") or {}).get("family") or "dflash"}  # shown, not compared
+                "family": (res.get("drafter") or {}).get("family") or "dflash",  # shown, not compared
+                "temperature": res.get("temperature", 0), "top_p": res.get("top_p", 1.0),
+                "top_k": res.get("top_k", 0), "seed": res.get("seed"), "samples": res.get("samples", 1)}
     out = []
     sections = [(label, settings, res)]
     if isinstance(res.get("ddtree"), dict):
@@ -217,6 +248,9 @@ def eval_rows(run_id: str, item_id: str, res: dict, label: str, role: str,
                 # counted the old way, but the tokens are there: recount as the reference counts
                 rounds = tau.recount(rounds, len(pp["tokens"]))
                 row_tau, row_st = tau.mean_tau(rounds), {**st, "accounting": tau.ACCOUNTING, "recounted": True}
+            per_position = None if row_st is not st else pp.get("per_position_acceptance")
+            if pp.get("sample"):  # a sampled prompt's later samples (compare nests them in the prompt)
+                row_st = {**row_st, "sample": pp["sample"]}
             out.append(EvalRow(run_id, item_id, name, role, str(pp.get("id")), row_tau,
-                               rounds, None if row_st is not st else pp.get("per_position_acceptance"), row_st, step))
+                               rounds, per_position, row_st, step))
     return out

@@ -59,8 +59,9 @@ from core.ml.masks import (  # noqa: F401 (re-exported: the trainer imports them
     context_mask,
     uniform_feature_noise,
 )
-from core.ml.sampling import Sampling, draw
-from core.ml.sampling import probs as sampling_probs
+from core.ml.sampling import Sampling
+from core.ml.spec_sampling import draw
+from core.ml.spec_sampling import probs as sampling_probs
 
 Masks = Tensor | Mapping[AttentionRule, Tensor | None] | None
 
@@ -456,7 +457,7 @@ def draft_sample(drafter: DFlashDrafter, hidden: Tensor, logits: Tensor, anchor_
     (docs/evaluation.md §2, "Sampling"): ``([b, n], [b, n, V])``.
 
     A DFlash drafter draws each slot from its tempered, filtered logits
-    (:func:`core.ml.sampling.probs`); a DFlash-2 drafter walks its candidate selector, drawing
+    (:func:`core.ml.spec_sampling.probs`); a DFlash-2 drafter walks its candidate selector, drawing
     each slot among the selector's candidates (:meth:`CandidateSelector.sample`), as the
     reference does. Either way the distribution returned is the one drawn from, which is what
     rejection sampling needs to stay lossless.

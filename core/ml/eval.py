@@ -31,6 +31,7 @@ from typing import Any
 
 from core.ml import tau as taulib
 from core.ml.runio import Progress, UsageError, emit, provenance, run_main, say, write_result
+from core.ml.sampling import Sampling, sample_seed
 
 KIND = "specdeck-eval-v1"
 
@@ -72,9 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def sampling_of(args: argparse.Namespace) -> Any:
-    from core.ml.sampling import Sampling
-
+def sampling_of(args: argparse.Namespace) -> Sampling:
     return Sampling(args.temperature, args.top_p, args.top_k)
 
 
@@ -94,6 +93,7 @@ def validate(args: argparse.Namespace) -> None:
         raise UsageError(f"--drafter {args.drafter}: no config.json there")
     if not args.prompts.startswith("zlab:") and not Path(args.prompts).is_file():
         raise UsageError(f"--prompts {args.prompts}: file not found")
+    validate_sampling(args)
     if args.mode == "offline":
         if not args.cache:
             raise UsageError("--mode offline needs --cache DIR (made by python -m core.ml.extract)")
@@ -105,7 +105,6 @@ def validate(args: argparse.Namespace) -> None:
         raise UsageError("--max-new-tokens must be >= 1")
     if args.block_size is not None and args.block_size < 1:
         raise UsageError(f"--block-size {args.block_size}: must be >= 1")
-    validate_sampling(args)
     if args.max_memory is not None:
         from core.ml.weights import parse_bytes
 
@@ -119,7 +118,7 @@ def validate_sampling(args: argparse.Namespace) -> None:
     """Sampling settings and what refuses them (UsageError: exit 2, nothing written)."""
     why = sampling_of(args).problem()
     if why:
-        raise UsageError(f"--{why.replace('_', '-')}")
+        raise UsageError(f"--{why[0].replace('_', '-')} {why[1]}")
     if args.samples < 1:
         raise UsageError(f"--samples {args.samples}: must be >= 1")
     if args.temperature == 0:
@@ -195,7 +194,6 @@ def cache_template(settings: dict[str, Any]) -> dict[str, Any]:
 def run_online(args, target, tokenizer, drafter, prompts, block_size) -> dict[str, Any]:
     from core.ml.generate import DFlashProposer, chain_generate, ddtree_generate
     from core.ml.prompts import encode
-    from core.ml.sampling import sample_seed
     from core.ml.target import TargetRunner
 
     stops = stop_ids(args, target, tokenizer)

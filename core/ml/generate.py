@@ -8,7 +8,7 @@ token against :func:`greedy_generate`).
 Sampled (chain only, ``sampling`` with a temperature > 0): drafts are drawn from the drafter's
 tempered, filtered distribution (a DFlash-2 drafter's: along its selector,
 :func:`core.ml.drafter.draft_sample`) and accepted by speculative sampling
-(:func:`core.ml.sampling.accept`), so the committed tokens are distributed as the target's own
+(:func:`core.ml.spec_sampling.accept`), so the committed tokens are distributed as the target's own
 sampling (lossless as a distribution; tests/ml/test_sampling.py). DDTree has no lossless tree
 verification here (nor in the reference) and stays greedy.
 
@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from core.ml import sampling as sampler
+from core.ml import spec_sampling as sampler
 from core.ml import tau as taulib
 from core.ml.ddtree import build_tree, topk_per_depth
 from core.ml.drafter import (DFlashDrafter, DraftCache, block_embeddings, draft_logits, draft_path, draft_sample,
