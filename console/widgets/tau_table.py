@@ -9,7 +9,9 @@ Uncertainty: a drafter's ``Σ macro`` row carries its verdict against the baseli
 column (▲ better, ▼ worse, ≈ noise: no detectable difference) and each overall row its 95 %
 interval (the last column: zoom the pane to see it). The lines under the title say the
 cursor row drafter's verdict in words, with the interval, prompts and rounds, and what makes
-it incomparable (wrapped, never cut).
+it incomparable (wrapped, never cut). When anything was sampled the title names the temperatures
+the figures were measured at (``T 0.7``, or ``T 0 / T 0.7`` when entries differ) and a sampled
+drafter's line its top-p, top-k and seeds per prompt (greedy figures need no mark).
 
 Nothing is cut: each column is as wide as its widest value (a drafter's name, a note), from
 the comparison alone (a table's look never depends on when it idles); the per-position
@@ -33,7 +35,7 @@ from textual.widgets import DataTable, Static
 
 from console.widgets.acceptance_bars import AcceptanceBars
 from console.widgets.vim import table_keys
-from core.compare import Comparison, family_tag, fmt_ci, fmt_delta, fmt_pct, fmt_tau, mismatch_note
+from core.compare import Comparison, family_tag, fmt_ci, fmt_delta, fmt_pct, fmt_tau, mismatch_note, sampling_note
 from core.stats import BETTER, NONE, WORSE
 from core.text import sanitize
 
@@ -258,6 +260,9 @@ class TauPane(Vertical):
             t.append(f"{len(c.drafters)} drafters × {len(c.prompts)} prompts", style="bold")
             if self.step is not None:
                 t.append(f" at step {self.step}", style="bold cyan")
+            temps = sorted({sampling_note(d).split(",")[0] for d in c.drafters})  # "T 0", "T 0.7"
+            if temps != ["T 0"]:  # sampled figures say so (a greedy table stays as it always was)
+                t.append(f"  {' / '.join(temps)}", style="bold magenta")
             order = f"{self.sort_column} {arrow}" if self.sort_column else "by prompt"
             t.append(f"  sort {order} (o)", style="bright_black")
             if c.flagged:  # (the cursor row's own note is under the title, whole)
@@ -282,6 +287,9 @@ class TauPane(Vertical):
         note = mismatch_note(c.drafter(row.drafter))
         if note and not (o.verdict_text or "").startswith("⚠"):
             t.append(note + "\n", style="bold yellow")
+        sampled = sampling_note(c.drafter(row.drafter))
+        if sampled != "T 0":
+            t.append(f"{row.drafter} sampled at {sampled}\n", style="magenta")
         if o.verdict_text:
             style = MARKS.get(o.verdict, ("", ""))[1]
             t.append(o.verdict_text, style=style if o.verdict != NONE else "")

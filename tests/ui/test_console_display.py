@@ -183,3 +183,31 @@ async def test_the_tau_pane_keeps_names_notes_and_verdicts_whole(campaign, size)
         o = tau.comparison.overall_of("train-v5@240 ddtree-8")
         assert " ".join(o.verdict_text.split()) in " ".join(verdict.split()), verdict
         assert "…" not in verdict
+
+
+async def test_the_tau_pane_shows_the_temperature_of_sampled_figures(campaign):
+    """A drafter sampled at T 0.7 (two seeds per prompt): the title names the temperatures, the
+    drafter's line its sampling, and its prompts average their seeds."""
+    from dataclasses import replace
+
+    from console.widgets.tau_table import TauPane
+    from tests.ui.conftest import SETTINGS, eval_rows
+
+    plan, store = campaign
+    sampled = {**SETTINGS, "temperature": 0.7, "top_p": 0.95, "top_k": 0, "samples": 2}
+    rows = eval_rows("eval-t07-0101-01", "v5-t07", "drafter", [[3, 3], [2, 4], [4, 4]], settings=sampled)
+    rows += [replace(r, settings={**sampled, "sample": 1})  # each prompt's second seed
+             for r in eval_rows("eval-t07-0101-01", "v5-t07", "drafter", [[1], [1], [1]], settings=sampled)]
+    store.add_eval_results(rows)
+    app = build(plan, store)
+    async with app.run_test(size=(200, 60)) as pilot:
+        await settle(pilot)
+        tau = app.query_one(TauPane)
+        title = " ".join(visible_lines(tau.query_one("#tau-title")))
+        assert "T 0 / T 0.7" in title, title
+        row = next(r for r in tau.ordered_rows if r.drafter == "v5-t07" and r.prompt == "Σ macro")
+        tau.query_one("#tau-table").move_cursor(row=tau.ordered_rows.index(row), animate=False)
+        await settle(pilot)
+        verdict = " ".join(ln.strip() for ln in visible_lines(tau.query_one("#tau-verdict")))
+        assert "v5-t07 sampled at T 0.7, top-p 0.95, 2 seeds per prompt" in verdict, verdict
+        assert tau.comparison.cell("p1", "v5-t07").tau == 2.0  # (3 + 1) / 2: the seeds averaged
