@@ -71,7 +71,9 @@ def _identity(result: dict[str, Any], sec: dict[str, Any], section: str) -> dict
         "tree_budget": sec.get("budget") if section == "ddtree" else None,
         "block_size": result.get("block_size"),
         "max_new_tokens": result.get("max_new_tokens"),
-        "temperature": result.get("temperature", 0),
+        "temperature": float(result.get("temperature", 0)),
+        "top_p": float(result.get("top_p", 1.0)),
+        "top_k": int(result.get("top_k", 0)),
         "target": target.get("fingerprint") or target.get("path"),
         "prompts_sha256": prompts.get("sha256"),
         "accounting": result.get("accounting") or taulib.LEGACY,
@@ -112,8 +114,7 @@ def compare_results(
     mismatches = [
         {"field": k, "ours": id_o[k], "baseline": id_b[k]} for k in id_o if id_o[k] != id_b[k]
     ]
-    rows_o = {str(p["id"]): p for p in sec_o["per_prompt"]}
-    rows_b = {str(p["id"]): p for p in sec_b["per_prompt"]}
+    rows_o, rows_b = _by_prompt(sec_o["per_prompt"]), _by_prompt(sec_b["per_prompt"])
     only_o = sorted(set(rows_o) - set(rows_b))
     only_b = sorted(set(rows_b) - set(rows_o))
     if only_o or only_b:
@@ -124,11 +125,11 @@ def compare_results(
     common = [i for i in rows_o if i in rows_b]
     per_prompt = []
     for pid in common:
-        to, tb = rows_o[pid].get("tau"), rows_b[pid].get("tau")
+        to, tb = _prompt_tau(rows_o[pid]), _prompt_tau(rows_b[pid])
         per_prompt.append({"id": pid, "ours": to, "baseline": tb, **_delta_ratio(to, tb)})
-    rounds_o = [rows_o[i].get("rounds", []) for i in common]
-    rounds_b = [rows_b[i].get("rounds", []) for i in common]
-    macro_o, macro_b = taulib.macro_tau(rounds_o), taulib.macro_tau(rounds_b)
+    macro_o, macro_b = _macro([rows_o[i] for i in common]), _macro([rows_b[i] for i in common])
+    rounds_o = [r.get("rounds", []) for i in common for r in rows_o[i]]
+    rounds_b = [r.get("rounds", []) for i in common for r in rows_b[i]]
     pooled_o, pooled_b = taulib.pooled_tau(rounds_o), taulib.pooled_tau(rounds_b)
     overall = {
         "ours": {"tau": macro_o, "tau_pooled": pooled_o},
@@ -155,6 +156,31 @@ def compare_results(
         "only_in_baseline": only_b,
         "definition": "delta = ours - baseline; ratio = ours / baseline; " + taulib.DEFINITION,
     }
+
+
+def _by_prompt(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Each prompt's rows: one, or one per sample of a sampled eval (docs/evaluation.md §2, "Sampling")."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        out.setdefault(str(r["id"]), []).append(r)
+    return out
+
+
+def _prompt_tau(rows: list[dict[str, Any]]) -> float | None:
+    """A prompt's tau: its row's, or the mean over its samples' (prompts stay the unit)."""
+    return _mean([r.get("tau") for r in rows])
+
+
+def _macro(prompts: list[list[dict[str, Any]]]) -> float | None:
+    """Mean over prompts (with rounds) of each prompt's mean over its samples of their round means."""
+    taus = [t for t in (_mean([taulib.mean_tau(r.get("rounds") or []) for r in rows]) for rows in prompts)
+            if t is not None]
+    return sum(taus) / len(taus) if taus else None
+
+
+def _mean(xs: list[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return sum(vals) / len(vals) if vals else None
 
 
 def _delta_ratio(ours: float | None, base: float | None) -> dict[str, float | None]:

@@ -342,14 +342,17 @@ class CandidateSelector(nn.Module):
             rows.append(q)
             return torch.multinomial(q, 1, generator=generator)[:, 0]
 
-        path, candidates = self._walk(hidden, logits, anchor_ids, pick)
+        path, candidates = self._walk(hidden, logits, anchor_ids, pick, ranked=False)
         q = torch.zeros(*logits.shape, dtype=torch.float32, device=logits.device)
         return path, q.scatter_(-1, candidates, torch.stack(rows, dim=1))
 
-    def _walk(self, hidden: Tensor, logits: Tensor, anchor_ids: Tensor, pick) -> tuple[Tensor, Tensor]:
+    def _walk(self, hidden: Tensor, logits: Tensor, anchor_ids: Tensor, pick, ranked: bool = True
+              ) -> tuple[Tensor, Tensor]:
         """Slot after slot from the anchor, ``pick`` one of the k candidates by their scores
-        [b, k] -> index [b]. Returns the path [b, n] and the candidates [b, n, k]."""
-        unary, candidates = torch.topk(logits, self.top_k, dim=-1)  # [b, n, k]
+        [b, k] -> index [b]. Returns the path [b, n] and the candidates [b, n, k], best first when
+        ``ranked``, else in ``torch.topk``'s own order (the reference's when it samples, so one
+        seed draws the same candidate in both)."""
+        unary, candidates = torch.topk(logits, self.top_k, dim=-1, sorted=ranked)  # [b, n, k]
         proj = self.hidden_projection(hidden.to(self.hidden_projection.weight.dtype))  # [b, n, r]
         prev, path = anchor_ids.to(candidates.device), []
         for j in range(hidden.shape[1]):

@@ -142,7 +142,7 @@ def test_renderers():
                                             settings={**S, "block_size": 8})])
     data = json.loads(to_json(c))
     assert data["compared_settings"] == ["mode", "block_size", "tree_budget", "target", "prompts",
-                                        "dtype", "accounting", "template"]
+                                        "dtype", "accounting", "template", "temperature", "top_p", "top_k"]
     ours = [o for o in data["overall"] if o["drafter"] == "ours"][0]
     assert ours["pooled"] == pytest.approx(2.75) and ours["pct_pooled"] == pytest.approx(137.5)
 

@@ -107,3 +107,19 @@ def test_eval_rows_of_a_sampled_result_nest_in_compare():
     assert c.cell("a", "v5").tau == pytest.approx(2.5) and c.cell("a", "v5").samples == 2
     assert c.overall_of("v5").prompts == 2 and c.overall_of("v5").macro == pytest.approx(2.0)
     assert "sample" not in c.drafter("v5").settings
+
+
+def test_two_sampled_result_files_compare_per_prompt_with_seeds_averaged():
+    from core.ml.compare import compare_results
+
+    def result(taus_by_prompt, temperature=0.7):
+        rows = [{"id": pid, "sample": k, "tau": float(t), "rounds": [t, t]}
+                for pid, taus in taus_by_prompt.items() for k, t in enumerate(taus)]
+        return {"mode": "online", "block_size": 8, "temperature": temperature, "samples": 2, "per_prompt": rows}
+
+    out = compare_results(result({"a": [3, 5], "b": [2, 2]}), result({"a": [2, 2], "b": [1, 3]}))
+    assert out["ok"] and out["overall"]["num_prompts"] == 2
+    assert {r["id"]: r["ours"] for r in out["per_prompt"]} == {"a": 4.0, "b": 2.0}
+    assert out["overall"]["ours"]["tau"] == pytest.approx(3.0) and out["overall"]["delta"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="temperature"):
+        compare_results(result({"a": [3, 5]}), result({"a": [2, 2]}, temperature=0))
