@@ -139,7 +139,14 @@ def validate_sampling(args: argparse.Namespace) -> None:
 
 
 def _summary(rows: list[dict[str, Any]], block_size: int) -> dict[str, Any]:
-    return taulib.summarize([r["rounds"] for r in rows], block_size)
+    """The tau figures of ``rows``; a sampled run's rows are its prompts' samples: ``num_prompts``
+    counts prompts, ``num_generations`` the rows (every prompt has the same number, so the macro
+    tau over rows is the mean over prompts of their samples' mean)."""
+    out = taulib.summarize([r["rounds"] for r in rows], block_size)
+    prompts = len({r["id"] for r in rows})
+    if prompts != len(rows):
+        out.update(num_prompts=prompts, num_generations=len(rows))
+    return out
 
 
 COUNTS = ("target_forwards", "target_tokens", "drafter_forwards")

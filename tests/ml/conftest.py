@@ -44,6 +44,19 @@ def device(request) -> str:
     return request.param
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for the module: thousands of tiny forwards run fastest so, and never spin
+    on a loaded machine (``pytestmark = pytest.mark.usefixtures("one_thread")``)."""
+    if torch is None:  # pragma: no cover
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny():
     """The ``core.ml.tiny`` module (imports torch and transformers)."""

@@ -30,6 +30,7 @@ from core.ml.target import TargetRunner  # noqa: E402
 V, B, N_NEW = 4, 3, 4
 PROMPT = [1, 2, 0]
 SAMPLING = Sampling(0.8, top_p=1.0, top_k=3)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def chi2_p(observed: dict, expected: dict, n: int) -> float:
@@ -213,6 +214,7 @@ def test_a_sampled_eval_records_its_settings_and_each_rows_seed(pair, tmp_path):
     res = json.loads((tmp_path / "a.json").read_text())
     assert (res["temperature"], res["top_p"], res["top_k"], res["seed"], res["samples"]) == (0.7, 1.0, 50, 4, 2)
     assert "min(1, p/q)" in res["definition"]
+    assert (res["num_prompts"], res["num_generations"]) == (len(res["per_prompt"]) // 2, len(res["per_prompt"]))
     rows = res["per_prompt"]
     ids = list(dict.fromkeys(r["id"] for r in rows))
     assert [(r["id"], r["sample"]) for r in rows] == [(i, k) for k in range(2) for i in ids]
