@@ -9,20 +9,23 @@ forward here runs each linear layer *tree-aware*, without touching its cache:
 
 * conv: node i's window is its own input and those of its ``K-1`` nearest ancestors, reaching
   into the cached window past the root;
-* delta rule, node by node in the tree (batched per depth): ``S_i = f(S_parent(i), k_i, v_i,
-  g_i, beta_i)`` with the recurrence
+* delta rule, all nodes at once: node i's state is ``S_i = f(S_parent(i), k_i, v_i, g_i, beta_i)``
+  with the recurrence
 
       S <- exp(g) * S;  S <- S + k (beta (v - S^T k))^T;  o = S^T q
 
-  (q, k l2-normalised, q scaled by dk^-1/2, all in float32, as the decode path computes it);
+  (q, k l2-normalised, q scaled by dk^-1/2, all in float32, as the decode path computes it).
+  Unrolled along a node's root path it is the chunked (WY) form of the delta rule with the
+  causal mask replaced by the ancestor mask (:func:`tree_delta_rule`): one triangular solve
+  and a few batched matmuls per layer, whatever the tree's depth;
 * attention layers see the tree through an ancestor mask (a chain: the plain causal mask).
 
 Every node is computed once, so a chain of B tokens costs one forward of B tokens and a tree of
-n nodes one forward of n tokens. The per-node inputs ``(x, k, v, g, beta)`` are kept; after
-acceptance :meth:`TreeStates.commit` replays the recurrence along the accepted path from the
-cached state (a few small element-wise ops per layer, no weight matmul) and rebuilds the conv
-window from the path's inputs. Memory: the per-node inputs (tens of KB per node and layer),
-never a state per node beyond one layer's forward.
+n nodes one forward of n tokens. The per-node inputs ``x`` and ``k``, the pseudo-values ``u``
+and the path decays are kept; after acceptance :meth:`TreeStates.commit` sets the cached state
+to the accepted path's last node's, in closed form (one small matmul per layer, no weight
+matmul), and rebuilds the conv window from the path's inputs. Memory: the per-node inputs (tens
+of KB per node and layer), never a state per node.
 """
 
 from __future__ import annotations
@@ -58,12 +61,60 @@ def _l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
-def _delta_step(state: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> Tensor:
-    """One gated delta-rule update. state [m, H, dk, dv]; k [m, H, dk]; v [m, H, dv]; g, beta [m, H]."""
-    state = state * g.exp()[..., None, None]
-    kv_mem = (state * k[..., None]).sum(dim=-2)  # S^T k: [m, H, dv]
-    delta = (v - kv_mem) * beta[..., None]
-    return state + k[..., None] * delta[..., None, :]
+def ancestor_matrix(parents: Sequence[int]) -> Tensor:
+    """[n, n] bool: ``[i, j]`` iff node j is node i or one of its ancestors (``parent < child``)."""
+    n = len(parents)
+    vis = torch.zeros(n, n, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            vis[i] = vis[p]
+        vis[i, i] = True
+    return vis
+
+
+def tree_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
+                    anc: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The gated delta rule of every tree node from the root state, without a loop over depths.
+
+    Along node t's root path (the nodes j with ``anc[t, j]``), with ``G_t`` the sum of ``g``
+    over the path, the recurrence unrolls to ``S_t = e^{G_t} S + sum_j e^{G_t - G_j} k_j u_j^T``
+    where the pseudo-values ``u`` solve the unit lower-triangular system
+
+        u_t + beta_t sum_{j strict ancestor of t} e^{G_t - G_j} (k_t . k_j) u_j = beta_t (v_t - e^{G_t} S^T k_t)
+
+    (the chunked / WY form of the delta rule, its causal mask replaced by the ancestor mask:
+    a node's ``u`` depends on its ancestors' only, so every path shares its prefix's), and
+    ``o_t = S_t^T q_t = e^{G_t} S^T q_t + sum_j e^{G_t - G_j} (q_t . k_j) u_j``.
+
+    Args:
+        q, k: [n, H, dk] (k l2-normalised, q also scaled); v: [n, H, dv]; g, beta: [n, H]
+            (``g <= 0``), all float32, nodes in ``parent < child`` order.
+        state: the root's incoming state [H, dk, dv] (float32).
+        anc: :func:`ancestor_matrix` of the tree, on the tensors' device.
+
+    Returns:
+        ``(out [n, H, dv], u [H, n, dv], decay [H, n, n], G [H, n])``, ``decay[h, t, j] =
+        e^{G_t - G_j}`` where j is t or an ancestor of t, else 0: with the root state they give
+        any node's state (:func:`path_state`).
+    """
+    qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [H, n, d]
+    cum = (anc.to(g.dtype) @ g).T  # [H, n]: G_t, the log decay from the root state to node t
+    diff = cum[:, :, None] - cum[:, None, :]
+    decay = diff.masked_fill(~anc, float("-inf")).exp()  # [H, n, n], 0 off the ancestor paths
+    strict = decay.masked_fill(torch.eye(len(anc), dtype=torch.bool, device=anc.device), 0.0)
+    bh = beta.T[..., None]  # [H, n, 1]
+    lower = (kh @ kh.transpose(-1, -2)) * strict * bh
+    grow = cum.exp()[..., None]  # [H, n, 1]
+    rhs = bh * (vh - grow * (kh @ state))
+    u = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
+    out = grow * (qh @ state) + ((qh @ kh.transpose(-1, -2)) * decay) @ u
+    return out.transpose(0, 1), u, decay, cum
+
+
+def path_state(state: Tensor, k: Tensor, u: Tensor, decay: Tensor, cum: Tensor, node: int) -> Tensor:
+    """Node ``node``'s state [H, dk, dv] from :func:`tree_delta_rule`'s outputs and the root state."""
+    w = decay[:, node, :, None] * u  # [H, n, dv], 0 off the node's path
+    return cum[:, node, None, None].exp() * state + k.transpose(0, 1).transpose(-1, -2) @ w
 
 
 class TreeStates:
@@ -72,18 +123,14 @@ class TreeStates:
     Args:
         modules: the target's gated delta-net modules (:func:`linear_attention_modules`).
         parents: parent index per node (``-1`` for the root, ``parent < child``).
-        depths: depth per node (root 0).
+        depths: depth per node (root 0); the ancestor matrix implies them, kept for the callers.
     """
 
     def __init__(self, modules: Sequence[nn.Module], parents: Sequence[int], depths: Sequence[int]) -> None:
         self.modules = list(modules)
         self.parents = list(parents)
         self.n = len(parents)
-        by_depth: dict[int, list[int]] = {}
-        for i, d in enumerate(depths):
-            by_depth.setdefault(int(d), []).append(i)
-        self.levels = [(torch.tensor(nodes), torch.tensor([self.parents[i] for i in nodes]))
-                       for _, nodes in sorted(by_depth.items())]
+        self._anc = ancestor_matrix(self.parents)
         self.records: dict[int, tuple[Tensor, ...]] = {}
         self._windows: dict[tuple[int, str], Tensor] = {}
 
@@ -154,17 +201,10 @@ class TreeStates:
         q = _l2norm(q) / math.sqrt(q.shape[-1])
         k = _l2norm(k)
 
-        root = state0.float()  # [1, Hv, dk, dv]
-        states = root.new_empty((n, *root.shape[1:]))
-        out = v.new_empty(v.shape)
-        for nodes, parents in self.levels:
-            nodes_d, parents_d = nodes.to(root.device), parents.to(root.device)
-            prev = root.expand(len(nodes), *root.shape[1:]) if int(parents[0]) < 0 else states[parents_d]
-            new = _delta_step(prev, k[nodes_d], v[nodes_d], g[nodes_d], beta[nodes_d])
-            states[nodes_d] = new
-            out[nodes_d] = (new * q[nodes_d][..., None]).sum(dim=-2)
-        del states
-        self.records[mod.layer_idx] = (x, k, v, g, beta)
+        if self._anc.device != k.device:
+            self._anc = self._anc.to(k.device)
+        out, u, decay, cum = tree_delta_rule(q, k, v, g, beta, state0[0].float(), self._anc)
+        self.records[mod.layer_idx] = (x, k, u, decay, cum)
         core = mod.norm(out.to(dt).reshape(-1, mod.head_v_dim), z.reshape(-1, mod.head_v_dim))
         return mod.out_proj(core.reshape(1, n, -1))
 
@@ -177,16 +217,22 @@ class TreeStates:
         ``path``: accepted node indices from the root (``path[0] == 0``), each the previous
         one's child.
         """
+        path = list(path)
+        if path and path[0] != 0:
+            raise ValueError(f"commit path {path} does not start at the root (node 0)")
+        for a, b in zip(path, path[1:]):
+            if self.parents[b] != a:
+                raise ValueError(f"commit path {path} is not a root path: node {b}'s parent is {self.parents[b]}")
+        if not path:
+            self.records.clear()
+            return
+        idx = torch.tensor(path)
         for mod in self.modules:
-            x, k, v, g, beta = self.records[mod.layer_idx]
+            x, k, u, decay, cum = self.records[mod.layer_idx]
             layer = cache.layers[mod.layer_idx]
             conv_state, state = layer.conv_states[0], layer.recurrent_states[0]
-            idx = torch.tensor(list(path), device=x.device)
-            s = state.float()
-            for i in path:
-                s = _delta_step(s, k[i : i + 1], v[i : i + 1], g[i : i + 1], beta[i : i + 1])
-            state.copy_(s.to(state.dtype))
+            state.copy_(path_state(state[0].float(), k, u, decay, cum, path[-1])[None].to(state.dtype))
             kernel = conv_state.shape[-1]
-            window = torch.cat([conv_state[0], x[idx].T.to(conv_state.dtype)], dim=-1)[:, -kernel:]
+            window = torch.cat([conv_state[0], x[idx.to(x.device)].T.to(conv_state.dtype)], dim=-1)[:, -kernel:]
             conv_state.copy_(window[None])
         self.records.clear()
