@@ -1,24 +1,32 @@
 """Cost of one speculative round against one plain decode step, at the campaign's proportions.
 
-    python bench/eval_speed.py [--threads 2] [--context 512] [--rounds 12] [--repeats 2] [--arch qwen3]
+    python bench/eval_speed.py [--arch qwen3|qwen3_5|both] [--threads 2] [--context 256]
+                               [--rounds 4] [--repeats 3]
 
-What decides the operator's wait on the CPU eval host is not the demo's tiny pair but the cost
-of a round on the real one: drafter forward + verify of B = 16 tokens + cache/state update,
-against one plain decode step of the target. Here both models are random, built from config,
-in bf16 (nothing downloaded):
+What decides the operator's wait on the CPU eval host is the cost of a round on the real pair,
+Qwen3.6-27B (64 layers, hidden 5120, vocab 248320: its LM head is about 5 % of the weights) with
+its 5-layer drafter, against one plain decode step of the target. Here both models are random,
+built from config, in bf16 (nothing downloaded), at those proportions scaled to this machine:
 
-* target: a Qwen3 of about 430 MB (12 layers, hidden 1024, vocab 32000) or, with
-  ``--arch qwen3_5``, a hybrid of the same size (3 linear-attention layers per full one);
-* drafter: the campaign's proportion, one drafter layer per 13 target layers (here 1), the
-  target's hidden size, heads and MLP width, block size 16, 5 taps.
+* target: the 27B's layout with every width divided by 5 (hidden 1024, MLP 3481, 64-wide heads
+  in the 27B's head counts' proportions; ``qwen3_5``: 3 gated delta-net layers per
+  full-attention one, as the 27B; ``qwen3``: all full attention), as many layers as give the
+  one-layer drafter the 27B drafter's share of the weights (about 17-19), and the vocabulary
+  that gives its LM head (and its embedding) the 27B's share;
+* drafter: one layer, the 27B drafter's widths / 5, block size 16, 5 taps. The shares are
+  printed for both pairs (the 27B's counted on ``meta``).
 
-All three run through the same harness (:func:`core.ml.generate.chain_generate` /
-:func:`~core.ml.generate.ddtree_generate` with a :class:`~core.ml.target.TargetRunner`) after a
-``--context``-token prompt: a plain decode step (block size 1), a chain round (B = 16) and a
-DDTree round (budget 16). Each figure is the median over ``--repeats`` runs of decode time per
-round. Printed: a chain round and a DDTree round as multiples of a decode step, their parts
-(drafter, verify + update), and the speedup they imply at tau = 3 and 6 (tau / ratio).
-Goal: a chain round <= 1.5 decode steps.
+Each repeat runs, interleaved, plain greedy decoding (:func:`core.ml.generate.greedy_generate`,
+the baseline), a chain generation (B = 16) and a DDTree-16 generation through the harness
+(:func:`~core.ml.generate.chain_generate`, :func:`~core.ml.generate.ddtree_generate`, a
+:class:`~core.ml.target.TargetRunner`) after the same ``--context``-token prompt. Only full-width
+rounds count (the last ones shrink to what is left). Each round is split by timing hooks into
+drafter (its layers), draft LM head (B-1 positions), tree build, verify (the target's forward,
+its LM head and taps included), update (cache / recurrent state) and the rest; each part is a
+share of the decode step measured in the same repeat, and the figures are medians over repeats.
+Printed: the round in decode steps, its parts, and the speedup it implies at tau 3, 6 and 8
+(tau / round). Goals (issue 34): Qwen3 chain <= 1.35, DDTree-16 <= 1.5; hybrid chain <= 1.5,
+DDTree-16 <= 1.7.
 """
 
 from __future__ import annotations
@@ -28,119 +36,260 @@ import json
 import os
 import statistics
 import sys
-import tempfile
+import time
+from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+BLOCK, BUDGET, MASK = 16, 16, 3
+# Qwen3.6-27B (tests/ml/test_campaign_config.py's config.json) and its published drafter
+# (plans/train/qwen3.6-27b-v5.yaml).
+CAMPAIGN = dict(hidden_size=5120, num_hidden_layers=64, vocab_size=248320, intermediate_size=17408,
+                num_attention_heads=24, num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
+                linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128)
+CAMPAIGN_DRAFTER = dict(num_layers=5, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                        intermediate_size=17408)
+SCALE, LAYERS = 5, 13  # widths / 5; 64 / 5 layers to start from (then as many as give the drafter its share)
 
-def build_pair(root: Path, arch: str):
+
+def scaled(cfg: dict, scale: int) -> dict:
+    """The 27B's widths / ``scale``, heads 64 wide, head counts in the same proportions."""
+    out = dict(cfg, hidden_size=cfg["hidden_size"] // scale, intermediate_size=cfg["intermediate_size"] // scale)
+
+    def heads(name: str, dim: str, group: int = 1) -> int:  # a multiple of `group` (GQA)
+        return max(1, round(cfg[name] * cfg[dim] / scale / 64 / group)) * group
+
+    out["num_key_value_heads"] = heads("num_key_value_heads", "head_dim")
+    out["num_attention_heads"] = heads("num_attention_heads", "head_dim", out["num_key_value_heads"])
+    out["head_dim"] = 64
+    if "linear_num_key_heads" in cfg:
+        out["linear_num_key_heads"] = heads("linear_num_key_heads", "linear_key_head_dim")
+        out["linear_num_value_heads"] = heads("linear_num_value_heads", "linear_value_head_dim", out["linear_num_key_heads"])
+        out["linear_key_head_dim"] = out["linear_value_head_dim"] = 64
+    return out
+
+
+def target_config(arch: str, sizes: dict, layers: int):
+    from transformers import Qwen3Config
+    from transformers.models.qwen3_5 import Qwen3_5TextConfig
+
+    common = dict(vocab_size=sizes["vocab_size"], hidden_size=sizes["hidden_size"], num_hidden_layers=layers,
+                  intermediate_size=sizes["intermediate_size"], num_attention_heads=sizes["num_attention_heads"],
+                  num_key_value_heads=sizes["num_key_value_heads"], head_dim=sizes["head_dim"],
+                  tie_word_embeddings=False, eos_token_id=2, pad_token_id=0)
+    if arch == "qwen3":
+        return Qwen3Config(**common)
+    kinds = [("full_attention" if i % 4 == 3 else "linear_attention") for i in range(layers)]
+    return Qwen3_5TextConfig(**common, layer_types=kinds, linear_conv_kernel_dim=4,
+                             **{k: sizes[k] for k in sizes if k.startswith("linear_")})
+
+
+def build(arch: str, sizes: dict, drafter_sizes: dict, layers: int, device: str = "cpu"):
+    """Target and drafter (bf16; random, std 0.02, unless on ``meta``)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from core.ml import tiny
+
+    cfg = target_config(arch, sizes, layers)
+    torch.manual_seed(0)
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            target = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+    finally:
+        torch.set_default_dtype(torch.float32)
+    taps = sorted({round(1 + i * (layers - 3) / 4) for i in range(5)})
+    dcfg = tiny.tiny_drafter_config(cfg, block_size=BLOCK, target_layer_ids=taps,
+                                    num_layers=drafter_sizes["num_layers"],
+                                    **{k: v for k, v in drafter_sizes.items() if k != "num_layers"})
+    if device == "meta":
+        from core.ml.drafter import DFlashDrafter
+
+        with torch.device("meta"):
+            return target, DFlashDrafter(dcfg)
+    with torch.no_grad():
+        for p in target.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.02)
+    return target, tiny.build_tiny_drafter(dcfg, seed=1, std=0.02).to(torch.bfloat16).eval()
+
+
+def shares(target, drafter) -> dict:
+    """The LM head's and the drafter's share of the target's weights (parameters)."""
+    total = sum(p.numel() for p in target.parameters())
+    return {"params": total, "head_share": round(target.get_output_embeddings().weight.numel() / total, 4),
+            "drafter_share": round(sum(p.numel() for p in drafter.parameters()) / total, 4)}
+
+
+def campaign_pair(arch: str):
+    """The bench pair: the 27B's layout / SCALE, the vocabulary solved for the 27B's head share
+    (the hybrid 27B's, for a dense ``qwen3`` bench pair too)."""
+    big = shares(*build("qwen3_5", CAMPAIGN, CAMPAIGN_DRAFTER, CAMPAIGN["num_hidden_layers"], "meta"))
+    sizes, dsizes = scaled(CAMPAIGN, SCALE), scaled(dict(CAMPAIGN_DRAFTER, hidden_size=5120), SCALE)
+    dsizes = {k: v for k, v in dsizes.items() if k != "hidden_size"} | {"num_layers": 1}
+
+    def vocab_for(layers: int) -> int:  # V H = r (body + 2 V H)
+        body_target, _ = build(arch, dict(sizes, vocab_size=64), dsizes, layers, "meta")
+        body = sum(p.numel() for p in body_target.parameters()) - 2 * 64 * sizes["hidden_size"]
+        r = big["head_share"]
+        return int(round(r * body / (sizes["hidden_size"] * (1 - 2 * r)) / 64) * 64)
+
+    # the drafter's share falls as 1 / layers: the layer count that gives the 27B's
+    first = shares(*build(arch, dict(sizes, vocab_size=vocab_for(LAYERS)), dsizes, LAYERS, "meta"))
+    layers = round(LAYERS * first["drafter_share"] / big["drafter_share"])
+    target, drafter = build(arch, dict(sizes, vocab_size=vocab_for(layers)), dsizes, layers)
+    return target, drafter, big
+
+
+class RoundTimer:
+    """Per-round part times of one generation, from hooks on the drafter, the LM head and the
+    runner's verify / commit calls (the harness itself is untouched)."""
+
+    def __init__(self, proposer, runner, head) -> None:
+        self.rounds: list[dict] = []
+        self._cur: dict = {}
+        self._mark: dict[str, float] = {}
+        self._in_draft = False
+        for name in ("draft", "propose"):
+            self._wrap(proposer, name, self._draft)
+        for name in ("verify_chain", "verify_tree"):
+            self._wrap(runner, name, self._verify)
+        for name in ("commit_chain", "commit_tree"):
+            self._wrap(runner, name, self._commit)
+        self._hooks = []
+        for module, part in ((proposer.drafter, "drafter"), (head, "head")):
+            self._hooks.append(module.register_forward_pre_hook(lambda *_, p=part: self._start(p)))
+            self._hooks.append(module.register_forward_hook(lambda *_, p=part: self._stop(p)))
+
+    def _wrap(self, obj, name, around) -> None:
+        fn = getattr(obj, name)
+        setattr(obj, name, lambda *a, **k: around(fn, *a, **k))
+
+    def _start(self, part: str) -> None:
+        self._mark[part] = time.perf_counter()
+
+    def _stop(self, part: str) -> None:
+        if part == "head" and not self._in_draft:
+            return  # the target's own head: part of verify
+        key = "draft_head" if part == "head" else part
+        self._cur[key] = self._cur.get(key, 0.0) + time.perf_counter() - self._mark[part]
+
+    def _draft(self, fn, *a, **k):
+        self._cur = {"start": time.perf_counter()}
+        self._in_draft = True
+        try:
+            return fn(*a, **k)
+        finally:
+            self._in_draft = False
+            self._cur["draft_end"] = time.perf_counter()
+
+    def _verify(self, fn, tokens, *a, **k):
+        t = time.perf_counter()
+        out = fn(tokens, *a, **k)
+        self._cur["tree_build"] = t - self._cur["draft_end"]
+        self._cur["verify"] = time.perf_counter() - t
+        self._cur["width"] = len(tokens)
+        return out
+
+    def _commit(self, fn, *a, **k):
+        t = time.perf_counter()
+        out = fn(*a, **k)
+        end = time.perf_counter()
+        c = self._cur
+        c["update"] = end - t
+        c["round"] = end - c.pop("start")
+        c.pop("draft_end")
+        c["other"] = c["round"] - sum(c.get(p, 0.0) for p in PARTS)
+        self.rounds.append(c)
+        return out
+
+    def close(self) -> None:
+        for h in self._hooks:
+            h.remove()
+
+
+PARTS = ("drafter", "draft_head", "tree_build", "verify", "update")
+
+
+def bench_arch(arch: str, args) -> dict:
     import torch
 
-    from bench.memory import build_target
-    from core.ml import tiny
-    from core.ml.target import load_target
+    from core.ml.generate import DFlashProposer, chain_generate, ddtree_generate, greedy_generate
+    from core.ml.target import TargetRunner
 
-    if arch == "qwen3":
-        target_dir = build_target(root / "target", layers=12, hidden=1024, inter=3072, vocab=32000)
-        target = load_target(target_dir, "cpu")
-    else:
-        from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    target, drafter, big = campaign_pair(arch)
+    mine = shares(target, drafter)
+    prompt = torch.randint(4, target.config.vocab_size, (args.context,), generator=torch.Generator().manual_seed(0)).tolist()
+    head = target.get_output_embeddings()
+    modes = {"chain": lambda p, r: chain_generate(p, r, prompt, args.rounds + BLOCK, BLOCK, MASK),
+             "ddtree16": lambda p, r: ddtree_generate(p, r, prompt, args.rounds + BLOCK, BLOCK, MASK, BUDGET)}
+    ratios: dict[str, list[dict]] = defaultdict(list)
+    steps = []
+    with torch.no_grad():
+        for rep in range(args.repeats + 1):  # the first pass warms up and is dropped
+            g = greedy_generate(target, prompt, args.rounds + 1)
+            step = g.decode_s / (g.target_forwards - 1)
+            for mode, run in modes.items():
+                proposer, runner = DFlashProposer(drafter, target), TargetRunner(target, drafter.target_layer_ids)
+                timer = RoundTimer(proposer, runner, head)
+                try:
+                    run(proposer, runner)
+                finally:
+                    timer.close()
+                    runner.close()
+                full = [r for r in timer.rounds if r["width"] >= (BLOCK if mode == "chain" else BUDGET + 1)]
+                if rep and full:
+                    ratios[mode].append({f: statistics.median(r.get(f, 0.0) for r in full) / step
+                                         for f in ("round", *PARTS, "other")} | {"rounds": len(full)})
+            if rep:
+                steps.append(step)
+    out = {"bench": "eval_speed", "arch": arch, "threads": args.threads, "context": args.context,
+           "load_average": os.getloadavg()[0], "campaign_27b": big, "bench_pair": mine,
+           "target_mb": round(mine["params"] * 2 / 1e6, 1), "vocab": target.config.vocab_size,
+           "decode_step_ms": round(statistics.median(steps) * 1e3, 2)}
+    for mode, rows in ratios.items():
+        m = {f: round(statistics.median(r[f] for r in rows), 3) for f in rows[0]}
+        m["round_range"] = [round(min(r["round"] for r in rows), 3), round(max(r["round"] for r in rows), 3)]
+        m.update({f"speedup_at_tau{t}": round(t / m["round"], 2) for t in (3, 6, 8)})
+        out[mode] = m
+    return out
 
-        cfg = Qwen3_5TextConfig(vocab_size=32000, hidden_size=1024, intermediate_size=3072, num_hidden_layers=12,
-                                num_attention_heads=16, num_key_value_heads=4, head_dim=64,
-                                layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 3,
-                                linear_num_key_heads=8, linear_num_value_heads=16, linear_key_head_dim=64,
-                                linear_value_head_dim=64, linear_conv_kernel_dim=4, tie_word_embeddings=False,
-                                eos_token_id=2, pad_token_id=0)
-        torch.manual_seed(0)
-        torch.set_default_dtype(torch.bfloat16)
-        try:
-            target = Qwen3_5ForCausalLM(cfg).eval()
-        finally:
-            torch.set_default_dtype(torch.float32)
-        with torch.no_grad():
-            for p in target.parameters():
-                if p.dim() > 1:
-                    p.normal_(0.0, 0.02)
-    tcfg = target.config.get_text_config()
-    n = tcfg.num_hidden_layers
-    taps = sorted({round(i * (n - 1) / 4) for i in range(5)})
-    dcfg = tiny.tiny_drafter_config(tcfg, block_size=16, num_layers=max(1, round(n / 13)), target_layer_ids=taps,
-                                    num_attention_heads=tcfg.num_attention_heads,
-                                    num_key_value_heads=tcfg.num_key_value_heads, head_dim=tcfg.head_dim,
-                                    intermediate_size=tcfg.intermediate_size)
-    drafter = tiny.build_tiny_drafter(dcfg, seed=1, std=0.02).to(torch.bfloat16).eval()
-    return target, drafter
 
-
-def weight_mb(model) -> float:
-    return sum(p.numel() * p.element_size() for p in model.parameters()) / 1e6
+def report(o: dict) -> None:
+    print(json.dumps(o), flush=True)
+    goals = {"qwen3": {"chain": 1.35, "ddtree16": 1.5}, "qwen3_5": {"chain": 1.5, "ddtree16": 1.7}}[o["arch"]]
+    for mode in ("chain", "ddtree16"):
+        if mode not in o:
+            continue
+        m = o[mode]
+        parts = ", ".join(f"{p} {m[p]:.2f}" for p in (*PARTS, "other") if p != "tree_build" or mode != "chain")
+        print(f"{o['arch']} {mode}: round {m['round']:.2f} decode steps (goal <= {goals[mode]}; {m['round_range'][0]:.2f}"
+              f"..{m['round_range'][1]:.2f} over repeats): {parts}; implied speedup {m['speedup_at_tau3']:.2f}x at tau 3, "
+              f"{m['speedup_at_tau6']:.2f}x at tau 6, {m['speedup_at_tau8']:.2f}x at tau 8", flush=True)
+    b, c = o["bench_pair"], o["campaign_27b"]
+    print(f"{o['arch']}: decode step {o['decode_step_ms']:.1f} ms on {o['threads']} threads (load {o['load_average']:.1f}), "
+          f"target {o['target_mb']:.0f} MB bf16, vocab {o['vocab']}; LM head {b['head_share']:.1%} of the weights "
+          f"(27B: {c['head_share']:.1%}), drafter {b['drafter_share']:.1%} (27B: {c['drafter_share']:.1%})", flush=True)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--arch", choices=["qwen3", "qwen3_5", "both"], default="both")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--context", type=int, default=512, help="prompt tokens before the measured rounds")
-    p.add_argument("--rounds", type=int, default=12, help="measured tokens per run (rounds for a random drafter)")
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--arch", choices=["qwen3", "qwen3_5"], default="qwen3")
-    p.add_argument("--keep", help="build the target here and keep it (default: a temp dir)")
+    p.add_argument("--context", type=int, default=256, help="prompt tokens before the measured rounds")
+    p.add_argument("--rounds", type=int, default=4, help="full-width rounds per generation")
+    p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
 
     import torch
 
-    from core.ml.generate import DFlashProposer, chain_generate, ddtree_generate
-    from core.ml.target import TargetRunner
-
     torch.set_num_threads(args.threads)
-    with tempfile.TemporaryDirectory(prefix="specdeck-speed-") as tmp:
-        root = Path(args.keep or tmp)
-        target, drafter = build_pair(root, args.arch)
-        g = torch.Generator().manual_seed(0)
-        prompt = torch.randint(4, 32000, (args.context,), generator=g).tolist()
-        runner = TargetRunner(target, drafter.target_layer_ids)
-        plain = TargetRunner(target, None)
-        proposer = DFlashProposer(drafter, target)
-        mask = 3
-        runs: dict[str, list[dict]] = {"decode": [], "chain": [], "ddtree16": []}
-        with torch.no_grad():
-            for rep in range(args.repeats + 1):  # the first pass warms up and is dropped
-                got = {
-                    "decode": chain_generate(None, plain, prompt, args.rounds, 1, mask),
-                    "chain": chain_generate(proposer, runner, prompt, args.rounds, 16, mask),
-                    "ddtree16": ddtree_generate(proposer, runner, prompt, args.rounds, 16, mask, 16),
-                }
-                if rep:
-                    for k, r in got.items():
-                        n = len(r.rounds)
-                        runs[k].append({"round_s": r.decode_s / n, "draft_s": r.draft_s / n,
-                                        "verify_s": r.verify_s / n, "tokens_per_round": (r.target_tokens - len(prompt)) / n,
-                                        "forwards_per_round": (r.target_forwards - 1) / n})
-        med = {k: {f: statistics.median(x[f] for x in v) for f in v[0]} for k, v in runs.items()}
-        step = med["decode"]["round_s"]
-        out = {"bench": "eval_speed", "arch": args.arch, "threads": args.threads, "context": args.context,
-               "target_mb": round(weight_mb(target), 1), "drafter_mb": round(weight_mb(drafter), 1),
-               "drafter_layers": drafter.config.num_hidden_layers, "target_layers": target.config.get_text_config().num_hidden_layers,
-               "decode_step_ms": round(step * 1e3, 2)}
-        for k in ("chain", "ddtree16"):
-            m = med[k]
-            ratio = m["round_s"] / step
-            out[k] = {"round_in_decode_steps": round(ratio, 3), "drafter_in_decode_steps": round(m["draft_s"] / step, 3),
-                      "verify_update_in_decode_steps": round(m["verify_s"] / step, 3),
-                      "target_tokens_per_round": m["tokens_per_round"], "target_forwards_per_round": m["forwards_per_round"],
-                      "speedup_at_tau3": round(3 / ratio, 2), "speedup_at_tau6": round(6 / ratio, 2)}
-        print(json.dumps(out), flush=True)
-        for k, label in (("chain", "chain round (B=16)"), ("ddtree16", "DDTree-16 round")):
-            o = out[k]
-            print(f"{label}: {o['round_in_decode_steps']:.2f} decode steps (drafter {o['drafter_in_decode_steps']:.2f}, "
-                  f"verify+update {o['verify_update_in_decode_steps']:.2f}); implied speedup "
-                  f"{o['speedup_at_tau3']:.2f}x at tau 3, {o['speedup_at_tau6']:.2f}x at tau 6", flush=True)
-        print(f"decode step {out['decode_step_ms']:.1f} ms on {args.threads} threads, target {out['target_mb']:.0f} MB "
-              f"bf16 ({args.arch}), drafter {out['drafter_mb']:.0f} MB; goal: a chain round <= 1.5 decode steps",
-              flush=True)
+    for arch in (["qwen3", "qwen3_5"] if args.arch == "both" else [args.arch]):
+        report(bench_arch(arch, args))
     return 0
 
 

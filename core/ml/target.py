@@ -297,11 +297,13 @@ class TargetRunner:
             return
         if p["states"] is not None:
             p["states"].commit(self.cache, accepted)
-        past = self.length
-        idx = torch.tensor([*range(past), *(past + i for i in accepted)], device=self.device)
-        for layer in self._attention_layers():
-            layer.keys = layer.keys.index_select(-2, idx)
-            layer.values = layer.values.index_select(-2, idx)
+        past, n = self.length, len(accepted)
+        tail = torch.tensor([past + i for i in accepted], device=self.device)
+        for layer in self._attention_layers():  # only the tree's rows move (not a copy of the whole cache)
+            for name in ("keys", "values"):
+                rows = getattr(layer, name)
+                rows[..., past : past + n, :] = rows.index_select(-2, tail)
+                setattr(layer, name, rows[..., : past + n, :])
         self.ids += keep_tokens
 
     # ------------------------------------------------------------------ helpers
