@@ -389,12 +389,10 @@ def tree_attention_mask(parents: Sequence[int], past: int, dtype: torch.dtype, d
 
     Node i may see node j iff j is i or an ancestor of i (``vis[i] = vis[parent[i]] | {i}``).
     """
+    from core.ml.hybrid import ancestor_matrix
+
     n = len(parents)
-    vis = torch.zeros(n, n, dtype=torch.bool)
-    for i, p in enumerate(parents):
-        if p >= 0:
-            vis[i] = vis[p]
-        vis[i, i] = True
+    vis = ancestor_matrix(parents)
     allowed = torch.cat([torch.ones(n, past, dtype=torch.bool), vis], dim=1)
     mask = torch.zeros(n, past + n, dtype=dtype)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
