@@ -178,11 +178,11 @@ class RoundTimer:
         key = "draft_head" if part == "head" else part
         self._cur[key] = self._cur.get(key, 0.0) + time.perf_counter() - self._mark[part]
 
-    def _draft(self, fn, *a, **k):
-        self._cur = {"start": time.perf_counter()}
+    def _draft(self, fn, block, *a, **k):
+        self._cur = {"start": time.perf_counter(), "block": len(block)}
         self._in_draft = True
         try:
-            return fn(*a, **k)
+            return fn(block, *a, **k)
         finally:
             self._in_draft = False
             self._cur["draft_end"] = time.perf_counter()
@@ -192,7 +192,6 @@ class RoundTimer:
         out = fn(tokens, *a, **k)
         self._cur["tree_build"] = t - self._cur["draft_end"]
         self._cur["verify"] = time.perf_counter() - t
-        self._cur["width"] = len(tokens)
         return out
 
     def _commit(self, fn, *a, **k):
@@ -241,7 +240,7 @@ def bench_arch(arch: str, args) -> dict:
                 finally:
                     timer.close()
                     runner.close()
-                full = [r for r in timer.rounds if r["width"] >= (BLOCK if mode == "chain" else BUDGET + 1)]
+                full = [r for r in timer.rounds if r["block"] == BLOCK]
                 if rep and full:
                     ratios[mode].append({f: statistics.median(r.get(f, 0.0) for r in full) / step
                                          for f in ("round", *PARTS, "other")} | {"rounds": len(full)})
