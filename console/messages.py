@@ -16,7 +16,7 @@ from typing import Any
 
 from textual.message import Message
 
-from core.records import Event, Run, RunChange, StatusChange
+from core.records import Event, Run, RunChange, StatusChange, WatcherStatus
 
 
 # -- from the runner (core.events, via console.bridge) -----------------------------------
@@ -114,8 +114,8 @@ class ItemDetailLoaded(Message):
     runs: list[Run]
     history: list[StatusChange]
     live: Run | None
-    watcher: dict | None = None
-    """The latest run's detached tau watcher (core.watch_detached.status_of)."""
+    watcher: WatcherStatus | None = None
+    """The latest run's detached tau watcher (core.actions.watch_eval.detached.status_of)."""
 
 
 @dataclass

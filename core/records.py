@@ -238,7 +238,7 @@ class MetricPoint(Record):
 
 @record("queue")
 class TauWatcher(Record):
-    """The detached tau watcher of one train run (:mod:`core.watch_detached`)."""
+    """The detached tau watcher of one train run (:mod:`core.actions.watch_eval.detached`)."""
 
     run_id: str
     item_id: str
@@ -261,8 +261,29 @@ class TauWatcher(Record):
 
 
 @record()
+class WatcherStatus(Record):
+    """A run's detached tau watcher as ``status --json`` and the item pane show it: its row
+    and the steps evaluated (:func:`core.actions.watch_eval.detached.status_of`)."""
+
+    host: str
+    state: str
+    """As :attr:`TauWatcher.state`."""
+    current: int | None
+    """The step it is evaluating now."""
+    last_step: int | None
+    queue: list[int]
+    """Steps waiting for their eval."""
+    evaluated: list[int]
+    """Steps whose tau is stored."""
+    failed: list[int]
+    """Steps whose eval failed."""
+    error: str | None
+    capsule: str
+
+
+@record()
 class WatchEntry(Record):
-    """One checkpoint's tau eval in tau over training (:mod:`core.watch`)."""
+    """One checkpoint's tau eval in tau over training (:mod:`core.actions.watch_eval`)."""
 
     id: str
     run_id: str

@@ -30,7 +30,7 @@ import time
 from functools import partial
 from typing import Any, Callable, Iterable
 
-from core import adopt, jobs, shellvars, watch_detached
+from core import adopt, jobs, shellvars
 from core.actions import registry
 from core.actions.base import Action, ActionContext, CheckResult, Outcome
 from core.adopt_spec import AdoptSpec
@@ -42,7 +42,8 @@ from core.hosts import Host, make_host
 from core.hosts.base import HostState
 from core.plan import Item, Plan
 from core.progress import describe
-from core.records import Artefact, EvalRow, Run, RunChange, RunSummary
+from core.records import (Artefact, EvalRow, Event as StoreEvent, Run, RunChange, RunSummary,
+                          TauWatcher, WatchEntry)
 from core.store import Store
 from core.text import collapse_cr
 
@@ -87,6 +88,7 @@ class _Context(ActionContext):
         self.host = host
         self.run_id = run_id
         self.poll = runner.poll
+        self.watch = runner.watch
 
     def host_named(self, name: str) -> Host:
         return self._runner.hosts[name]
@@ -173,29 +175,75 @@ class _Context(ActionContext):
         if src is not None:
             await src.baseline()
 
-    def checkpoint_watcher(self, run: Run, spec: Any):
-        from core.watch import Watcher
-
-        if not self._runner.watch:
-            return None
-        return Watcher(self._runner, self.plan.item(run.item_id), run.id, spec,
-                       poll=max(self.poll, 0.2))
-
-    @property
-    def watching(self) -> bool:
-        return self._runner.watch
-
     def notice(self, message: str, level: str = "info") -> None:
         self._runner.emit(Notice(self.item.id, message, level))
 
-    async def start_tau_watcher(self, run: Run, spec: Any, ckpt_dir: str | None) -> None:
-        await watch_detached.ensure_started(self._runner, self.plan.item(run.item_id), run,
-                                            spec, ckpt_dir)
+    def journal(self, kind: str, message: str, *, host: str | None = None,
+                data: dict | None = None) -> None:
+        self._store.journal(kind, message, item_id=self.item.id, run_id=self.run_id,
+                            host=host, data=data)
 
-    async def follow_tau_watcher(self, run_id: str, spec: Any, done: Any, *, wait: bool,
-                                 every: float) -> None:
-        await watch_detached.follow(self._runner, self.item, run_id, spec, done, wait=wait,
-                                    every=every)
+    def for_run(self, run_id: str) -> "_Context":
+        if not any(r.id == run_id for r in self.runs()):
+            raise SpecdeckError(f"item {self.item.id!r} has no run {run_id!r}")
+        return _Context(self._runner, self.item, self.host, run_id)
+
+    # -- what this run recorded ----------------------------------------------------------
+    def journaled(self, kind: str) -> list[StoreEvent]:
+        return [e for e in self._store.events(kinds=[kind]) if e.run_id == self._this_run()]
+
+    def metric_series(self, name: str) -> list[tuple[int, float]]:
+        return self._store.metric_series(self._this_run(), name)
+
+    def eval_rows(self) -> list[EvalRow]:
+        run_id = self._this_run()
+        return [r for r in self._store.eval_results(self.item.id) if r.run_id == run_id]
+
+    # -- tau over training ---------------------------------------------------------------
+    def tau_watcher(self) -> TauWatcher | None:
+        return self._store.watcher(self._this_run())
+
+    def live_tau_watchers(self) -> list[TauWatcher]:
+        return [w for w in self._store.watchers(live=True) if w.item_id == self.item.id]
+
+    def claim_tau_watcher(self, host: str, capsule: str, ckpt_dir: str) -> bool:
+        return self._store.watcher_claim(self._this_run(), self.item.id, host, capsule,
+                                         ckpt_dir)
+
+    def take_tau_watcher(self, from_states: tuple[str, ...], state: str) -> bool:
+        return self._store.watcher_take(self._this_run(), from_states, state)
+
+    def mark_tau_watcher(self, state: str, error: str | None = None) -> None:
+        fields = {"error": error} if error is not None else {}
+        self._store.watcher_update(self._this_run(), state=state, **fields)
+
+    def record_tau_watcher_status(self, state: str, *, current: int | None,
+                                  last_step: int | None, queue: list[int],
+                                  error: str | None) -> None:
+        self._store.watcher_update(self._this_run(), state=state, current=current,
+                                   last_step=last_step, queue=queue, error=error)
+
+    def watch_entries(self) -> list[WatchEntry]:
+        return self._store.watch_entries(self._this_run())
+
+    def queue_watch_entry(self, step: int) -> bool:
+        return self._store.watch_add(self._this_run(), self.item.id, step)
+
+    def update_watch_entry(self, step: int, state: str, *, host: str | None = None,
+                           capsule: str | None = None, tau: float | None = None,
+                           error: str | None = None) -> None:
+        given = {"host": host, "capsule": capsule, "tau": tau, "error": error}
+        self._store.watch_update(self._this_run(), step, state=state,
+                                 **{k: v for k, v in given.items() if v is not None})
+
+    def record_watch_result(self, step: int, *, state: str, tau: float | None = None,
+                            error: str | None = None, host: str | None = None,
+                            capsule: str | None = None,
+                            metrics: Iterable[tuple[int, str, float]] = (),
+                            eval_rows: list[EvalRow] = ()) -> bool:
+        return self._store.watch_ingest(self._this_run(), self.item.id, step, state=state,
+                                        tau=tau, error=error, host=host, capsule=capsule,
+                                        metrics=metrics, eval_rows=eval_rows)
 
 
 class Runner:
@@ -206,11 +254,15 @@ class Runner:
         store: The state store (used from this thread only).
         emit: Called with every :class:`~core.events.Event`.
         hosts: Pre-built hosts by name (tests); default: built from the plan.
+        watch: Evaluate tau alongside the train runs it follows (``watch_eval``; the
+            actions read it as ``ActionContext.watch``); a one-shot ``status`` does not,
+            since it never waits for those evals.
     """
 
     def __init__(self, plan: Plan, store: Store, *, emit: Callable[[Event], None] | None = None,
-                 hosts: dict[str, Host] | None = None, poll: float = 0.1):
+                 hosts: dict[str, Host] | None = None, poll: float = 0.1, watch: bool = True):
         self.plan = plan
+        self.watch = watch
         self.store = store
         self._emit = emit or (lambda e: None)
         self.hosts: dict[str, Host] = hosts or {n: make_host(n, s, plan.dir)
@@ -251,9 +303,6 @@ class Runner:
 
     reconcile_on_reconnect = False
     """Reconcile a host's live runs each time it reconnects (the console turns this on)."""
-    watch = True
-    """Evaluate training checkpoints as they appear (``watch_eval``); ``status`` turns it
-    off, since it never waits for those evals."""
 
     async def _safe_reconcile(self, host: str) -> None:
         try:
@@ -785,7 +834,7 @@ class Runner:
         runs = [r for r in self.store.live_runs() if ids is None or r.item_id in set(ids)]
         behind = [r for r in self.logs_behind() if ids is None or r.item_id in set(ids)]
         await asyncio.gather(*(self.attach_run(r) for r in runs),
-                             watch_detached.reconcile(self, follow_=True, ids=ids),
+                             self._reconciling(follow=True, ids=ids),
                              self.catch_up_logs(follow=True) if behind else asyncio.sleep(0))
         return [r.id for r in runs + behind]
 
@@ -816,9 +865,20 @@ class Runner:
                                          error=after.error))
                 self.emit(Notice(run.item_id, f"{run.item_id}: run {run.id} "
                                  f"{after.state} while specdeck was away"))
-        await watch_detached.reconcile(self, hosts=hosts)  # tau watchers of ended runs
+        await self._reconciling(follow=False, hosts=hosts)  # what outlives ended runs
         await self.catch_up_logs(hosts=hosts)
         return changes
+
+    async def _reconciling(self, *, follow: bool, ids: Iterable[str] | None = None,
+                           hosts: Iterable[str] | None = None) -> None:
+        """Each item's :meth:`Action.reconciling` hook (of ``ids``; on ``hosts``)."""
+        ids = set(ids) if ids is not None else None
+        hosts = frozenset(hosts) if hosts is not None else None
+        for item in self.plan.items:
+            action = self.action(item) if ids is None or item.id in ids else None
+            if action is not None:
+                await action.reconciling(_Context(self, item, None, None), follow=follow,
+                                         hosts=hosts)
 
     async def _reconcile_run(self, run: "Run", *, follow: bool) -> str:
         item = self.plan.item(run.item_id)
@@ -1017,8 +1077,9 @@ class Runner:
                                run.capsule or "", run_id)
             action = self.run_action(item, run)
         host = await self.host(run.host)
-        await watch_detached.request_stop(self, run_id)  # its tau watcher: after its eval
-        st = await action.stop(_Context(self, item, host, run_id), host, run, grace_s)
+        ctx = _Context(self, item, host, run_id)
+        await self.action(item).stopping(ctx, run)  # the item's, for an adopted run too
+        st = await action.stop(ctx, host, run, grace_s)
         if st.state == "running":
             raise SpecdeckError(f"run {run_id} on {run.host} did not stop after SIGKILL")
         await self._drain(item, action, host, self.store.run(run_id), st)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Iterable, TypeVar
 from core.errors import HostUnreachable, InvalidInput
 from core.events import Event
 from core.plan import Plan
-from core.records import EvalRow, Run, RunChange, RunSummary
+from core.records import EvalRow, Run, RunChange, RunSummary, WatcherStatus
 from core.store import Store, state_path_for
 
 if TYPE_CHECKING:  # the runner loads only when a session builds one
@@ -82,7 +82,7 @@ class Overview:
     """Item id -> its latest run (items without one are absent)."""
     alerts: list[Event]
     """The journal's alerts, oldest first."""
-    watchers: dict[str, dict]
+    watchers: dict[str, WatcherStatus]
     """Item id -> the tau watcher of its latest run (:meth:`Session.watcher_status`)."""
 
 
@@ -192,9 +192,9 @@ class Session:
         """The item's runs, first attempt first."""
         return self.store.runs_for_item(item_id)
 
-    def watcher_status(self, run_id: str | None) -> dict | None:
+    def watcher_status(self, run_id: str | None) -> WatcherStatus | None:
         """The tau watcher of a run (state, last step evaluated, queue...), or None."""
-        from core.watch_detached import status_of
+        from core.actions.watch_eval.detached import status_of
 
         return status_of(self.store, run_id)
 

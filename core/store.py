@@ -101,7 +101,7 @@ def m005_metric_sources(db: Database) -> None:
 
 @migrations()
 def m006_watchers(db: Database) -> None:
-    """Detached watch_eval watchers (core.watch): one per train run."""
+    """Detached watch_eval watchers (core.actions.watch_eval): one per train run."""
     db["watchers"].create({"run_id": str, "item_id": str, "host": str, "capsule": str,
                            "ckpt_dir": str, "state": str, "current": int, "last_step": int,
                            "queue": str, "error": str, "started_at": float, "at": float},

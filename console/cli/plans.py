@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -39,7 +40,7 @@ def cmd_validate(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from core import watch_detached
+    from core.actions.watch_eval import detached as watch_detached
     from core.plan import params_summary
 
     plan = load_plan(args.plan)
@@ -57,7 +58,8 @@ def cmd_status(args) -> int:
             "action": ({"kind": it.action.kind, "host": it.action.host,
                         "params": params_summary(it)} if it.action else None),
             "run": _run_json(latest.get(it.id)),
-            **({"watcher": watchers[it.id]} if watchers.get(it.id) else {})} for it in plan.items],
+            **({"watcher": dataclasses.asdict(watchers[it.id])} if watchers.get(it.id)
+               else {})} for it in plan.items],
             "alerts": [{"item": a.item_id, "run": a.run_id, "at": a.at,
                         "message": a.message} for a in alerts]}
         print(json.dumps(out, indent=2))

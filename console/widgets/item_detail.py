@@ -19,8 +19,9 @@ from console.screens.confirm import plain
 from console.widgets.plan_list import GLYPHS, PRIORITY, STATUS_STYLE, status_text
 from console.widgets.vim import scroll_keys
 from core.plan import Item, Plan, params_summary
+from core.actions.watch_eval.detached import describe as describe_watcher
+from core.records import WatcherStatus
 from core.text import sanitize
-from core.watch_detached import describe as describe_watcher
 
 RUN_STYLE = {"succeeded": "green", "failed": "bold red", "stopped": "magenta", "lost": "red",
              "interrupted": "red", "running": "bold yellow", "starting": "yellow"}
@@ -114,7 +115,7 @@ class ItemDetail(VerticalScroll):
         self.status = "pending"
         self.runs: list[dict] = []
         self.live: dict | None = None
-        self.watcher: dict | None = None
+        self.watcher: WatcherStatus | None = None
         self.check: tuple[str, str] = ("checking", "")
         self.needs: dict[str, str] = {}
         self.reason = ""
@@ -126,7 +127,7 @@ class ItemDetail(VerticalScroll):
 
     # -- attributes down -----------------------------------------------------------------
     def show(self, item_id: str, status: str, runs: list[dict], live: dict | None,
-             needs: dict[str, str], reason: str = "", watcher: dict | None = None) -> None:
+             needs: dict[str, str], reason: str = "", watcher: WatcherStatus | None = None) -> None:
         """Show an item: its status (and why), runs (oldest first), live run, needs' statuses,
         the latest run's tau watcher."""
         if item_id != self.item_id:
@@ -225,9 +226,9 @@ class ItemDetail(VerticalScroll):
         w = self.watcher
         if w:
             line = describe_watcher(w)
-            grid.add_row("tau watch", Text(sanitize(line + (f"\n{w['error']}" if w.get("error")
+            grid.add_row("tau watch", Text(sanitize(line + (f"\n{w.error}" if w.error
                                                             else ""), max_len=500),
-                                           style="red" if w["state"] in ("failed", "lost")
+                                           style="red" if w.state in ("failed", "lost")
                                            else "cyan"))
         body = Group(head, Text(sanitize(item.content), style="italic"), grid.render())
         self.query_one("#detail-body", Static).update(body)

@@ -17,8 +17,8 @@ axis, ``w`` the x axis between the training step and the wall clock (the run's o
 ``elapsed_s`` when it logs it, else when each point was stored, from the run's start). A
 legend under the tabs names each curve in its colour.
 
-Tau over training (``core.watch``): a run with a ``tau`` series gets a second chart next to
-the loss in the default view, tau against step with the baseline drafter's tau
+Tau over training (``core.actions.watch_eval``): a run with a ``tau`` series gets a second
+chart next to the loss in the default view, tau against step with the baseline drafter's tau
 (``tau_baseline``, its latest value) as a horizontal line labelled ``baseline``; the ``tau``
 family draws the same chart alone. ``t`` asks for a step (enter alone: the latest evaluated
 one; ``all``: every step) and posts :class:`MetricsPane.TauStepRequested`: the app then
@@ -48,7 +48,8 @@ TAU = "tau"
 BASELINE = "tau_baseline"
 """Drawn as the tau chart's reference line, never as a family of its own."""
 TAU_CI = ("tau_ci95_lo", "tau_ci95_hi")
-"""Each tau point's 95 % interval (core.watch): drawn around the tau curve, not a family."""
+"""Each tau point's 95 % interval (core.actions.watch_eval): drawn around the tau curve, not a
+family."""
 BASELINE_COLOR = "gray+"
 _INDEXED = re.compile(r"^(.*)\[(\d+)\]$")
 

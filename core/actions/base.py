@@ -34,7 +34,7 @@ from core.jobs import Launch, Outcome
 if TYPE_CHECKING:
     from core.hosts.base import Host
     from core.plan import Item, Plan
-    from core.records import Artefact, EvalRow, Run
+    from core.records import Artefact, EvalRow, Event, Run, TauWatcher, WatchEntry
 
 __all__ = ["Action", "ActionContext", "CheckResult", "Launch", "Outcome"]
 
@@ -75,6 +75,9 @@ class ActionContext(ABC):
     resume: bool | None = None
     """The operator asked this new attempt to resume (True, ``run --resume``) or left it to
     the action (None: :meth:`Action.start_note` says what it does)."""
+    watch: bool = True
+    """Whether this specdeck evaluates tau alongside the runs it follows (the runner's
+    ``watch`` option: a one-shot ``status`` does not)."""
 
     # -- hosts ---------------------------------------------------------------------------
     @abstractmethod
@@ -141,26 +144,84 @@ class ActionContext(ABC):
         """Before a launch: metric files (TensorBoard) earlier runs left are not this run's."""
 
     @abstractmethod
-    def checkpoint_watcher(self, run: "Run", spec: Any) -> Any:
-        """A :class:`core.watch.Watcher` evaluating ``run``'s checkpoints as they appear."""
-
-    watching: bool = True
-    """Whether this specdeck evaluates tau alongside the runs it follows (a one-shot
-    ``status`` does not)."""
-
-    @abstractmethod
     def notice(self, message: str, level: str = "info") -> None:
         """Tell the operator something about this item (printed, shown, not journaled)."""
 
     @abstractmethod
-    async def start_tau_watcher(self, run: "Run", spec: Any, ckpt_dir: str | None) -> None:
-        """Start (once) ``run``'s detached tau watcher on its host (:mod:`core.watch_detached`)."""
+    def journal(self, kind: str, message: str, *, host: str | None = None,
+                data: dict | None = None) -> None:
+        """Journal an event of this item (and of this run, when there is one)."""
 
     @abstractmethod
-    async def follow_tau_watcher(self, run_id: str, spec: Any, done: Any, *, wait: bool,
-                                 every: float) -> None:
-        """Ingest the detached watcher's results until ``done`` is set (and, with ``wait``,
-        until it evaluated the run's last checkpoint)."""
+    def for_run(self, run_id: str) -> "ActionContext":
+        """This item's context for another of its runs (a hook called for the item, such as
+        :meth:`Action.reconciling`, acting on one of them)."""
+
+    # -- what this run recorded ----------------------------------------------------------
+    @abstractmethod
+    def journaled(self, kind: str) -> "list[Event]":
+        """This run's journal events of ``kind``, oldest first."""
+
+    @abstractmethod
+    def metric_series(self, name: str) -> list[tuple[int, float]]:
+        """This run's ``(step, value)`` points of metric ``name``, in step order."""
+
+    @abstractmethod
+    def eval_rows(self) -> "list[EvalRow]":
+        """This run's recorded eval rows (every step, drafters and baselines)."""
+
+    # -- tau over training (core.actions.watch_eval): this run's watcher and steps -------
+    @abstractmethod
+    def tau_watcher(self) -> "TauWatcher | None":
+        """This run's detached tau watcher, if one was claimed."""
+
+    @abstractmethod
+    def live_tau_watchers(self) -> "list[TauWatcher]":
+        """This item's detached tau watchers that have not ended (of any of its runs)."""
+
+    @abstractmethod
+    def claim_tau_watcher(self, host: str, capsule: str, ckpt_dir: str) -> bool:
+        """Record this run's detached watcher once, ``starting``; False when it is known
+        (another specdeck claimed it: it starts it)."""
+
+    @abstractmethod
+    def take_tau_watcher(self, from_states: tuple[str, ...], state: str) -> bool:
+        """Move this run's watcher from one of ``from_states`` to ``state`` atomically: True
+        for the one specdeck that did (so only it restarts the watcher)."""
+
+    @abstractmethod
+    def mark_tau_watcher(self, state: str, error: str | None = None) -> None:
+        """Set this run's watcher's state (and its error, when given)."""
+
+    @abstractmethod
+    def record_tau_watcher_status(self, state: str, *, current: int | None,
+                                  last_step: int | None, queue: list[int],
+                                  error: str | None) -> None:
+        """Record this run's watcher as its capsule says it is (every field: a step no
+        longer evaluated, an error gone, are cleared)."""
+
+    @abstractmethod
+    def watch_entries(self) -> "list[WatchEntry]":
+        """This run's watched checkpoints (one per step), in step order."""
+
+    @abstractmethod
+    def queue_watch_entry(self, step: int) -> bool:
+        """Queue the tau eval of this run's checkpoint at ``step`` once (False: known)."""
+
+    @abstractmethod
+    def update_watch_entry(self, step: int, state: str, *, host: str | None = None,
+                           capsule: str | None = None, tau: float | None = None,
+                           error: str | None = None) -> None:
+        """Set a watched step's state; the other fields when given (None: unchanged)."""
+
+    @abstractmethod
+    def record_watch_result(self, step: int, *, state: str, tau: float | None = None,
+                            error: str | None = None, host: str | None = None,
+                            capsule: str | None = None,
+                            metrics: Iterable[tuple[int, str, float]] = (),
+                            eval_rows: "list[EvalRow]" = ()) -> bool:
+        """Store one detached eval's outcome with its metrics and eval rows, exactly once:
+        False (nothing stored) when the step has its outcome already."""
 
 
 class Action(ABC):
@@ -292,3 +353,17 @@ class Action(ABC):
         Usually called on a fresh instance (``specdeck stop``, another specdeck): it finds
         what to stop from ``run`` and the host alone."""
         return await jobs.stop(host, run.capsule, grace_s=grace_s)
+
+    async def stopping(self, ctx: ActionContext, run: "Run") -> None:
+        """Called when ``run`` is asked to stop, before :meth:`stop`, on the item's action:
+        end what the action keeps going alongside the run (train: its tau watcher is asked
+        to end after its current eval). Reads what it needs from ``ctx``, never from this
+        instance (after a restart it is a fresh one)."""
+
+    async def reconciling(self, ctx: ActionContext, *, follow: bool,
+                          hosts: "frozenset[str] | None" = None) -> None:
+        """Called once per item each time the runner reconciles (``status``, a reconnect)
+        or attaches (``follow``: until it ends), after the item's live runs were looked at:
+        catch up what outlives the item's ended runs (train: their tau watchers), only on
+        ``hosts`` when given. ``ctx.run_id`` and ``ctx.host`` are None (:meth:`ActionContext.
+        for_run`, :meth:`ActionContext.connected`). One run's trouble is told, not raised."""

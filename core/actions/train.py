@@ -9,6 +9,14 @@
   answers), the log from the job's output file, stop = ``scancel``. Reconcile after a restart
   uses the job id. Slurm schedules; specdeck never does.
 
+With ``watch_eval`` the train run gets tau at each checkpoint (:mod:`core.actions.watch_eval`,
+driven from the hooks below: launch, follow, stopping, reconciling).
+
+Every hook may run on a fresh instance (the runner builds one per call; after a restart
+``follow``, ``inspect``, ``stop`` and ``finish`` come without ``prepare``): what ``prepare``
+works out (the output dir, the python, a resume) is recorded with the run (its config) and
+read back from there, the rest is worked out again.
+
 The trainer is ``core.ml.train`` with a YAML ``config`` (uploaded into the run capsule,
 ``overrides`` merged in), or the user's own ``command``. Metrics come from JSON lines with a
 ``step`` (or ``metrics_regex`` for trainers that print text); ``{"event": "checkpoint"}``
@@ -37,8 +45,10 @@ from core.actions.fit import deep_set
 from core.faults import describe_fault
 from core.actions.mlbase import host_python, ml_failure
 from core.metrics_sources import MetricsParams, line_metrics
+from core.actions.watch_eval import detached as watch_detached
+from core.actions.watch_eval.params import WatchEvalParams, validate_watch
+from core.actions.watch_eval.watcher import Watcher
 from core.records import Run
-from core.watch import WatchEvalParams
 
 
 CKPT = re.compile(r"^step_(\d+)\.pt$")
@@ -89,7 +99,7 @@ class TrainParams:
     a succeeded one it starts fresh at step 0 in its own output dir (``always``: resumes then
     too; ``false``: never; ``specdeck run --again --resume`` asks once)."""
     watch_eval: WatchEvalParams | None = None
-    """Evaluate each new checkpoint while it trains (core.watch, plans/README.md)."""
+    """Evaluate each new checkpoint while it trains (core.actions.watch_eval, plans/README.md)."""
 
     def validate(self):
         out = []
@@ -135,8 +145,6 @@ class Train(Action):
             if n not in plan.hosts:
                 out.append((("nodes",), f"unknown host {n!r}"))
         if params.watch_eval is not None:
-            from core.watch import validate_watch
-
             out += [(("watch_eval",) + tuple(p), m) for p, m in
                     validate_watch(params.watch_eval, plan, item)]
             out += _watch_block_size(params.watch_eval, plan, item)
@@ -165,18 +173,16 @@ class Train(Action):
                 return CheckResult.blocked(f"{ctx.host.name} has no sbatch/squeue/scancel: "
                                            "is it the cluster's login node?")
         if self._detached_watch(ctx.host.name):
-            from core import watch_detached
-
             missing = await watch_detached.missing_inputs(ctx, self.params.watch_eval)
             if missing:
                 return CheckResult.blocked(missing)
         return CheckResult.ready()
 
     async def prepare(self, ctx) -> None:
+        """Upload the trainer config into the run capsule and record with the run what the
+        later hooks read (:meth:`_choose_start`), or a command trainer's config."""
         host = ctx.host
-        self._python = await host_python(host)
-        self._capsule = jobs.capsule_path(host, ctx.run_id)
-        self._outdir = self._out(ctx, ctx.run_id)
+        capsule = jobs.capsule_path(host, ctx.run_id)
         if self.params.config:
             doc = yaml.safe_load((ctx.plan.dir / self.params.config).read_text()) or {}
             for k, v in self.params.overrides.items():
@@ -185,50 +191,54 @@ class Train(Action):
             local = ctx.plan.hosts[ctx.item.action.host].local
             _absolute_paths(doc, host, (ctx.plan.dir / self.params.config).parent if local else None,
                             set(self.params.overrides))
-            self._train_yaml = yaml.safe_dump(doc, sort_keys=False).encode()
-            await host.write_file(f"{self._capsule}/train.yaml", self._train_yaml)
-        self._resume_from = None
-        if self.params.config:
+            await host.write_file(f"{capsule}/train.yaml",
+                                  yaml.safe_dump(doc, sort_keys=False).encode())
             await self._choose_start(ctx)
         await ctx.skip_earlier_metrics(self.metrics_spec())
         if self.params.command:
-            ctx.record_config(await command_config(host, self._capsule, self.params.command))
+            ctx.record_config(await command_config(host, capsule, self.params.command))
 
     async def _choose_start(self, ctx) -> None:
         """Resume an earlier attempt (its dir, ``--resume auto``) or start fresh in this
-        attempt's own dir (see :func:`start_choice`); the progress says which."""
+        attempt's own dir (see :func:`start_choice`); the progress says which. Recorded with
+        the run (``out_dir``, ``python``, ``resume``) until finish records the resolved
+        config: what :meth:`command` reads."""
         prior = [r for r in ctx.runs() if r.id != ctx.run_id]
         choice = start_choice(self.params, prior, ctx.artefacts(kind="checkpoint"), ctx.resume)
+        outdir, resume = self._out(ctx, ctx.run_id), None
         if choice.checkpoint is not None:
-            self._outdir = posixpath.dirname(choice.checkpoint.path)
-            self._resume_from = "auto"
+            outdir, resume = posixpath.dirname(choice.checkpoint.path), "auto"
         elif self.params.out and prior and not choice.wanted:
-            self._outdir = f"{self._outdir.rstrip('/')}-attempt{len(prior) + 1}"
-        elif choice.wanted and await ctx.host.stat(f"{self._outdir}/latest") is not None:
-            self._resume_from = "auto"  # what an earlier trainer left in ``out``
+            outdir = f"{outdir.rstrip('/')}-attempt{len(prior) + 1}"
+        elif choice.wanted and await ctx.host.stat(f"{outdir}/latest") is not None:
+            resume = "auto"  # what an earlier trainer left in ``out``
         if choice.note:
-            ctx.progress(f"attempt {len(prior) + 1} {choice.note}; output in {self._outdir}")
-        ctx.record_config({"out_dir": self._outdir})  # until finish records the resolved one
+            ctx.progress(f"attempt {len(prior) + 1} {choice.note}; output in {outdir}")
+        ctx.record_config({"out_dir": outdir, "python": await host_python(ctx.host),
+                           **({"resume": resume} if resume else {})})
 
     def start_note(self, runs, checkpoints, resume=None) -> str | None:
         if not self.params.config:
             return None  # a command trainer resumes (or not) as its command says
         return start_choice(self.params, runs, checkpoints, resume).note or None
 
-    def _trainer(self, ctx, module_prefix: list[str]) -> str:
+    def _trainer(self, ctx, run: Run, module_prefix: list[str]) -> str:
         if self.params.command:
             return self.params.command
         # the config beside the command, in the capsule the command runs in (on every node)
         words = module_prefix + ["-m", "core.ml.train", "--config", "train.yaml",
-                                 "--out", self._outdir]
-        if self._resume_from:
-            words += ["--resume", self._resume_from]
+                                 "--out", self._ckpt_dir(ctx.host, run)]
+        resume = (run.config or {}).get("resume")
+        if resume:
+            words += ["--resume", resume]
         return shlex.join(words)
 
     def command(self, ctx, node_rank: int = 0, master: str | None = None) -> Launch:
         p = self.params
+        run = _run_of(ctx)
+        python = (run.config or {}).get("python") or "python3"  # a command trainer: unused
         if p.launcher == "torchrun":
-            prefix = [self._python, "-u", "-m", "torch.distributed.run",
+            prefix = [python, "-u", "-m", "torch.distributed.run",
                       "--nproc_per_node", str(p.nproc_per_node)]
             if p.nodes:
                 prefix += ["--nnodes", str(1 + len(p.nodes)), "--node_rank", str(node_rank),
@@ -236,11 +246,12 @@ class Train(Action):
                            "--rdzv_endpoint", f"{master}:{p.rdzv_port}"]
             else:
                 prefix += ["--standalone"]
-            cmd = self._trainer(ctx, prefix)
+            cmd = self._trainer(ctx, run, prefix)
         else:
-            cmd = self._trainer(ctx, [self._python, "-u"])
-        return Launch(cmd, env={"PYTHONUNBUFFERED": "1"}, cwd=self._capsule,
-                      launcher=p.launcher, metrics_regex=p.metrics_regex)
+            cmd = self._trainer(ctx, run, [python, "-u"])
+        return Launch(cmd, env={"PYTHONUNBUFFERED": "1"},
+                      cwd=jobs.capsule_path(ctx.host, run.id), launcher=p.launcher,
+                      metrics_regex=p.metrics_regex)
 
     # -- launcher hooks (used by the runner) ---------------------------------------------
     async def launch(self, ctx, host, run_id: str, launch: Launch) -> jobs.Launched:
@@ -249,21 +260,19 @@ class Train(Action):
             run = next(r for r in ctx.runs(ctx.item.id) if r.id == run_id)
             run = dataclasses.replace(run, host=host.name, capsule=info.capsule)
             try:
-                await ctx.start_tau_watcher(run, self.params.watch_eval, self._outdir)
+                await watch_detached.ensure_started(ctx, run, self.params.watch_eval,
+                                                    self._ckpt_dir(host, run))
             except Exception as e:  # noqa: BLE001 - the follower tries again; training runs
                 ctx.notice(f"{ctx.item.id}: the tau watcher could not start: "
                            f"{describe_fault(e)}", "warning")
         return info
 
     def _detached_watch(self, train_host: str) -> bool:
-        from core import watch_detached
-
         return watch_detached.detached(self.params.watch_eval, train_host)
 
     def _ckpt_dir(self, host, run: Run) -> str | None:
-        """Where this run's checkpoints land (an attached run: worked out again)."""
-        if getattr(self, "_outdir", None):
-            return self._outdir
+        """Where this run's checkpoints land: as recorded with it, else worked out again
+        (None: an adopted run that did not say)."""
         if recorded_out(run):
             return recorded_out(run)
         if self.params.out:
@@ -291,7 +300,7 @@ class Train(Action):
                     # features are).
                     if self.params.config:
                         await node.write_file(f"{jobs.capsule_path(node, run_id)}/train.yaml",
-                                              self._train_yaml)
+                                              await _uploaded_config(host, run_id))
                     await jobs.start(node, run_id, self._node_launch(launch, rank, master,
                                                                      node, run_id))
                     started.append(node)
@@ -339,9 +348,9 @@ class Train(Action):
         spec = self.params.watch_eval
         if spec is not None and self._detached_watch(host.name):
             return await self._follow_detached(ctx, host, run, follow_log, inspector)
-        watcher = ctx.checkpoint_watcher(run, spec) if spec is not None else None
-        if watcher is None:
+        if spec is None or not ctx.watch:
             return await follow_log
+        watcher = Watcher(ctx, spec, poll=max(ctx.poll, 0.2))
         done = asyncio.Event()
         wtask = asyncio.create_task(watcher.run(done))
         try:
@@ -357,18 +366,18 @@ class Train(Action):
         when it is not yet: an adopted run, or a specdeck killed at the launch). A run
         followed live waits for its watcher's last eval; a run found ended (reconcile) does
         not: the watcher goes on detached and `attach` follows it."""
-        wait = ctx.watching and (await inspector()).state == "running"
+        wait = ctx.watch and (await inspector()).state == "running"
 
         item = ctx.item
         spec = self.params.watch_eval
         try:
-            await ctx.start_tau_watcher(run, spec, self._ckpt_dir(host, run))
+            await watch_detached.ensure_started(ctx, run, spec, self._ckpt_dir(host, run))
         except Exception as e:  # noqa: BLE001 - training goes on without its tau
             ctx.notice(f"{item.id}: the tau watcher could not start: {describe_fault(e)}",
                        "error")
         done = asyncio.Event()
-        wtask = asyncio.create_task(ctx.follow_tau_watcher(
-            run.id, spec, done, wait=wait, every=max(ctx.poll * 10, 0.5)))
+        wtask = asyncio.create_task(watch_detached.follow(
+            ctx, spec, done, wait=wait, every=max(ctx.poll * 10, 0.5)))
         try:
             st = await follow_log
         except BaseException:  # Ctrl-C, a lost host: the watcher goes on on its host
@@ -388,10 +397,34 @@ class Train(Action):
             from core import slurm
 
             return await slurm.cancel(host, run, grace_s=grace_s)
-        for name in self.params.nodes:
+
+        async def stop_node(name: str) -> jobs.CapsuleState:
             node = await ctx.connected(name)
-            asyncio.ensure_future(jobs.stop(node, jobs.capsule_path(node, run.id), grace_s=grace_s))
-        return await super().stop(ctx, host, run, grace_s)
+            return await jobs.stop(node, jobs.capsule_path(node, run.id), grace_s=grace_s)
+
+        # every node at once; node 0's end is the run's, another node's trouble is told
+        first, *others = await asyncio.gather(super().stop(ctx, host, run, grace_s),
+                                              *map(stop_node, self.params.nodes),
+                                              return_exceptions=True)
+        for name, res in zip(self.params.nodes, others):
+            if isinstance(res, BaseException):
+                ctx.notice(f"{ctx.item.id}: torchrun node {name} could not be stopped: "
+                           f"{describe_fault(res)}", "warning")
+        if isinstance(first, BaseException):
+            raise first
+        return first
+
+    async def stopping(self, ctx, run: Run) -> None:
+        """The run's detached tau watcher ends after its current eval."""
+        if self.params.watch_eval is not None:
+            await watch_detached.request_stop(ctx)
+
+    async def reconciling(self, ctx, *, follow: bool, hosts=None) -> None:
+        """Detached tau watchers still live after their train run ended: caught up (and, when
+        following, until they end)."""
+        if self.params.watch_eval is not None:
+            await watch_detached.reconcile(ctx, self.params.watch_eval, wait=follow,
+                                           hosts=hosts)
 
     async def finish(self, ctx, outcome) -> dict:
         host = ctx.host
@@ -419,9 +452,9 @@ class Train(Action):
         return result
 
     async def _find_out(self, ctx, outcome) -> str | None:
-        run = next((r for r in ctx.runs() if r.id == ctx.run_id), None)
-        if getattr(self, "_outdir", None) or recorded_out(run):
-            return getattr(self, "_outdir", None) or recorded_out(run)
+        run = _run_of(ctx)
+        if recorded_out(run):
+            return recorded_out(run)
         if self.params.out:
             return ctx.host.path(self.params.out)
         arts = [a for a in ctx.artefacts(kind="checkpoint") if a.run_id == ctx.run_id]
@@ -468,6 +501,16 @@ def start_choice(params: TrainParams, runs: list[Run], checkpoints: list,
            f"attempt {last.attempt} succeeded; `--again --resume` or `resume: always` "
            "continues from its last checkpoint instead")
     return StartChoice(False, None, f"starts fresh at step 0 in its own output dir ({why})")
+
+
+def _run_of(ctx) -> Run | None:
+    """The run a hook is called for, as recorded (what ``prepare`` stored with it)."""
+    return next((r for r in ctx.runs() if r.id == ctx.run_id), None)
+
+
+async def _uploaded_config(host, run_id: str) -> bytes:
+    """The trainer config ``prepare`` uploaded into node 0's run capsule (for the others)."""
+    return await host.read_from(f"{jobs.capsule_path(host, run_id)}/train.yaml", 0, 1 << 24)
 
 
 def recorded_out(run: Run | None) -> str | None:

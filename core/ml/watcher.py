@@ -6,7 +6,7 @@
         [--after STEP] [--train-capsule DIR] [--where NAME] [--poll S] [--settle S] [--out DIR]
 
 specdeck starts it in a run capsule (``core.jobs``) beside a train run whose item has a
-detached ``watch_eval`` (``core.watch``), so it keeps going while no specdeck runs. It:
+detached ``watch_eval`` (``core.actions.watch_eval``), so it keeps going while no specdeck runs. It:
 
 * discovers every ``step_N.pt`` in ``--ckpt-dir`` as it lands (a file untouched for
   ``--settle`` seconds; ``core.ml.train`` renames each one into place whole), oldest first,

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core import watch_detached
+from core.actions.watch_eval import detached as watch_detached
 from core.planfile import parse_plan
-from core.runner import Runner
+from core.runner import Runner, _Context
 from core.store import Store
 from tests.fault.conftest import cli, rows
 
@@ -111,7 +111,7 @@ def _ingest(plan: Path, db: Path, run_id: str) -> list[int]:
         item = runner.plan.item("train")
         try:
             return await asyncio.wait_for(watch_detached.ingest(
-                runner, item, run_id, runner.action(item).params.watch_eval), 120)
+                _Context(runner, item, None, run_id), runner.action(item).params.watch_eval), 120)
         finally:
             await runner.close()
             store.close()

@@ -145,7 +145,7 @@ WATCH_STEPS = (200, 400, 600, 800, 1000)
 
 def add_tau_watch(store: Store, run_id: str = "train-v5-0101-02", *,
                   steps=WATCH_STEPS, baseline: float = 3.1) -> None:
-    """What core.watch records for a train run: tau at each evaluated step (metrics ``tau``,
+    """What core.actions.watch_eval records for a train run: tau at each evaluated step (metrics ``tau``,
     ``tau_pooled``, ``tau_acc[k]``, ``tau_baseline``) and the eval results (drafter
     ``<item>@<step>``, ``step``), plus the baseline's results once."""
     item = run_id.rsplit("-0101", 1)[0]

@@ -24,7 +24,7 @@ async def test_item_pane_shows_the_watcher(campaign):
         await settle(pilot)
         loaded = [x for x in seen if isinstance(x, m.ItemDetailLoaded)
                   and x.item_id == "train-v5"][-1]
-        assert loaded.watcher["state"] == "evaluating" and loaded.watcher["queue"] == [80, 100]
+        assert loaded.watcher.state == "evaluating" and loaded.watcher.queue == [80, 100]
         d = app.query_one(ItemDetail)
         assert d.watcher == loaded.watcher
         pane = d.query_one("#detail-body")

@@ -7,7 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from core.actions.eval import Eval, EvalParams
-from core.watch import validate_watch
+from core.actions.watch_eval.params import validate_watch
 
 
 class _Host:

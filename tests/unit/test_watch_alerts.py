@@ -1,4 +1,4 @@
-"""core.watch alerts against the noise: tau over training stored in a real SQLite store,
+"""core.actions.watch_eval alerts against the noise: tau over training stored in a real SQLite store,
 each eval recorded through the watcher's own code path (per-prompt rows and metrics)."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from core.actions.watch_eval.watcher import Watcher
+from core.runner import _Context
 from core.store import Store
-from core.watch import Watcher
 
 RUN = "train-v5-0101-01"
 PROMPTS = [f"q{i}" for i in range(8)]
@@ -19,10 +20,10 @@ BASE = [2.2, 3.4, 2.9, 3.8, 2.5, 3.1, 2.7, 3.6]  # per-prompt tau at the first e
 def watcher():
     store = Store(":memory:")
     notices = []
-    runner = SimpleNamespace(store=store, emit=notices.append)
-    w = Watcher(runner, SimpleNamespace(id="train-v5"), RUN,
-                {"host": "eval", "target": "t", "mode": "online"})
-    w.notices = notices
+    runner = SimpleNamespace(store=store, emit=notices.append, plan=None, poll=0.1, watch=True)
+    ctx = _Context(runner, SimpleNamespace(id="train-v5"), None, RUN)  # the runner's verbs
+    w = Watcher(ctx, {"host": "eval", "target": "t", "mode": "online"})
+    w.notices, w.store = notices, store
     yield w
     store.close()
 

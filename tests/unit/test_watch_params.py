@@ -8,8 +8,10 @@ from types import SimpleNamespace
 import pytest
 
 from core.records import EvalRow
+from core.actions.watch_eval.params import parse_watch
+from core.actions.watch_eval.watcher import Watcher
+from core.runner import _Context
 from core.store import Store
-from core.watch import Watcher, parse_watch
 from tests.conftest import run_cli
 
 
@@ -72,9 +74,9 @@ def test_yaml_bare_on_key_and_placement_defaults(tmp_path):
 
 def _watcher(backfill: bool):
     store = Store(":memory:")
-    runner = SimpleNamespace(store=store, emit=lambda e: None)
+    runner = SimpleNamespace(store=store, emit=lambda e: None, plan=None, poll=0.1, watch=True)
     spec = {"host": "ev", "target": "t", "mode": "online", "backfill": backfill}
-    w = Watcher(runner, SimpleNamespace(id="train"), "r1", spec)
+    w = Watcher(_Context(runner, SimpleNamespace(id="train"), None, "r1"), spec)
     for step in (10, 20, 30):
         store.watch_add("r1", "train", step)
     return w, store

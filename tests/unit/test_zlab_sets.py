@@ -284,7 +284,7 @@ def test_specdeck_validate_refuses_a_set_it_cannot_use_with_exit_2(cli, tmp_path
 
 
 def test_watch_eval_online_validates_its_prompts_offline_reads_the_cache(tmp_path):
-    from core.watch import validate_watch
+    from core.actions.watch_eval.params import validate_watch
 
     plan = types.SimpleNamespace(hosts={"ct129": object()}, dir=tmp_path)
     base = {"host": "ct129", "target": "models/t", "prompts": "zlab:gsm8k", "max_prompts": 8}

@@ -8,11 +8,14 @@ lands and writes one result file per step into the capsule, whether or not a spe
 specdeck ingests those files (:func:`ingest`) on start, attach and reconcile and while it
 follows the run: each step is stored once (:meth:`core.store.Store.watch_ingest`, one
 transaction per step, so two specdecks or a kill -9 between looks cannot store a step twice
-or lose one), in the shapes the console-driven :class:`core.watch.Watcher` uses (metrics
+or lose one), in the shapes the console-driven :class:`.watcher.Watcher` uses (metrics
 ``tau``... and eval rows ``<item>@<step>``), alerts are evaluated at each new step over the
 curve up to it, and steps evaluated while no specdeck looked are summarised in the journal
 (``watch_meanwhile``). The watcher's state, last step and queue are in the ``watchers`` table
-for ``status --json`` and the item pane.
+for ``status --json`` and the item pane (:func:`status_of`).
+
+Every function gets the train run's :class:`~core.actions.base.ActionContext` (its
+``run_id`` the train run's) and reads and records through its tau verbs.
 """
 
 from __future__ import annotations
@@ -24,15 +27,20 @@ import posixpath
 import re
 import shlex
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core import jobs
+from core.actions.watch_eval.params import WatchEvalParams, parse_watch
+from core.actions.watch_eval.watcher import Watcher
 from core.errors import HostUnreachable
-from core.events import Notice
 from core.hosts.base import HostState
-from core.records import Run, TauWatcher
+from core.records import Run, TauWatcher, WatcherStatus
 from core.text import MAX_JSON_DEPTH, short, too_deep
-from core.watch import Watcher, WatchEvalParams, parse_watch
+
+if TYPE_CHECKING:
+    from core.actions.base import ActionContext
+    from core.hosts.base import Host
+    from core.store import Store
 
 ENDED = ("ended", "stopped", "failed", "lost")
 
@@ -45,8 +53,8 @@ def detached(spec, train_host: str) -> bool:
     return spec is not None and parse_watch(spec).placement(train_host) in ("train", "eval")
 
 
-async def command(runner, spec: WatchEvalParams, item, run: Run, ckpt_dir: str, host
-                  ) -> "jobs.Launch":
+async def command(ctx: "ActionContext", spec: WatchEvalParams, run: Run, ckpt_dir: str,
+                  host: "Host") -> "jobs.Launch":
     from core.actions.base import Launch
     from core.actions.mlbase import host_python, prompts_on_host, py_module
 
@@ -54,11 +62,11 @@ async def command(runner, spec: WatchEvalParams, item, run: Run, ckpt_dir: str, 
     args = ["--ckpt-dir", ckpt_dir, "--target", host.path(spec.target), "--mode", spec.mode,
             "--max-new-tokens", spec.max_new_tokens, "--dtype", spec.dtype,
             "--device", spec.device, "--where", host.name, "--out", ".",
-            "--poll", max(1.0, runner.poll * 10), "--settle", 1.0]
+            "--poll", max(1.0, ctx.poll * 10), "--settle", 1.0]
     if spec.mode == "offline":
         args += ["--cache", host.path(spec.cache)]
     else:
-        ppath, _ = await prompts_on_host(host, runner.plan, spec.prompts, upload=True)
+        ppath, _ = await prompts_on_host(host, ctx.plan, spec.prompts, upload=True)
         args += ["--prompts", ppath]
     if run.capsule and (host.name == run.host or spec.fetch == "direct"):
         args += ["--train-capsule", run.capsule]  # its exit file, read by path
@@ -68,7 +76,7 @@ async def command(runner, spec: WatchEvalParams, item, run: Run, ckpt_dir: str, 
                       ("--baseline", host.path(spec.baseline) if spec.baseline else None)):
         if val is not None:
             args += [flag, val]
-    earlier = [a.step for a in runner.store.artefacts(item.id, "checkpoint")
+    earlier = [a.step for a in ctx.artefacts(kind="checkpoint")
                if a.run_id != run.id and a.step is not None
                and posixpath.dirname(a.path) == ckpt_dir.rstrip("/")]
     if earlier:  # a resumed run writes on in the same dir: its earlier steps are not its own
@@ -78,7 +86,7 @@ async def command(runner, spec: WatchEvalParams, item, run: Run, ckpt_dir: str, 
                   cwd=cap)
 
 
-async def missing_inputs(ctx, spec) -> str | None:
+async def missing_inputs(ctx: "ActionContext", spec) -> str | None:
     """What the detached watcher's host lacks (the target, the feature cache, the baseline),
     said with what to do; None when all is there. Checked before the train run launches."""
     spec = parse_watch(spec)
@@ -105,33 +113,34 @@ CLAIM_S = 60.0
 """A watcher claimed as starting this recently is another specdeck's to start."""
 
 
-async def ensure_started(runner, item, run: Run, spec, ckpt_dir: str | None, *,
+async def ensure_started(ctx: "ActionContext", run: Run, spec, ckpt_dir: str | None, *,
                          mine: bool = False) -> TauWatcher | None:
     """Start the run's watcher unless it was started (by this or another specdeck: the
     store's claim decides; ``mine``: this process just claimed it)."""
     spec = parse_watch(spec)
+    item = ctx.item
     where = spec.eval_host(item.action.host)
-    known = runner.store.watcher(run.id)
+    known = ctx.tau_watcher()
     if known is not None and known.state == "starting" and not mine \
             and time.time() - (known.at or 0) < CLAIM_S:
         return known  # claimed a moment ago by another specdeck, which is starting it
     if known is None:
         if not ckpt_dir:
-            runner.emit(Notice(item.id, f"{item.id}: watch_eval: the run's checkpoint dir is "
-                               "unknown (an adopted run: set the train item's out:)", "error"))
+            ctx.notice(f"{item.id}: watch_eval: the run's checkpoint dir is unknown (an "
+                       "adopted run: set the train item's out:)", "error")
             return None
-        host = await runner.host(where)
+        host = await ctx.connected(where)
         cap = jobs.capsule_path(host, capsule_id(run.id))
-        if not runner.store.watcher_claim(run.id, item.id, where, cap, ckpt_dir):
-            known = runner.store.watcher(run.id)
+        if not ctx.claim_tau_watcher(where, cap, ckpt_dir):
+            known = ctx.tau_watcher()
     if known is not None and known.state != "starting":
         return known
-    row = known or runner.store.watcher(run.id)
-    host = await runner.host(where)
+    row = known or ctx.tau_watcher()
+    host = await ctx.connected(where)
     st = await jobs.inspect(host, row.capsule)
     if st.state in ("missing", "nopid"):
         try:
-            launch = await command(runner, spec, item, run, row.ckpt_dir, host)
+            launch = await command(ctx, spec, run, row.ckpt_dir, host)
             info = await jobs.start(host, capsule_id(run.id), launch)
         except Exception as e:  # noqa: BLE001 - a full disk, an unwritable capsule...
             if isinstance(e, HostUnreachable) and host.status.state is not HostState.CONNECTED:
@@ -141,17 +150,14 @@ async def ensure_started(runner, item, run: Run, spec, ckpt_dir: str | None, *,
             from core.faults import describe_fault
 
             why = f"the tau watcher could not start on {where}: {describe_fault(e)}"
-            runner.store.watcher_update(run.id, state="failed", error=why)
-            runner.store.journal("watch_ended", f"watcher failed: {why}", item_id=item.id,
-                                 run_id=run.id, host=where)
+            ctx.mark_tau_watcher("failed", why)
+            ctx.journal("watch_ended", f"watcher failed: {why}", host=where)
             raise
-        runner.store.journal("watch_started", f"watcher started on {where} (pid {info.pid}): "
-                             f"tau at each checkpoint of {row.ckpt_dir}", item_id=item.id,
-                             run_id=run.id, host=where)
-        runner.emit(Notice(item.id, f"{item.id}: tau watcher started on {where} "
-                           f"({spec.mode}, {spec.device})"))
-    runner.store.watcher_update(run.id, state="watching")
-    return runner.store.watcher(run.id)
+        ctx.journal("watch_started", f"watcher started on {where} (pid {info.pid}): "
+                    f"tau at each checkpoint of {row.ckpt_dir}", host=where)
+        ctx.notice(f"{item.id}: tau watcher started on {where} ({spec.mode}, {spec.device})")
+    ctx.mark_tau_watcher("watching")
+    return ctx.tau_watcher()
 
 
 RESULT_MAX = 8 << 20
@@ -168,7 +174,7 @@ class BadResult(Exception):
     """A watcher's file that is not what the watcher writes: that step's failure."""
 
 
-async def _listing(host, results: str) -> dict[str, tuple[str, int]]:
+async def _listing(host: "Host", results: str) -> dict[str, tuple[str, int]]:
     """``{name: (type letter, size)}`` of the results dir, never following a link (a link
     in place of the dir lists nothing)."""
     res = await host.run(f"find {shlex.quote(results)} -mindepth 1 -maxdepth 1 -name 'step_*' "
@@ -181,7 +187,7 @@ async def _listing(host, results: str) -> dict[str, tuple[str, int]]:
     return out
 
 
-async def read_untrusted(host, path: str, *, kind: str = "f", size: int = 0,
+async def read_untrusted(host: "Host", path: str, *, kind: str = "f", size: int = 0,
                          limit: int = RESULT_MAX) -> str:
     """A file the watcher wrote, read only when it is a regular file (never through a link,
     never a FIFO or a device: checked again just before the read), at most ``limit`` bytes,
@@ -272,20 +278,20 @@ def check_result(rec: Any, step: int) -> None:
             _check_eval(rec["baseline"], "baseline")
 
 
-async def ingest(runner, item, run_id: str, spec, *, away: bool = False) -> list[int]:
+async def ingest(ctx: "ActionContext", spec, *, away: bool = False) -> list[int]:
     """Store every result the watcher wrote that is not stored yet; update its state.
     ``away``: these were evaluated while no specdeck looked (journal them as such).
 
     Each result file is untrusted (it is a file on a host): read on its own, only as a
     regular file of the capsule, bounded, schema-checked; a bad one is that step's failure
     (its reason stored) and the later steps go on."""
-    w = runner.store.watcher(run_id)
+    w = ctx.tau_watcher()
     if w is None:
         return []
-    host = await runner.host(w.host)
+    item, run_id = ctx.item, ctx.run_id
+    host = await ctx.connected(w.host)
     results = posixpath.join(w.capsule, "results")
-    have = {e.step for e in runner.store.watch_entries(run_id)
-            if e.state in ("done", "failed", "skipped")}
+    have = {e.step for e in ctx.watch_entries() if e.state in ("done", "failed", "skipped")}
     listing = await _listing(host, results)
     steps: dict[int, str] = {}
     noted = None
@@ -295,15 +301,14 @@ async def ingest(runner, item, run_id: str, spec, *, away: bool = False) -> list
             steps[int(m.group(1))] = name
             continue
         if noted is None:  # said once per name (another look, another specdeck)
-            noted = {e.data.get("name") for e in runner.store.events(kinds=["watch_bad_name"])
-                     if e.run_id == run_id and isinstance(e.data, dict)}
+            noted = {e.data.get("name") for e in ctx.journaled("watch_bad_name")
+                     if isinstance(e.data, dict)}
         if name.endswith(".json") and name not in noted:
             noted.add(name)
-            runner.store.journal("watch_bad_name", f"watcher result {short(name, 80)} ignored: "
-                                 "not step_N.json with N a step (a whole number up to "
-                                 f"{INT64})", item_id=item.id, run_id=run_id, host=w.host,
-                                 data={"name": name[:300]})
-    watcher = Watcher(runner, item, run_id, spec)
+            ctx.journal("watch_bad_name", f"watcher result {short(name, 80)} ignored: not "
+                        f"step_N.json with N a step (a whole number up to {INT64})",
+                        host=w.host, data={"name": name[:300]})
+    watcher = Watcher(ctx, spec)
     new: list[tuple[int, dict]] = []
     for step in sorted(s for s in steps if s not in have):
         name = steps[step]
@@ -315,10 +320,10 @@ async def ingest(runner, item, run_id: str, spec, *, away: bool = False) -> list
             stored = None
             if rec["state"] == "done":
                 metrics, rows = watcher.result_rows(step, rec["result"], rec.get("baseline"))
-                stored = runner.store.watch_ingest(run_id, item.id, step, state="done",
-                                                   tau=float(rec["result"]["tau"]),
-                                                   host=w.host, capsule=w.capsule,
-                                                   metrics=metrics, eval_rows=rows)
+                stored = ctx.record_watch_result(step, state="done",
+                                                 tau=float(rec["result"]["tau"]),
+                                                 host=w.host, capsule=w.capsule,
+                                                 metrics=metrics, eval_rows=rows)
         except BadResult as e:
             rec = {"state": "failed", "error": f"result file {name}: {e}"}
         except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as e:
@@ -327,12 +332,11 @@ async def ingest(runner, item, run_id: str, spec, *, away: bool = False) -> list
         if rec["state"] != "done":
             err = rec.get("error") or "the watcher recorded no result"
             rec = {**rec, "error": err}
-            stored = runner.store.watch_ingest(run_id, item.id, step, state="failed",
-                                               error=str(err)[:2000], host=w.host,
-                                               capsule=w.capsule)
+            stored = ctx.record_watch_result(step, state="failed", error=str(err)[:2000],
+                                             host=w.host, capsule=w.capsule)
             if stored:
-                runner.store.journal("watch_failed", f"tau eval of step {step} failed: {err}",
-                                     item_id=item.id, run_id=run_id, host=w.host)
+                ctx.journal("watch_failed", f"tau eval of step {step} failed: {err}",
+                            host=w.host)
         if stored:
             new.append((step, rec))
     for step, rec in new:
@@ -340,11 +344,11 @@ async def ingest(runner, item, run_id: str, spec, *, away: bool = False) -> list
             watcher.alerts_at(step)  # over the curve as it was at that step
             if not away:
                 tau = rec["result"]["tau"]
-                runner.emit(Notice(item.id, f"{item.id}: tau {tau:.3f} at step {step} "
-                                   f"({watcher.mode}, on {w.host}, detached)"))
+                ctx.notice(f"{item.id}: tau {tau:.3f} at step {step} "
+                           f"({watcher.mode}, on {w.host}, detached)")
         else:
-            runner.emit(Notice(item.id, f"{item.id}: tau eval of step {step} failed: "
-                               f"{rec.get('error')}", "error"))
+            ctx.notice(f"{item.id}: tau eval of step {step} failed: {rec.get('error')}",
+                       "error")
     if new and away:
         done = [(s, r["result"]["tau"]) for s, r in new if r.get("state") == "done"]
         failed = [s for s, r in new if r.get("state") != "done"]
@@ -352,15 +356,14 @@ async def ingest(runner, item, run_id: str, spec, *, away: bool = False) -> list
                + (f"tau at steps {', '.join(str(s) for s, _ in done)} "
                   f"({done[0][1]:.3f} -> {done[-1][1]:.3f})" if done else "no tau")
                + (f"; failed at steps {', '.join(map(str, failed))}" if failed else ""))
-        runner.store.journal("watch_meanwhile", msg, item_id=item.id, run_id=run_id,
-                             host=w.host, data={"done": [s for s, _ in done],
-                                                   "failed": failed})
-        runner.emit(Notice(item.id, f"meanwhile: {item.id}: {msg}"))
-    await _refresh(runner, w, host)
+        ctx.journal("watch_meanwhile", msg, host=w.host,
+                    data={"done": [s for s, _ in done], "failed": failed})
+        ctx.notice(f"meanwhile: {item.id}: {msg}")
+    await _refresh(ctx, w, host)
     return [s for s, _ in new]
 
 
-async def _refresh(runner, w: TauWatcher, host) -> None:
+async def _refresh(ctx: "ActionContext", w: TauWatcher, host: "Host") -> None:
     """The watcher's state from its status.json and its capsule."""
     path = posixpath.join(w.capsule, "status.json")
     listing = await _listing_of(host, path)
@@ -395,23 +398,22 @@ async def _refresh(runner, w: TauWatcher, host) -> None:
         err = "watcher gone (no exit status: the host rebooted, or it was killed with its wrapper)"
     elif state == "failed" and not err:
         err = f"watcher exited {st.exit_code}"
-    runner.store.watcher_update(w.run_id, state=state, current=doc.get("current"),
-                                last_step=doc.get("last_step", w.last_step),
-                                queue=doc.get("queue", []), error=err)
+    ctx.record_tau_watcher_status(state, current=doc.get("current"),
+                                  last_step=doc.get("last_step", w.last_step),
+                                  queue=doc.get("queue", []), error=err)
     if state in ENDED and w.state not in ENDED:
-        runner.store.journal("watch_ended", f"watcher {state}" + (f": {err}" if err else ""),
-                             item_id=w.item_id, run_id=w.run_id, host=w.host)
+        ctx.journal("watch_ended", f"watcher {state}" + (f": {err}" if err else ""),
+                    host=w.host)
         if state in ("failed", "lost"):
-            runner.emit(Notice(w.item_id, f"{w.item_id}: tau watcher on {w.host} "
-                               f"{state}" + (f": {err}" if err else "") +
-                               f" (its log: {w.capsule}/log)", "error"))
+            ctx.notice(f"{w.item_id}: tau watcher on {w.host} {state}"
+                       + (f": {err}" if err else "") + f" (its log: {w.capsule}/log)", "error")
 
 
 START_BOUND_S = 120.0
 """A watcher claimed this long ago whose capsule holds no process never started: failed."""
 
 
-async def _listing_of(host, path: str) -> tuple[str, int] | None:
+async def _listing_of(host: "Host", path: str) -> tuple[str, int] | None:
     """(type letter, size) of ``path`` itself (a link is not followed), None if missing."""
     res = await host.run(f"find {shlex.quote(path)} -maxdepth 0 -printf '%y %s\\n' "
                          "2>/dev/null", timeout=READ_S)
@@ -449,65 +451,67 @@ def _killed(w: TauWatcher | None) -> bool:
         w.state == "failed" and "killed by signal" in (w.error or "")))
 
 
-async def restart(runner, item, run_id: str, spec) -> bool:
+async def restart(ctx: "ActionContext", spec) -> bool:
     """Start a watcher that was killed (OOM, a reboot) again in its capsule: it carries on
     from its result files. At most MAX_RESTARTS times per run; False when not restarted."""
-    done = [e for e in runner.store.events(kinds=["watch_restarted"]) if e.run_id == run_id]
-    if len(done) >= MAX_RESTARTS:
+    if len(ctx.journaled("watch_restarted")) >= MAX_RESTARTS:
         return False
-    w = runner.store.watcher(run_id)
-    if not runner.store.watcher_take(run_id, (w.state,), "starting"):
+    w = ctx.tau_watcher()
+    if not ctx.take_tau_watcher((w.state,), "starting"):
         return True  # another specdeck is restarting it
-    host = await runner.host(w.host)
+    host = await ctx.connected(w.host)
     q = shlex.quote(w.capsule)
     await host.run(f"rm -f {q}/exit {q}/pid {q}/status.json", check=True)
-    runner.store.journal("watch_restarted", f"watcher restarted ({w.error})",
-                         item_id=item.id, run_id=run_id, host=w.host)
-    runner.emit(Notice(item.id, f"{item.id}: tau watcher on {w.host}: {w.error}; "
-                       "started again (it carries on from its results)", "warning"))
-    await ensure_started(runner, item, runner.store.run(run_id), spec, w.ckpt_dir, mine=True)
+    ctx.journal("watch_restarted", f"watcher restarted ({w.error})", host=w.host)
+    ctx.notice(f"{ctx.item.id}: tau watcher on {w.host}: {w.error}; started again (it "
+               "carries on from its results)", "warning")
+    await ensure_started(ctx, _this_run(ctx), spec, w.ckpt_dir, mine=True)
     return True
 
 
-async def mark_train_ended(runner, run_id: str) -> None:
+def _this_run(ctx: "ActionContext") -> Run | None:
+    return next((r for r in ctx.runs() if r.id == ctx.run_id), None)
+
+
+async def mark_train_ended(ctx: "ActionContext") -> None:
     """Tell the watcher the train run is over: it evaluates what is left, then exits."""
-    w = runner.store.watcher(run_id)
+    w = ctx.tau_watcher()
     if w is None or w.state in ENDED:
         return
-    host = await runner.host(w.host)
+    host = await ctx.connected(w.host)
     await host.write_file(posixpath.join(w.capsule, "train_ended"), b"")
 
 
-async def request_stop(runner, run_id: str) -> bool:
+async def request_stop(ctx: "ActionContext") -> bool:
     """Ask the run's watcher to end after its current eval (a ``stop`` file)."""
-    w = runner.store.watcher(run_id)
+    w = ctx.tau_watcher()
     if w is None or w.state in ENDED:
         return False
-    host = await runner.host(w.host)
+    host = await ctx.connected(w.host)
     await host.write_file(posixpath.join(w.capsule, "stop"), b"")
-    runner.store.journal("watch_stop_requested", "watcher stop requested (after the current "
-                         "eval)", item_id=w.item_id, run_id=run_id, host=w.host)
+    ctx.journal("watch_stop_requested", "watcher stop requested (after the current eval)",
+                host=w.host)
     return True
 
 
-async def follow(runner, item, run_id: str, spec, train_done: asyncio.Event, *,
+async def follow(ctx: "ActionContext", spec, train_done: asyncio.Event, *,
                  wait: bool = True, every: float = 1.0) -> None:
     """Ingest while the train run goes on; once it has ended, tell the watcher and (``wait``)
     ingest until the watcher has ended too."""
     first = True
     while True:
         ended = train_done.is_set()
-        await ingest(runner, item, run_id, spec, away=first)
+        await ingest(ctx, spec, away=first)
         first = False
-        w = runner.store.watcher(run_id)
-        if _killed(w) and await restart(runner, item, run_id, spec):
+        w = ctx.tau_watcher()
+        if _killed(w) and await restart(ctx, spec):
             continue
         if w is None or w.state in ENDED:
             if w is not None:
-                await ingest(runner, item, run_id, spec)  # what it wrote last
+                await ingest(ctx, spec)  # what it wrote last
             return
         if ended:
-            await mark_train_ended(runner, run_id)
+            await mark_train_ended(ctx)
             if not wait:
                 return
         try:
@@ -517,54 +521,45 @@ async def follow(runner, item, run_id: str, spec, train_done: asyncio.Event, *,
             pass
 
 
-async def reconcile(runner, *, follow_: bool = False, ids=None, hosts=None) -> None:
-    """Watchers still live whose train run has ended (specdeck was away at its end): ingest
-    what they wrote, tell them the run is over, and (``follow_``) wait until they end."""
-    tasks = []
-    for w in runner.store.watchers(live=True):
-        run = runner.store.run(w.run_id)
+async def reconcile(ctx: "ActionContext", spec, *, wait: bool = False,
+                    hosts: "frozenset[str] | None" = None) -> None:
+    """The item's watchers still live whose train run has ended (specdeck was away at its
+    end): ingest what they wrote, tell them the run is over, and (``wait``) wait until
+    they end. ``ctx``: the item's (no run); each watcher is followed in its run's."""
+    runs = {r.id: r for r in ctx.runs()}
+    for w in ctx.live_tau_watchers():
+        run = runs.get(w.run_id)
         if run is None or run.live:
             continue  # its train run's follower handles it
-        if (ids is not None and w.item_id not in set(ids)) or (
-                hosts is not None and w.host not in set(hosts)):
-            continue
-        try:
-            item = runner.plan.item(w.item_id)
-        except Exception:  # noqa: BLE001 - the item left the plan
-            continue
-        action = runner.action(item)
-        spec = getattr(action.params, "watch_eval", None) if action is not None else None
-        if spec is None:
+        if hosts is not None and w.host not in hosts:
             continue
         done = asyncio.Event()
         done.set()
-        tasks.append(follow(runner, item, w.run_id, spec, done, wait=follow_))
-    for t in tasks:
         try:
-            await t
+            await follow(ctx.for_run(w.run_id), spec, done, wait=wait)
         except Exception as e:  # noqa: BLE001 - a watcher's trouble never breaks reconcile
             from core.faults import describe_fault
 
-            runner.emit(Notice(None, f"tau watcher: {describe_fault(e)}", "warning"))
+            ctx.notice(f"tau watcher: {describe_fault(e)}", "warning")
 
 
-def status_of(store, run_id: str | None) -> dict | None:
-    """The watcher of a run for ``status --json``: state, last step evaluated, queue."""
+def status_of(store: "Store", run_id: str | None) -> WatcherStatus | None:
+    """The watcher of a run for ``status --json`` and the item pane: state, last step
+    evaluated, queue."""
     w = store.watcher(run_id) if run_id else None
     if w is None:
         return None
     entries = store.watch_entries(run_id)
-    return {"host": w.host, "state": w.state, "current": w.current,
-            "last_step": w.last_step, "queue": list(w.queue or []),
-            "evaluated": [e.step for e in entries if e.state == "done"],
-            "failed": [e.step for e in entries if e.state == "failed"],
-            "error": w.error, "capsule": w.capsule}
+    return WatcherStatus(host=w.host, state=w.state, current=w.current,
+                         last_step=w.last_step, queue=list(w.queue or []),
+                         evaluated=[e.step for e in entries if e.state == "done"],
+                         failed=[e.step for e in entries if e.state == "failed"],
+                         error=w.error, capsule=w.capsule)
 
 
-def describe(w: dict) -> str:
+def describe(w: WatcherStatus) -> str:
     """A watcher's :func:`status_of` in one line for a person: its state (and the step it is
     evaluating), where, the last step evaluated, the queue, the failed steps."""
-    state = w["state"] + (f" (step {w['current']})" if w.get("current") is not None else "")
-    return (f"{state} on {w['host']} · last step {w.get('last_step') or '–'} · "
-            f"queue {len(w.get('queue') or [])}"
-            + (f" · failed {', '.join(map(str, w['failed']))}" if w.get("failed") else ""))
+    state = w.state + (f" (step {w.current})" if w.current is not None else "")
+    return (f"{state} on {w.host} · last step {w.last_step or '–'} · queue {len(w.queue)}"
+            + (f" · failed {', '.join(map(str, w.failed))}" if w.failed else ""))

@@ -1,0 +1,283 @@
+"""``on: console``: specdeck drives the tau evals of a train run (:class:`Watcher`).
+
+While the run trains, the :class:`Watcher` picks up its checkpoints (the artefacts the log
+follower records), copies each to the eval host through specdeck, strips it and evaluates it
+in a run capsule there (so it survives specdeck too), and stores tau at step S as metrics of
+the train run and as eval rows (:meth:`Watcher.result_rows`, the shapes the detached watcher's
+results are stored in too). Alerts (:meth:`Watcher.alerts_at`) serve both watchers.
+
+No pile-up: when checkpoints arrive faster than evals finish, only the newest waiting one is
+evaluated next and the others are recorded as skipped (``backfill: true``: every waiting one,
+oldest first; a checkpoint no longer kept is recorded skipped). Every step's state lives in the
+store (``watch_evals``), so after a kill -9 the next specdeck resumes a running eval from its
+capsule and continues with the next checkpoint: no duplicate, no missing eval.
+
+Each tau point carries its 95 % interval (:mod:`core.stats`, a bootstrap over the eval's
+prompts), stored as the metrics ``tau_ci95_lo`` / ``tau_ci95_hi``.
+
+Alerts use the per-prompt taus, so a change inside the noise is not an alert. Drop: tau more
+than ``drop_pct`` % below the best so far *and* the paired comparison of this step with the
+best one on their shared prompts says ``worse``. Flat (the v3/v4 failure pattern): over
+``flat_evals`` evals the loss kept falling while tau did not rise, i.e. the last eval is not
+detectably better than the window's first and rose at most ``flat_eps`` x mean. Without
+per-prompt figures the point values decide, as before. Both go to the journal and to the
+operator as notices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from typing import TYPE_CHECKING, Any
+
+from core.actions.watch_eval.params import WatchEvalParams, parse_watch
+from core.records import WatchEntry
+
+if TYPE_CHECKING:
+    from core import stats  # core.stats loads when a step is evaluated
+    from core.actions.base import ActionContext
+
+
+class Watcher:
+    """Evaluates the checkpoints of one train run as they appear (see the module doc)."""
+
+    def __init__(self, ctx: "ActionContext", spec: "WatchEvalParams | dict[str, Any]",
+                 poll: float = 0.5):
+        self.ctx, self.item, self.run_id = ctx, ctx.item, ctx.run_id
+        self.spec = spec = parse_watch(spec)
+        self.poll = poll
+        self.mode = spec.mode
+        self.alerts = dataclasses.asdict(spec.alerts)
+
+    # -- queue ---------------------------------------------------------------------------
+    def _sync(self) -> None:
+        """Queue checkpoints not seen yet (respecting ``every``)."""
+        known = {e.step for e in self.ctx.watch_entries()}
+        every = self.spec.every
+        last = max(known, default=None)
+        for a in self.ctx.artefacts(kind="checkpoint"):
+            if a.run_id != self.run_id or a.step is None or a.step in known:
+                continue
+            if isinstance(every, int) and last is not None and a.step - last < every:
+                continue
+            self.ctx.queue_watch_entry(a.step)
+            known.add(a.step)
+            last = a.step if last is None else max(last, a.step)
+
+    def _next(self) -> WatchEntry | None:
+        """The newest pending checkpoint; older pending ones are recorded as skipped (with
+        ``backfill``: the oldest pending one, nothing skipped)."""
+        pending = [e for e in self.ctx.watch_entries() if e.state == "pending"]
+        if not pending:
+            return None
+        if self.spec.backfill:
+            return pending[0]
+        newest = pending[-1]
+        for e in pending[:-1]:
+            self.ctx.update_watch_entry(e.step, "skipped",
+                                        error=f"superseded by step {newest.step}")
+            self.ctx.journal("watch_skipped", f"tau eval of step {e.step} skipped: "
+                             f"step {newest.step} is newer")
+        return newest
+
+    async def run(self, training_done: asyncio.Event) -> None:
+        """Evaluate until the run has ended and no checkpoint is waiting."""
+        for e in self.ctx.watch_entries():
+            if e.state == "running":  # a previous specdeck died while it ran
+                await self._evaluate(e, resume=True)
+        while True:
+            self._sync()
+            e = self._next()
+            if e is not None:
+                await self._evaluate(e)
+                continue
+            if training_done.is_set():
+                self._sync()
+                if not any(x.state == "pending" for x in self.ctx.watch_entries()):
+                    return
+                continue
+            try:
+                await asyncio.wait_for(training_done.wait(), self.poll)
+            except asyncio.TimeoutError:
+                pass
+
+    # -- one eval ------------------------------------------------------------------------
+    async def _evaluate(self, entry: WatchEntry, resume: bool = False) -> None:
+        from core import jobs
+        from core.actions.base import Launch
+        from core.actions.mlbase import host_python, prompts_on_host, py_module
+        from core.actions.relay import copy_verified
+        step = entry.step
+        ev = await self.ctx.connected(self.spec.host)
+        cap_id = f"{self.run_id}-tau-{step}"
+        capsule = jobs.capsule_path(ev, cap_id)
+        try:
+            if not resume or (await jobs.inspect(ev, capsule)).state in ("missing", "nopid"):
+                ckpt = [a for a in self.ctx.artefacts(kind="checkpoint")
+                        if a.run_id == self.run_id and a.step == step][0].path
+                train_host = await self.ctx.connected(self.item.action.host)
+                self.ctx.update_watch_entry(step, "running", host=ev.name, capsule=capsule)
+                if self.spec.backfill and await train_host.stat(ckpt) is None:
+                    gone = f"{train_host.name}:{ckpt} is not kept any more"
+                    self.ctx.update_watch_entry(step, "skipped", error=gone)
+                    self.ctx.journal("watch_skipped", f"tau eval of step {step} skipped: {gone}")
+                    return
+                local_ckpt = ckpt
+                if train_host is not ev:
+                    local_ckpt = f"{capsule}/ckpt.pt"
+                    await copy_verified(train_host, ckpt, ev, local_ckpt)
+                py = await host_python(ev)
+                s = self.spec
+                common = ["--target", ev.path(s.target), "--mode", self.mode,
+                          "--max-new-tokens", s.max_new_tokens, "--dtype", s.dtype]
+                if s.max_memory:
+                    common += ["--max-memory", s.max_memory]
+                if self.mode == "offline":
+                    cache = ev.path(s.cache)
+                    man = json.loads(await ev.read_from(f"{cache}/manifest.json", 0, 1 << 26)
+                                     or b"{}")
+                    if "prompts" not in man:
+                        raise RuntimeError(f"{ev.name}:{cache} has no extract manifest: run the "
+                                           "extract_hidden item first")
+                    common += ["--cache", cache, "--prompts", man["prompts"]["file"]]
+                else:
+                    ppath, _ = await prompts_on_host(ev, self.ctx.plan, s.prompts,
+                                                     upload=True)
+                    common += ["--prompts", ppath]
+                if s.max_prompts:
+                    common += ["--limit", s.max_prompts]
+                if s.block_size:
+                    common += ["--block-size", s.block_size]
+                lines = ["set -e", py_module(py, "core.ml.strip", local_ckpt, "drafter"),
+                         py_module(py, "core.ml.eval", "--drafter", "drafter", "--out",
+                                   "result.json", *common)]
+                if s.baseline and not self._baseline_done():
+                    lines.append(py_module(py, "core.ml.eval", "--drafter",
+                                           ev.path(s.baseline), "--out", "baseline/result.json",
+                                           *common))
+                await jobs.start(ev, cap_id, Launch("\n".join(lines), cwd=capsule))
+            while (st := await jobs.inspect(ev, capsule)).state == "running":
+                await asyncio.sleep(self.poll)
+            if st.state != "ended" or st.exit_code != 0:
+                tail = (await ev.read_from(f"{capsule}/log", 0, 1 << 16)).decode("utf-8", "replace")
+                raise RuntimeError(f"eval capsule {capsule} {st.state} "
+                                   f"({st.signal or st.exit_code}): {tail.splitlines()[-3:]}")
+            res = json.loads(await ev.read_from(f"{capsule}/result.json", 0, 1 << 28))
+            base_raw = await ev.read_from(f"{capsule}/baseline/result.json", 0, 1 << 28)
+            self._record(step, res, json.loads(base_raw) if base_raw else None)
+            self.ctx.update_watch_entry(step, "done", tau=res.get("tau"))
+            self.ctx.notice(f"{self.item.id}: tau {res.get('tau'):.3f} at step {step} "
+                            f"({self.mode}, target {res.get('dtype')}, on {ev.name})")
+            self.alerts_at(step)
+        except Exception as exc:  # one failed eval must not stop training or the watcher
+            self.ctx.update_watch_entry(step, "failed", error=str(exc)[:2000])
+            self.ctx.journal("watch_failed", f"tau eval of step {step} failed: {exc}")
+            self.ctx.notice(f"{self.item.id}: tau eval of step {step} failed: {exc}", "error")
+
+    def _baseline_done(self) -> bool:
+        return any(r.role == "baseline" for r in self.ctx.eval_rows())
+
+    def _record(self, step: int, res: dict, base: dict | None) -> None:
+        metrics, rows = self.result_rows(step, res, base)
+        self.ctx.record_metrics(metrics)
+        self.ctx.record_eval_rows(rows)
+
+    def result_rows(self, step: int, res: dict, base: dict | None
+                    ) -> tuple[list[tuple[int, str, float]], list[dict]]:
+        """The metrics (tau, its interval, pooled, per-position) and the eval rows (drafter
+        ``<item>@<step>``, and the baseline) an eval's result.json at ``step`` is stored as."""
+        from core import stats
+        from core.actions.eval import eval_rows
+
+        metrics = [(step, "tau", float(res["tau"]))]
+        ci = stats.mean_ci([float(p["tau"]) for p in res.get("per_prompt") or []
+                            if p.get("tau") is not None],
+                           rng=stats.rng_for(self.run_id, step, "tau"))
+        if ci is not None:
+            metrics += [(step, "tau_ci95_lo", ci[0]), (step, "tau_ci95_hi", ci[1])]
+        if res.get("tau_pooled") is not None:
+            metrics.append((step, "tau_pooled", float(res["tau_pooled"])))
+        for k, v in enumerate(res.get("per_position_acceptance") or []):
+            metrics.append((step, f"tau_acc[{k}]", float(v)))
+        # compare labels it item@step
+        rows = eval_rows(self.run_id, self.item.id, res, self.item.id, "drafter", step)
+        if base is not None:
+            rows += eval_rows(self.run_id, self.item.id, base, "baseline", "baseline", None)
+            metrics.append((step, "tau_baseline", float(base["tau"])))
+        return metrics, rows
+
+    def _prompt_taus(self, step: int) -> dict[str, float]:
+        """The chain method's per-prompt tau of this run's eval at ``step``."""
+        return {r.prompt_id: float(r.tau) for r in self.ctx.eval_rows()
+                if r.step == step and r.role == "drafter"
+                and (r.settings or {}).get("method", "chain") == "chain"
+                and r.tau is not None}
+
+    def _paired(self, a: int, b: int) -> stats.Paired | None:
+        """Step ``a``'s per-prompt tau against step ``b``'s (None: under 2 shared prompts)."""
+        from core import stats
+
+        ta, tb = self._prompt_taus(a), self._prompt_taus(b)
+        shared = [p for p in ta if p in tb]
+        if len(shared) < 2:
+            return None
+        return stats.paired([ta[p] for p in shared], [tb[p] for p in shared],
+                            name=f"{self.run_id}:{a}-{b}")
+
+    def alerts_at(self, step: int) -> None:
+        from core import stats
+
+        done = [e for e in self.ctx.watch_entries()
+                if e.state == "done" and e.step <= step]  # the curve as it was at step
+        taus = [(e.step, e.tau) for e in done if e.tau is not None]
+        if len(taus) < 2:
+            return
+        cur = taus[-1][1]
+        best_step, best = max(taus[:-1], key=lambda t: t[1])
+        msgs = []
+        if best > 0 and cur < best * (1 - self.alerts["drop_pct"] / 100):
+            pair = self._paired(step, best_step)
+            if pair is None:
+                msgs.append(f"tau {cur:.3f} at step {step} is {100 * (1 - cur / best):.0f}% "
+                            f"below the best so far ({best:.3f} at step {best_step})")
+            elif pair.verdict == stats.WORSE:
+                msgs.append(f"tau {cur:.3f} at step {step} is {100 * (1 - cur / best):.0f}% "
+                            f"below the best so far ({best:.3f} at step {best_step}): "
+                            + pair.text(f"step {step}", f"step {best_step}"))
+            else:
+                self.ctx.journal("watch_noise", f"tau {cur:.3f} at step {step} is below the "
+                                 f"best ({best:.3f} at step {best_step}) but inside the noise: "
+                                 + pair.text(f"step {step}", f"step {best_step}"))
+        k = int(self.alerts["flat_evals"])
+        if len(taus) >= k:
+            window = taus[-k:]
+            vals = [t for _, t in window]
+            mean = sum(vals) / len(vals)
+            loss = dict(self.ctx.metric_series("loss"))
+            l0 = _near(loss, window[0][0])
+            l1 = _near(loss, window[-1][0])
+            loss_fell = l0 is not None and l1 is not None and l1 < l0 * 0.99
+            pair = self._paired(window[-1][0], window[0][0]) if loss_fell else None
+            if pair is None:
+                flat = max(vals) - min(vals) <= self.alerts["flat_eps"] * mean
+                why = ""
+            else:
+                flat = (pair.verdict != stats.BETTER
+                        and vals[-1] - vals[0] <= self.alerts["flat_eps"] * mean)
+                why = (f"; last vs first {pair.delta:+.3f}, 95 % CI "
+                       f"{stats.fmt_ci(pair.ci95, signed=True)}, {pair.prompts} prompts")
+            if flat and loss_fell:
+                msgs.append(f"tau flat at {mean:.3f} over the last {k} evals (steps "
+                            f"{window[0][0]}-{window[-1][0]}{why}) while the loss fell "
+                            f"{l0:.3f} -> {l1:.3f}: the drafter may be learning the wrong thing")
+        for m in msgs:
+            self.ctx.journal("alert", m)
+            self.ctx.notice(f"ALERT {self.item.id}: {m}", "warning")
+
+
+def _near(series: dict[int, float], step: int) -> float | None:
+    if not series:
+        return None
+    s = min(series, key=lambda x: abs(x - step))
+    return series[s]
