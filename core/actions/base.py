@@ -67,9 +67,11 @@ class ActionContext(ABC):
     plan: "Plan"
     item: "Item"
     host: "Host | None"
-    """The item's host (connected), or None for an action without one."""
+    """The item's host (connected), or None for an action without one (and while
+    :meth:`Action.reconciling`)."""
     run_id: str | None
-    """The run being started, followed or finished; None while only checking."""
+    """The run being started, followed or finished; None while only checking (and while
+    :meth:`Action.reconciling`: :meth:`for_run` gives one run's context)."""
     poll: float = 0.1
     """Seconds between polls of a followed log."""
     resume: bool | None = None
@@ -93,6 +95,15 @@ class ActionContext(ABC):
     def progress(self, message: str, **fields: Any) -> None:
         """Report progress (printed by the CLI, shown by the console, journaled sparsely)."""
 
+    @abstractmethod
+    def notice(self, message: str, level: str = "info") -> None:
+        """Tell the operator something about this item (printed, shown, not journaled)."""
+
+    @abstractmethod
+    def journal(self, kind: str, message: str, *, host: str | None = None,
+                data: dict | None = None) -> None:
+        """Journal an event of this item (and of this run, when there is one)."""
+
     # -- reading what runs recorded ------------------------------------------------------
     @abstractmethod
     def runs(self, item_id: str | None = None) -> "list[Run]":
@@ -110,6 +121,18 @@ class ActionContext(ABC):
     @abstractmethod
     def stop_requested(self, run_id: str) -> bool:
         """Whether a stop of ``run_id`` was asked for (here or by another specdeck)."""
+
+    @abstractmethod
+    def journaled(self, kind: str) -> "list[Event]":
+        """This run's journal events of ``kind``, oldest first."""
+
+    @abstractmethod
+    def metric_series(self, name: str) -> list[tuple[int, float]]:
+        """This run's ``(step, value)`` points of metric ``name``, in step order."""
+
+    @abstractmethod
+    def eval_rows(self) -> "list[EvalRow]":
+        """This run's recorded eval rows (every step, drafters and baselines)."""
 
     # -- recording what this run produced ------------------------------------------------
     @abstractmethod
@@ -144,31 +167,9 @@ class ActionContext(ABC):
         """Before a launch: metric files (TensorBoard) earlier runs left are not this run's."""
 
     @abstractmethod
-    def notice(self, message: str, level: str = "info") -> None:
-        """Tell the operator something about this item (printed, shown, not journaled)."""
-
-    @abstractmethod
-    def journal(self, kind: str, message: str, *, host: str | None = None,
-                data: dict | None = None) -> None:
-        """Journal an event of this item (and of this run, when there is one)."""
-
-    @abstractmethod
     def for_run(self, run_id: str) -> "ActionContext":
         """This item's context for another of its runs (a hook called for the item, such as
         :meth:`Action.reconciling`, acting on one of them)."""
-
-    # -- what this run recorded ----------------------------------------------------------
-    @abstractmethod
-    def journaled(self, kind: str) -> "list[Event]":
-        """This run's journal events of ``kind``, oldest first."""
-
-    @abstractmethod
-    def metric_series(self, name: str) -> list[tuple[int, float]]:
-        """This run's ``(step, value)`` points of metric ``name``, in step order."""
-
-    @abstractmethod
-    def eval_rows(self) -> "list[EvalRow]":
-        """This run's recorded eval rows (every step, drafters and baselines)."""
 
     # -- tau over training (core.actions.watch_eval): this run's watcher and steps -------
     @abstractmethod

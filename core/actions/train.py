@@ -292,15 +292,16 @@ class Train(Action):
             info = await jobs.start(host, run_id, self._node_launch(launch, 0, master, host,
                                                                     run_id))
             started = [host]
+            config = await _uploaded_config(host, run_id) if self.params.config else None
             try:
                 for rank, name in enumerate(p.nodes, start=1):
                     node = await ctx.connected(name)
                     # Each node gets its own capsule with the config in it: nothing is
                     # assumed about a filesystem shared with node 0 (the target and
                     # features are).
-                    if self.params.config:
+                    if config is not None:
                         await node.write_file(f"{jobs.capsule_path(node, run_id)}/train.yaml",
-                                              await _uploaded_config(host, run_id))
+                                              config)
                     await jobs.start(node, run_id, self._node_launch(launch, rank, master,
                                                                      node, run_id))
                     started.append(node)

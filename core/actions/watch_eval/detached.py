@@ -526,8 +526,9 @@ async def reconcile(ctx: "ActionContext", spec, *, wait: bool = False,
     """The item's watchers still live whose train run has ended (specdeck was away at its
     end): ingest what they wrote, tell them the run is over, and (``wait``) wait until
     they end. ``ctx``: the item's (no run); each watcher is followed in its run's."""
-    runs = {r.id: r for r in ctx.runs()}
-    for w in ctx.live_tau_watchers():
+    watchers = ctx.live_tau_watchers()
+    runs = {r.id: r for r in ctx.runs()} if watchers else {}
+    for w in watchers:
         run = runs.get(w.run_id)
         if run is None or run.live:
             continue  # its train run's follower handles it
