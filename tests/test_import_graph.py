@@ -234,26 +234,13 @@ def untyped_runner_params(tree: ast.AST) -> list[tuple[int, str]]:
     return out
 
 
-UNTYPED_RUNNER_PENDING = {"core.adopt": "issue 30: the adopt split gives Runner.adopt these"}
-"""Modules still taking an untyped runner, each with the change that removes it (the test
-fails once a module no longer needs its entry: delete it then)."""
-
-
 def test_no_function_in_core_takes_an_untyped_runner():
     """A function handed the whole runner says so in its signature (the call graph cannot
     loop back through an untyped parameter unseen)."""
-    found, cleared = [], []
-    for m in MODULES:
-        if not _under(m, "core"):
-            continue
-        hits = untyped_runner_params(ast.parse(MODULES[m].read_text()))
-        if m in UNTYPED_RUNNER_PENDING:
-            cleared += [] if hits else [m]
-            continue
-        found += [f"{MODULES[m].relative_to(ROOT).as_posix()}:{line}: {name}"
-                  for line, name in hits]
+    found = [f"{MODULES[m].relative_to(ROOT).as_posix()}:{line}: {name}"
+             for m in MODULES if _under(m, "core")
+             for line, name in untyped_runner_params(ast.parse(MODULES[m].read_text()))]
     assert not found, "untyped runner parameters:\n" + "\n".join(found)
-    assert not cleared, f"no untyped runner left in {cleared}: drop them from the pending list"
 
 
 def test_the_new_checks_catch_what_they_claim():

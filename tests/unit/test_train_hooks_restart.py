@@ -82,8 +82,8 @@ async def _start(runner: Runner, run_id: str) -> tuple[Restarts, str]:
     launch = await hook("command")
     host = await runner.host("box")
     info = await hook("launch", host, run_id, launch)
-    store.update_run(run_id, state="running", pid=info.get("pid"), pstart=info.get("pstart"),
-                     capsule=info["capsule"])
+    store.update_run(run_id, state="running", pid=info.pid, pstart=info.pstart,
+                     capsule=info.capsule)
     return hook, launch.command
 
 
