@@ -79,15 +79,24 @@ def test_mark_export_and_import(plan, tmp_path):
 
 def test_attach_follows_a_run_its_specdeck_left(tmp_path, monkeypatch):
     plan = tmp_path / "plan.yaml"
-    plan.write_text(PLAN.format(wd=tmp_path / "wd", long=3))
+    gate = tmp_path / "gate"  # the run ends when the test says, not after a time a loaded CI outlasts
+    plan.write_text(PLAN.format(wd=tmp_path / "wd",
+                                long=f"0; until [ -e {gate} ]; do sleep 0.1; done"))
     monkeypatch.setenv("SPECDECK_STATE", str(tmp_path / "state.db"))
     proc = spawn("run", plan, "long")
     wait_for_line(proc, "long │ up")
     proc.kill()  # kill -9: the detached run goes on
     proc.wait(10)
-    res = specdeck("attach", plan, "long", timeout=60)
-    assert res.returncode == 0, res.stderr
-    assert "attached to run" in res.stderr and "succeeded (exit 0)" in res.stderr
+    att = spawn("attach", plan, "long")
+    try:
+        seen = wait_for_line(att, "attached to run")
+        gate.touch()
+        rest = att.communicate(timeout=60)[1]
+    finally:
+        if att.poll() is None:
+            att.kill()
+    assert att.returncode == 0, "".join(seen) + rest
+    assert "succeeded (exit 0)" in rest, rest
     assert specdeck("logs", plan, "long").stdout == "up\ndown\n"
     assert _status(plan)["long"]["status"] == "done"
 
