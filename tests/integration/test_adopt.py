@@ -277,12 +277,18 @@ async def test_tmux_session_adopted_then_stopped(tmp_path, tmux_session):
 async def test_tmux_dead_pane_gives_the_exit_status(tmp_path, tmux_session):
     wd = tmp_path / "wd"
     wd.mkdir()
-    s = tmux_session("bash -c 'sleep 1; echo bye; exit 3'")
+    gate = wd / "gate"  # the pane exits once adopted, however slow a loaded machine makes that
+    s = tmux_session(f"bash -c 'until [ -e {gate} ]; do sleep 0.1; done; echo bye; exit 3'")
     plan = _plan(tmp_path, {"local": True, "workdir": str(wd)})
     runner, store = await _runner(plan, tmp_path)
     try:
-        status = await asyncio.wait_for(
-            runner.adopt("train-v4", AdoptSpec(tmux=s)), 30)
+        adopting = asyncio.create_task(runner.adopt("train-v4", AdoptSpec(tmux=s)))
+        for _ in range(600):
+            if store.live_run("train-v4") is not None or adopting.done():
+                break
+            await asyncio.sleep(0.05)
+        gate.touch()
+        status = await asyncio.wait_for(adopting, 60)
         run = store.latest_run("train-v4")
         assert (status, run.state, run.exit_code) == ("failed", "failed", 3)
         assert "bye" in store.log_bytes(run.id).decode()
