@@ -169,3 +169,11 @@ def to_plain(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: to_plain(v) for k, v in obj.items()}
     return obj
+
+
+def problems(*checks: tuple[str | tuple, str | None]) -> list[tuple[tuple, str]]:
+    """The ``(field path, message)`` list a ``validate`` or ``validate_plan`` hook returns,
+    from ``(field, message or None)`` checks: a check that found nothing gives None and is
+    dropped. One list of rules per hook, instead of each hook repeating ``if err:
+    out.append(((field,), err))``; a plain field name stands for the one-key path."""
+    return [((f,) if isinstance(f, str) else tuple(f), m) for f, m in checks if m]

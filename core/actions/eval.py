@@ -23,7 +23,7 @@ from core.actions.mlbase import (host_python, launch_inputs, ml_failure, prompts
 from core.errors import ActionFailed
 from core.ml import tau
 from core.ml.runio import parse_bytes
-from core.params import to_plain
+from core.params import problems, to_plain
 from core.records import EvalRow
 
 
@@ -75,11 +75,11 @@ class EvalParams:
                 parse_bytes(self.max_memory)
             except ValueError as exc:
                 out.append((("max_memory",), str(exc)))
-        if self.mode == "offline" and not self.cache:
-            out.append((("cache",), "offline mode needs the extract_hidden cache dir"))
-        if self.tree_budget is not None and self.tree_budget < 1:
-            out.append((("tree_budget",), "must be >= 1"))
-        return out
+        return out + problems(
+            ("cache", "offline mode needs the extract_hidden cache dir"
+             if self.mode == "offline" and not self.cache else None),
+            ("tree_budget", "must be >= 1" if self.tree_budget is not None and self.tree_budget < 1 else None),
+        )
 
 
 def sampling_problems(p) -> list:
@@ -108,18 +108,12 @@ class Eval(Action):
 
     @classmethod
     def validate_plan(cls, params, plan, item):
-        out = []
-        err = validate_prompts(plan, params.prompts, multi_turn=params.mode == "online")
-        if err:
-            out.append((("prompts",), err))
-        err = validate_ref(plan, item, params.drafter)
-        if err:
-            out.append((("drafter",), err))
-        err = fit.block_size_mismatch(params, fit.local_block_size(plan, item, params.drafter),
-                                      fit.local_block_size(plan, item, params.baseline))
-        if err:
-            out.append((("baseline",), err))
-        return out
+        return problems(
+            ("prompts", validate_prompts(plan, params.prompts, multi_turn=params.mode == "online")),
+            ("drafter", validate_ref(plan, item, params.drafter)),
+            ("baseline", fit.block_size_mismatch(params, fit.local_block_size(plan, item, params.drafter),
+                                                 fit.local_block_size(plan, item, params.baseline))),
+        )
 
     def settings_key(self) -> str:
         return hashlib.sha256(json.dumps(to_plain(self.params), sort_keys=True).encode()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from core.actions.base import Action, CheckResult, Launch
 from core.actions.mlbase import host_python, ml_failure, py_module
 from core.errors import ActionFailed
+from core.params import problems
 
 
 @dataclass(frozen=True)
@@ -43,14 +44,13 @@ class Export(Action):
 
     @classmethod
     def validate_plan(cls, params, plan, item):
-        errs = []
-        if params.format not in ("zlab", "speculators", "gguf"):
-            errs.append((("format",), f"{params.format!r}: zlab, speculators or gguf"))
-        if params.dtype not in ("bf16", "fp32"):
-            errs.append((("dtype",), f"{params.dtype!r}: bf16 or fp32"))
-        if params.format in ("speculators", "gguf") and not params.target:
-            errs.append((("target",), f"format {params.format} needs target: the target's directory"))
-        return errs
+        return problems(
+            ("format", None if params.format in ("zlab", "speculators", "gguf")
+             else f"{params.format!r}: zlab, speculators or gguf"),
+            ("dtype", None if params.dtype in ("bf16", "fp32") else f"{params.dtype!r}: bf16 or fp32"),
+            ("target", f"format {params.format} needs target: the target's directory"
+             if params.format in ("speculators", "gguf") and not params.target else None),
+        )
 
     async def record(self, ctx) -> dict | None:
         raw = await ctx.host.read_from(f"{self.params.out}/provenance.json", 0, 1 << 20)

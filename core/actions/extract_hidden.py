@@ -15,6 +15,7 @@ from core.actions.base import Action, CheckResult, Launch
 from core.actions.mlbase import (host_python, launch_inputs, ml_failure, prompts_on_host,
                                  py_module, read_json, record_launch, validate_prompts)
 from core.errors import ActionFailed
+from core.params import problems
 
 
 @dataclass(frozen=True)
@@ -35,12 +36,11 @@ class ExtractHiddenParams:
     dtype: str = "auto"
 
     def validate(self):
-        out = []
-        if self.layers is None and self.drafter is None:
-            out.append((("layers",), "give layers (e.g. [1, 9, 17]) or a drafter dir to read them from"))
-        if self.max_new_tokens < 1:
-            out.append((("max_new_tokens",), "must be >= 1"))
-        return out
+        return problems(
+            ("layers", "give layers (e.g. [1, 9, 17]) or a drafter dir to read them from"
+             if self.layers is None and self.drafter is None else None),
+            ("max_new_tokens", "must be >= 1" if self.max_new_tokens < 1 else None),
+        )
 
 
 class ExtractHidden(Action):
@@ -50,8 +50,7 @@ class ExtractHidden(Action):
 
     @classmethod
     def validate_plan(cls, params, plan, item):
-        err = validate_prompts(plan, params.prompts, multi_turn=False)
-        return [(("prompts",), err)] if err else []
+        return problems(("prompts", validate_prompts(plan, params.prompts, multi_turn=False)))
 
     async def check(self, ctx) -> CheckResult:
         _, ids = await prompts_on_host(ctx.host, ctx.plan, self.params.prompts, upload=False)

@@ -16,6 +16,7 @@ from core.actions.base import Action, CheckResult, Launch
 from core.actions.mlbase import (host_python, launch_inputs, ml_failure, py_module,
                                  record_launch, resolve_ref, validate_ref)
 from core.errors import ActionFailed
+from core.params import problems
 
 RECORD = ".specdeck-strip.json"
 
@@ -60,8 +61,7 @@ class ExtractWeights(Action):
 
     @classmethod
     def validate_plan(cls, params, plan, item):
-        err = validate_ref(plan, item, params.checkpoint)
-        return [(("checkpoint",), err)] if err else []
+        return problems(("checkpoint", validate_ref(plan, item, params.checkpoint)))
 
     async def check(self, ctx) -> CheckResult:
         host = ctx.host

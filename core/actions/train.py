@@ -48,6 +48,7 @@ from core.metrics_sources import MetricsParams, line_metrics
 from core.actions.watch_eval import detached as watch_detached
 from core.actions.watch_eval.params import WatchEvalParams, validate_watch
 from core.actions.watch_eval.watcher import Watcher
+from core.params import problems
 from core.records import Run
 
 
@@ -102,20 +103,24 @@ class TrainParams:
     """Evaluate each new checkpoint while it trains (core.actions.watch_eval, plans/README.md)."""
 
     def validate(self):
-        out = []
-        if (self.config is None) == (self.command is None):
-            out.append((("config",), "give exactly one of config (core.ml.train YAML) or command"))
-        if self.metrics_regex is not None:
-            try:
-                if "step" not in re.compile(self.metrics_regex).groupindex:
-                    out.append((("metrics_regex",), "needs a named group (?P<step>...)"))
-            except re.error as e:
-                out.append((("metrics_regex",), f"not a regex: {e}"))
-        if self.nproc_per_node < 1:
-            out.append((("nproc_per_node",), "must be >= 1"))
-        if self.nodes and self.launcher != "torchrun":
-            out.append((("nodes",), "nodes are for launcher: torchrun"))
-        return out
+        return problems(
+            ("config", "give exactly one of config (core.ml.train YAML) or command"
+             if (self.config is None) == (self.command is None) else None),
+            ("metrics_regex", _step_regex_problem(self.metrics_regex)),
+            ("nproc_per_node", "must be >= 1" if self.nproc_per_node < 1 else None),
+            ("nodes", "nodes are for launcher: torchrun"
+             if self.nodes and self.launcher != "torchrun" else None),
+        )
+
+
+def _step_regex_problem(regex: str | None) -> str | None:
+    """Why ``metrics_regex`` cannot parse log lines (None: unset, or it can)."""
+    if regex is None:
+        return None
+    try:
+        return None if "step" in re.compile(regex).groupindex else "needs a named group (?P<step>...)"
+    except re.error as e:
+        return f"not a regex: {e}"
 
 
 class Train(Action):

@@ -20,6 +20,7 @@ from typing import Literal
 
 from core.actions.base import Action, CheckResult, Launch
 from core.errors import ActionFailed
+from core.params import problems
 from core.versions import normalize, parse_requirement, satisfies
 
 _PROBE = r"""
@@ -56,6 +57,15 @@ _FAILURES = [
 ]
 
 
+def _requirement_problem(req: str) -> str | None:
+    """Why ``req`` is not a requirement uv and the version check both read (None: it is)."""
+    try:
+        parse_requirement(req)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 @dataclass(frozen=True)
 class VenvParams:
     path: str = ".venv"
@@ -75,15 +85,11 @@ class VenvParams:
     """Install this specdeck (a wheel of the running code) so ``python -m core.ml.*`` runs."""
 
     def validate(self):
-        out = []
-        for i, p in enumerate(self.packages):
-            try:
-                parse_requirement(p)
-            except ValueError as e:
-                out.append((("packages", i), str(e)))
-        if self.path.startswith("/") is False and ".." in self.path.split("/"):
-            out.append((("path",), "path must stay inside the host's workdir"))
-        return out
+        return problems(
+            *((("packages", i), _requirement_problem(p)) for i, p in enumerate(self.packages)),
+            ("path", "path must stay inside the host's workdir"
+             if self.path.startswith("/") is False and ".." in self.path.split("/") else None),
+        )
 
 
 class Venv(Action):
