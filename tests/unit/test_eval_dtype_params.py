@@ -2,32 +2,19 @@
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 from types import SimpleNamespace
 
-from core.actions.eval import Eval, EvalParams
+from core.actions.eval import EvalParams
 from core.actions.watch_eval.params import validate_watch
-
-
-class _Host:
-    name = "ct129"
-
-    def path(self, p):
-        return f"/home/op/{p}"
-
-
-def _cmd(params: EvalParams) -> list[str]:
-    found = {"python": "/opt/venv/bin/python", "prompts": "/home/op/prompts.jsonl"}
-    return shlex.split(Eval(params)._eval_cmd(SimpleNamespace(host=_Host()), found, "drafter",
-                                              "out.json"))
+from tests.unit.evalcmd import eval_words
 
 
 def test_dtype_and_max_memory_reach_the_command():
-    words = _cmd(EvalParams(drafter="d", target="models/t", dtype="bfloat16", max_memory="60G"))
+    words = eval_words(EvalParams(drafter="d", target="models/t", dtype="bfloat16", max_memory="60G"))
     assert words[words.index("--dtype") + 1] == "bfloat16"
     assert words[words.index("--max-memory") + 1] == "60G"
-    words = _cmd(EvalParams(drafter="d", target="models/t"))
+    words = eval_words(EvalParams(drafter="d", target="models/t"))
     assert words[words.index("--dtype") + 1] == "auto" and "--max-memory" not in words
 
 

@@ -2,29 +2,15 @@
 
 from __future__ import annotations
 
-import shlex
-from types import SimpleNamespace
-
-from core.actions.eval import Eval, EvalParams
-
-
-class _Host:
-    name = "ct129"
-
-    def path(self, p):
-        return f"/home/op/{p}"
-
-
-def _cmd(params: EvalParams) -> list[str]:
-    found = {"python": "/opt/venv/bin/python", "prompts": "/home/op/prompts.jsonl"}
-    return shlex.split(Eval(params)._eval_cmd(SimpleNamespace(host=_Host()), found, "drafter", "out.json"))
+from core.actions.eval import EvalParams
+from tests.unit.evalcmd import eval_words
 
 
 def test_sampling_params_reach_the_command_and_greedy_passes_none():
-    words = _cmd(EvalParams(drafter="d", target="t", temperature=0.7, top_p=0.95, top_k=20, seed=3, samples=8))
+    words = eval_words(EvalParams(drafter="d", target="t", temperature=0.7, top_p=0.95, top_k=20, seed=3, samples=8))
     got = {k: words[words.index(k) + 1] for k in ("--temperature", "--top-p", "--top-k", "--seed", "--samples")}
     assert got == {"--temperature": "0.7", "--top-p": "0.95", "--top-k": "20", "--seed": "3", "--samples": "8"}
-    assert "--temperature" not in _cmd(EvalParams(drafter="d", target="t"))  # greedy: the command as before
+    assert "--temperature" not in eval_words(EvalParams(drafter="d", target="t"))  # greedy: the command as before
 
 
 def test_what_sampling_refuses_is_named_at_validate():
