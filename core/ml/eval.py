@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from core.ml import tau as taulib
-from core.ml.runio import Progress, UsageError, emit, provenance, run_main, say, write_result
+from core.ml.runio import (Progress, UsageError, add_generation_args, emit, provenance, run_main, say,
+                            write_result)
 from core.ml.sampling import Sampling, sample_seed
 
 KIND = "specdeck-eval-v1"
@@ -47,13 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", help="feature cache from core.ml.extract (offline mode)")
     p.add_argument("--tree-budget", type=int, help="also run DDTree with this many draft nodes")
     p.add_argument("--block-size", type=int, help="block size B (default: the drafter's; may be smaller)")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto", help="auto (default): the target checkpoint's own dtype, never "
-                   "upcast; or float32, bfloat16, float16")
-    p.add_argument("--max-memory", help="refuse before loading when the mode needs more than this (e.g. 40G); "
-                   "default: the memory this host has available")
-    p.add_argument("--limit", type=int, help="only the first N prompts")
+    add_generation_args(p, needs="the mode", example="40G")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS (online)")
     p.add_argument("--speedup", action="store_true", help="also time a block-size-1 run (online)")
     p.add_argument("--rows-per-pass", type=int, help="offline: block rows (anchors x B) per drafter pass "

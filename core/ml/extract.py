@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from core.ml.runio import Progress, UsageError, emit, provenance, run_main, say
+from core.ml.runio import Progress, UsageError, add_generation_args, emit, provenance, run_main, say
 
 
 def parse_layers(value: str) -> list[int]:
@@ -105,13 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", required=True, help="JSONL: {id, prompt} or {id, input_ids} per line")
     p.add_argument("--layers", required=True, help="comma-separated 0-based layer ids, or a drafter dir")
     p.add_argument("--out", required=True, help="output directory (created; resumable)")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto", help="auto (default): the target checkpoint's own dtype, never "
-                   "upcast; or float32, bfloat16, float16")
-    p.add_argument("--max-memory", help="refuse before loading when the target needs more than this (e.g. 60G); "
-                   "default: the memory this host has available")
-    p.add_argument("--limit", type=int, help="only the first N prompts")
+    add_generation_args(p, needs="the target", example="60G")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS")
     p.add_argument("--no-chat-template", action="store_true", help="encode text prompts raw")
     p.add_argument("--enable-thinking", action="store_true", help="chat template with thinking on")

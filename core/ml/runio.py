@@ -288,6 +288,19 @@ _UNITS = {"": 1, "B": 1, "K": 1e3, "KB": 1e3, "M": 1e6, "MB": 1e6, "G": 1e9, "GB
           "KIB": 1024, "MIB": 1024**2, "GIB": 1024**3, "TIB": 1024**4}
 
 
+def add_generation_args(p, *, needs: str, example: str) -> None:
+    """The arguments of every task that loads a target and generates from prompts (eval,
+    extract), so both read ``--dtype`` and ``--max-memory`` alike: ``needs`` names what the
+    memory check sizes ("the target", "the mode"), ``example`` a cap to show."""
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto", help="auto (default): the target checkpoint's own dtype, never "
+                   "upcast; or float32, bfloat16, float16")
+    p.add_argument("--max-memory", help=f"refuse before loading when {needs} needs more than this "
+                   f"(e.g. {example}); default: the memory this host has available")
+    p.add_argument("--limit", type=int, help="only the first N prompts")
+
+
 def parse_bytes(text: str) -> int:
     """``"40G"``, ``"512MB"``, ``"1.5GiB"``, ``"1000000"`` -> bytes (decimal units, *iB binary)."""
     s = str(text).strip().upper().replace(" ", "")
