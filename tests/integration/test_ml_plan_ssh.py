@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
 from tests.conftest import ROOT, run_cli
+from tests.integration.mlplan import extract_item, ssh_host
 
 pytestmark = [pytest.mark.integration, pytest.mark.ml, pytest.mark.slow]
-PY = sys.executable
-
 
 
 def test_extract_train_strip_relay_eval_compare_diff(sshd_factory, tiny_models, tmp_path):
@@ -33,13 +31,11 @@ def test_extract_train_strip_relay_eval_compare_diff(sshd_factory, tiny_models, 
     plan = tmp_path / "campaign.yaml"
     plan.write_text(json.dumps({
         "name": "campaign",
-        "hosts": {"kpro6": {"ssh": gpu.alias, "workdir": str(train_wd), "python": PY},
-                  "ct129": {"ssh": ev.alias, "workdir": str(eval_wd), "python": PY}},
+        "hosts": {"kpro6": ssh_host(gpu, train_wd), "ct129": ssh_host(ev, eval_wd)},
         "items": [
-            {"id": "feats", "content": "Extract hidden states on the training host",
-             "action": {"kind": "extract_hidden", "host": "kpro6", "params": {
-                 "target": "models/target", "prompts": str(tiny_models / "prompts.jsonl"),
-                 "layers": [0, 2, 3], "out": "feats/train", "max_new_tokens": 48}}},
+            extract_item("feats", "Extract hidden states on the training host", "kpro6",
+                         prompts=str(tiny_models / "prompts.jsonl"), layers=[0, 2, 3], out="feats/train",
+                         max_new_tokens=48),
             {"id": "train-v5", "content": "Train v5", "needs": ["feats"],
              "action": {"kind": "train", "host": "kpro6", "params": {
                  "config": "train/v5.yaml", "overrides": overrides}}},

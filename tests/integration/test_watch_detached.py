@@ -17,6 +17,7 @@ import pytest
 
 from core.store import Store
 from tests.conftest import ROOT, run_cli
+from tests.integration.mlplan import extract_item, ssh_host
 
 pytestmark = [pytest.mark.integration, pytest.mark.ml, pytest.mark.slow]
 PY = sys.executable
@@ -32,9 +33,9 @@ def make_plan(tmp_path, tiny, gpu, *, steps=STEPS, watch=None, ev=None):
         subprocess.run(["cp", "-r", str(tiny / "target"), str(d / "models/target")], check=True)
         (d / "prompts.jsonl").write_text("\n".join(prompts) + "\n")
         (d / "eval-prompts.jsonl").write_text("\n".join(prompts[:2]) + "\n")
-    hosts = {"kpro6": {"ssh": gpu.alias, "workdir": str(wd), "python": PY}}
+    hosts = {"kpro6": ssh_host(gpu, wd)}
     if ev:
-        hosts["ct129"] = {"ssh": ev.alias, "workdir": str(tmp_path / "ct129"), "python": PY}
+        hosts["ct129"] = ssh_host(ev, tmp_path / "ct129")
     (tmp_path / "train").mkdir(exist_ok=True)
     (tmp_path / "train" / "v5.yaml").write_text((ROOT / "plans/train/v5.yaml").read_text())
     plan = tmp_path / "watch.yaml"
@@ -42,14 +43,11 @@ def make_plan(tmp_path, tiny, gpu, *, steps=STEPS, watch=None, ev=None):
         "name": "watch",
         "hosts": hosts,
         "items": [
-            {"id": "feats", "content": "features for training", "action": {
-                "kind": "extract_hidden", "host": "kpro6", "params": {
-                    "target": "models/target", "prompts": "host:prompts.jsonl",
-                    "layers": [0, 2, 3], "out": "feats/train", "max_new_tokens": 24}}},
-            {"id": "feats-eval", "content": "the tau cache, where the watcher runs", "action": {
-                "kind": "extract_hidden", "host": "ct129" if ev else "kpro6", "params": {
-                    "target": "models/target", "prompts": "host:eval-prompts.jsonl",
-                    "layers": [0, 2], "out": "feats/eval", "max_new_tokens": 24}}},
+            extract_item("feats", "features for training", "kpro6", prompts="host:prompts.jsonl",
+                         layers=[0, 2, 3], out="feats/train", max_new_tokens=24),
+            extract_item("feats-eval", "the tau cache, where the watcher runs", "ct129" if ev else "kpro6",
+                         prompts="host:eval-prompts.jsonl", layers=[0, 2], out="feats/eval",
+                         max_new_tokens=24),
             {"id": "train", "content": "train v5 with a detached tau watcher",
              "needs": ["feats", "feats-eval"],
              "action": {"kind": "train", "host": "kpro6", "params": {

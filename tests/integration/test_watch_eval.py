@@ -14,6 +14,7 @@ import pytest
 
 from core.store import Store
 from tests.conftest import ROOT, run_cli
+from tests.integration.mlplan import extract_item, ssh_host
 
 pytestmark = [pytest.mark.integration, pytest.mark.ml, pytest.mark.slow]
 PY = sys.executable
@@ -31,17 +32,12 @@ def make_plan(tmp_path, tiny, gpu, ev, steps=300):
     plan = tmp_path / "watch.yaml"
     plan.write_text(json.dumps({
         "name": "watch",
-        "hosts": {"kpro6": {"ssh": gpu.alias, "workdir": str(train_wd), "python": PY},
-                  "ct129": {"ssh": ev.alias, "workdir": str(eval_wd), "python": PY}},
+        "hosts": {"kpro6": ssh_host(gpu, train_wd), "ct129": ssh_host(ev, eval_wd)},
         "items": [
-            {"id": "feats", "content": "features for training", "action": {
-                "kind": "extract_hidden", "host": "kpro6", "params": {
-                    "target": "models/target", "prompts": "host:prompts.jsonl",
-                    "layers": [0, 2, 3], "out": "feats/train", "max_new_tokens": 48}}},
-            {"id": "feats-eval", "content": "features for tau on the eval host", "action": {
-                "kind": "extract_hidden", "host": "ct129", "params": {
-                    "target": "models/target", "prompts": "host:prompts.jsonl",
-                    "layers": [0, 2], "out": "feats/eval", "max_new_tokens": 48}}},
+            extract_item("feats", "features for training", "kpro6", prompts="host:prompts.jsonl",
+                         layers=[0, 2, 3], out="feats/train", max_new_tokens=48),
+            extract_item("feats-eval", "features for tau on the eval host", "ct129",
+                         prompts="host:prompts.jsonl", layers=[0, 2], out="feats/eval", max_new_tokens=48),
             {"id": "train", "content": "train v5 with tau over training",
              "needs": ["feats", "feats-eval"],
              "action": {"kind": "train", "host": "kpro6", "params": {
