@@ -12,6 +12,7 @@ import json
 import math
 import os
 import time
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -245,6 +246,21 @@ async def pick(pilot, item_id: str) -> None:
     await settle(pilot)
     pilot.app.query_one(PlanPane).select(item_id)
     await settle(pilot)
+
+
+@asynccontextmanager
+async def running(plan, store, *, select: str | None = None, size=(120, 40), **kw):
+    """The app (:func:`build`) under a test pilot, settled: ``(app, pilot, seen)``, where
+    ``seen`` collects every message posted (for :func:`wait_for`); with ``select``, that
+    item under the plan's cursor (:func:`pick`)."""
+    seen: list = []
+    app = build(plan, store, **kw)
+    async with app.run_test(size=size, message_hook=seen.append) as pilot:
+        if select is None:
+            await settle(pilot)
+        else:
+            await pick(pilot, select)
+        yield app, pilot, seen
 
 
 async def wait_for(messages: list, kind, pred=lambda m: True, *, timeout: float = 20.0,

@@ -11,10 +11,9 @@ from console import messages as m
 from console.screens.adopt import AdoptModal
 from console.screens.confirm import ConfirmModal
 from console.widgets.item_detail import ItemDetail
-from console.widgets.plan_list import PlanPane
 from core.planfile import load_plan
 from core.store import Store
-from tests.ui.conftest import build, process_alive, settle, wait_for
+from tests.ui.conftest import build, pick, process_alive, settle, wait_for
 
 PLAN = """\
 name: adopt-ui
@@ -48,9 +47,7 @@ async def test_run_all_skips_then_adopt_from_the_item_pane_and_stop(tmp_path):
     app = build(plan, store)
     try:
         async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
-            await settle(pilot)
-            app.query_one(PlanPane).select("train-v4")
-            await settle(pilot)
+            await pick(pilot, "train-v4")
             shown = "\n".join(line.text for line in app.query_one("#detail-body").render_lines(
                 app.query_one("#detail-body").region.reset_offset))
             assert "(started outside it?): a adopts it" in " ".join(shown.split())
@@ -102,9 +99,7 @@ async def test_stop_pressed_while_starting_leaves_no_process(tmp_path, slow_star
     app = build(plan, store)
     try:
         async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
-            await settle(pilot)
-            app.query_one(PlanPane).select("slow")
-            await settle(pilot)
+            await pick(pilot, "slow")
             await pilot.press("r", "y")  # run, confirmed (enter only inspects)
             deadline = asyncio.get_running_loop().time() + 30
             while not launching.is_set():

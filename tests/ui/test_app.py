@@ -18,7 +18,7 @@ from console.widgets.plan_list import PlanPane
 from console.widgets.tau_table import TauPane
 from core import jobs
 from core.records import Run
-from tests.ui.conftest import add_tau_watch, build, process_alive, settle, wait_for
+from tests.ui.conftest import add_tau_watch, build, process_alive, running, settle, wait_for
 
 
 def of(messages, kind, **match):
@@ -28,10 +28,7 @@ def of(messages, kind, **match):
 
 async def test_select_item_shows_detail_log_and_curves(campaign):
     plan, store = campaign
-    seen: list = []
-    app = build(plan, store)
-    async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
-        await settle(pilot)
+    async with running(plan, store) as (app, pilot, seen):
         assert app.selected == "venv"  # the first item is highlighted on open
         await pilot.press("down", "down")
         await settle(pilot)
@@ -54,10 +51,7 @@ async def test_select_item_shows_detail_log_and_curves(campaign):
 
 async def test_run_item_and_watch_status_change(live_plan):
     plan, store = live_plan
-    seen: list = []
-    app = build(plan, store)
-    async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
-        await settle(pilot)
+    async with running(plan, store) as (app, pilot, seen):
         assert app.selected == "hello"
         await pilot.press("r", "y")
         await settle(pilot)
@@ -80,10 +74,7 @@ async def test_run_item_and_watch_status_change(live_plan):
 async def test_enter_inspects_and_never_runs(live_plan):
     """Enter on a runnable item (pending or failed) shows its detail and starts nothing."""
     plan, store = live_plan
-    seen: list = []
-    app = build(plan, store)
-    async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
-        await settle(pilot)
+    async with running(plan, store) as (app, pilot, seen):
         for item_id in ("hello", "broken"):
             app.query_one(PlanPane).select(item_id)
             await settle(pilot)
@@ -109,12 +100,7 @@ async def test_enter_inspects_and_never_runs(live_plan):
 
 async def test_run_again_after_failure(live_plan):
     plan, store = live_plan
-    seen: list = []
-    app = build(plan, store)
-    async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
-        await settle(pilot)
-        app.query_one(PlanPane).select("broken")
-        await settle(pilot)
+    async with running(plan, store, select="broken") as (app, pilot, seen):
         await pilot.press("r")
         await pilot.pause()
         assert isinstance(app.screen, ConfirmModal)
@@ -146,12 +132,7 @@ async def test_run_again_after_failure(live_plan):
 
 async def test_stop_a_live_run_through_the_confirmation(live_plan):
     plan, store = live_plan
-    seen: list = []
-    app = build(plan, store)
-    async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
-        await settle(pilot)
-        app.query_one(PlanPane).select("slow")
-        await settle(pilot)
+    async with running(plan, store, select="slow") as (app, pilot, seen):
         await pilot.press("r", "y")
         started = await wait_for(seen, m.RunStarted, lambda x: x.item_id == "slow", pilot=pilot)
         await wait_for(seen, m.LogLinesArrived, lambda x: x.run_id == started.run_id,
@@ -185,9 +166,7 @@ async def test_stop_a_live_run_through_the_confirmation(live_plan):
 
 async def test_filter_with_slash(campaign):
     plan, store = campaign
-    app = build(plan, store)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot)
+    async with running(plan, store) as (app, pilot, _):
         pane = app.query_one(PlanPane)
         await pilot.press("slash", *"eval", "enter")
         await settle(pilot)
@@ -203,10 +182,7 @@ async def test_filter_with_slash(campaign):
 
 async def test_mark_manual_done_and_skip(live_plan):
     plan, store = live_plan
-    seen: list = []
-    app = build(plan, store)
-    async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
-        await settle(pilot)
+    async with running(plan, store) as (app, pilot, seen):
         pane = app.query_one(PlanPane)
         pane.select("tick")
         await settle(pilot)
@@ -240,9 +216,7 @@ async def test_mark_manual_done_and_skip(live_plan):
 
 async def test_help_palette_and_bindings(campaign):
     plan, store = campaign
-    app = build(plan, store)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot)
+    async with running(plan, store) as (app, pilot, _):
         await pilot.press("question_mark")
         await pilot.pause()
         assert isinstance(app.screen, HelpScreen)
@@ -276,9 +250,7 @@ async def test_help_palette_and_bindings(campaign):
 
 async def test_tau_pane_sorts_and_flags(campaign):
     plan, store = campaign
-    app = build(plan, store)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot)
+    async with running(plan, store) as (app, pilot, _):
         tau = app.query_one(TauPane)
         rows = tau.ordered_rows
         assert [(r.prompt, r.drafter) for r in rows[:2]] == [("Σ macro", "z-lab-b8"),
@@ -303,9 +275,7 @@ async def test_tau_pane_sorts_and_flags(campaign):
 
 async def test_hosts_bar_and_stream_states(campaign):
     plan, store = campaign
-    app = build(plan, store)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot)
+    async with running(plan, store) as (app, pilot, _):
         bar = app.query_one("#hosts")
         assert bar.states == {"gpu1": ("connected", ""), "gpu2": ("connected", "")}
         app.post_message(m.GpuSampled("gpu1", [{"index": 0, "util": 45, "mem_used": 10240,
@@ -376,10 +346,7 @@ async def test_quit_never_stops_runs_and_says_which_keep_going(live_plan):
     plan, store = live_plan
     from console.app import keep_going_text
 
-    seen: list = []
-    app = build(plan, store)
-    async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
-        await settle(pilot)
+    async with running(plan, store) as (app, pilot, seen):
         app.query_one(PlanPane).select("slow")
         await pilot.press("r", "y")
         started = await wait_for(seen, m.RunStarted, lambda x: x.item_id == "slow", pilot=pilot)
@@ -407,9 +374,7 @@ async def test_quit_never_stops_runs_and_says_which_keep_going(live_plan):
 
 async def test_pinned_curves_stay_overlaid(campaign):
     plan, store = campaign
-    app = build(plan, store)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot)
+    async with running(plan, store) as (app, pilot, _):
         pane = app.query_one(PlanPane)
         pane.select("train-v5")
         await settle(pilot)
@@ -432,11 +397,7 @@ async def test_tau_over_training_and_tau_at_step(campaign):
     error that keeps the current filter; all: every result again)."""
     plan, store = campaign
     add_tau_watch(store)
-    app = build(plan, store)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot)
-        app.query_one(PlanPane).select("train-v5")
-        await settle(pilot)
+    async with running(plan, store, select="train-v5") as (app, pilot, _):
         pane = app.query_one(MetricsPane)
         assert pane.family == "loss" and pane.families[:2] == ["loss", "tau"]
         assert "tau_baseline" not in pane.families
@@ -499,9 +460,7 @@ async def test_tau_pane_shows_intervals_and_verdicts(campaign):
     """Σ macro rows carry the interval and, for drafters, the verdict against the baseline;
     the line under the title says the cursor row drafter's verdict in words."""
     plan, store = campaign
-    app = build(plan, store)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot)
+    async with running(plan, store) as (app, pilot, _):
         tau = app.query_one(TauPane)
         macro = {r.drafter: r for r in tau.ordered_rows if r.prompt == "Σ macro"}
         o = tau.comparison.overall_of("v5")

@@ -10,7 +10,7 @@ from console.widgets.log_pane import MAX_LINES, LogPane
 from console.widgets.plan_list import PlanPane
 from core import events as ev
 from core.records import Run
-from tests.ui.conftest import build, settle
+from tests.ui.conftest import running, settle
 
 
 async def test_bridge_batches_log_lines_and_flushes_before_the_end():
@@ -60,9 +60,7 @@ async def test_bridge_translates_events():
 
 async def test_log_pane_bounded_follow_search_and_sanitized(campaign):
     plan, store = campaign
-    app = build(plan, store)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot)
+    async with running(plan, store) as (app, pilot, _):
         pane = app.query_one(LogPane)
         pane.show_run("train-v5", Run("r", "train-v5", host="gpu1", state="running"), [])
         for i in range(12):  # 12 flushes of 1000 lines: more than the pane keeps
@@ -101,10 +99,7 @@ async def test_flood_through_a_real_run_is_batched(live_plan):
     plan = dataclasses.replace(plan, items=tuple(
         dataclasses.replace(it, action=dataclasses.replace(it.action, params=flood))
         if it.id == "hello" else it for it in plan.items))
-    seen: list = []
-    app = build(plan, store)
-    async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
-        await settle(pilot)
+    async with running(plan, store) as (app, pilot, seen):
         app.query_one(PlanPane).select("hello")
         await pilot.press("r", "y")
         await settle(pilot)
@@ -122,9 +117,7 @@ async def test_selecting_a_streaming_run_shows_each_line_once(campaign):
     plan, store = campaign
     log = "".join(f"line {i}\n" for i in range(1, 11))
     rid = add_run(store, "cleanup", 1, "running", "gpu1", start=T0, seconds=0, log=log)
-    app = build(plan, store, reconcile=False)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot)
+    async with running(plan, store, reconcile=False) as (app, pilot, _):
         assert app.selected == "cleanup"  # reopened on the live run
         app.query_one(PlanPane).select("venv")
         await settle(pilot)

@@ -13,7 +13,7 @@ from console.widgets.plan_list import GLYPHS, PlanPane
 from core.demo import open_workspace
 from core.planfile import load_plan
 from core.store import Store
-from tests.ui.conftest import add_run, build, settle, T0
+from tests.ui.conftest import add_run, build, pick, running, settle, T0
 
 
 @pytest.fixture
@@ -38,9 +38,7 @@ def on_screen(pane: PlanPane, item_id: str) -> bool:
 
 async def test_j_and_k_never_leave_the_selection_off_screen_at_120x40(demo):
     plan, store = demo
-    app = build(plan, store)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot)
+    async with running(plan, store) as (app, pilot, _):
         pane = app.query_one(PlanPane)
         seen = []
         for key in ["j"] * (len(plan.items) - 1) + ["k"] * (len(plan.items) - 1):
@@ -56,9 +54,7 @@ async def test_reopen_scrolls_the_cursor_item_into_view(demo):
     plan, store = demo
     last = [it for it in plan.items if it.action][-1].id  # far down the list
     add_run(store, last, 1, "running", "eval", start=T0, seconds=0)
-    app = build(plan, store, probe_hosts=False, reconcile=False)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot)
+    async with running(plan, store, probe_hosts=False, reconcile=False) as (app, pilot, _):
         pane = app.query_one(PlanPane)
         assert pane.selected == last
         assert on_screen(pane, last), visible_lines(pane.options)
@@ -113,9 +109,7 @@ def _subclasses(cls):
 
 async def test_the_item_pane_gives_values_room_beside_long_keys(demo):
     plan, store = demo
-    app = build(plan, store)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot)
+    async with running(plan, store) as (app, pilot, _):
         app.query_one(PlanPane).select("eval-v5")  # allow_block_size_mismatch: 25 letters
         await settle(pilot)
         body = app.query_one("#detail-body")
@@ -139,9 +133,7 @@ async def test_log_lines_wrap_like_events_and_events_read_as_text(campaign, size
     plan, store = campaign
     app = build(plan, store)
     async with app.run_test(size=size) as pilot:
-        await settle(pilot)
-        app.query_one(PlanPane).select("venv")
-        await settle(pilot)
+        await pick(pilot, "venv")
         pane = app.query_one(LogPane)
         assert pane.append(pane.run_id, [LONG, EVENT])
         await settle(pilot)
@@ -199,9 +191,7 @@ async def test_the_tau_pane_shows_the_temperature_of_sampled_figures(campaign):
     rows += [replace(r, settings={**sampled, "sample": 1})  # each prompt's second seed
              for r in eval_rows("eval-t07-0101-01", "v5-t07", "drafter", [[1], [1], [1]], settings=sampled)]
     store.add_eval_results(rows)
-    app = build(plan, store)
-    async with app.run_test(size=(200, 60)) as pilot:
-        await settle(pilot)
+    async with running(plan, store, size=(200, 60)) as (app, pilot, _):
         tau = app.query_one(TauPane)
         title = " ".join(visible_lines(tau.query_one("#tau-title")))
         assert "T 0 / T 0.7" in title, title

@@ -21,7 +21,7 @@ from core.plan import params_summary
 from core.planfile import load_plan
 from core.records import Run
 from core.store import Store
-from tests.ui.conftest import ROOT, build, pick, process_alive, settle, wait_for
+from tests.ui.conftest import ROOT, build, pick, process_alive, running, settle, wait_for
 
 TRAIN = """\
 name: keys
@@ -74,10 +74,7 @@ async def test_r_on_a_train_item_confirms_with_host_and_launcher(tmp_path):
     plan = keys_plan(tmp_path)
     store = Store(str(tmp_path / "state.db"))
     store.set_status("prep", "done")
-    seen: list = []
-    app = build(plan, store)
-    async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
-        await pick(pilot, "train")
+    async with running(plan, store, select="train") as (app, pilot, seen):
         await pilot.press("r")
         await pilot.pause()
         modal = app.screen
@@ -129,9 +126,7 @@ def test_launch_facts_for_slurm_and_ml_kinds(tmp_path):
 
 async def test_vim_motion_moves_the_cursor(campaign):
     plan, store = campaign
-    app = build(plan, store)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot)
+    async with running(plan, store) as (app, pilot, _):
         ids = [it.id for it in plan.items]
         assert app.selected == ids[0]
         await pilot.press("j", "j")
@@ -201,10 +196,7 @@ async def test_follow_mode_selects_each_new_run_during_A_until_a_key(tmp_path, g
     path.write_text(FOLLOW.format(root=tmp_path))
     plan = load_plan(path)
     store = Store(str(tmp_path / "state.db"))
-    seen: list = []
-    app = build(plan, store)
-    async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
-        await pick(pilot, "d")
+    async with running(plan, store, select="d") as (app, pilot, seen):
         at = len(seen)
         await pilot.press("A")
         try:
@@ -246,18 +238,14 @@ async def test_reopen_puts_the_cursor_on_the_most_recent_live_run(campaign):
     plan, store = campaign
     add_run(store, "cleanup", 1, "running", "gpu1", start=T0 + 9000, seconds=0, log="x\n")
     add_run(store, "eval-base", 2, "running", "gpu2", start=T0 + 9500, seconds=0, log="y\n")
-    app = build(plan, store, reconcile=False)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot)
+    async with running(plan, store, reconcile=False) as (app, pilot, _):
         assert app.selected == "eval-base"
         assert app.query_one(LogPane).run_id == "eval-base-0101-02"
 
 
 async def test_layout_at_80x24_every_pane_reachable_and_log_readable(campaign):
     plan, store = campaign
-    app = build(plan, store)
-    async with app.run_test(size=(80, 24)) as pilot:
-        await pick(pilot, "train-v5")
+    async with running(plan, store, select="train-v5", size=(80, 24)) as (app, pilot, _):
         assert app.compact and app.query_one("#tabs").display
         log = app.query_one("#log")
         assert log.region.height >= 8 and log.region.width >= 40
@@ -300,9 +288,7 @@ async def test_layout_at_80x24_every_pane_reachable_and_log_readable(campaign):
 async def test_empty_panes_give_their_rows_away(live_plan):
     """A plan without eval results or curves: no rows spent on tau or curves when wide."""
     plan, store = live_plan
-    app = build(plan, store)
-    async with app.run_test(size=(160, 50)) as pilot:
-        await settle(pilot)
+    async with running(plan, store, size=(160, 50)) as (app, pilot, _):
         assert not app.compact
         assert not app.query_one("#tau").display and not app.query_one("#metrics").display
         assert app.query_one("#logpane").region.height == 50 - 2
@@ -320,9 +306,7 @@ async def test_empty_panes_give_their_rows_away(live_plan):
 async def test_manual_done_detail_and_unambiguous_dates(live_plan, utc):
     plan, store = live_plan
     store.set_status("tick", "done")
-    app = build(plan, store)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await pick(pilot, "tick")
+    async with running(plan, store, select="tick") as (app, pilot, _):
         d = app.query_one(ItemDetail)
         assert d.check[0] == "done" and "blocked" not in str(d.query_one("#detail-body").render())
     from console.widgets.item_detail import run_line
@@ -350,9 +334,7 @@ async def test_curve_controls(campaign):
     plan, store = campaign
     store.add_metrics("train-v5-0101-02", [(s, "elapsed_s", s * 3.6) for s in
                                            range(50, 1001, 50)])
-    app = build(plan, store)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await pick(pilot, "train-v5")
+    async with running(plan, store, select="train-v5") as (app, pilot, _):
         pane = app.query_one(MetricsPane)
         assert "elapsed_s" not in pane.families
         await pilot.press("3", "v", "l", "w")
@@ -457,9 +439,7 @@ async def test_unclean_exit_then_reopen_tells_each_change_once(tmp_path, go):
 
 async def test_json_records_wrap_again_when_the_log_gets_wider(campaign):
     plan, store = campaign
-    app = build(plan, store)
-    async with app.run_test(size=(80, 24)) as pilot:
-        await pick(pilot, "train-v5")
+    async with running(plan, store, select="train-v5", size=(80, 24)) as (app, pilot, _):
         pane = app.query_one(LogPane)
         narrow = list(pane.log.lines)
         assert any(x.startswith("    ") for x in narrow)  # wrapped at 80x24

@@ -7,7 +7,7 @@ from console import messages as m
 from console.screens.journal import meanwhile_summary
 from console.widgets.item_detail import ItemDetail
 from core.records import Event
-from tests.ui.conftest import build, settle
+from tests.ui.conftest import running, settle
 
 
 async def test_item_pane_shows_the_watcher(campaign):
@@ -16,10 +16,7 @@ async def test_item_pane_shows_the_watcher(campaign):
     store.watcher_claim(run, "train-v5", "gpu", "/w/.specdeck/runs/x-watch", "/w/out")
     store.watcher_update(run, state="evaluating", current=60, last_step=40, queue=[80, 100])
     store.watch_ingest(run, "train-v5", 20, state="failed", error="boom")
-    seen: list = []
-    app = build(plan, store)
-    async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
-        await settle(pilot)
+    async with running(plan, store) as (app, pilot, seen):
         await pilot.press("down", "down")
         await settle(pilot)
         loaded = [x for x in seen if isinstance(x, m.ItemDetailLoaded)
