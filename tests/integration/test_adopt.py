@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -154,6 +155,17 @@ async def _runner(plan: Path, tmp_path: Path) -> tuple[Runner, Store]:
     return Runner(parse_plan(plan.read_text(), str(plan), path=plan), store, poll=0.05), store
 
 
+@asynccontextmanager
+async def _running(plan: Path, tmp_path: Path):
+    """:func:`_runner`'s (runner, store), both closed when the block ends, however it ends."""
+    runner, store = await _runner(plan, tmp_path)
+    try:
+        yield runner, store
+    finally:
+        await runner.close()
+        store.close()
+
+
 async def test_bad_input_records_nothing(tmp_path):
     wd = tmp_path / "wd"
     wd.mkdir()
@@ -204,8 +216,7 @@ async def test_plan_adopt_field_is_adopted_by_run_and_ends_with_unknown_status(t
     plan = _plan(tmp_path, {"local": True, "workdir": str(wd)},
                  adopt={"pid_file": "${run}.pid", "log": "${run}.log", "from_start": True},
                  vars={"run": "v4"})
-    runner, store = await _runner(plan, tmp_path)
-    try:
+    async with _running(plan, tmp_path) as (runner, store):
         summary = await asyncio.wait_for(runner.run_items(["train-v4"]), 30)
         proc.wait()
         assert summary.failed == ("train-v4",) and not (wd / "LAUNCHED").exists()
@@ -218,9 +229,6 @@ async def test_plan_adopt_field_is_adopted_by_run_and_ends_with_unknown_status(t
         assert not from_plan(item, runner.statuses()[item.id], runner.store.runs_for_item(item.id))
         assert adopt_mod.unadopted(runner.plan, item, runner.statuses(),
                                    runner.store.live_run) is None
-    finally:
-        await runner.close()
-        store.close()
 
 
 def _tmux(*args: str) -> subprocess.CompletedProcess:
@@ -249,8 +257,7 @@ async def test_tmux_session_adopted_then_stopped(tmp_path, tmux_session):
     wd.mkdir()
     s = tmux_session(f"bash -c 'sleep 1000 & echo $! > {wd}/child.pid; {NUMBERED}'")
     plan = _plan(tmp_path, {"local": True, "workdir": str(wd)})
-    runner, store = await _runner(plan, tmp_path)
-    try:
+    async with _running(plan, tmp_path) as (runner, store):
         await runner.adopt("train-v4", AdoptSpec(tmux=s), follow=False)
         run = store.live_run("train-v4")
         assert run.launcher == "adopt:tmux"
@@ -269,9 +276,6 @@ async def test_tmux_session_adopted_then_stopped(tmp_path, tmux_session):
         nums = _numbers(store.log_bytes(run.id).decode().replace("\r", ""))
         assert len(nums) >= 5 and nums == list(range(nums[0], nums[-1] + 1))
         assert runner.statuses()["train-v4"] == "stopped"
-    finally:
-        await runner.close()
-        store.close()
 
 
 async def test_tmux_dead_pane_gives_the_exit_status(tmp_path, tmux_session):
@@ -280,8 +284,7 @@ async def test_tmux_dead_pane_gives_the_exit_status(tmp_path, tmux_session):
     gate = wd / "gate"  # the pane exits once adopted, however slow a loaded machine makes that
     s = tmux_session(f"bash -c 'until [ -e {gate} ]; do sleep 0.1; done; echo bye; exit 3'")
     plan = _plan(tmp_path, {"local": True, "workdir": str(wd)})
-    runner, store = await _runner(plan, tmp_path)
-    try:
+    async with _running(plan, tmp_path) as (runner, store):
         adopting = asyncio.create_task(runner.adopt("train-v4", AdoptSpec(tmux=s)))
         for _ in range(600):
             if store.live_run("train-v4") is not None or adopting.done():
@@ -292,9 +295,6 @@ async def test_tmux_dead_pane_gives_the_exit_status(tmp_path, tmux_session):
         run = store.latest_run("train-v4")
         assert (status, run.state, run.exit_code) == ("failed", "failed", 3)
         assert "bye" in store.log_bytes(run.id).decode()
-    finally:
-        await runner.close()
-        store.close()
 
 
 async def test_stop_while_starting_ends_what_the_start_creates(tmp_path, slow_starts):
@@ -305,9 +305,8 @@ async def test_stop_while_starting_ends_what_the_start_creates(tmp_path, slow_st
     doc = json.loads(plan.read_text())
     doc["items"][0].pop("status")
     plan.write_text(json.dumps(doc))
-    runner, store = await _runner(plan, tmp_path)
     launching = slow_starts
-    try:
+    async with _running(plan, tmp_path) as (runner, store):
         task = asyncio.create_task(runner.run_item(runner.plan.item("train-v4")))
         await asyncio.wait_for(launching.wait(), 10)
         run = store.live_run("train-v4")
@@ -318,9 +317,6 @@ async def test_stop_while_starting_ends_what_the_start_creates(tmp_path, slow_st
         pid = int((wd / "started.pid").read_text())
         assert not _alive(pid)
         assert store.run(run.id).state == "stopped"
-    finally:
-        await runner.close()
-        store.close()
 
 
 async def test_adopted_train_item_records_metrics_and_checkpoints(tmp_path):
@@ -343,24 +339,22 @@ async def test_adopted_train_item_records_metrics_and_checkpoints(tmp_path):
                        "command": "false", "out": "out",
                        "watch_eval": {"host": "ev", "target": "models/target",
                                       "cache": "feats"}}}}]}))
-    runner, store = await _runner(plan, tmp_path)
-    try:
-        task = asyncio.create_task(runner.adopt("train-v4",
-                                              AdoptSpec(pid=proc.pid, log=str(wd / "train.log"))))
-        while proc.poll() is None:  # reaped as it ends (a zombie has ended too)
-            await asyncio.sleep(0.05)
-        await asyncio.wait_for(task, 30)
-        run = store.latest_run("train-v4")
-        assert [s for s, _ in store.metric_series(run.id, "loss")] == list(range(1, 21))
-        assert [a.step for a in store.artefacts("train-v4", "checkpoint")] == [10, 20]
-        # watch_eval picked each checkpoint up (the files are not real, so their evals fail)
-        assert {e.step for e in store.watch_entries(run.id)} == {10, 20}
-        assert run.state == "lost" and "exit status is unknown" in run.error
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        await runner.close()
-        store.close()
+    async with _running(plan, tmp_path) as (runner, store):
+        try:
+            task = asyncio.create_task(runner.adopt("train-v4",
+                                                  AdoptSpec(pid=proc.pid, log=str(wd / "train.log"))))
+            while proc.poll() is None:  # reaped as it ends (a zombie has ended too)
+                await asyncio.sleep(0.05)
+            await asyncio.wait_for(task, 30)
+            run = store.latest_run("train-v4")
+            assert [s for s, _ in store.metric_series(run.id, "loss")] == list(range(1, 21))
+            assert [a.step for a in store.artefacts("train-v4", "checkpoint")] == [10, 20]
+            # watch_eval picked each checkpoint up (the files are not real, so their evals fail)
+            assert {e.step for e in store.watch_entries(run.id)} == {10, 20}
+            assert run.state == "lost" and "exit status is unknown" in run.error
+        finally:
+            if proc.poll() is None:
+                proc.kill()
 
 
 def test_run_all_adopts_from_the_plan_and_its_stop_item_stops_it(tmp_path):
