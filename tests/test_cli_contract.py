@@ -22,6 +22,20 @@ def write_plan(tmp: Path, body: str, name: str = "p.yaml") -> Path:
     return p
 
 
+def shell_plan(tmp: Path, name: str, item_id: str, content: str, command: str) -> Path:
+    """A plan ``name`` of one item, ``item_id``, that runs shell ``command`` on a local host
+    (workdir ``tmp/w``)."""
+    return write_plan(tmp, f"""
+name: {name}
+hosts:
+  here: {{local: true, workdir: {tmp / 'w'}}}
+items:
+  - id: {item_id}
+    content: {content}
+    action: {{kind: shell, host: here, params: {{command: "{command}"}}}}
+""")
+
+
 PLAN = """
 name: order
 hosts:
@@ -128,15 +142,8 @@ items:
 
 
 def test_kill_9_of_the_cli_mid_run_corrupts_nothing(tmp_path):
-    plan = write_plan(tmp_path, f"""
-name: k9
-hosts:
-  here: {{local: true, workdir: {tmp_path / 'w'}}}
-items:
-  - id: long
-    content: prints for a while
-    action: {{kind: shell, host: here, params: {{command: "for i in $(seq 1 30); do echo line $i; sleep 0.05; done"}}}}
-""")
+    plan = shell_plan(tmp_path, "k9", "long", "prints for a while",
+                      "for i in $(seq 1 30); do echo line $i; sleep 0.05; done")
     state = tmp_path / "s.db"
     env = {**os.environ, "SPECDECK_STATE": str(state), "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "console.cli", "run", str(plan), "long"], env=env,
@@ -216,15 +223,8 @@ def test_import_rejects_bad_entries(tmp_path):
 
 
 def test_stop_needs_confirmation_and_ends_as_stopped(tmp_path):
-    plan = write_plan(tmp_path, f"""
-name: st
-hosts:
-  here: {{local: true, workdir: {tmp_path / 'w'}}}
-items:
-  - id: sleeper
-    content: runs until stopped
-    action: {{kind: shell, host: here, params: {{command: "echo up; sleep 600"}}}}
-""")
+    plan = shell_plan(tmp_path, "st", "sleeper", "runs until stopped",
+                      "echo up; sleep 600")
     state = tmp_path / "s.db"
     proc = cli_until(state, "run", plan, "sleeper", line="│ up")
     res = run_cli("stop", plan, "sleeper", env={"SPECDECK_STATE": str(state)})
@@ -241,15 +241,8 @@ items:
 
 
 def test_run_on_a_live_item_attaches_instead_of_starting_a_second_run(tmp_path):
-    plan = write_plan(tmp_path, f"""
-name: att
-hosts:
-  here: {{local: true, workdir: {tmp_path / 'w'}}}
-items:
-  - id: job
-    content: a few seconds of work
-    action: {{kind: shell, host: here, params: {{command: "echo start; sleep 3; echo end"}}}}
-""")
+    plan = shell_plan(tmp_path, "att", "job", "a few seconds of work",
+                      "echo start; sleep 3; echo end")
     state = tmp_path / "s.db"
     first = cli_until(state, "run", plan, "job", line="│ start")
     second = run_cli("run", plan, "job", env={"SPECDECK_STATE": str(state)}, timeout=60)
