@@ -168,27 +168,26 @@ async def test_vim_motion_moves_the_cursor(campaign):
         assert log.scroll_y == 2
 
 
+def _chain_item(item_id: str, content: str, need: str | None, command: str) -> str:
+    """One item of :data:`FOLLOW`'s chain: shell ``command`` on ``here`` after ``need``
+    (braces left doubled: FOLLOW is a ``str.format`` template)."""
+    needs = f"    needs: [{need}]\n" if need else ""
+    return (f"  - id: {item_id}\n    content: {content}\n{needs}"
+            '    action: {{kind: shell, host: here, params: {{command: "' + command + '"}}}}\n')
+
+
 FOLLOW = """\
 name: follow
 hosts:
   here: {{local: true, workdir: {root}/here}}
 items:
-  - id: a
-    content: first
-    action: {{kind: shell, host: here, params: {{command: "echo a"}}}}
-  - id: b
-    content: second
-    needs: [a]
-    action: {{kind: shell, host: here, params: {{command: "echo b; while [ ! -e go ]; do sleep 0.02; done"}}}}
-  - id: c
-    content: third
-    needs: [b]
-    action: {{kind: shell, host: here, params: {{command: "echo c"}}}}
-  - id: d
-    content: fourth
-    needs: [c]
-    action: {{kind: shell, host: here, params: {{command: "echo d"}}}}
-"""
+""" + "".join(_chain_item(*it) for it in [
+    ("a", "first", None, "echo a"),
+    ("b", "second", "a", "echo b; while [ ! -e go ]; do sleep 0.02; done"),  # held until the test says go
+    ("c", "third", "b", "echo c"),
+    ("d", "fourth", "c", "echo d"),
+])
+"""A chain a -> b -> c -> d of shell items on a local host; b waits for a ``go`` file."""
 
 
 async def test_follow_mode_selects_each_new_run_during_A_until_a_key(tmp_path, go):
