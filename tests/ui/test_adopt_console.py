@@ -13,7 +13,7 @@ from console.screens.confirm import ConfirmModal
 from console.widgets.item_detail import ItemDetail
 from core.planfile import load_plan
 from core.store import Store
-from tests.ui.conftest import build, pick, process_alive, settle, wait_for
+from tests.ui.conftest import process_alive, running, settle, wait_for
 
 PLAN = """\
 name: adopt-ui
@@ -43,11 +43,8 @@ async def test_run_all_skips_then_adopt_from_the_item_pane_and_stop(tmp_path):
     log = tmp_path / "wd" / "v4.log"
     proc = subprocess.Popen(["bash", "-c", "for i in $(seq 1 100000); do echo \"line $i\"; "
                              "sleep 0.05; done"], stdout=open(log, "wb"), start_new_session=True)
-    seen: list = []
-    app = build(plan, store)
     try:
-        async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
-            await pick(pilot, "train-v4")
+        async with running(plan, store, select="train-v4") as (app, pilot, seen):
             shown = "\n".join(line.text for line in app.query_one("#detail-body").render_lines(
                 app.query_one("#detail-body").region.reset_offset))
             assert "(started outside it?): a adopts it" in " ".join(shown.split())
@@ -95,11 +92,8 @@ async def test_stop_pressed_while_starting_leaves_no_process(tmp_path, slow_star
     plan, store = _setup(tmp_path)
     launching = slow_starts
     store.set_status("train-v4", "done")
-    seen: list = []
-    app = build(plan, store)
     try:
-        async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
-            await pick(pilot, "slow")
+        async with running(plan, store, select="slow") as (app, pilot, seen):
             await pilot.press("r", "y")  # run, confirmed (enter only inspects)
             deadline = asyncio.get_running_loop().time() + 30
             while not launching.is_set():

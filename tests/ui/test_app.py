@@ -182,10 +182,8 @@ async def test_filter_with_slash(campaign):
 
 async def test_mark_manual_done_and_skip(live_plan):
     plan, store = live_plan
-    async with running(plan, store) as (app, pilot, seen):
+    async with running(plan, store, select="tick") as (app, pilot, seen):
         pane = app.query_one(PlanPane)
-        pane.select("tick")
-        await settle(pilot)
         await pilot.press("enter")  # a manual item is not run (nor is any item on enter)
         await pilot.press("r")
         await settle(pilot)
@@ -374,10 +372,8 @@ async def test_quit_never_stops_runs_and_says_which_keep_going(live_plan):
 
 async def test_pinned_curves_stay_overlaid(campaign):
     plan, store = campaign
-    async with running(plan, store) as (app, pilot, _):
+    async with running(plan, store, select="train-v5") as (app, pilot, _):
         pane = app.query_one(PlanPane)
-        pane.select("train-v5")
-        await settle(pilot)
         await pilot.press("p")
         await settle(pilot)
         assert app.pinned == {"train-v5": "train-v5-0101-02"} and pane.pinned == {"train-v5"}

@@ -13,7 +13,7 @@ from console.widgets.plan_list import PlanPane, item_prompt
 from core.planfile import load_plan
 from core.store import Store
 from tests.conftest import procs_under
-from tests.ui.conftest import build, pick, process_alive, settle, wait_for
+from tests.ui.conftest import build, pick, process_alive, running, settle, wait_for
 
 PLAN = """\
 name: ops
@@ -75,11 +75,8 @@ async def _stop_selected(pilot) -> None:
 async def test_a_stopped_item_is_never_relaunched_by_run_all(tmp_path):
     plan = _plan(tmp_path)
     store = Store(str(tmp_path / "state.db"))
-    seen: list = []
-    app = build(plan, store)
     try:
-        async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
-            await pick(pilot, "slow")
+        async with running(plan, store, select="slow") as (app, pilot, seen):
             await pilot.press("r", "y")
             started = await wait_for(seen, m.RunStarted, lambda x: x.item_id == "slow",
                                      pilot=pilot)
@@ -127,11 +124,8 @@ async def test_run_again_checks_needs_as_the_cli_does(tmp_path):
     plan = _plan(tmp_path)
     store = Store(str(tmp_path / "state.db"))
     store.set_status("after-slow", "done")
-    seen: list = []
-    app = build(plan, store)
     try:
-        async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
-            await pick(pilot, "after-slow")
+        async with running(plan, store, select="after-slow") as (app, pilot, seen):
             await pilot.press("R")
             await pilot.pause()
             assert isinstance(app.screen, ConfirmModal)
@@ -228,10 +222,8 @@ async def test_again_on_a_train_item_says_fresh_or_which_checkpoint(tmp_path):
     plan = _plan(tmp_path)
     store = Store(str(tmp_path / "state.db"))
     _train_runs(store, ["succeeded"])
-    app = build(plan, store)
     try:
-        async with app.run_test(size=(140, 40)) as pilot:
-            await pick(pilot, "train")
+        async with running(plan, store, select="train", size=(140, 40)) as (app, pilot, _):
             await pilot.press("R")
             await pilot.pause()
             modal = app.screen
@@ -246,10 +238,8 @@ async def test_again_on_a_train_item_says_fresh_or_which_checkpoint(tmp_path):
 
     store = Store(str(tmp_path / "state2.db"))
     _train_runs(store, ["succeeded", "failed"])
-    app = build(plan, store)
     try:
-        async with app.run_test(size=(140, 40)) as pilot:
-            await pick(pilot, "train")
+        async with running(plan, store, select="train", size=(140, 40)) as (app, pilot, _):
             await pilot.press("r")
             await pilot.pause()
             body = app.screen.body
