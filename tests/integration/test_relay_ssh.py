@@ -254,20 +254,25 @@ def _landed(tmp_path: Path, src: bytes, ranges) -> tuple[list[int], list[int]]:
     return journaled, really
 
 
+def _four_streams_killed_at_half(two_hosts, tmp_path, size: int, bwlimit: str):
+    """A ``size`` file A:big.bin relayed to B in 4 range streams at ``bwlimit``, SIGKILLed at
+    about half: (its sha256, its bytes, the plan, the state db, the journal's ranges)."""
+    a, b = two_hosts
+    digest = make_file(tmp_path / "A" / "big.bin", size)
+    plan = relay_plan(tmp_path, a.alias, b.alias, "big.bin", "big.bin", streams=4, bwlimit=bwlimit)
+    state = tmp_path / "s.db"
+    _run_and_kill_at_half(tmp_path, plan, state, size)
+    ranges = json.loads((tmp_path / "B" / "big.bin.part.ranges").read_text())["ranges"]
+    return digest, (tmp_path / "A" / "big.bin").read_bytes(), plan, state, ranges
+
+
 def test_four_streams_killed_at_half_resume_every_range(two_hosts, tmp_path):
     """A 4-stream relay SIGKILLed at about half: the rerun resumes each range from its
     journal, re-sends at most one journal chunk per range, and the file's sha256 is equal."""
     from core.actions.relay import JOURNAL_CHUNK
 
-    a, b = two_hosts
     size = 320 * MB
-    digest = make_file(tmp_path / "A" / "big.bin", size)
-    src = (tmp_path / "A" / "big.bin").read_bytes()
-    plan = relay_plan(tmp_path, a.alias, b.alias, "big.bin", "big.bin", streams=4,
-                      bwlimit="120M")
-    state = tmp_path / "s.db"
-    _run_and_kill_at_half(tmp_path, plan, state, size)
-    ranges = json.loads((tmp_path / "B" / "big.bin.part.ranges").read_text())["ranges"]
+    digest, src, plan, state, ranges = _four_streams_killed_at_half(two_hosts, tmp_path, size, "120M")
     assert len(ranges) == 4
     journaled, really = _landed(tmp_path, src, ranges)
     assert all(j > s for j, (s, _) in zip(journaled, ranges)), (journaled, ranges)
@@ -288,15 +293,8 @@ def test_four_streams_killed_at_half_resume_every_range(two_hosts, tmp_path):
 def test_a_range_corrupted_on_the_destination_is_caught_by_the_final_hash(two_hosts, tmp_path):
     """Bit rot in a range's earlier chunks: the resume re-checks only each range's last journaled
     chunk against the source (a rot there is re-sent), so the final hash is what catches this."""
-    a, b = two_hosts
     size = 384 * MB  # 96 MB ranges: at half, each has journaled two chunks or more
-    make_file(tmp_path / "A" / "big.bin", size)
-    src = (tmp_path / "A" / "big.bin").read_bytes()
-    plan = relay_plan(tmp_path, a.alias, b.alias, "big.bin", "big.bin", streams=4,
-                      bwlimit="60M")
-    state = tmp_path / "s.db"
-    _run_and_kill_at_half(tmp_path, plan, state, size)
-    ranges = json.loads((tmp_path / "B" / "big.bin.part.ranges").read_text())["ranges"]
+    _, src, plan, state, ranges = _four_streams_killed_at_half(two_hosts, tmp_path, size, "60M")
     journaled, _ = _landed(tmp_path, src, ranges)
     from core.actions.relay import JOURNAL_CHUNK
 
