@@ -21,7 +21,7 @@ from core.actions.mlbase import (host_python, launch_inputs, ml_failure, prompts
                                  py_module, read_json, record_launch, resolve_ref,
                                  validate_prompts, validate_ref)
 from core.errors import ActionFailed
-from core.ml import tau
+from core.ml import sampling, tau
 from core.ml.runio import parse_bytes
 from core.params import problems, to_plain
 from core.records import EvalRow
@@ -82,22 +82,24 @@ class EvalParams:
         )
 
 
-def sampling_problems(p) -> list:
-    """The sampling params' problems, as ``validate`` reports them (``core.ml.eval`` refuses the same)."""
-    from core.ml.sampling import Sampling
+def sampling_problems(p, offline_field: str = "mode") -> list:
+    """The sampling params' problems, as ``validate`` reports them (``core.ml.eval`` refuses the same).
 
-    why = Sampling(p.temperature, p.top_p, p.top_k).problem()
+    ``p``: eval's params or watch_eval's (which has no ``tree_budget``); ``offline_field`` is the
+    field an offline mode at a temperature > 0 is blamed on: the one the user set away from its
+    default (``mode`` for eval, online by default; ``temperature`` for watch_eval, offline)."""
+    why = sampling.Sampling(p.temperature, p.top_p, p.top_k).problem()
     if why:
         return [((why[0],), why[1])]
     if p.samples < 1:
         return [(("samples",), "must be >= 1")]
     if p.temperature == 0 and p.samples > 1:
         return [(("samples",), "greedy decoding (temperature 0) is deterministic: set a temperature > 0")]
-    if p.temperature > 0 and p.tree_budget is not None:
+    if p.temperature > 0 and getattr(p, "tree_budget", None) is not None:
         return [(("tree_budget",), "DDTree verifies greedily: there is no lossless sampled tree "
                                    "verification; drop tree_budget or use temperature 0")]
     if p.temperature > 0 and p.mode == "offline":
-        return [(("mode",), "offline tau is not defined at a temperature > 0: use mode online")]
+        return [((offline_field,), "offline tau is not defined at a temperature > 0: use mode online")]
     return []
 
 
@@ -159,8 +161,7 @@ class Eval(Action):
                          *(["--limit", p.limit] if p.limit else []),
                          "--dtype", p.dtype,
                          *(["--max-memory", p.max_memory] if p.max_memory else []),
-                         *(["--temperature", p.temperature, "--top-p", p.top_p, "--top-k", p.top_k,
-                            "--seed", p.seed, "--samples", p.samples] if p.temperature else []),
+                         *sampling.cli_flags(p),
                          None if p.chat_template else "--no-chat-template")
 
     def command(self, ctx) -> Launch:

@@ -33,6 +33,7 @@ from core.ml import tau as taulib
 from core.ml.runio import (Progress, UsageError, add_generation_args, emit, provenance, run_main, say,
                             write_result)
 from core.ml.sampling import Sampling, sample_seed
+from core.ml.sampling import add_arguments as add_sampling_arguments  # shared with core.ml.watcher
 
 KIND = "specdeck-eval-v1"
 
@@ -55,14 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default 512 on CPU, 4096 on CUDA)")
     p.add_argument("--no-chat-template", action="store_true")
     p.add_argument("--enable-thinking", action="store_true")
-    p.add_argument("--seed", type=int, default=0, help="the run's seed: each sampled (prompt, sample) "
-                   "draws from a generator seeded from it, the prompt id and the sample index")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: sampled "
-                   "speculative decoding, lossless (chain, online only)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus filter of the sampling distribution (1: none)")
-    p.add_argument("--top-k", type=int, default=0, help="top-k filter of the sampling distribution (0: none)")
-    p.add_argument("--samples", type=int, default=1, help="sampled: generations per prompt, each with its own "
-                   "seed (tau at T > 0 is a random variable per prompt)")
+    add_sampling_arguments(p)
     p.add_argument("--engine-rule", metavar="ENGINE", help="run the drafter under this engine's attention rule "
                    "(vllm, sglang, llama.cpp; core.ml.engines), to measure tau as that engine serves it")
     return p

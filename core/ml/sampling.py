@@ -68,3 +68,27 @@ def sample_seed(seed: int, prompt_id: str, sample: int) -> int:
     sample, the same on every host and run (recorded in result.json's per-prompt rows)."""
     digest = hashlib.sha256(f"{seed}:{prompt_id}:{sample}".encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1
+
+
+def add_arguments(parser) -> None:
+    """``--seed``, ``--temperature``, ``--top-p``, ``--top-k``, ``--samples`` on ``parser``: one
+    definition for ``core.ml.eval`` and ``core.ml.watcher``, which passes them to every eval it runs."""
+    parser.add_argument("--seed", type=int, default=0, help="the run's seed: each sampled (prompt, sample) "
+                        "draws from a generator seeded from it, the prompt id and the sample index")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: sampled "
+                        "speculative decoding, lossless (chain, online only)")
+    parser.add_argument("--top-p", type=float, default=1.0,
+                        help="nucleus filter of the sampling distribution (1: none)")
+    parser.add_argument("--top-k", type=int, default=0, help="top-k filter of the sampling distribution (0: none)")
+    parser.add_argument("--samples", type=int, default=1, help="sampled: generations per prompt, each with its "
+                        "own seed (tau at T > 0 is a random variable per prompt)")
+
+
+def cli_flags(p) -> list:
+    """The flags of :func:`add_arguments` for ``p`` (params or parsed args with ``temperature``,
+    ``top_p``, ``top_k``, ``seed``, ``samples``); none when greedy, so a greedy command line stays
+    what it was."""
+    if not p.temperature:
+        return []
+    return ["--temperature", p.temperature, "--top-p", p.top_p, "--top-k", p.top_k,
+            "--seed", p.seed, "--samples", p.samples]

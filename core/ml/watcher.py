@@ -3,6 +3,7 @@
     python -m core.ml.watcher --ckpt-dir DIR --target DIR [--cache DIR] [--mode offline|online]
         [--prompts FILE] [--limit N] [--block-size B] [--max-new-tokens N] [--dtype D]
         [--device cpu|cuda[:i]] [--max-memory SIZE] [--baseline DIR] [--every N]
+        [--temperature T [--top-p P] [--top-k K] [--seed S] [--samples N]]
         [--after STEP] [--train-capsule DIR] [--where NAME] [--poll S] [--settle S] [--out DIR]
 
 specdeck starts it in a run capsule (``core.jobs``) beside a train run whose item has a
@@ -41,6 +42,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from core.ml import sampling
 from core.ml.runio import UsageError, atomic_write_json, emit, read_json, run_main, say
 
 CKPT = re.compile(r"^step_(\d+)\.pt$")
@@ -62,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--max-memory")
     p.add_argument("--baseline", help="a reference drafter dir, evaluated once (with the first step)")
+    sampling.add_arguments(p)  # passed to every eval (core.ml.eval's), the baseline's too
     p.add_argument("--every", type=int, help="at most one eval per N steps (default: every checkpoint)")
     p.add_argument("--after", type=int, help="only checkpoints after this step (a resumed run: "
                    "the earlier run's are evaluated already)")
@@ -76,7 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def preflight(args: argparse.Namespace) -> str | None:
     """What this host lacks for the evals, said so the operator knows what to do; or None."""
+    from core.ml.eval import validate_sampling
+
     target = Path(args.target)
+    try:  # refused once here, not once per checkpoint (core.ml.eval refuses the same)
+        validate_sampling(argparse.Namespace(**vars(args), tree_budget=None))
+    except UsageError as exc:
+        return f"{args.where}: {exc}"
     if not (target / "config.json").is_file():
         return (f"{args.where}: no target at {target} (no config.json): put the target there "
                 "(a relay item) or point watch_eval.target at it")
@@ -209,6 +218,7 @@ class Watch:
                               ("--max-memory", self.args.max_memory)):
                 if val is not None:
                     common += [flag, str(val)]
+            common += [str(v) for v in sampling.cli_flags(self.args)]
             emit("progress", task="watch", step=step, phase="eval")
             _call(ml_eval.main, ["--drafter", str(work / "drafter"), "--out",
                                  str(work / "result.json"), *common])

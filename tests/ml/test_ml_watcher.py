@@ -113,3 +113,31 @@ def test_a_resumed_run_skips_the_earlier_runs_steps(tiny_dirs, cache, tmp_path):
     res = watcher(tiny_dirs, cache, ckpts, out, capsule, "--after", "20")
     assert res.returncode == 0, res.stderr[-2000:]
     assert [p.name for p in (out / "results").glob("step_*.json")] == ["step_40.json"]
+
+
+def test_sampling_flags_reach_every_eval_the_baseline_too(tiny_dirs, tmp_path):
+    ckpts, capsule, out = tmp_path / "out", tmp_path / "cap", tmp_path / "watch"
+    ckpts.mkdir()
+    capsule.mkdir()
+    checkpoint(tiny_dirs, ckpts / "step_20.pt", 20)
+    (capsule / "exit").write_text("exit 0\n")
+    res = watcher(tiny_dirs, tmp_path / "no-cache", ckpts, out, capsule, "--mode", "online",
+                  "--prompts", str(tiny_dirs["prompts"]), "--baseline", str(tiny_dirs["drafter"]),
+                  "--temperature", "0.7", "--top-p", "0.9", "--top-k", "5", "--seed", "3",
+                  "--samples", "2")
+    assert res.returncode == 0, res.stderr[-3000:]
+    rec = json.loads((out / "results" / "step_20.json").read_text())
+    assert rec["state"] == "done", rec.get("error")
+    for r in (rec["result"], rec["baseline"]):
+        assert (r["temperature"], r["top_p"], r["top_k"], r["seed"], r["samples"]) == (0.7, 0.9, 5, 3, 2)
+        rows = r["per_prompt"]
+        assert sorted({row["sample"] for row in rows}) == [0, 1] and all(row["seed"] for row in rows)
+
+
+def test_offline_at_a_temperature_is_refused_before_anything_runs(tiny_dirs, tmp_path):
+    out = tmp_path / "watch"
+    res = watcher(tiny_dirs, tmp_path, tmp_path, out, tmp_path, "--temperature", "0.7", timeout=120)
+    assert res.returncode == 2
+    assert "kpro6: --temperature 0.7: offline tau" in res.stderr and "--mode online" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert json.loads((out / "status.json").read_text())["state"] == "failed"

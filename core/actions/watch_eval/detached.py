@@ -57,6 +57,7 @@ async def command(ctx: "ActionContext", spec: WatchEvalParams, run: Run, ckpt_di
                   host: "Host") -> "jobs.Launch":
     from core.actions.base import Launch
     from core.actions.mlbase import host_python, prompts_on_host, py_module
+    from core.ml import sampling
 
     py = await host_python(host)
     args = ["--ckpt-dir", ckpt_dir, "--target", host.path(spec.target), "--mode", spec.mode,
@@ -76,6 +77,7 @@ async def command(ctx: "ActionContext", spec: WatchEvalParams, run: Run, ckpt_di
                       ("--baseline", host.path(spec.baseline) if spec.baseline else None)):
         if val is not None:
             args += [flag, val]
+    args += sampling.cli_flags(spec)  # every eval it runs samples so (core.ml.watcher)
     earlier = [a.step for a in ctx.artefacts(kind="checkpoint")
                if a.run_id != run.id and a.step is not None
                and posixpath.dirname(a.path) == ckpt_dir.rstrip("/")]

@@ -19,6 +19,7 @@ A train item may declare (typed: :class:`WatchEvalParams`)::
       max_prompts: 8
       dtype: auto              # the target's dtype: auto keeps the checkpoint's own (bf16 stays bf16)
       max_memory: 60G          # refuse before loading above this (default: what the host has free)
+      temperature: 0           # > 0: sampled evals, online only (top_p, top_k, seed, samples: as eval's)
       alerts: {drop_pct: 10, flat_evals: 3, flat_eps: 0.02}
 
 How the evals run: :mod:`core.actions.watch_eval` (the package doc).
@@ -79,10 +80,20 @@ class WatchEvalParams:
     device: str = "cpu"
     """Detached watcher: the device its evals run on (``cpu``, ``cuda``, ``cuda:1``...)."""
     max_memory: str | None = None
+    temperature: float = 0.0
+    """0: greedy; > 0: every eval samples (online only), as eval's ``temperature``: tau over
+    training at the temperature the drafter will be served at."""
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    samples: int = 1
+    """Sampled: generations per prompt, each with its own seed (as eval's)."""
     alerts: WatchAlerts = field(default_factory=WatchAlerts)
 
     def validate(self):
-        out = []
+        from core.actions.eval import sampling_problems
+
+        out = sampling_problems(self, offline_field="temperature")
         if not (self.every == "checkpoint" or (isinstance(self.every, int) and self.every > 0)):
             out.append((("every",), "every: a number of steps or 'checkpoint'"))
         if self.mode == "offline" and not self.cache:

@@ -108,6 +108,7 @@ class Watcher:
         from core.actions.base import Launch
         from core.actions.mlbase import host_python, prompts_on_host, py_module
         from core.actions.relay import copy_verified
+        from core.ml import sampling
         step = entry.step
         ev = await self.ctx.connected(self.spec.host)
         cap_id = f"{self.run_id}-tau-{step}"
@@ -149,6 +150,7 @@ class Watcher:
                     common += ["--limit", s.max_prompts]
                 if s.block_size:
                     common += ["--block-size", s.block_size]
+                common += sampling.cli_flags(s)  # the baseline samples as the drafter does
                 lines = ["set -e", py_module(py, "core.ml.strip", local_ckpt, "drafter"),
                          py_module(py, "core.ml.eval", "--drafter", "drafter", "--out",
                                    "result.json", *common)]
