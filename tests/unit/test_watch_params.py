@@ -50,6 +50,19 @@ items:
     ("{target: t, cache: c, device: gpu0}", "watch_eval.device", "cpu, auto, cuda or cuda:N"),
     ("{target: t, host: ev, mode: online, device: cuda}", "watch_eval.device",
      "device is for a detached watcher"),
+    # sampling: eval's checks (core.actions.eval.sampling_problems), offline named by temperature
+    ("{target: t, cache: c, temperature: 0.7}", "watch_eval.temperature",
+     "offline tau is not defined at a temperature > 0: use mode online"),
+    ("{target: t, host: ev, mode: online, temperature: -1}", "watch_eval.temperature",
+     "must be a finite number >= 0"),
+    ("{target: t, host: ev, mode: online, top_k: 5}", "watch_eval.top_k",
+     "greedy decoding (temperature 0) samples nothing"),
+    ("{target: t, host: ev, mode: online, temperature: 0.7, top_p: 0}", "watch_eval.top_p",
+     "must be in (0, 1]"),
+    ("{target: t, host: ev, mode: online, temperature: 0.7, samples: 0}", "watch_eval.samples",
+     "must be >= 1"),
+    ("{target: t, host: ev, mode: online, samples: 4}", "watch_eval.samples",
+     "greedy decoding (temperature 0) is deterministic"),
 ])
 def test_bad_watch_eval_is_named_by_field_and_exits_2(tmp_path, watch, field, words):
     res = run_cli("validate", plan_file(tmp_path, watch))
@@ -70,6 +83,65 @@ def test_yaml_bare_on_key_and_placement_defaults(tmp_path):
     p = parse_watch({"target": "t", "cache": "c", "host": "ev", "on": "eval"})
     assert (p.placement("gpu"), p.eval_host("gpu")) == ("eval", "ev")
     assert parse_watch({"target": "t", "cache": "c"}).eval_host("gpu") == "gpu"
+
+
+SAMPLED = {"target": "t", "mode": "online", "prompts": "host:p.jsonl", "temperature": 0.7,
+           "top_p": 0.9, "top_k": 5, "seed": 3, "samples": 4}
+
+
+def test_sampled_online_watch_eval_validates(tmp_path):
+    res = run_cli("validate", plan_file(tmp_path, "{target: t, host: ev, mode: online, "
+                                                  "temperature: 0.7, top_p: 0.9, samples: 4}"))
+    assert res.returncode == 0, res.stderr
+
+
+def _sampled(args) -> tuple:
+    return args.temperature, args.top_p, args.top_k, args.seed, args.samples
+
+
+def _local_ev(tmp_path):
+    from core.hosts.local import LocalHost
+
+    (tmp_path / "ev").mkdir()
+    (tmp_path / "ev" / "p.jsonl").write_text('{"id": "p0", "prompt": "hi"}\n')
+    return LocalHost("ev", workdir=str(tmp_path / "ev"))
+
+
+def test_the_console_watchers_evals_carry_the_sampling_flags(tmp_path):
+    import asyncio
+
+    from core.ml import eval as ml_eval
+
+    ev = _local_ev(tmp_path)
+    for spec, want in ((SAMPLED, (0.7, 0.9, 5, 3, 4)),
+                       ({**SAMPLED, "temperature": 0, "top_p": 1.0, "top_k": 0, "samples": 1},
+                        (0.0, 1.0, 0, 0, 1))):
+        runner = SimpleNamespace(store=Store(":memory:"), emit=lambda e: None, plan=None, poll=0.1,
+                                 watch=True)
+        w = Watcher(_Context(runner, SimpleNamespace(id="train"), None, "r1"), {**spec, "host": "ev"})
+        words = [str(a) for a in asyncio.run(w.eval_args(ev))]
+        assert ("--temperature" in words) == bool(spec["temperature"])  # greedy: as before
+        parsed = ml_eval.build_parser().parse_args(["--drafter", "d", "--out", "o", *words])
+        assert _sampled(parsed) == want and parsed.mode == "online"
+
+
+def test_the_detached_watchers_command_carries_the_sampling_flags(tmp_path):
+    import asyncio
+    import shlex
+
+    from core.actions.watch_eval import detached
+    from core.ml import watcher as ml_watcher
+
+    ev = _local_ev(tmp_path)
+    runner = SimpleNamespace(store=Store(":memory:"), emit=lambda e: None, plan=None, poll=0.1,
+                             watch=True)
+    ctx = _Context(runner, SimpleNamespace(id="train"), None, "r1")
+    run = SimpleNamespace(id="r1", host="gpu", capsule=None)
+    launch = asyncio.run(detached.command(ctx, parse_watch({**SAMPLED, "on": "eval", "host": "ev"}),
+                                          run, "/ckpts", ev))
+    words = shlex.split(launch.command)
+    parsed = ml_watcher.build_parser().parse_args(words[words.index("core.ml.watcher") + 1:])
+    assert _sampled(parsed) == (0.7, 0.9, 5, 3, 4) and parsed.mode == "online"
 
 
 def _watcher(backfill: bool):

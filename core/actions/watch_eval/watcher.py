@@ -103,12 +103,38 @@ class Watcher:
                 pass
 
     # -- one eval ------------------------------------------------------------------------
+    async def eval_args(self, ev) -> list:
+        """``core.ml.eval``'s arguments on the eval host ``ev`` but ``--drafter``/``--out``: the
+        same for the checkpoint and the baseline (sampled alike, so the two pair by prompt)."""
+        from core.actions.mlbase import prompts_on_host
+        from core.ml import sampling
+
+        s = self.spec
+        common = ["--target", ev.path(s.target), "--mode", self.mode,
+                  "--max-new-tokens", s.max_new_tokens, "--dtype", s.dtype]
+        if s.max_memory:
+            common += ["--max-memory", s.max_memory]
+        if self.mode == "offline":
+            cache = ev.path(s.cache)
+            man = json.loads(await ev.read_from(f"{cache}/manifest.json", 0, 1 << 26) or b"{}")
+            if "prompts" not in man:
+                raise RuntimeError(f"{ev.name}:{cache} has no extract manifest: run the "
+                                   "extract_hidden item first")
+            common += ["--cache", cache, "--prompts", man["prompts"]["file"]]
+        else:
+            ppath, _ = await prompts_on_host(ev, self.ctx.plan, s.prompts, upload=True)
+            common += ["--prompts", ppath]
+        if s.max_prompts:
+            common += ["--limit", s.max_prompts]
+        if s.block_size:
+            common += ["--block-size", s.block_size]
+        return common + sampling.cli_flags(s)
+
     async def _evaluate(self, entry: WatchEntry, resume: bool = False) -> None:
         from core import jobs
         from core.actions.base import Launch
-        from core.actions.mlbase import host_python, prompts_on_host, py_module
+        from core.actions.mlbase import host_python, py_module
         from core.actions.relay import copy_verified
-        from core.ml import sampling
         step = entry.step
         ev = await self.ctx.connected(self.spec.host)
         cap_id = f"{self.run_id}-tau-{step}"
@@ -130,27 +156,7 @@ class Watcher:
                     await copy_verified(train_host, ckpt, ev, local_ckpt)
                 py = await host_python(ev)
                 s = self.spec
-                common = ["--target", ev.path(s.target), "--mode", self.mode,
-                          "--max-new-tokens", s.max_new_tokens, "--dtype", s.dtype]
-                if s.max_memory:
-                    common += ["--max-memory", s.max_memory]
-                if self.mode == "offline":
-                    cache = ev.path(s.cache)
-                    man = json.loads(await ev.read_from(f"{cache}/manifest.json", 0, 1 << 26)
-                                     or b"{}")
-                    if "prompts" not in man:
-                        raise RuntimeError(f"{ev.name}:{cache} has no extract manifest: run the "
-                                           "extract_hidden item first")
-                    common += ["--cache", cache, "--prompts", man["prompts"]["file"]]
-                else:
-                    ppath, _ = await prompts_on_host(ev, self.ctx.plan, s.prompts,
-                                                     upload=True)
-                    common += ["--prompts", ppath]
-                if s.max_prompts:
-                    common += ["--limit", s.max_prompts]
-                if s.block_size:
-                    common += ["--block-size", s.block_size]
-                common += sampling.cli_flags(s)  # the baseline samples as the drafter does
+                common = await self.eval_args(ev)
                 lines = ["set -e", py_module(py, "core.ml.strip", local_ckpt, "drafter"),
                          py_module(py, "core.ml.eval", "--drafter", "drafter", "--out",
                                    "result.json", *common)]
