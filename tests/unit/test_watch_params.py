@@ -95,6 +95,12 @@ def test_sampled_online_watch_eval_validates(tmp_path):
     assert res.returncode == 0, res.stderr
 
 
+def _ctx(store):
+    """The context of train item ``train``'s run r1 (no plan: prompts are host:PATH here)."""
+    runner = SimpleNamespace(store=store, emit=lambda e: None, plan=None, poll=0.1, watch=True)
+    return _Context(runner, SimpleNamespace(id="train"), None, "r1")
+
+
 def _sampled(args) -> tuple:
     return args.temperature, args.top_p, args.top_k, args.seed, args.samples
 
@@ -116,9 +122,7 @@ def test_the_console_watchers_evals_carry_the_sampling_flags(tmp_path):
     for spec, want in ((SAMPLED, (0.7, 0.9, 5, 3, 4)),
                        ({**SAMPLED, "temperature": 0, "top_p": 1.0, "top_k": 0, "samples": 1},
                         (0.0, 1.0, 0, 0, 1))):
-        runner = SimpleNamespace(store=Store(":memory:"), emit=lambda e: None, plan=None, poll=0.1,
-                                 watch=True)
-        w = Watcher(_Context(runner, SimpleNamespace(id="train"), None, "r1"), {**spec, "host": "ev"})
+        w = Watcher(_ctx(Store(":memory:")), {**spec, "host": "ev"})
         words = [str(a) for a in asyncio.run(w.eval_args(ev))]
         assert ("--temperature" in words) == bool(spec["temperature"])  # greedy: as before
         parsed = ml_eval.build_parser().parse_args(["--drafter", "d", "--out", "o", *words])
@@ -133,9 +137,7 @@ def test_the_detached_watchers_command_carries_the_sampling_flags(tmp_path):
     from core.ml import watcher as ml_watcher
 
     ev = _local_ev(tmp_path)
-    runner = SimpleNamespace(store=Store(":memory:"), emit=lambda e: None, plan=None, poll=0.1,
-                             watch=True)
-    ctx = _Context(runner, SimpleNamespace(id="train"), None, "r1")
+    ctx = _ctx(Store(":memory:"))
     run = SimpleNamespace(id="r1", host="gpu", capsule=None)
     launch = asyncio.run(detached.command(ctx, parse_watch({**SAMPLED, "on": "eval", "host": "ev"}),
                                           run, "/ckpts", ev))
@@ -146,9 +148,8 @@ def test_the_detached_watchers_command_carries_the_sampling_flags(tmp_path):
 
 def _watcher(backfill: bool):
     store = Store(":memory:")
-    runner = SimpleNamespace(store=store, emit=lambda e: None, plan=None, poll=0.1, watch=True)
     spec = {"host": "ev", "target": "t", "mode": "online", "backfill": backfill}
-    w = Watcher(_Context(runner, SimpleNamespace(id="train"), None, "r1"), spec)
+    w = Watcher(_ctx(store), spec)
     for step in (10, 20, 30):
         store.watch_add("r1", "train", step)
     return w, store
