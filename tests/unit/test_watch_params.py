@@ -146,6 +146,18 @@ def test_the_detached_watchers_command_carries_the_sampling_flags(tmp_path):
     assert _sampled(parsed) == (0.7, 0.9, 5, 3, 4) and parsed.mode == "online"
 
 
+def test_a_sampled_evals_interval_is_over_prompts_with_their_seeds_nested():
+    w = Watcher(_ctx(Store(":memory:")), {**SAMPLED, "host": "ev", "samples": 2})
+    per_prompt = [{"id": pid, "sample": k, "seed": 1 + k, "tau": t, "rounds": [t]}
+                  for pid, k, t in (("a", 0, 2.0), ("a", 1, 4.0), ("b", 0, 3.0), ("b", 1, 3.0))]
+    res = {"tau": 3.0, "temperature": 0.7, "samples": 2, "per_prompt": per_prompt}
+    metrics, rows = w.result_rows(20, res, None)
+    got = {name: v for _, name, v in metrics}
+    # prompts a and b both average 3.0: no spread over prompts (the seeds' spread is within one)
+    assert (got["tau_ci95_lo"], got["tau_ci95_hi"]) == (3.0, 3.0)
+    assert len(rows) == 4 and {r.settings["temperature"] for r in rows} == {0.7}
+
+
 def _watcher(backfill: bool):
     store = Store(":memory:")
     spec = {"host": "ev", "target": "t", "mode": "online", "backfill": backfill}

@@ -199,8 +199,11 @@ class Watcher:
         from core.actions.eval import eval_rows
 
         metrics = [(step, "tau", float(res["tau"]))]
-        ci = stats.mean_ci([float(p["tau"]) for p in res.get("per_prompt") or []
-                            if p.get("tau") is not None],
+        by_prompt: dict[str, list[float]] = {}  # a sampled eval's seeds nest in their prompt
+        for p in res.get("per_prompt") or []:
+            if p.get("tau") is not None:
+                by_prompt.setdefault(str(p.get("id")), []).append(float(p["tau"]))
+        ci = stats.mean_ci([sum(v) / len(v) for v in by_prompt.values()],
                            rng=stats.rng_for(self.run_id, step, "tau"))
         if ci is not None:
             metrics += [(step, "tau_ci95_lo", ci[0]), (step, "tau_ci95_hi", ci[1])]
