@@ -27,7 +27,8 @@ detached ``watch_eval`` (``core.actions.watch_eval``), so it keeps going while n
   SIGTERM) ends it after the current eval.
 
 It refuses to start (exit 2, naming what is missing and where) when the target, its
-embedding/head or the feature cache are not on this host.
+embedding/head or the feature cache are not on this host, or when ``core.ml.eval`` would refuse
+its sampling settings (``--temperature`` > 0 offline, say); they go to every eval it runs.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def preflight(args: argparse.Namespace) -> str | None:
-    """What this host lacks for the evals, said so the operator knows what to do; or None."""
+    """What this host lacks for the evals (or what in the sampling settings every eval would
+    refuse), said so the operator knows what to do; or None."""
     from core.ml.eval import validate_sampling
 
     target = Path(args.target)
