@@ -52,16 +52,21 @@ def cli():
 
 @pytest.fixture
 def slow_starts(monkeypatch):
-    """Every detached launch takes a second (a slow host): returns the event set when one
-    begins, so that a test can act while its run is still ``starting``."""
+    """Every detached launch waits (a slow host) until the test sets ``release`` (at most
+    30 s): returns the event set when one begins, with its ``release`` event, so that a test
+    acts while its run is still ``starting`` however loaded the machine is."""
     from core import jobs
 
     real = jobs.start
     launching = asyncio.Event()
+    launching.release = asyncio.Event()
 
     async def slow_start(*a, **kw):
         launching.set()
-        await asyncio.sleep(1.0)
+        try:
+            await asyncio.wait_for(launching.release.wait(), 30)
+        except asyncio.TimeoutError:
+            pass
         return await real(*a, **kw)
 
     monkeypatch.setattr(jobs, "start", slow_start)

@@ -311,7 +311,11 @@ async def test_stop_while_starting_ends_what_the_start_creates(tmp_path, slow_st
         await asyncio.wait_for(launching.wait(), 10)
         run = store.live_run("train-v4")
         assert run.state == "starting"
-        outcome = await asyncio.wait_for(runner.stop_run(run.id, grace_s=2), 30)
+        stopping = asyncio.create_task(runner.stop_run(run.id, grace_s=2))
+        while store.run(run.id).error != "stop requested" and not stopping.done():
+            await asyncio.sleep(0.02)
+        launching.release.set()  # the start goes on only once the stop was asked for
+        outcome = await asyncio.wait_for(stopping, 30)
         assert outcome.state == "stopped"
         assert await asyncio.wait_for(task, 10) == "stopped"  # the item too, not failed
         pid = int((wd / "started.pid").read_text())

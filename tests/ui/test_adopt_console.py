@@ -104,6 +104,12 @@ async def test_stop_pressed_while_starting_leaves_no_process(tmp_path, slow_star
             await pilot.pause()
             assert isinstance(app.screen, ConfirmModal)
             await pilot.press("y")
+            starting = store.live_run("slow")
+            deadline = asyncio.get_running_loop().time() + 30
+            while store.run(starting.id).error != "stop requested":
+                assert asyncio.get_running_loop().time() < deadline, "the stop was never asked"
+                await pilot.pause()
+            launching.release.set()  # the start goes on only once the stop was asked for
             await settle(pilot)
             run = store.latest_run("slow")
             assert run.state == "stopped" and app.statuses["slow"] == "stopped"
