@@ -117,8 +117,16 @@ def dflash_of(cfg: dict[str, Any]) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+MAX_LAYERS = 4096
+"""More draft layers than any config means: a bound, so that a hostile count is refused, not
+looped over layer by layer."""
+
+
 def num_layers(cfg: dict[str, Any]) -> int:
-    return int(cfg.get("num_hidden_layers") or len(cfg.get("layer_types") or []) or 0)
+    n = cfg.get("num_hidden_layers") or len(layer_types_of(cfg) or []) or 0
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_LAYERS:
+        raise ValueError(f"num_hidden_layers: {n!r} is not a layer count (an integer 0..{MAX_LAYERS})")
+    return n
 
 
 def layer_types_of(cfg: dict[str, Any]) -> list[str] | None:
