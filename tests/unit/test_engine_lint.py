@@ -193,3 +193,17 @@ def test_cli_engines_json_and_bad_input():
     assert res.returncode == 2 and "unknown engine 'trt'" in res.stderr
     res = run_cli("engines", "/nonexistent/drafter")
     assert res.returncode == 2 and "no drafter config there" in res.stderr
+
+
+def test_a_hostile_layer_count_is_refused_not_looped_over(tmp_path):
+    """num_hidden_layers of 1e308 (what a broken or hostile config.json can say) exits 2 at once
+    naming the field, where it once looped layer by layer without end."""
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{"num_hidden_layers": 1e308, "layer_types": null}')
+    res = subprocess.run([sys.executable, "-m", "console.cli", "engines", str(cfg)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "num_hidden_layers: 1e+308 is not a layer count" in res.stderr
+    assert "Traceback" not in res.stderr and res.stdout == ""
