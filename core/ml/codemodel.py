@@ -557,7 +557,8 @@ def train(model: Any, code: torch.Tensor, chat: torch.Tensor, seconds: float, se
             if tuner is not None:
                 tuner.step_done(now - t_step, now)
             t_step = now
-            if now >= next_emit or (now - t0 >= seconds and log.steps >= min_steps):
+            last = (now - t0 >= seconds and log.steps >= min_steps) or (max_steps is not None and log.steps >= max_steps)
+            if now >= next_emit or last:  # the last step always reports, so progress ends at done == total
                 el = now - t0
                 if max_steps:
                     est, eta = max_steps, (max_steps - log.steps) * el / log.steps
