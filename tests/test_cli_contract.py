@@ -8,6 +8,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -241,13 +242,19 @@ def test_stop_needs_confirmation_and_ends_as_stopped(tmp_path):
 
 
 def test_run_on_a_live_item_attaches_instead_of_starting_a_second_run(tmp_path):
-    plan = shell_plan(tmp_path, "att", "job", "a few seconds of work",
-                      "echo start; sleep 3; echo end")
+    gate = tmp_path / "gate"  # the run ends only once the second CLI has attached, however loaded the machine
+    plan = shell_plan(tmp_path, "att", "job", "work that waits for the test",
+                      f"echo start; while [ ! -e {gate} ]; do sleep 0.1; done; echo end")
     state = tmp_path / "s.db"
     first = cli_until(state, "run", plan, "job", line="│ start")
-    second = run_cli("run", plan, "job", env={"SPECDECK_STATE": str(state)}, timeout=60)
-    assert second.returncode == 0, second.stderr
-    assert "is live; attaching" in second.stderr and "│ end" in second.stderr
+    watchdog = threading.Timer(90, gate.touch)  # a second run started instead would otherwise wait forever
+    watchdog.start()
+    second = cli_until(state, "run", plan, "job", line="is live; attaching")
+    watchdog.cancel()
+    gate.touch()
+    rest = second.communicate(timeout=60)[1]
+    assert second.returncode == 0, rest
+    assert "│ end" in rest
     assert first.wait(timeout=30) == 0
     db = sqlite3.connect(state)
     assert db.execute("SELECT COUNT(*), MAX(state) FROM runs").fetchone() == (1, "succeeded")
