@@ -48,10 +48,10 @@ def test_a_signal_leaves_the_console_as_quit_does(tmp_path, sig, code):
     drain.start()  # the console's screen, read so it never blocks on a full terminal
     try:
         deadline = time.monotonic() + 60
+        # journaled by on_ready's session worker, after on_mount put the signal handlers in place
         while "console_opened" not in _journal(state):
             assert proc.poll() is None and time.monotonic() < deadline, "the console did not open"
             time.sleep(0.2)
-        time.sleep(1.0)  # mounted: its signal handlers are in place
         proc.send_signal(sig)
         assert proc.wait(30) == code
         assert _journal(state)[-1] == "console_closed"
