@@ -128,9 +128,7 @@ def compare_results(
         to, tb = _prompt_tau(rows_o[pid]), _prompt_tau(rows_b[pid])
         per_prompt.append({"id": pid, "ours": to, "baseline": tb, **_delta_ratio(to, tb)})
     macro_o, macro_b = _macro([rows_o[i] for i in common]), _macro([rows_b[i] for i in common])
-    rounds_o = [r.get("rounds", []) for i in common for r in rows_o[i]]
-    rounds_b = [r.get("rounds", []) for i in common for r in rows_b[i]]
-    pooled_o, pooled_b = taulib.pooled_tau(rounds_o), taulib.pooled_tau(rounds_b)
+    pooled_o, pooled_b = _pooled([r for i in common for r in rows_o[i]]), _pooled([r for i in common for r in rows_b[i]])
     overall = {
         "ours": {"tau": macro_o, "tau_pooled": pooled_o},
         "baseline": {"tau": macro_b, "tau_pooled": pooled_b},
@@ -173,9 +171,26 @@ def _prompt_tau(rows: list[dict[str, Any]]) -> float | None:
 
 def _macro(prompts: list[list[dict[str, Any]]]) -> float | None:
     """Mean over prompts (with rounds) of each prompt's mean over its samples of their round means."""
-    taus = [t for t in (_mean([taulib.mean_tau(r.get("rounds") or []) for r in rows]) for rows in prompts)
-            if t is not None]
+    taus = [t for t in (_mean([_row_tau(r) for r in rows]) for rows in prompts) if t is not None]
     return sum(taus) / len(taus) if taus else None
+
+
+def _row_tau(row: dict[str, Any]) -> float | None:
+    """A row's mean over its rounds; a row with no per-round sequence (an engine's, from
+    core.ml.engine_clients: ``rounds`` null) has its counted ``tau``."""
+    return row.get("tau") if row.get("rounds") is None and "num_rounds" in row else taulib.mean_tau(row.get("rounds") or [])
+
+
+def _pooled(rows: list[dict[str, Any]]) -> float | None:
+    """Committed tokens over rounds, pooled over rows: from their rounds, or from the counts a
+    row without a per-round sequence carries (``committed_tokens``, ``num_rounds``)."""
+    committed = rounds = 0
+    for r in rows:
+        if r.get("rounds") is None and "num_rounds" in r:
+            committed, rounds = committed + int(r.get("committed_tokens") or 0), rounds + int(r["num_rounds"] or 0)
+        else:
+            committed, rounds = committed + taulib.committed_tokens(r.get("rounds") or []), rounds + len(r.get("rounds") or [])
+    return committed / rounds if rounds else None
 
 
 def _mean(xs: list[float | None]) -> float | None:

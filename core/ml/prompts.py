@@ -183,30 +183,41 @@ def encode(prompt: Prompt, tokenizer: Any | None, vocab_size: int, chat_template
         UsageError: a text prompt without a tokenizer, ids outside the target vocabulary, or a
             later turn whose earlier turns have no answer yet (only the online eval makes them).
     """
-    global _warned
     if prompt.input_ids is not None:
         ids = prompt.input_ids
     else:
-        if tokenizer is None:
-            raise UsageError(f"prompt {prompt.id!r} is text but the target directory has no tokenizer; "
-                             "give input_ids instead")
-        has_template = chat_template and getattr(tokenizer, "chat_template", None)
-        if has_template:
-            text = tokenizer.apply_chat_template(_messages(prompt, tokenizer), add_generation_prompt=True,
-                                                 enable_thinking=enable_thinking, tokenize=False)
-            ids = tokenizer.encode(text, add_special_tokens=False)
-        else:
-            if prompt.prev is not None:
-                raise UsageError(f"prompt {prompt.id!r} is a later turn of a conversation: it needs the "
-                                 "target's chat template (drop --no-chat-template / chat_template: false)")
-            if chat_template and not _warned:
-                say("warning: tokenizer has no chat template; encoding raw prompt text")
-                _warned = True
-            ids = tokenizer(prompt.text)["input_ids"]
+        text, templated = render(prompt, tokenizer, chat_template, enable_thinking)
+        ids = tokenizer.encode(text, add_special_tokens=False) if templated else tokenizer(text)["input_ids"]
     bad = [i for i in ids if not 0 <= int(i) < vocab_size]
     if bad:
         raise UsageError(f"prompt {prompt.id!r}: token ids {bad[:5]} outside the target vocabulary ({vocab_size})")
     return [int(i) for i in ids]
+
+
+def render(prompt: Prompt, tokenizer: Any | None, chat_template: bool = True,
+           enable_thinking: bool = False) -> tuple[str, bool]:
+    """The text a text prompt is encoded from, and whether the chat template made it: what
+    :func:`encode` tokenizes, and what a client sends an engine whose API takes no token ids
+    (core.ml.engine_clients ``--send text``), so both wrap a prompt alike.
+
+    Raises:
+        UsageError: no tokenizer, or a later turn without the chat template or without the
+            earlier turns' answers.
+    """
+    global _warned
+    if tokenizer is None:
+        raise UsageError(f"prompt {prompt.id!r} is text but the target directory has no tokenizer; "
+                         "give input_ids instead")
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(_messages(prompt, tokenizer), add_generation_prompt=True,
+                                             enable_thinking=enable_thinking, tokenize=False), True
+    if prompt.prev is not None:
+        raise UsageError(f"prompt {prompt.id!r} is a later turn of a conversation: it needs the "
+                         "target's chat template (drop --no-chat-template / chat_template: false)")
+    if chat_template and not _warned:
+        say("warning: tokenizer has no chat template; encoding raw prompt text")
+        _warned = True
+    return prompt.text, False
 
 
 def _messages(prompt: Prompt, tokenizer: Any) -> list[dict[str, str]]:
