@@ -1,0 +1,96 @@
+"""core.ml.engine_clients when the server is not what a measurement needs: down, decoding
+without its drafter (counters that do not move), busy with other requests, restarted mid-run.
+Each is refused with the URL and what to do next, exit 1, and no result.json: never a tau of 1."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from core.ml import engine_clients as ec
+from core.ml.runio import run_main
+from tests.conftest import ROOT
+from tests.fault.conftest import no_traceback
+from tests.unit.engine_servers import Engine, Served
+from tests.unit.test_engine_clients import SCRIPTS, write_prompts
+
+
+def argv(url: str, kind: str, tmp) -> list[str]:
+    return ["--engine", kind, "--url", url, "--prompts", str(write_prompts(tmp)), "--out", str(tmp / "o" / "r.json")]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+def test_fault_server_down_names_the_url_and_what_to_do(tmp_path, kind):
+    url = f"http://127.0.0.1:{free_port()}"
+    res = subprocess.run([sys.executable, "-m", "core.ml.engine_clients", *argv(url, kind, tmp_path)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    no_traceback(res)
+    assert res.returncode == 1
+    assert f"{url}/version: cannot reach the {kind} server" in res.stderr
+    assert "start it (docs/serving.md §4) or check --url" in res.stderr
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+def test_fault_counters_that_did_not_move_are_refused_not_tau_1(tmp_path, capsys, kind):
+    s = Served(Engine(kind, 4, SCRIPTS, counters_move=False))
+    try:
+        code = run_main(ec.main, [*argv(s.url, kind, tmp_path), "--settle-timeout", "0.5"])
+    finally:
+        s.close()
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "prompt 'a': 11 tokens generated but" in err and "counted no speculative round" in err
+    assert "started with the drafter" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_fault_a_busy_vllm_server_is_refused(tmp_path, capsys):
+    s = Served(Engine("vllm", 4, SCRIPTS, busy=2))
+    try:
+        code = run_main(ec.main, argv(s.url, "vllm", tmp_path))
+    finally:
+        s.close()
+    err = capsys.readouterr().err
+    assert code == 1 and "2 other request(s) running or waiting" in err and s.url in err
+    assert s.engine.received == []  # refused before anything was sent
+
+
+def test_fault_counters_that_go_down_mean_a_restart(tmp_path, capsys):
+    class Restarting(Engine):
+        def record(self, sc):
+            super().record(sc)
+            self.drafts -= 100  # the counters start over below where they were read
+
+    s = Served(Restarting("vllm", 4, SCRIPTS))
+    try:
+        code = run_main(ec.main, argv(s.url, "vllm", tmp_path))
+    finally:
+        s.close()
+    assert code == 1 and "the server restarted during the run" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_fault_a_vllm_server_without_speculative_decoding_is_refused(tmp_path, capsys):
+    class Plain(Engine):
+        def metrics(self):
+            return "\n".join(x for x in super().metrics().splitlines() if "spec_decode" not in x) + "\n"
+
+    s = Served(Plain("vllm", 4, SCRIPTS))
+    try:
+        code = run_main(ec.main, argv(s.url, "vllm", tmp_path))
+    finally:
+        s.close()
+    err = capsys.readouterr().err
+    assert code == 1 and "runs without speculative decoding" in err and "--speculative-config" in err
+    assert json.dumps(s.engine.received) == "[]"
