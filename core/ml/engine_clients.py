@@ -438,9 +438,9 @@ def prompt_row(pid: str, reply: Reply, block_size: int, prompt_len: int | None, 
                         "drafter; check that it was started with the drafter (docs/serving.md §4) and that "
                         "nothing else reset its metrics, then run again")
     if drafts and not drafts <= committed <= drafts * block_size:
-        raise TaskError(f"prompt {pid!r}: {committed} committed tokens over {drafts} rounds cannot be block size "
-                        f"{block_size} (1..{block_size} per round): wrong --block-size, or another request was "
-                        "counted with this one")
+        raise TaskError(f"prompt {pid!r}: {committed} committed tokens over {drafts} rounds is not 1..{block_size} "
+                        f"tokens a round (block size {block_size}): another request was counted with this one, the "
+                        "engine counted rounds that committed nothing, or --block-size is wrong")
     hist = reply.histogram if reply.histogram is not None else (c.histogram(block_size) if c else None)
     if hist is not None and len(hist) < block_size:
         hist = hist + [0] * (block_size - len(hist))
