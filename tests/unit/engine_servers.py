@@ -50,6 +50,9 @@ class Engine:
     api_key: str | None = None
     lag_reads: int = 1
     counters_move: bool = True
+    old_names: bool = False
+    """SGLang: the meta_info names of releases before spec_num_correct_drafts (spec_accepted_drafts,
+    spec_accept_histogram)."""
     busy: int = 0
     received: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
@@ -165,9 +168,13 @@ class Handler(BaseHTTPRequestHandler):
                 for a in s.accepted:
                     hist[a] += 1
                 meta.update(spec_accept_rate=sum(s.accepted) / (rounds * (e.block_size - 1)),
-                            spec_accept_length=n / rounds, spec_num_correct_drafts=sum(s.accepted),
-                            spec_num_proposed_drafts=rounds * (e.block_size - 1), spec_verify_ct=rounds,
-                            spec_accepted_drafts=sum(s.accepted), spec_correct_drafts_histogram=hist)
+                            spec_accept_length=n / rounds, spec_verify_ct=rounds, spec_accepted_drafts=sum(s.accepted),
+                            spec_proposed_drafts=rounds * (e.block_size - 1))
+                if e.old_names:
+                    meta["spec_accept_histogram"] = hist
+                else:
+                    meta.update(spec_num_correct_drafts=sum(s.accepted), spec_correct_drafts_histogram=hist,
+                                spec_num_proposed_drafts=rounds * (e.block_size - 1))
             self._send(200, {"text": "x" * n, "output_ids": tokens_of(s), "meta_info": meta})
         else:
             self._send(404, {"detail": "Not Found"})

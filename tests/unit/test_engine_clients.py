@@ -96,6 +96,35 @@ def test_vllm_counters_read_until_they_account_for_the_request(tmp_path):
     assert {k: r["tau"] for k, r in rows.items()} == pytest.approx(TAU)
 
 
+def test_sglang_meta_info_of_older_releases(tmp_path):
+    s = Served(Engine("sglang", 4, SCRIPTS, old_names=True))
+    try:
+        code, out = run(s, tmp_path)
+    finally:
+        s.close()
+    res = json.loads(out.read_text())
+    assert code == 0 and res["engine"]["engine_tau_pooled"] == pytest.approx(3.0)
+    assert res["histogram"] == {"1": 1, "2": 1, "3": 2, "4": 3} and res["per_position_counts"] == [6, 5, 3]
+
+
+def test_a_one_token_answer_has_no_round_and_no_tau(served, tmp_path):
+    served.engine.scripts[(9,)] = Script(())
+    code, out = run(served, tmp_path, prompts=write_prompts(tmp_path, {**PROMPTS, "one": [9]}))
+    assert code == 0
+    res = json.loads(out.read_text())
+    one = res["per_prompt"][-1]
+    assert one["id"] == "one" and one["tau"] is None and one["num_rounds"] == 0
+    assert res["tau"] == pytest.approx(sum(TAU.values()) / 3) and res["num_prompts"] == 4
+
+
+def test_later_turns_of_a_conversation_are_refused(served, tmp_path, capsys):
+    prompts = tmp_path / "turns.jsonl"
+    prompts.write_text(json.dumps({"id": "c", "turns": ["hi", "more"]}) + "\n")
+    code, out = run(served, tmp_path, prompts=prompts)
+    assert code == 2 and "engine_clients: prompts ['c#2'] are later turns" in capsys.readouterr().err
+    assert not out.exists() and served.engine.received == []
+
+
 def test_the_result_compares_with_an_eval_result(served, tmp_path):
     """core.ml.compare reads the client's result.json as it reads core.ml.eval's."""
     from core.ml.compare import compare_results
