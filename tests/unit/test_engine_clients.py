@@ -134,6 +134,13 @@ def test_the_result_compares_with_an_eval_result(served, tmp_path):
     cmp = compare_results(res, res)
     assert cmp["ok"] and [r["id"] for r in cmp["per_prompt"]] == ["a", "b", "c"]
     assert [r["ours"] for r in cmp["per_prompt"]] == pytest.approx([TAU[k] for k in "abc"])
+    # specdeck's side has the rounds the engine only counted: the figures meet
+    rounds = {"a": [4, 4, 2], "b": [1, 3], "c": [4, 1]}
+    own = {**res, "per_prompt": [{"id": k, "tau": sum(v) / len(v), "rounds": v} for k, v in rounds.items()]}
+    cmp = compare_results(own, res)
+    assert cmp["ok"] and cmp["overall"]["delta"] == pytest.approx(0) and cmp["overall"]["delta_pooled"] == pytest.approx(0)
+    assert cmp["overall"]["baseline"]["tau_pooled"] == pytest.approx(19 / 7)
+    assert cmp["overall"]["baseline"]["tau"] == pytest.approx(sum(TAU.values()) / 3)
 
 
 def test_the_api_key_comes_from_the_environment_and_is_kept_nowhere(tmp_path, monkeypatch, capsys):
