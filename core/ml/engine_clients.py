@@ -20,7 +20,7 @@ package is needed here: the client speaks HTTP with the standard library only.
   acceptance from its Prometheus spec-decode counters at ``/metrics``, read before and after each
   request, with no other request running or waiting (the ``vllm:num_requests_running`` and
   ``vllm:num_requests_waiting`` gauges; a busy server is refused, since its counters would mix
-  other requests in). Names as ``vllm/v1/spec_decode/metrics.py`` (``SpecDecodingProm``) in
+  other requests in) and no other one finishing meanwhile (``vllm:request_success``). Names as ``vllm/v1/spec_decode/metrics.py`` (``SpecDecodingProm``) in
   vllm-project/vllm @ee4ceaae5953 registers them: ``vllm:spec_decode_num_drafts``,
   ``vllm:spec_decode_num_draft_tokens``, ``vllm:spec_decode_num_accepted_tokens`` (Prometheus
   counters, exposed with a ``_total`` suffix) and ``vllm:spec_decode_num_accepted_tokens_per_pos``
@@ -293,8 +293,26 @@ def vllm_counts(samples: dict[str, list[tuple[dict[str, str], float]]], model: s
 
 
 def vllm_in_flight(samples: dict[str, list[tuple[dict[str, str], float]]]) -> int:
+    """Requests running or waiting (the scheduler's gauges, over every model and engine)."""
     return int(sum(v for name in ("vllm:num_requests_running", "vllm:num_requests_waiting")
                    for _, v in samples.get(name, [])))
+
+
+def vllm_finished(samples: dict[str, list[tuple[dict[str, str], float]]], model: str) -> int | None:
+    """Requests ``model`` finished so far (``vllm:request_success``, every finish reason; None
+    when the server does not expose it): a delta other than 1 around a request means another
+    request shared the counters with it."""
+    rows = samples.get("vllm:request_success_total", samples.get("vllm:request_success"))
+    return None if rows is None else int(sum(v for lb, v in rows if lb.get("model_name", model) == model))
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """One read of vLLM's ``/metrics``: the spec-decode counts, requests in flight, requests finished."""
+
+    counts: Counts | None
+    busy: int
+    finished: int | None
 
 
 @dataclass(frozen=True)
@@ -318,12 +336,12 @@ class VllmClient:
     def __init__(self, http: Http, model: str, settle_timeout: float) -> None:
         self.http, self.model, self.settle_timeout = http, model, settle_timeout
 
-    def read(self) -> tuple[Counts | None, int]:
+    def read(self) -> Scrape:
         samples = parse_prometheus(self.http.get_text("/metrics"))
-        return vllm_counts(samples, self.model), vllm_in_flight(samples)
+        return Scrape(vllm_counts(samples, self.model), vllm_in_flight(samples), vllm_finished(samples, self.model))
 
     def block_size(self) -> int | None:
-        counts, _ = self.read()
+        counts = self.read().counts
         if counts is None:
             raise TaskError(f"{self.http.base}/metrics has no {VLLM_PREFIX}drafts counter: the server runs without "
                             "speculative decoding; start it with --speculative-config '{\"method\": \"dflash\", "
@@ -331,10 +349,10 @@ class VllmClient:
         return len(counts.per_pos) + 1 if counts.per_pos else None
 
     def generate(self, prompt: list[int] | str, max_new_tokens: int, stop_ids: list[int], ignore_eos: bool) -> Reply:
-        before, busy = self.read()
-        if busy:
-            raise TaskError(f"{self.http.base}: {busy} other request(s) running or waiting; the counter deltas "
-                            "would count them too: run the client when nothing else uses the server")
+        before = self._poll(lambda r: r.busy == 0)
+        if before.busy:
+            raise TaskError(f"{self.http.base}: {before.busy} other request(s) running or waiting; the counter "
+                            "deltas would count them too: run the client when nothing else uses the server")
         body: dict[str, Any] = {"model": self.model, "prompt": prompt, "max_tokens": max_new_tokens,
                                 "temperature": 0.0, "ignore_eos": ignore_eos, "return_token_ids": True}
         if stop_ids:
@@ -346,31 +364,43 @@ class VllmClient:
         except (KeyError, IndexError, TypeError, ValueError):
             raise TaskError(f"{self.http.base}/v1/completions: no choices[0] / usage.completion_tokens in "
                             f"the answer ({str(data)[:160]})") from None
-        counts = self._settled(before, completion)
+        counts, finished = self._settled(before, completion)
+        if finished is not None and finished > 1:
+            raise TaskError(f"{self.http.base}: {finished} requests finished while this one ran (vllm:request_success): "
+                            "another client used the server and its rounds are in these counters; run the client "
+                            "when nothing else uses the server")
         tokens = choice.get("token_ids")
         return Reply(completion, [int(t) for t in tokens] if isinstance(tokens, list) else None,
                      choice.get("finish_reason"), counts)
 
-    def _settled(self, before: Counts | None, completion: int) -> Counts:
-        """The counter deltas once they account for the request's committed tokens and hold
-        still over two reads (vLLM records them after it answers), or what they were at the
-        deadline."""
-        deadline = time.monotonic() + self.settle_timeout
-        last, wait = None, 0.02
+    def _poll(self, done: Callable[[Scrape], bool]) -> Scrape:
+        """Read ``/metrics`` until ``done`` holds or ``--settle-timeout`` passes; the last read."""
+        deadline, wait = time.monotonic() + self.settle_timeout, 0.02
         while True:
-            after, _ = self.read()
-            if after is None or before is None:
-                raise TaskError(f"{self.http.base}/metrics lost its {VLLM_PREFIX}drafts counter mid-run: the "
-                                "server restarted? run again")
-            delta = after.minus(before)
-            accounted = delta.accepted is None or delta.drafts + delta.accepted >= completion - 1
-            if accounted and delta == last:
-                return delta
-            if time.monotonic() > deadline:
-                return delta
-            last = delta
+            scrape = self.read()
+            if done(scrape) or time.monotonic() > deadline:
+                return scrape
             time.sleep(wait)  # polling a server's counters: there is nothing to wait on but the next read
             wait = min(wait * 2, 0.5)
+
+    def _settled(self, before: Scrape, completion: int) -> tuple[Counts, int | None]:
+        """The counter deltas once they account for the request (its committed tokens, its end)
+        and hold still over two reads (vLLM records them after it answers), or what they were
+        at the deadline; and how many requests finished meanwhile (None: not exposed)."""
+        last: list[Any] = [None]
+
+        def settled(now: Scrape) -> bool:
+            if now.counts is None or before.counts is None:
+                raise TaskError(f"{self.http.base}/metrics lost its {VLLM_PREFIX}drafts counter mid-run: the "
+                                "server restarted? run again")
+            delta = (now.counts.minus(before.counts), _sub(now.finished, before.finished))
+            accounted = ((delta[0].accepted is None or delta[0].drafts + delta[0].accepted >= completion - 1)
+                         and (delta[1] is None or delta[1] >= 1))
+            still, last[0] = delta == last[0], delta
+            return accounted and still
+
+        self._poll(settled)
+        return last[0]
 
 
 class SglangClient:

@@ -58,12 +58,31 @@ def test_fault_counters_that_did_not_move_are_refused_not_tau_1(tmp_path, capsys
 def test_fault_a_busy_vllm_server_is_refused(tmp_path, capsys):
     s = Served(Engine("vllm", 4, SCRIPTS, busy=2))
     try:
-        code = run_main(ec.main, argv(s.url, "vllm", tmp_path))
+        code = run_main(ec.main, [*argv(s.url, "vllm", tmp_path), "--settle-timeout", "0.5"])
     finally:
         s.close()
     err = capsys.readouterr().err
     assert code == 1 and "2 other request(s) running or waiting" in err and s.url in err
     assert s.engine.received == []  # refused before anything was sent
+
+
+def test_fault_another_request_finishing_meanwhile_is_refused(tmp_path, capsys):
+    """A client the gauges missed (it came and went between two reads) still shows in
+    vllm:request_success: its rounds would be in the deltas."""
+
+    class Shared(Engine):
+        def record(self, sc):
+            super().record(sc)
+            self.finished += 1
+
+    s = Served(Shared("vllm", 4, SCRIPTS))
+    try:
+        code = run_main(ec.main, argv(s.url, "vllm", tmp_path))
+    finally:
+        s.close()
+    err = capsys.readouterr().err
+    assert code == 1 and "2 requests finished while this one ran" in err and "another client" in err
+    assert not (tmp_path / "o").exists()
 
 
 def test_fault_counters_that_go_down_mean_a_restart(tmp_path, capsys):

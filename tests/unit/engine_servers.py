@@ -56,6 +56,7 @@ class Engine:
     busy: int = 0
     received: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
+    finished: int = 0
     drafts: int = 0
     draft_tokens: int = 0
     accepted: int = 0
@@ -70,6 +71,7 @@ class Engine:
         return self.scripts[tuple(prompt) if isinstance(prompt, list) else prompt]
 
     def record(self, s: Script) -> None:
+        self.finished += 1
         if not self.counters_move:
             return
         self.drafts += len(s.accepted)
@@ -95,6 +97,9 @@ class Engine:
             lines += ["# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter"]
             lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{k}"}} {float(v)}'
                       for k, v in enumerate(self.per_pos)]
+            lines += ["# TYPE vllm:request_success_total counter",
+                      f'vllm:request_success_total{{{lab},finished_reason="length"}} {float(self.finished)}',
+                      f'vllm:request_success_total{{{lab},finished_reason="stop"}} 0.0']
             lines += [f"vllm:num_requests_running{{{lab}}} {float(self.busy)}",
                       f"vllm:num_requests_waiting{{{lab}}} 0.0"]
             return "\n".join(lines) + "\n"
