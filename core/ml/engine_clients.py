@@ -270,6 +270,12 @@ def parse_prometheus(text: str) -> dict[str, list[tuple[dict[str, str], float]]]
 VLLM_PREFIX = "vllm:spec_decode_num_"
 
 
+def _of_model(rows: list[tuple[dict[str, str], float]], model: str) -> list[tuple[dict[str, str], float]]:
+    """The samples labelled with ``model``; all of them when none is (a server serves one model,
+    and its ``model_name`` label may be another of its names than the one requests carry)."""
+    return [(lb, v) for lb, v in rows if lb.get("model_name", model) == model] or rows
+
+
 def vllm_counts(samples: dict[str, list[tuple[dict[str, str], float]]], model: str) -> Counts | None:
     """The spec-decode counters of ``model`` summed over engines (None: the server has none)."""
 
@@ -277,7 +283,7 @@ def vllm_counts(samples: dict[str, list[tuple[dict[str, str], float]]], model: s
         rows = samples.get(VLLM_PREFIX + name + "_total", samples.get(VLLM_PREFIX + name))
         if rows is None:
             return None
-        rows = [(lb, v) for lb, v in rows if lb.get("model_name", model) == model]
+        rows = _of_model(rows, model)
         if by is None:
             return int(sum(v for _, v in rows))
         acc: dict[int, float] = {}
@@ -303,7 +309,9 @@ def vllm_finished(samples: dict[str, list[tuple[dict[str, str], float]]], model:
     when the server does not expose it): a delta other than 1 around a request means another
     request shared the counters with it."""
     rows = samples.get("vllm:request_success_total", samples.get("vllm:request_success"))
-    return None if rows is None else int(sum(v for lb, v in rows if lb.get("model_name", model) == model))
+    if rows is None:
+        return None
+    return int(sum(v for _, v in _of_model(rows, model)))
 
 
 @dataclass(frozen=True)

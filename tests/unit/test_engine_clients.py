@@ -96,6 +96,18 @@ def test_vllm_counters_read_until_they_account_for_the_request(tmp_path):
     assert {k: r["tau"] for k, r in rows.items()} == pytest.approx(TAU)
 
 
+def test_vllm_counters_labelled_with_another_model_name_still_count(tmp_path):
+    """vLLM labels its counters with one served name; requests may carry another (--model)."""
+    s = Served(Engine("vllm", 4, SCRIPTS))
+    try:
+        code, out = run(s, tmp_path, "--model", "alias")
+    finally:
+        s.close()
+    rows = {r["id"]: r for r in json.loads(out.read_text())["per_prompt"]}
+    assert code == 0 and {k: r["tau"] for k, r in rows.items()} == pytest.approx(TAU)
+    assert {r["model"] for r in s.engine.received} == {"alias"}
+
+
 def test_sglang_meta_info_of_older_releases(tmp_path):
     s = Served(Engine("sglang", 4, SCRIPTS, old_names=True))
     try:
