@@ -12,7 +12,7 @@
 #   VLLM_WHEELS=.whl OUT=... bash bench/device/engine_parity.sh # install vllm from carried wheels
 #
 # What it does, everything written under $OUT (at most 8 files, two folders down):
-#   1. a venv (/tmp/parity-venv, the system's torch visible) with vllm ($VLLM_SPEC, default `vllm`)
+#   1. a venv (/tmp/parity-venv, $PYTHON's packages visible after its own) with vllm ($VLLM_SPEC, default `vllm`)
 #      from $VLLM_WHEELS (--no-index) when set, else from the package index;
 #   2. `python -m core.ml.tiny` writes a tiny Qwen3 target (with its tokenizer) and a drafter fitted
 #      to it, block size $BLOCK; `specdeck export` (python -m core.ml.export) writes the z-lab layout
@@ -70,7 +70,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 
 step "venv with $VLLM_SPEC"
 if [[ ! -x /tmp/parity-venv/bin/python ]]; then
-    "$PY" -m venv --system-site-packages /tmp/parity-venv
+    "$PY" -m venv /tmp/parity-venv
+    # $PY may itself be a venv (the device image's is), which --system-site-packages would skip:
+    # a .pth makes its packages (torch, transformers) visible after the venv's own
+    "$PY" -c 'import site; print("\n".join(site.getsitepackages()))' \
+        >"$(/tmp/parity-venv/bin/python -c 'import site; print(site.getsitepackages()[0])')/parity-system.pth"
 fi
 VPY=/tmp/parity-venv/bin/python
 if ! "$VPY" -c 'import vllm' 2>/dev/null; then
@@ -93,7 +97,9 @@ timeout "$(cap 60)" "$VPY" -m core.ml.export "$DRAFTER" --out "$WORK/serve" --ta
 
 step "vllm serve"
 SPEC=$(printf '{"method": "dflash", "model": "%s", "num_speculative_tokens": %d}' "$WORK/serve" $((BLOCK - 1)))
-setsid timeout "$(cap 420)" /tmp/parity-venv/bin/vllm serve "$TARGET" --host 127.0.0.1 --port "$PORT" \
+VLLM=(/tmp/parity-venv/bin/vllm)
+[[ -x ${VLLM[0]} ]] || VLLM=("$VPY" -m vllm.entrypoints.cli.main)
+setsid timeout "$(cap 420)" "${VLLM[@]}" serve "$TARGET" --host 127.0.0.1 --port "$PORT" \
     --served-model-name tiny --dtype bfloat16 --max-model-len 2048 --gpu-memory-utilization 0.30 \
     --enforce-eager --max-num-seqs 1 --speculative-config "$SPEC" >"$OUT/vllm.log" 2>&1 &
 SERVER_PID=$!
