@@ -529,7 +529,7 @@ def summarize(rows: list[dict[str, Any]], block_size: int) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m core.ml.engine_clients",
+    p = argparse.ArgumentParser(prog="python -m core.ml.engine_clients", allow_abbrev=False,
                                 description="measure tau as a running vLLM or SGLang server serves a drafter")
     p.add_argument("--engine", required=True, choices=ENGINES)
     p.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000 (no credentials)")
@@ -549,6 +549,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key-env", default=DEFAULT_KEY_ENV, metavar="VAR",
                    help=f"the environment variable holding the server's API key (default {DEFAULT_KEY_ENV}; "
                    "never give the key itself on the command line)")
+    p.add_argument("--api-key", help=argparse.SUPPRESS)  # refused: a key in argv is kept in shell history and ps
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one HTTP request may take")
     p.add_argument("--settle-timeout", type=float, default=10.0,
                    help="vLLM: seconds to wait for /metrics to account for a finished request")
@@ -558,6 +559,9 @@ def build_parser() -> argparse.ArgumentParser:
 def validate(args: argparse.Namespace) -> None:
     """Input checks before any request (UsageError: exit 2, naming the flag, nothing written)."""
     args.url = server_url(args.url)
+    if args.api_key is not None:
+        raise UsageError(f"--api-key: a key on the command line stays in shell history and ps; export it as "
+                         f"${DEFAULT_KEY_ENV} (or the variable --api-key-env names) instead")
     if not _ENV_NAME.fullmatch(args.api_key_env):
         raise UsageError("--api-key-env takes the NAME of an environment variable holding the key (letters, "
                          "digits, _), not the key itself")

@@ -182,6 +182,7 @@ def test_the_api_key_comes_from_the_environment_and_is_kept_nowhere(tmp_path, mo
     ("--url", "http://127.0.0.1:8000/?token=hunter2", "no query or fragment"),
     ("--url", "ftp://127.0.0.1", "--url"),
     ("--api-key-env", "sk-hunter2", "--api-key-env takes the NAME"),
+    ("--api-key", "hunter2", "--api-key: a key on the command line stays in shell history"),
     ("--max-new-tokens", "0", "--max-new-tokens 0"),
     ("--block-size", "1", "--block-size 1"),
     ("--timeout", "nan", "--timeout nan"),
