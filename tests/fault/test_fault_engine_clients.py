@@ -4,7 +4,6 @@ Each is refused with the URL and what to do next, exit 1, and no result.json: ne
 
 from __future__ import annotations
 
-import json
 import socket
 import subprocess
 import sys
@@ -41,28 +40,27 @@ def test_fault_server_down_names_the_url_and_what_to_do(tmp_path, kind):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("kind", ["vllm", "sglang"])
-def test_fault_counters_that_did_not_move_are_refused_not_tau_1(tmp_path, capsys, kind):
-    s = Served(Engine(kind, 4, SCRIPTS, counters_move=False))
+def refused(engine: Engine, tmp, capsys, *extra: str) -> tuple[str, Served]:
+    """Run the client against ``engine``: it must fail (exit 1) writing nothing; its stderr."""
+    s = Served(engine)
     try:
-        code = run_main(ec.main, [*argv(s.url, kind, tmp_path), "--settle-timeout", "0.5"])
+        code = run_main(ec.main, [*argv(s.url, engine.kind, tmp), *extra])
     finally:
         s.close()
-    err = capsys.readouterr().err
-    assert code == 1
+    assert code == 1 and not (tmp / "o").exists()
+    return capsys.readouterr().err, s
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+def test_fault_counters_that_did_not_move_are_refused_not_tau_1(tmp_path, capsys, kind):
+    err, _ = refused(Engine(kind, 4, SCRIPTS, counters_move=False), tmp_path, capsys, "--settle-timeout", "0.5")
     assert "prompt 'a': 11 tokens generated but" in err and "counted no speculative round" in err
     assert "started with the drafter" in err
-    assert not (tmp_path / "o").exists()
 
 
 def test_fault_a_busy_vllm_server_is_refused(tmp_path, capsys):
-    s = Served(Engine("vllm", 4, SCRIPTS, busy=2))
-    try:
-        code = run_main(ec.main, [*argv(s.url, "vllm", tmp_path), "--settle-timeout", "0.5"])
-    finally:
-        s.close()
-    err = capsys.readouterr().err
-    assert code == 1 and "2 other request(s) running or waiting" in err and s.url in err
+    err, s = refused(Engine("vllm", 4, SCRIPTS, busy=2), tmp_path, capsys, "--settle-timeout", "0.5")
+    assert "2 other request(s) running or waiting" in err and s.url in err
     assert s.engine.received == []  # refused before anything was sent
 
 
@@ -75,14 +73,8 @@ def test_fault_another_request_finishing_meanwhile_is_refused(tmp_path, capsys):
             super().record(sc)
             self.finished += 1
 
-    s = Served(Shared("vllm", 4, SCRIPTS))
-    try:
-        code = run_main(ec.main, argv(s.url, "vllm", tmp_path))
-    finally:
-        s.close()
-    err = capsys.readouterr().err
-    assert code == 1 and "2 requests finished while this one ran" in err and "another client" in err
-    assert not (tmp_path / "o").exists()
+    err, _ = refused(Shared("vllm", 4, SCRIPTS), tmp_path, capsys)
+    assert "2 requests finished while this one ran" in err and "another client" in err
 
 
 def test_fault_counters_that_go_down_mean_a_restart(tmp_path, capsys):
@@ -91,13 +83,8 @@ def test_fault_counters_that_go_down_mean_a_restart(tmp_path, capsys):
             super().record(sc)
             self.drafts -= 100  # the counters start over below where they were read
 
-    s = Served(Restarting("vllm", 4, SCRIPTS))
-    try:
-        code = run_main(ec.main, argv(s.url, "vllm", tmp_path))
-    finally:
-        s.close()
-    assert code == 1 and "the server restarted during the run" in capsys.readouterr().err
-    assert not (tmp_path / "o").exists()
+    err, _ = refused(Restarting("vllm", 4, SCRIPTS), tmp_path, capsys)
+    assert "the server restarted during the run" in err
 
 
 def test_fault_a_vllm_server_without_speculative_decoding_is_refused(tmp_path, capsys):
@@ -105,11 +92,6 @@ def test_fault_a_vllm_server_without_speculative_decoding_is_refused(tmp_path, c
         def metrics(self):
             return "\n".join(x for x in super().metrics().splitlines() if "spec_decode" not in x) + "\n"
 
-    s = Served(Plain("vllm", 4, SCRIPTS))
-    try:
-        code = run_main(ec.main, argv(s.url, "vllm", tmp_path))
-    finally:
-        s.close()
-    err = capsys.readouterr().err
-    assert code == 1 and "runs without speculative decoding" in err and "--speculative-config" in err
-    assert json.dumps(s.engine.received) == "[]"
+    err, s = refused(Plain("vllm", 4, SCRIPTS), tmp_path, capsys)
+    assert "runs without speculative decoding" in err and "--speculative-config" in err
+    assert s.engine.received == []
