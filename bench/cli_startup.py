@@ -78,6 +78,9 @@ def main() -> None:
         n = campaign_state(plan, root / "state.db")
         env = {**os.environ, "NO_COLOR": "1"}
         env.pop("SPECDECK_STATE", None)
+        # an installed specdeck runs from .pyc files: let the warm-up round write them (a
+        # PYTHONDONTWRITEBYTECODE shell would otherwise time the compiler in every command)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         cli = [py, "-m", "console.cli"]
         cmds = {"python -c pass": [py, "-c", "pass"],
                 "--version": cli + ["--version"],

@@ -263,7 +263,7 @@ class TauWatcher(Record):
 @record()
 class WatcherStatus(Record):
     """A run's detached tau watcher as ``status --json`` and the item pane show it: its row
-    and the steps evaluated (:func:`core.actions.watch_eval.detached.status_of`)."""
+    and the steps evaluated (:func:`core.actions.watch_eval.status.status_of`)."""
 
     host: str
     state: str

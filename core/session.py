@@ -194,7 +194,7 @@ class Session:
 
     def watcher_status(self, run_id: str | None) -> WatcherStatus | None:
         """The tau watcher of a run (state, last step evaluated, queue...), or None."""
-        from core.actions.watch_eval.detached import status_of
+        from core.actions.watch_eval.status import status_of
 
         return status_of(self.store, run_id)
 

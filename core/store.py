@@ -24,16 +24,40 @@ import contextlib
 import json
 import os
 import sqlite3
+import sys
 import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from sqlite_utils import Database
-from sqlite_utils.migrations import Migrations
-
 from core import points
 from core.records import (ENDED_STATES, LIVE_STATES, Artefact, EvalRow, Event, MetricPoint, Run,
                           SeenMark, StatusChange, TauWatcher, WatchEntry)
+
+
+def _import_sqlite_utils() -> None:
+    """Import sqlite_utils without the pandas and numpy it imports when they are installed.
+
+    ``sqlite_utils.db`` imports both (0.5-0.7 s, most of a CLI command's start-up) only to add
+    their scalar types to the column types it infers from inserted values; the store writes
+    plain Python values into tables whose columns it declares, so it never needs them. Hidden
+    only when this process has not loaded them already (an ML process keeps sqlite_utils'
+    full mapping), and only while sqlite_utils itself is imported.
+    """
+    hidden = [m for m in ("pandas", "numpy") if m not in sys.modules]
+    for m in hidden:
+        sys.modules[m] = None  # type: ignore[assignment]  # import raises ImportError
+    try:
+        import sqlite_utils  # noqa: F401
+    finally:
+        for m in hidden:
+            if sys.modules.get(m, 0) is None:
+                del sys.modules[m]
+
+
+_import_sqlite_utils()
+
+from sqlite_utils import Database  # noqa: E402
+from sqlite_utils.migrations import Migrations  # noqa: E402
 
 migrations = Migrations("specdeck")
 

@@ -40,7 +40,7 @@ def cmd_validate(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from core.actions.watch_eval import detached as watch_detached
+    from core.actions.watch_eval.status import describe as describe_watcher
     from core.plan import params_summary
 
     plan = load_plan(args.plan)
@@ -89,7 +89,7 @@ def cmd_status(args) -> int:
           wrap={4})
     for it in plan.items:
         if watchers.get(it.id):
-            print(sanitize(f"  tau watch {it.id}: {watch_detached.describe(watchers[it.id])}"))
+            print(sanitize(f"  tau watch {it.id}: {describe_watcher(watchers[it.id])}"))
     for a in alerts[-5:]:
         print(sanitize(f"  ALERT {time.strftime('%m-%d %H:%M', time.localtime(a.at))} "
                        f"{a.item_id}: {a.message}"))

@@ -9,6 +9,7 @@ metrics and eval rows of the run).
 * :mod:`.watcher`: ``on: console``, specdeck drives the evals (:class:`~.watcher.Watcher`).
 * :mod:`.detached`: ``on: train`` / ``on: eval``, a detached watcher on a host
   (``python -m core.ml.watcher``), started, ingested, restarted and stopped from here.
+* :mod:`.status`: a watcher's state read from the store for ``status`` and the item pane.
 
 With ``on: train`` / ``on: eval`` the evals run in a detached watcher that keeps going while
 no specdeck runs; with ``on: console`` specdeck drives them while it follows the run. Either

@@ -12,7 +12,7 @@ or lose one), in the shapes the console-driven :class:`.watcher.Watcher` uses (m
 ``tau``... and eval rows ``<item>@<step>``), alerts are evaluated at each new step over the
 curve up to it, and steps evaluated while no specdeck looked are summarised in the journal
 (``watch_meanwhile``). The watcher's state, last step and queue are in the ``watchers`` table
-for ``status --json`` and the item pane (:func:`status_of`).
+for ``status --json`` and the item pane (:func:`.status.status_of`).
 
 Every function gets the train run's :class:`~core.actions.base.ActionContext` (its
 ``run_id`` the train run's) and reads and records through its tau verbs.
@@ -34,13 +34,12 @@ from core.actions.watch_eval.params import WatchEvalParams, parse_watch
 from core.actions.watch_eval.watcher import Watcher
 from core.errors import HostUnreachable
 from core.hosts.base import HostState
-from core.records import Run, TauWatcher, WatcherStatus
+from core.records import Run, TauWatcher
 from core.text import MAX_JSON_DEPTH, short, too_deep
 
 if TYPE_CHECKING:
     from core.actions.base import ActionContext
     from core.hosts.base import Host
-    from core.store import Store
 
 ENDED = ("ended", "stopped", "failed", "lost")
 
@@ -544,25 +543,3 @@ async def reconcile(ctx: "ActionContext", spec, *, wait: bool = False,
             from core.faults import describe_fault
 
             ctx.notice(f"tau watcher: {describe_fault(e)}", "warning")
-
-
-def status_of(store: "Store", run_id: str | None) -> WatcherStatus | None:
-    """The watcher of a run for ``status --json`` and the item pane: state, last step
-    evaluated, queue."""
-    w = store.watcher(run_id) if run_id else None
-    if w is None:
-        return None
-    entries = store.watch_entries(run_id)
-    return WatcherStatus(host=w.host, state=w.state, current=w.current,
-                         last_step=w.last_step, queue=list(w.queue or []),
-                         evaluated=[e.step for e in entries if e.state == "done"],
-                         failed=[e.step for e in entries if e.state == "failed"],
-                         error=w.error, capsule=w.capsule)
-
-
-def describe(w: WatcherStatus) -> str:
-    """A watcher's :func:`status_of` in one line for a person: its state (and the step it is
-    evaluating), where, the last step evaluated, the queue, the failed steps."""
-    state = w.state + (f" (step {w.current})" if w.current is not None else "")
-    return (f"{state} on {w.host} · last step {w.last_step or '–'} · queue {len(w.queue)}"
-            + (f" · failed {', '.join(map(str, w.failed))}" if w.failed else ""))
