@@ -115,7 +115,7 @@ class ItemDetailLoaded(Message):
     history: list[StatusChange]
     live: Run | None
     watcher: WatcherStatus | None = None
-    """The latest run's detached tau watcher (core.actions.watch_eval.detached.status_of)."""
+    """The latest run's detached tau watcher (core.actions.watch_eval.status.status_of)."""
 
 
 @dataclass

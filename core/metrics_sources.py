@@ -35,7 +35,6 @@ once per file with what was kept (:class:`TensorBoardSource`).
 from __future__ import annotations
 
 import ast
-import asyncio
 import math
 import re
 import shlex
@@ -44,11 +43,6 @@ import time
 from dataclasses import dataclass, field
 
 from core.text import MAX_JSON_DEPTH, json_line
-
-try:  # a backtracking matcher with a time bound (re has none)
-    import regex as _rx
-except ImportError:  # pragma: no cover - a dependency; without it: re on a shorter prefix
-    _rx = None
 
 TB_GLOB = "events.out.tfevents*"
 TB_READ = 16 << 20
@@ -160,8 +154,14 @@ REGEX_STRIKES = 3
 
 
 def compile_regex(rx: str):
-    """``rx`` compiled by the matcher that takes a timeout (``regex``), else by ``re``."""
-    return _rx.compile(rx) if _rx is not None else re.compile(rx)
+    """``rx`` compiled by the matcher that takes a timeout (``regex``, a backtracking matcher
+    with a time bound, which ``re`` has not), else by ``re``; imported here, by the commands
+    that compile a metrics regex, not by every command that reads a plan."""
+    try:
+        import regex
+    except ImportError:  # pragma: no cover - a dependency; without it: re on a shorter prefix
+        return re.compile(rx)
+    return regex.compile(rx)
 
 
 # -- lines -------------------------------------------------------------------------------
@@ -268,7 +268,7 @@ class LineMetrics:
     def _match(self, i: int, pat, text: str) -> list[tuple]:
         if self.strikes[i] >= REGEX_STRIKES:
             return []
-        if _rx is None:
+        if isinstance(pat, re.Pattern):  # compile_regex without the regex package
             return [p for m in pat.finditer(text[:4096]) for p in regex_metrics(m)]
         try:
             return [p for m in pat.finditer(text, timeout=REGEX_TIMEOUT_S)
@@ -682,6 +682,7 @@ async def alongside(source: TensorBoardSource | None, work, *, every: float = 1.
     """Await ``work`` while polling ``source``; poll once more after it (the final points)."""
     if source is None:
         return await work
+    import asyncio  # here, not at the top: reading a plan needs none of it
 
     async def loop():
         while True:

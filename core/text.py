@@ -142,3 +142,13 @@ def read_bounded(path, limit: int, what: str) -> bytes:
         raise InvalidInput(f"{p}: grew past {limit:,} bytes while read; a {what} is at most "
                            f"{limit:,}")
     return data
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` through libyaml's C loader where it is installed: the same values
+    and errors (``yaml.YAMLError``), about 10x faster (three trainer configs read by
+    ``validate`` and ``status``: 0.13 s -> 0.01 s); the pure-Python loader otherwise."""
+    import yaml
+
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+

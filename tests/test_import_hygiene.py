@@ -91,6 +91,19 @@ def test_version_and_help_load_no_command_code(argv):
     assert not HEAVY & mods, sorted(HEAVY & mods)
 
 
+def test_validate_loads_no_console_ssh_ml_nor_store(tmp_path):
+    """``validate`` reads the plan and every kind's checks (a train item reads its trainer
+    config): neither textual, asyncssh nor torch, and no state store (nor sqlite_utils)."""
+    from core.demo import write_workspace
+
+    plan = write_workspace(tmp_path / "demo", quick=True)
+    rc, mods = modules_after_cli("validate", str(plan))
+    assert rc == 0
+    assert "core.actions.train" in mods  # the kinds' checks ran
+    assert not {"textual", "asyncssh", "torch", "transformers", "core.store", "sqlite_utils",
+                "pandas", "numpy", "regex"} & mods, sorted(mods)
+
+
 def test_piped_status_loads_no_rich_table_nor_compare(tmp_path):
     plan = tmp_path / "p.yaml"
     plan.write_text("name: p\nitems:\n  - id: a\n    content: A manual step\n")
@@ -103,4 +116,4 @@ def test_piped_status_loads_no_rich_table_nor_compare(tmp_path):
     assert rc == 0
     assert "core.store" in mods  # the command ran
     assert not {"rich.table", "rich.console", "core.compare", "core.stats", "argcomplete",
-                "asyncssh", "textual"} & mods, mods
+                "asyncssh", "textual", "torch", "pandas", "numpy"} & mods, mods

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from core.actions.mlbase import REF, read_json
+from core.text import load_yaml
 
 
 def drafter_block_size(cfg: dict[str, Any] | None) -> int | None:
@@ -112,7 +113,7 @@ def load_train_doc(plan: Any, params: Any) -> dict[str, Any] | None:
 
 
     try:
-        doc = yaml.safe_load((plan.dir / params.config).read_text()) or {}
+        doc = load_yaml((plan.dir / params.config).read_text()) or {}
         for k, v in params.overrides.items():
             deep_set(doc, k, v)
     except (OSError, yaml.YAMLError, ValueError, AttributeError):

@@ -50,6 +50,7 @@ from core.actions.watch_eval.params import WatchEvalParams, validate_watch
 from core.actions.watch_eval.watcher import Watcher
 from core.params import problems
 from core.records import Run
+from core.text import load_yaml
 
 
 CKPT = re.compile(r"^step_(\d+)\.pt$")
@@ -137,7 +138,7 @@ class Train(Action):
                 out.append((("config",), f"no trainer config {p}"))
             else:
                 try:
-                    doc = yaml.safe_load(p.read_text()) or {}
+                    doc = load_yaml(p.read_text()) or {}
                     for k, v in params.overrides.items():
                         deep_set(doc, k, v)
                 except (yaml.YAMLError, ValueError, AttributeError) as e:
@@ -189,7 +190,7 @@ class Train(Action):
         host = ctx.host
         capsule = jobs.capsule_path(host, ctx.run_id)
         if self.params.config:
-            doc = yaml.safe_load((ctx.plan.dir / self.params.config).read_text()) or {}
+            doc = load_yaml((ctx.plan.dir / self.params.config).read_text()) or {}
             for k, v in self.params.overrides.items():
                 deep_set(doc, k, v)
             # the uploaded file lives in the capsule: make its paths absolute on the host
@@ -447,7 +448,7 @@ class Train(Action):
             raw = await host.read_from(posixpath.join(outdir, "resolved_config.yaml"), 0, 1 << 20)
             if raw:
                 try:
-                    ctx.record_config(yaml.safe_load(raw))
+                    ctx.record_config(load_yaml(raw))
                 except yaml.YAMLError:
                     pass
         result = {"out": outdir, "checkpoints": sorted(found)}
@@ -600,7 +601,7 @@ async def command_config(host, capsule: str, command: str) -> dict:
             raw = await host.read_from(path, 0, 1 << 22)
             if raw:
                 try:
-                    rec["config"] = yaml.safe_load(raw)  # JSON is YAML too
+                    rec["config"] = load_yaml(raw)  # JSON is YAML too
                 except yaml.YAMLError as e:
                     rec["config_error"] = f"{path}: not YAML/JSON: {e}"
                 rec["config_file"] = path

@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import importlib.metadata
 import json
 import os
-import platform
 import socket
 import subprocess
 import sys
@@ -185,6 +183,8 @@ def git_sha(repo_dir: str | os.PathLike[str] | None = None) -> str | None:
 
 def package_versions(names: Sequence[str] = _PACKAGES) -> dict[str, str | None]:
     """Installed versions of ``names`` (None when absent), without importing them."""
+    import importlib.metadata  # here: the plan checks that import this module need none of it
+
     versions: dict[str, str | None] = {}
     for name in names:
         try:
@@ -224,6 +224,8 @@ def provenance(
         A JSON-serialisable dict: argv, cwd, task, seed, time_utc, host, python, platform,
         package versions, CUDA info and the specdeck git SHA (None when unknown).
     """
+    import platform
+
     record: dict[str, Any] = {
         "task": task,
         "argv": list(sys.argv if argv is None else argv),
