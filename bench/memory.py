@@ -8,10 +8,16 @@ imports (torch, transformers, the model's module, core.ml), records its peak RSS
 bytes counted from the safetensors headers, measured in the same run.
 
 * ``--eval``: a bf16 Qwen3 target of about 430 MB (12 layers, hidden 1024, vocab 32000; random,
-  built from config) and a small drafter. Online eval: ``(peak - baseline) / target weight
-  bytes`` (goal <= 1.25: the checkpoint's dtype is kept and its weights memory-mapped, not
-  upcast to float32 = 2x). Offline eval: the same against the embedding + head bytes, which is
-  all it loads. ``result.json``'s ``dtype`` is printed too.
+  built from config) and a bf16 drafter at the campaign's share (one decoder layer of the
+  target's widths per 13 target layers, as 5 over 64; three taps, block 16), evaluated online as
+  the campaign does (chain, then DDTree with 64 nodes). What the operator's host pays is
+  ``(peak - imports baseline) / target weight bytes`` (goal <= 1.25): the baseline is the child
+  after the interpreter, torch, transformers and core.ml are imported, before anything is
+  loaded, so the model family's modules (``transformers.modeling_utils`` and what it pulls in:
+  torch.distributed.tensor, sympy, torch._dynamo; about 90 MB), the drafter, the caches and the
+  activations all count. The family's import cost is printed on its own, and the ratio above a
+  baseline taken after it too (the figure this bench printed before). ``result.json``'s
+  ``dtype`` is printed too.
 * ``--train``: a target whose decoder layers hold about 1.1 GB and whose embedding and head
   are small (vocab 512), a feature cache written with :mod:`core.ml.featstore`, and 4 training
   steps from it. Expected peak = baseline + embedding + head bytes (as the trainer holds them)
@@ -57,7 +63,11 @@ def peak_mb() -> float:
 # ----------------------------------------------------------------------------- child side
 
 def child(task: str, argv: list[str], target: str) -> None:
-    """Import, take the baseline, run the task, print the peaks (JSON)."""
+    """Import, take the baselines, run the task, print the peaks (JSON).
+
+    ``imports_mb``: the peak after the interpreter, torch, transformers and the task's core.ml
+    modules (nothing loaded yet); ``baseline_mb``: after the target's model family's modules
+    too (transformers' modeling code, which the eval imports when it loads the target)."""
     import importlib
 
     import torch
@@ -65,13 +75,15 @@ def child(task: str, argv: list[str], target: str) -> None:
     from transformers import AutoConfig
 
     torch.set_num_threads(2)
+    from core.ml import drafter, eval, generate, offline, target as tgt, weights  # noqa: F401
+    from core.ml.runio import run_main
+
+    if task == "train":
+        from core.ml.train import loss, trainer  # noqa: F401
+    imports = peak_mb()
     cfg = AutoConfig.from_pretrained(target, local_files_only=True)
     mt = cfg.model_type
     importlib.import_module(f"transformers.models.{mt}.modeling_{mt}")
-    from core.ml import drafter, eval, generate, offline, target as tgt, weights  # noqa: F401
-    from core.ml.train import loss, trainer  # noqa: F401
-    from core.ml.runio import run_main
-
     base = peak_mb()
     if task == "eval":
         rc = run_main(eval.main, argv)
@@ -82,7 +94,8 @@ def child(task: str, argv: list[str], target: str) -> None:
         rc = 0 if m is not None else 1
     else:
         raise SystemExit(f"unknown task {task}")
-    print(json.dumps({"child": task, "rc": rc, "baseline_mb": base, "peak_mb": peak_mb()}), flush=True)
+    print(json.dumps({"child": task, "rc": rc, "imports_mb": imports, "baseline_mb": base, "peak_mb": peak_mb()}),
+          flush=True)
 
 
 def run_child(task: str, argv: list[str], target: Path) -> dict:
@@ -135,6 +148,28 @@ def build_drafter(out: Path, target: Path, block: int = 8) -> Path:
     return out
 
 
+def build_campaign_drafter(out: Path, target: Path, block: int = 16) -> Path:
+    """A random bf16 drafter at the campaign's share of its target: one decoder layer of the
+    target's widths (heads, KV heads, head dim, MLP) per 13 target layers (5 over 64), three
+    taps spread over the target's depth, saved in bfloat16 as a trained drafter is."""
+    import torch
+    from transformers import AutoConfig
+
+    from core.ml import tiny
+    from core.ml.drafter import save_drafter
+
+    if (out / "model.safetensors").is_file():
+        return out
+    cfg = AutoConfig.from_pretrained(target, local_files_only=True)
+    n = cfg.num_hidden_layers
+    taps = sorted({1, n // 2, n - 3})
+    dc = tiny.tiny_drafter_config(cfg, block_size=block, num_layers=max(1, round(n * 5 / 64)), target_layer_ids=taps,
+                                  num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+                                  head_dim=cfg.head_dim, intermediate_size=cfg.intermediate_size)
+    save_drafter(tiny.build_tiny_drafter(dc, seed=1), out, dtype=torch.bfloat16)
+    return out
+
+
 def write_prompts(path: Path, n: int = 2, length: int = 24, vocab: int = 32000) -> Path:
     import random
 
@@ -177,21 +212,27 @@ def bench_eval(root: Path, new_tokens: int) -> dict:
     from core.ml import weights as w
 
     target = build_target(root / "eval-target", layers=12, hidden=1024, inter=3072, vocab=32000)
-    drafter = build_drafter(root / "eval-drafter", target)
-    prompts = write_prompts(root / "prompts.jsonl")
+    drafter = build_campaign_drafter(root / "eval-drafter-bf16", target)
+    prompts = write_prompts(root / "prompts-64.jsonl", n=1, length=64)
     target_bytes = w.weight_bytes(target)
-    eh = w.weight_bytes(target, set(w.embed_head_names(target).values()))
+    drafter_bytes = w.weight_bytes(drafter)
     out = root / "eval-out" / "result.json"
     argv = ["--target", str(target), "--drafter", str(drafter), "--prompts", str(prompts), "--out", str(out),
-            "--max-new-tokens", str(new_tokens), "--ignore-eos", "--tree-budget", "8"]
+            "--max-new-tokens", str(new_tokens), "--ignore-eos", "--tree-budget", "64"]
     on = run_child("eval", argv, target)
     res = json.loads(out.read_text())
-    ratio = (on["peak_mb"] - on["baseline_mb"]) * MB / target_bytes
-    fig = {"bench": "eval_online_rss", "target_mb": target_bytes / MB, "stored_dtype": str(w.checkpoint_dtype(target)),
-           "result_dtype": res["dtype"], **on, "ratio_above_baseline": round(ratio, 3), "goal": "<= 1.25"}
+    ratio = (on["peak_mb"] - on["imports_mb"]) * MB / target_bytes
+    after_family = (on["peak_mb"] - on["baseline_mb"]) * MB / target_bytes
+    family = on["baseline_mb"] - on["imports_mb"]
+    fig = {"bench": "eval_online_rss", "target_mb": target_bytes / MB, "drafter_mb": drafter_bytes / MB,
+           "stored_dtype": str(w.checkpoint_dtype(target)), "result_dtype": res["dtype"], **on,
+           "family_import_mb": round(family, 1), "ratio_above_imports": round(ratio, 3),
+           "ratio_above_family_import": round(after_family, 3), "goal": "ratio_above_imports <= 1.25"}
     print(json.dumps(fig), flush=True)
-    print(f"eval online: peak - baseline = {on['peak_mb'] - on['baseline_mb']:.0f} MB for {target_bytes / MB:.0f} MB "
-          f"of {res['dtype']} weights: {ratio:.2f}x (goal <= 1.25x)", flush=True)
+    print(f"eval online (chain + DDTree-64, {new_tokens} new tokens): peak - imports = "
+          f"{on['peak_mb'] - on['imports_mb']:.0f} MB for {target_bytes / MB:.0f} MB of {res['dtype']} target weights: "
+          f"{ratio:.2f}x (goal <= 1.25x); of it the {drafter_bytes / MB:.0f} MB drafter and {family:.0f} MB of the "
+          f"model family's modules (above a baseline after them: {after_family:.2f}x)", flush=True)
     return fig
 
 

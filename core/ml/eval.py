@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from core.ml import tau as taulib
-from core.ml.runio import (Progress, UsageError, add_generation_args, emit, provenance, run_main, say,
-                            write_result)
+from core.ml.runio import (Progress, UsageError, add_generation_args, emit, fixed_mmap_threshold, provenance,
+                            run_main, say, write_result)
 from core.ml.sampling import Sampling, sample_seed
 from core.ml.sampling import add_arguments as add_sampling_arguments  # shared with core.ml.watcher
 
@@ -353,6 +353,9 @@ def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
     from core.ml.target import load_target, load_tokenizer, resolve_device, resolve_dtype
     from core.ml.weights import checkpoint_dtype, gb, load_embed_head
 
+    # Every round frees and re-allocates tensor-sized blocks (the caches grown by a row, a tree's logits): on
+    # glibc's heap they fragment and the RSS creeps up over the prompts; with their own mmaps they go back.
+    fixed_mmap_threshold()
     device = resolve_device(args.device)
     try:
         stored = checkpoint_dtype(args.target)
