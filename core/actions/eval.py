@@ -66,10 +66,24 @@ class EvalParams:
     seed: int = 0
     samples: int = 1
     """Sampled: generations per prompt, each with its own seed (compare averages them per prompt)."""
+    engine: Literal["llama.cpp"] | None = None
+    """Measure through this engine instead of in process (core.ml.engine_llama: a llama-server on
+    the eval host, loopback only, ended with the run); the rows are labelled with the engine."""
+    engine_bin: str | None = None
+    """The llama-server binary on the host (default: the newest build of scripts/build-llama-server)."""
+    engine_target: str | None = None
+    """The target as a .gguf on the host (default: ``target``, converted in the capsule)."""
+    engine_drafter: str | None = None
+    """The drafter as a .gguf on the host (default: the drafter, converted in the capsule)."""
+    engine_threads: int | None = None
+    """llama-server's CPU threads (default 2)."""
+    engine_context: int = 4096
+    """llama-server's context length (prompt + max_new_tokens + block size must fit)."""
 
     def validate(self):
         out = []
         out += sampling_problems(self)
+        out += engine_problems(self)
         if self.max_memory is not None:
             try:
                 parse_bytes(self.max_memory)
@@ -80,6 +94,20 @@ class EvalParams:
              if self.mode == "offline" and not self.cache else None),
             ("tree_budget", "must be >= 1" if self.tree_budget is not None and self.tree_budget < 1 else None),
         )
+
+
+def engine_problems(p) -> list:
+    """The engine params' problems (``core.ml.eval --engine`` refuses the same, exit 2)."""
+    if p.engine is None:
+        named = [f for f in ("engine_bin", "engine_target", "engine_drafter", "engine_threads") if getattr(p, f)]
+        return [((named[0],), "set engine: llama.cpp to use it")] if named else []
+    return problems(
+        ("mode", "the engine decodes online" if p.mode == "offline" else None),
+        ("tree_budget", "llama-server verifies a chain" if p.tree_budget is not None else None),
+        ("temperature", "the engine leg is measured greedy" if p.temperature else None),
+        ("engine_threads", "must be >= 1" if p.engine_threads is not None and p.engine_threads < 1 else None),
+        ("engine_context", "must be >= 16" if p.engine_context < 16 else None),
+    )
 
 
 def sampling_problems(p, offline_field: str = "mode") -> list:
@@ -162,6 +190,7 @@ class Eval(Action):
                          "--dtype", p.dtype,
                          *(["--max-memory", p.max_memory] if p.max_memory else []),
                          *sampling.cli_flags(p),
+                         *engine_flags(h, p),
                          None if p.chat_template else "--no-chat-template")
 
     def command(self, ctx) -> Launch:
@@ -208,6 +237,18 @@ class Eval(Action):
         return out
 
 
+def engine_flags(h, p) -> list:
+    """``core.ml.eval``'s engine flags for ``p`` (none without ``engine``)."""
+    if p.engine is None:
+        return []
+    return ["--engine", p.engine,
+            *(["--engine-bin", h.path(p.engine_bin)] if p.engine_bin else []),
+            *(["--engine-target", h.path(p.engine_target)] if p.engine_target else []),
+            *(["--engine-drafter", h.path(p.engine_drafter)] if p.engine_drafter else []),
+            *(["--engine-threads", p.engine_threads] if p.engine_threads else []),
+            "--engine-context", p.engine_context]
+
+
 def _display(ctx, ref: str) -> str:
     try:
         return resolve_ref(ctx, ref)
@@ -230,6 +271,10 @@ def eval_rows(run_id: str, item_id: str, res: dict, label: str, role: str,
                 "family": (res.get("drafter") or {}).get("family") or "dflash",  # shown, not compared
                 "temperature": res.get("temperature", 0), "top_p": res.get("top_p", 1.0),
                 "top_k": res.get("top_k", 0), "seed": res.get("seed"), "samples": res.get("samples", 1)}
+    engine = res.get("engine")
+    if isinstance(engine, dict):  # measured through an engine: named in the label, so never merged with in-process rows
+        settings["engine"] = f"{engine.get('name')}@{engine.get('revision')}"
+        label = f"{label} @{engine.get('name')}"
     out = []
     sections = [(label, settings, res)]
     if isinstance(res.get("ddtree"), dict):

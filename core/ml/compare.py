@@ -12,6 +12,12 @@ target (config fingerprint), prompts (same ids and same prompts-file hash), roun
 :func:`compare_results` raises :class:`ComparisonError` (the CLI exits 2), unless
 ``allow_mismatch`` is set, in which case the differences are listed under ``mismatches`` and
 ``ok`` is false; tau is then compared over the prompts both files share.
+
+When either result was measured through an engine (``eval --engine``, a top-level ``engine``),
+the two are a parity pair: each side is named (``sides``: ``specdeck``, ``specdeck under
+llama.cpp's rule`` or ``llama.cpp@0c1e570``), the settings an engine can silently differ in are
+compared too (:data:`PARITY_SETTINGS`: dtype, the attention each side ran, the EOS set), and
+every prompt says whether the tokens and the rounds are equal, round for round (``parity``).
 """
 
 from __future__ import annotations
@@ -25,6 +31,36 @@ from core.ml import tau as taulib
 from core.ml.runio import UsageError, atomic_write_json, emit, read_json, run_main, say
 
 SECTIONS = ("chain", "ddtree", "all_anchor")
+PARITY_SETTINGS = ("dtype", "attention", "eos_set")
+"""Compared only for a pair with an engine side: the weights' dtype, the per-layer attention each
+side ran (an engine applies its own rule, core.ml.engines) and the token ids generation ends at."""
+
+
+def side_name(result: dict[str, Any]) -> str:
+    """Who measured a result: the engine (``llama.cpp@0c1e570``) or specdeck, under its own
+    attention rule or an engine's (``eval --engine-rule``)."""
+    engine = result.get("engine")
+    if isinstance(engine, dict):
+        return f"{engine.get('name')}@{engine.get('revision')}"
+    rule = (result.get("drafter") or {}).get("engine_rule")
+    return f"specdeck under {rule['engine']}'s rule" if isinstance(rule, dict) and rule.get("changed") else "specdeck"
+
+
+def _attention(result: dict[str, Any]) -> list[Any] | None:
+    layers = ((result.get("drafter") or {}).get("attention") or {}).get("layers")
+    return [(x.get("causal"), x.get("window")) for x in layers] if isinstance(layers, list) else None
+
+
+def _eos_set(result: dict[str, Any]) -> list[int] | None:
+    engine = result.get("engine")
+    if isinstance(engine, dict) and isinstance(engine.get("eos"), dict):
+        return engine["eos"].get("engine")
+    stops = result.get("stop_token_ids")
+    return sorted(stops) if isinstance(stops, list) else None
+
+
+def _parity_identity(result: dict[str, Any]) -> dict[str, Any]:
+    return {"dtype": result.get("dtype"), "attention": _attention(result), "eos_set": _eos_set(result)}
 
 
 class ComparisonError(ValueError):
@@ -111,6 +147,9 @@ def compare_results(
         raise UsageError(f"unknown section {section!r}; choose one of {', '.join(SECTIONS)}")
     sec_o, sec_b = section_of(ours, section), section_of(baseline, section)
     id_o, id_b = _identity(ours, sec_o, section), _identity(baseline, sec_b, section)
+    engine_pair = isinstance(ours.get("engine"), dict) or isinstance(baseline.get("engine"), dict)
+    if engine_pair:
+        id_o, id_b = {**id_o, **_parity_identity(ours)}, {**id_b, **_parity_identity(baseline)}
     mismatches = [
         {"field": k, "ours": id_o[k], "baseline": id_b[k]} for k in id_o if id_o[k] != id_b[k]
     ]
@@ -126,7 +165,12 @@ def compare_results(
     per_prompt = []
     for pid in common:
         to, tb = _prompt_tau(rows_o[pid]), _prompt_tau(rows_b[pid])
-        per_prompt.append({"id": pid, "ours": to, "baseline": tb, **_delta_ratio(to, tb)})
+        row = {"id": pid, "ours": to, "baseline": tb, **_delta_ratio(to, tb)}
+        if engine_pair:
+            ro, rb = rows_o[pid][0], rows_b[pid][0]
+            row.update(tokens_equal=ro.get("tokens") == rb.get("tokens"), rounds_equal=ro.get("rounds") == rb.get("rounds"),
+                       first_round_differing=_first_difference(ro.get("rounds") or [], rb.get("rounds") or []))
+        per_prompt.append(row)
     macro_o, macro_b = _macro([rows_o[i] for i in common]), _macro([rows_b[i] for i in common])
     pooled_o, pooled_b = _pooled([r for i in common for r in rows_o[i]]), _pooled([r for i in common for r in rows_b[i]])
     overall = {
@@ -143,8 +187,15 @@ def compare_results(
         ours.get("drafter", {}).get("fingerprint") == baseline.get("drafter", {}).get("fingerprint")
     ):
         warnings.append("both results used the same drafter weights")
+    parity = None
+    if engine_pair:
+        parity = {"num_prompts": len(per_prompt), "tokens_equal": sum(r["tokens_equal"] for r in per_prompt),
+                  "rounds_equal": sum(r["rounds_equal"] for r in per_prompt)}
+        parity["equal"] = parity["tokens_equal"] == parity["rounds_equal"] == len(per_prompt) > 0
     return {
         "ok": not mismatches,
+        "sides": {"ours": side_name(ours), "baseline": side_name(baseline)},
+        **({"parity": parity} if parity else {}),
         "section": section,
         "mismatches": mismatches,
         "warnings": warnings,
@@ -154,6 +205,14 @@ def compare_results(
         "only_in_baseline": only_b,
         "definition": "delta = ours - baseline; ratio = ours / baseline; " + taulib.DEFINITION,
     }
+
+
+def _first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first round where two round lists differ (None: equal)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def _by_prompt(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -229,7 +288,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         emit("metric", task="compare", **row)
     o = cmp["overall"]
     emit("metric", task="compare", id="overall", ours=o["ours"]["tau"], baseline=o["baseline"]["tau"],
-         delta=o["delta"], ratio=o["ratio"], ok=cmp["ok"])
+         delta=o["delta"], ratio=o["ratio"], ok=cmp["ok"], ours_side=cmp["sides"]["ours"],
+         baseline_side=cmp["sides"]["baseline"], **({"parity": cmp["parity"]} if "parity" in cmp else {}))
     for m in cmp["mismatches"]:
         say(f"warning: {m['field']} differs: ours={m['ours']!r} baseline={m['baseline']!r}")
     for w in cmp["warnings"]:

@@ -4,7 +4,9 @@
         [--mode online|offline] [--cache DIR] [--tree-budget K] [--block-size B]
         [--max-new-tokens N] [--device auto|cpu|cuda] [--dtype auto|float32|bfloat16|float16]
         [--limit N] [--ignore-eos] [--speedup] [--rows-per-pass R] [--seed S]
-        [--temperature T [--top-p P] [--top-k K] [--samples N]]
+        [--temperature T [--top-p P] [--top-k K] [--samples N]] [--engine-rule ENGINE]
+        [--engine llama.cpp [--engine-bin PATH] [--engine-target GGUF|DIR] [--engine-drafter GGUF|DIR]
+                            [--engine-threads N] [--engine-context N]]
 
 online: chain speculative decoding (docs/evaluation.md §2) per prompt, greedy; with ``--tree-budget K`` also
 DDTree with K nodes (docs/evaluation.md §3); with ``--speedup`` also a block-size-1 run through the same
@@ -15,6 +17,10 @@ prompt id and the sample index, recorded in each per-prompt row); DDTree and off
 offline: tau from an extract cache (``--cache``, from ``core.ml.extract``), batched over all
 anchors of a sequence (docs/evaluation.md §1): trajectory (top-level figures, comparable with online) and
 all-anchor (``all_anchor``); with ``--tree-budget`` also DDTree offline (``ddtree``).
+``--engine llama.cpp``: the online chain measured through a real ``llama-server`` instead
+(:mod:`core.ml.engine_llama`), in the same result.json shape, with ``engine`` (name, revision,
+binary sha256, both EOS sets) and the engine's raw figures per prompt; ``compare`` pairs it
+with an in-process result round for round.
 
 stdout: JSON lines (progress per prompt, one metric line per method, then
 ``{"event": "result", "path": ...}``); result.json and provenance.json are written atomically.
@@ -59,7 +65,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_arguments(p)
     p.add_argument("--engine-rule", metavar="ENGINE", help="run the drafter under this engine's attention rule "
                    "(vllm, sglang, llama.cpp; core.ml.engines), to measure tau as that engine serves it")
+    e = p.add_argument_group("engine leg", "measure through a real engine instead of in process "
+                             "(core.ml.engine_llama; docs/serving.md)")
+    e.add_argument("--engine", choices=ENGINES, help="serve the drafter with this engine and measure its acceptance")
+    e.add_argument("--engine-bin", help="the llama-server binary (default: $SPECDECK_LLAMA_SERVER, else the "
+                   "newest build of scripts/build-llama-server)")
+    e.add_argument("--engine-target", help="the target as a .gguf, or a directory to convert (default: --target)")
+    e.add_argument("--engine-drafter", help="the drafter as a .gguf, or a directory to convert (default: --drafter)")
+    e.add_argument("--engine-threads", type=int, default=min(2, os.cpu_count() or 1), help="CPU threads (default 2)")
+    e.add_argument("--engine-context", type=int, default=4096, help="the server's context length (default 4096)")
     return p
+
+
+ENGINES = ("llama.cpp",)
+"""Engines ``--engine`` drives (vLLM and SGLang run on GPUs this host has not; core.ml.engine_clients)."""
 
 
 def sampling_of(args: argparse.Namespace) -> Sampling:
@@ -94,6 +113,8 @@ def validate(args: argparse.Namespace) -> None:
         raise UsageError("--max-new-tokens must be >= 1")
     if args.block_size is not None and args.block_size < 1:
         raise UsageError(f"--block-size {args.block_size}: must be >= 1")
+    if args.engine:
+        validate_engine(args)
     if args.max_memory is not None:
         from core.ml.weights import parse_bytes
 
@@ -101,6 +122,37 @@ def validate(args: argparse.Namespace) -> None:
             parse_bytes(args.max_memory)
         except ValueError as exc:
             raise UsageError(f"--max-memory {exc}") from None
+
+
+def validate_engine(args: argparse.Namespace) -> None:
+    """What the engine leg refuses, before any file is written (UsageError names the field)."""
+    from core.ml.engine_llama import BUILD_HINT, find_binary
+
+    refused = [("--mode offline", args.mode == "offline", "the engine decodes online"),
+               ("--tree-budget", args.tree_budget is not None, "llama-server verifies a chain"),
+               ("--temperature", args.temperature != 0, "parity is measured greedy"),
+               ("--samples", args.samples != 1, "greedy decoding is deterministic"),
+               ("--speedup", args.speedup, "the engine's timings are its own (timings.predicted_ms)"),
+               ("--ignore-eos", args.ignore_eos, "llama.cpp's ignore_eos forbids EOS (a -inf bias) instead of "
+                "generating past it, so the two would decode different tokens; leave EOS stopping on"),
+               ("--engine-rule", args.engine_rule is not None, "the engine applies its own rule; measure specdeck "
+                "under it in a separate eval with --engine-rule and no --engine")]
+    for flag, bad, why in refused:
+        if bad:
+            raise UsageError(f"{flag} with --engine {args.engine}: {why}")
+    if args.engine_threads < 1:
+        raise UsageError(f"--engine-threads {args.engine_threads}: must be >= 1")
+    if args.engine_context < 16:
+        raise UsageError(f"--engine-context {args.engine_context}: must be >= 16")
+    for flag, value in (("--engine-target", args.engine_target), ("--engine-drafter", args.engine_drafter)):
+        if value and not (Path(value).is_dir() or (Path(value).is_file() and value.endswith(".gguf"))):
+            raise UsageError(f"{flag} {value}: neither a .gguf file nor a directory")
+    binary = find_binary(args.engine_bin)
+    if binary is None:
+        raise UsageError(f"--engine {args.engine}: no llama-server found; {BUILD_HINT}")
+    if not (binary.is_file() and os.access(binary, os.X_OK)):
+        raise UsageError(f"--engine-bin {binary}: not an executable file; {BUILD_HINT}")
+    args.engine_bin = str(binary)
 
 
 def validate_sampling(args: argparse.Namespace) -> None:
@@ -314,6 +366,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.mode == "offline":
         single_turn(prompts, "eval --mode offline")
 
+    if args.engine:
+        return _main_engine(args, prompts)
     import torch
 
     torch.manual_seed(args.seed)
@@ -345,11 +399,122 @@ def memory_preflight(args: argparse.Namespace, dtype: Any, device: Any) -> dict[
             "loads": "full target" if args.mode == "online" else "embedding + lm_head"}
 
 
+def record(args: argparse.Namespace, cfg: Any, prompts: list[Any], *, block_size: int, block_note: str | None,
+           stops: list[int] | None, tokenizer: Any, model_type: str, num_layers: int,
+           engine_rule: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a result.json says it measured, in process or through an engine alike: ``compare``
+    reads these fields to decide whether two results are comparable."""
+    from core.ml.extract import target_fingerprint
+    from core.ml.prompts import describe
+
+    definition = taulib.DEFINITION if args.temperature == 0 else taulib.SAMPLED_DEFINITION
+    if args.mode == "offline":
+        definition += " " + taulib.OFFLINE_DEFINITION
+    weights = Path(args.drafter) / "model.safetensors"
+    return {
+        "kind": KIND,
+        "definition": definition,
+        "mode": args.mode,
+        "method": "chain",
+        **sampling_of(args).to_json(),
+        "seed": args.seed,
+        "samples": args.samples,
+        "accounting": taulib.ACCOUNTING,
+        "block_size": block_size,
+        **({"block_size_note": block_note} if block_note else {}),
+        "stop_token_ids": stops,
+        "template": template_settings(args, tokenizer),
+        "max_new_tokens": args.max_new_tokens,
+        "target": {"path": str(Path(args.target).resolve()), "model_type": model_type,
+                   "fingerprint": target_fingerprint(args.target), "num_layers": num_layers},
+        "drafter": {"path": str(Path(args.drafter).resolve()),
+                    "fingerprint": _file_sha256(weights) if weights.is_file() else None,
+                    "block_size": cfg.block_size, "target_layer_ids": cfg.target_layer_ids,
+                    "mask_token_id": cfg.mask_token_id, "config_format": cfg.source_format, "family": cfg.family,
+                    "attention": cfg.attention_summary(), **({"engine_rule": engine_rule} if engine_rule else {})},
+        "prompts": describe(args.prompts, prompts),
+    }
+
+
+def engine_reading(cfg: Any, drafter: str, name: str) -> dict[str, Any]:
+    """The attention engine ``name`` runs this drafter with (:mod:`core.ml.engines`' table), in
+    the record ``--engine-rule`` writes; ``attention`` None when specdeck's config cannot state it."""
+    import json
+
+    from core.ml.engine_rule import engine_rule_config, same_rule
+    from core.ml.engines import engine
+
+    raw = json.loads((Path(drafter) / "config.json").read_text(encoding="utf-8"))
+    reading = engine(name).read(raw)
+    out = {"engine": reading.engine, "revision": reading.revision, "specdeck_attention": cfg.attention_summary()}
+    try:
+        ruled = engine_rule_config(cfg, raw, name)
+    except ValueError as exc:
+        return {**out, "changed": None, "attention": None, "note": str(exc)}
+    return {**out, "changed": not same_rule(cfg, ruled), "attention": ruled.attention_summary()}
+
+
+def _main_engine(args: argparse.Namespace, prompts: list[Any]) -> int:
+    """The engine leg: the same prompts and result.json shape, measured through llama-server."""
+    from transformers import AutoConfig, GenerationConfig
+
+    from core.ml.drafter_config import DFlashConfig
+    from core.ml.engine_llama import GGUF_TYPES, run_engine
+    from core.ml.target import load_tokenizer, stop_token_ids
+    from core.ml.weights import checkpoint_dtype
+
+    try:
+        cfg = DFlashConfig.from_file(args.drafter)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--drafter {args.drafter}: {exc}") from None
+    block_size = args.block_size if args.block_size is not None else cfg.block_size
+    if not 2 <= block_size <= cfg.block_size:
+        raise UsageError(f"--block-size {block_size} with --engine {args.engine}: llama.cpp drafts at most the "
+                         f"drafter's B-1 = {cfg.block_size - 1} tokens a round and at least 1; choose 2..{cfg.block_size}")
+    try:
+        tcfg = AutoConfig.from_pretrained(args.target)
+        stored = checkpoint_dtype(args.target)
+    except (OSError, ValueError, KeyError) as exc:
+        raise UsageError(f"--target {args.target}: {exc}") from None
+    dtype = args.dtype if args.dtype != "auto" else str(stored or "float32").removeprefix("torch.")
+    if dtype not in GGUF_TYPES:
+        raise UsageError(f"--dtype {args.dtype}: the engine leg converts to {', '.join(GGUF_TYPES)}")
+    text = tcfg.get_text_config()
+    args.vocab_size = text.vocab_size
+    tokenizer = load_tokenizer(args.target)
+    try:
+        gen = GenerationConfig.from_pretrained(args.target)
+    except OSError:
+        gen = GenerationConfig.from_model_config(tcfg)
+    stops = stop_token_ids(type("Target", (), {"generation_config": gen})(), tokenizer)
+    say(f"drafter attention (specdeck's reading): {cfg.attention_text()}; measured through {args.engine}")
+    figures = run_engine(args, prompts, tokenizer, stops, block_size, dtype, Path(args.out).resolve().parent / "engine",
+                         Path(args.engine_bin))
+    rows = figures["per_prompt"]
+    result = {
+        **record(args, cfg, prompts, block_size=block_size, block_note=None, stops=stops, tokenizer=tokenizer,
+                 model_type=tcfg.model_type, num_layers=text.num_hidden_layers,
+                 engine_rule=engine_reading(cfg, args.drafter, args.engine)),
+        "device": "cpu",
+        "dtype": dtype,
+        **_summary(rows, block_size), "per_prompt": rows, "timing": _timing(rows),
+        "engine": figures["engine"],
+    }
+    if result["drafter"]["engine_rule"].get("attention"):  # what ran: the engine's reading of the config
+        result["drafter"]["attention"] = result["drafter"]["engine_rule"]["attention"]
+    emit("metric", task="eval", method="chain", mode=args.mode, engine=args.engine, tau=result["tau"],
+         tau_pooled=result["tau_pooled"], num_rounds=result["num_rounds"])
+    eng = figures["engine"]
+    out = write_result(args.out, result, provenance(seed=args.seed, task="eval", extra={
+        "engine": {k: eng[k] for k in ("name", "revision", "version", "binary", "binary_sha256")},
+        "eos": eng["eos"], "drafter_attention": cfg.attention_summary()}))
+    emit("result", task="eval", path=str(out.resolve()))
+    return 0
+
+
 def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
     from core.ml.drafter import load_drafter, refuse_tree
     from core.ml.engine_rule import use_engine_rule
-    from core.ml.extract import target_fingerprint
-    from core.ml.prompts import describe
     from core.ml.target import load_target, load_tokenizer, resolve_device, resolve_dtype
     from core.ml.weights import checkpoint_dtype, gb, load_embed_head
 
@@ -401,31 +566,11 @@ def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
         figures = run_online(args, target, tokenizer, drafter, prompts, block_size)
     else:
         figures = run_offline(args, target, drafter, prompts, block_size)
-    definition = taulib.DEFINITION if args.temperature == 0 else taulib.SAMPLED_DEFINITION
-    if args.mode == "offline":
-        definition += " " + taulib.OFFLINE_DEFINITION
     result = {
-        "kind": KIND,
-        "definition": definition,
-        "mode": args.mode,
-        "method": "chain",
-        **sampling_of(args).to_json(),
-        "seed": args.seed,
-        "samples": args.samples,
-        "accounting": taulib.ACCOUNTING,
-        "block_size": block_size,
-        **({"block_size_note": block_note} if block_note else {}),
-        "stop_token_ids": stop_ids(args, target, tokenizer) if args.mode == "online" else None,
-        "template": template_settings(args, tokenizer),
-        "max_new_tokens": args.max_new_tokens,
-        "target": {"path": str(Path(args.target).resolve()), "model_type": target.config.model_type,
-                   "fingerprint": target_fingerprint(args.target), "num_layers": tcfg.num_hidden_layers},
-        "drafter": {"path": str(Path(args.drafter).resolve()), "fingerprint": _file_sha256(Path(args.drafter) / "model.safetensors")
-                    if (Path(args.drafter) / "model.safetensors").is_file() else None,
-                    "block_size": cfg.block_size, "target_layer_ids": cfg.target_layer_ids,
-                    "mask_token_id": cfg.mask_token_id, "config_format": cfg.source_format, "family": cfg.family,
-                    "attention": cfg.attention_summary(), **({"engine_rule": engine_rule} if engine_rule else {})},
-        "prompts": describe(args.prompts, prompts),
+        **record(args, cfg, prompts, block_size=block_size, block_note=block_note,
+                 stops=stop_ids(args, target, tokenizer) if args.mode == "online" else None,
+                 tokenizer=tokenizer, model_type=target.config.model_type, num_layers=tcfg.num_hidden_layers,
+                 engine_rule=engine_rule),
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
         "memory": memory,

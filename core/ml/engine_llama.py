@@ -1,0 +1,417 @@
+"""The llama.cpp engine leg of ``python -m core.ml.eval --engine llama.cpp`` (issue 32 §3).
+
+The same drafter and prompts as the in-process online eval, measured through a real
+``llama-server`` (``scripts/build-llama-server`` builds it from the llama.cpp tree vendored in
+the ``llama-cpp-python`` 0.3.36 sdist; ../shared/docs/engine-llama-cpp.md is the measured
+recipe). What it does, and why each step is so:
+
+* **GGUF.** ``--engine-target`` / ``--engine-drafter`` take a ``.gguf`` or a directory, which is
+  converted with the converter of the same llama.cpp revision (:mod:`core.ml.gguf_convert`,
+  kept next to the binary), at the eval's dtype: float32 parity needs float32 on both sides.
+* **Server.** Loopback only, a free port of its own, ``-np 1`` (so ``/metrics`` deltas are one
+  request's), ``LLAMA_TRACE=1`` (one ``accepted a/ b draft tokens`` log line per round), its
+  log in the run's directory; it dies with the run: ended in a ``finally`` (errors and Ctrl-C
+  too) and, on Linux, killed by the kernel if this process dies first (``PR_SET_PDEATHSIG``).
+* **Requests.** Every prompt as token ids (the engine's tokenizer never runs), greedy, EOS
+  stopping on (the engine's ``ignore_eos`` forbids EOS instead of generating past it), and
+  ``max_new_tokens + B`` tokens asked for: the engine trims its drafts to what is left, so its
+  first rounds are the ones comparable with specdeck's (docs §4d).
+* **Acceptance.** Per round from the trace lines of that request (tau_round = a + 1), per
+  request from ``timings.draft_n`` / ``draft_n_accepted``, and ``/metrics`` deltas; any
+  disagreement between the three is an error naming the prompt. The rounds are then counted
+  the reference's way over the engine's own tokens (:func:`core.ml.tau.committed`: at most
+  ``max_new_tokens`` committed, none after a stop token), so result.json has the shape and
+  accounting of :mod:`core.ml.eval`, the engine's raw figures kept beside them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from core.ml import tau as taulib
+from core.ml.runio import Progress, TaskError, UsageError, say
+
+ENGINE = "llama.cpp"
+CACHE_ENV, BIN_ENV = "SPECDECK_LLAMA_CACHE", "SPECDECK_LLAMA_SERVER"
+BUILD_HINT = "build it with scripts/build-llama-server (about 7 min on 2 CPUs) or pass --engine-bin PATH"
+TRACE = re.compile(r"accepted\s+(\d+)/\s*(\d+) draft tokens( \(restore checkpoint\))?")
+EOG = re.compile(r"EOG token\s+= (\d+) ")
+METRICS = ("spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
+           "spec_decode_num_accepted_tokens_total")
+GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+START_TIMEOUT_S, REQUEST_TIMEOUT_S, LOG_TIMEOUT_S = 300.0, 600.0, 60.0
+
+
+def cache_root() -> Path:
+    """Where scripts/build-llama-server keeps its builds, one directory per sdist sha256."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache/specdeck/llama.cpp")
+
+
+def find_binary(explicit: str | None = None) -> Path | None:
+    """``--engine-bin``, else ``$SPECDECK_LLAMA_SERVER``, else the newest cached build; None if none."""
+    given = explicit or os.environ.get(BIN_ENV)
+    if given:
+        return Path(given)
+    built = sorted(cache_root().glob("*/bin/llama-server"), key=lambda p: p.stat().st_mtime)
+    return built[-1] if built else None
+
+
+def converter_tree(binary: Path) -> Path | None:
+    """The converter kept next to a cached build (``<sha>/convert``), else ``$SPECDECK_LLAMA_CPP``."""
+    for tree in (binary.resolve().parent.parent / "convert", Path(os.environ.get("SPECDECK_LLAMA_CPP") or "/nonexistent")):
+        if (tree / "convert_hf_to_gguf.py").is_file():
+            return tree
+    return None
+
+
+def binary_info(binary: Path) -> dict[str, Any]:
+    """Path, sha256 and ``--version`` of the server binary (result.json's ``engine``)."""
+    h = hashlib.sha256()
+    with open(binary, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    try:
+        proc = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UsageError(f"--engine-bin {binary}: does not run ({exc}); {BUILD_HINT}") from None
+    line = next((s.strip() for s in (proc.stdout + proc.stderr).splitlines() if s.startswith("version")), None)
+    if line is None:
+        raise UsageError(f"--engine-bin {binary}: `--version` printed no version line; is it llama-server?")
+    commit = re.search(r"commit ([0-9a-f]{6,})|\(([0-9a-f]{6,})\)", line)
+    return {"name": ENGINE, "binary": str(binary.resolve()), "binary_sha256": h.hexdigest(), "version": line,
+            "revision": next(g for g in commit.groups() if g) if commit else None}
+
+
+# ----------------------------------------------------------------------------- GGUF
+
+
+def gguf_of(given: str | None, source: str, role: str, outtype: str, workdir: Path, tree: Path | None,
+            target_dir: str) -> tuple[Path, dict[str, Any]]:
+    """The GGUF for ``role`` (target or drafter): ``given`` when it is a ``.gguf``, else the
+    directory (``given`` or ``source``) converted into ``workdir``. Returns it and its record."""
+    path = Path(given or source)
+    if path.is_file() and path.suffix == ".gguf":
+        return path, {"gguf": str(path.resolve()), "converted_from": None}
+    if tree is None:
+        raise UsageError(f"--engine-{role} {path}: converting a directory needs llama.cpp's converter, which is "
+                         f"kept next to a binary built by scripts/build-llama-server (or set SPECDECK_LLAMA_CPP "
+                         f"to a llama.cpp tree); or pass a .gguf")
+    out = workdir / f"{role}.gguf"
+    args = [str(path), "--outtype", outtype, "--outfile", str(out)]
+    if role == "drafter":
+        args += ["--target-model-dir", str(Path(target_dir).resolve())]
+    else:
+        args += _target_flags(path)
+    cmd = [sys.executable, "-m", "core.ml.gguf_convert", str(tree), "--", *args]
+    say(f"converting the {role} {path} to GGUF ({outtype}) with {tree / 'convert_hf_to_gguf.py'}")
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=str(Path(__file__).resolve().parents[2]))
+    if proc.returncode != 0 or not out.is_file():
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-12:])
+        raise UsageError(f"--engine-{role} {path}: llama.cpp's converter failed (exit {proc.returncode}):\n{tail}")
+    notices = [s for s in proc.stderr.splitlines() if s.startswith("notice:")]
+    for n in notices:
+        say(n)
+    return out, {"gguf": str(out.resolve()), "converted_from": str(path.resolve()), "outtype": outtype,
+                 "notices": notices}
+
+
+def _target_flags(path: Path) -> list[str]:
+    """Converter flags a target needs: a Qwen3.5 checkpoint without MTP layers needs ``--no-mtp``."""
+    try:
+        cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    text = {**cfg, **(cfg.get("text_config") or {})}
+    if str(text.get("model_type", "")).startswith("qwen3_5") and not text.get("mtp_num_hidden_layers"):
+        return ["--no-mtp"]
+    return []
+
+
+# ----------------------------------------------------------------------------- server
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One request's answer: the engine's tokens and figures, and the trace rounds of it."""
+
+    tokens: list[int]
+    accepted: list[int]
+    drafted: list[int]
+    timings: dict[str, Any]
+    metrics_delta: dict[str, float]
+    stop_type: str | None
+
+
+class LlamaServer:
+    """A ``llama-server`` for one eval: started by ``with``, ended when the block exits."""
+
+    def __init__(self, binary: Path, target: Path, drafter: Path, n_max: int, threads: int, context: int,
+                 workdir: Path) -> None:
+        self.binary, self.target, self.drafter = binary, target, drafter
+        self.n_max, self.threads, self.context = n_max, threads, context
+        self.log_path = workdir / "llama-server.log"
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+        self._http = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never a proxy
+
+    def command(self) -> list[str]:
+        return [str(self.binary), "-m", str(self.target), "-md", str(self.drafter), "--spec-type", "draft-dflash",
+                "--spec-draft-n-max", str(self.n_max), "-np", "1", "-c", str(self.context), "-t", str(self.threads),
+                "--host", "127.0.0.1", "--port", str(self.port), "--no-warmup", "--metrics"]
+
+    def __enter__(self) -> LlamaServer:
+        for attempt in range(3):  # another process may take the free port before the server binds it
+            self.port = _free_port()
+            with open(self.log_path, "ab") as log:
+                self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, env={**os.environ, "LLAMA_TRACE": "1"},
+                                             start_new_session=True, preexec_fn=_die_with_parent)
+            try:
+                self._wait_healthy()
+                return self
+            except _PortTaken:
+                self.stop()
+        raise TaskError(f"llama-server could not bind a loopback port in 3 tries; see {self.log_path}")
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """End the server: SIGINT (its clean shutdown), SIGKILL after 10 s; always reaped."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def _log_tail(self, n: int = 15) -> str:
+        return "\n".join(self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-n:])
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                tail = self._log_tail()
+                if "bind" in tail and "address" in tail.lower():
+                    raise _PortTaken()
+                raise TaskError(f"llama-server exited with status {self.proc.returncode} while starting "
+                                f"({self.log_path}):\n{tail}")
+            try:
+                with self._http.open(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise TaskError(f"llama-server did not report healthy in {START_TIMEOUT_S:.0f} s ({self.log_path})")
+
+    def _get(self, path: str) -> str:
+        with self._http.open(f"http://127.0.0.1:{self.port}{path}", timeout=REQUEST_TIMEOUT_S) as r:
+            return r.read().decode()
+
+    def metrics(self) -> dict[str, float]:
+        """The cumulative speculative-decoding counters of ``/metrics``."""
+        out = {}
+        for line in self._get("/metrics").splitlines():
+            name, _, value = line.partition(" ")
+            key = name.removeprefix("llamacpp:")
+            if key in METRICS:
+                out[key] = float(value)
+        return out
+
+    def eog_ids(self) -> list[int]:
+        """The token ids the engine ends generation at, as its vocabulary loader printed them."""
+        return sorted({int(m.group(1)) for m in EOG.finditer(self.log_path.read_text(errors="replace"))})
+
+    def complete(self, pid: str, ids: list[int], n_predict: int) -> Reply:
+        """One greedy ``/completion`` of token ids, with its trace rounds and counter deltas."""
+        before = self.metrics()
+        offset = self.log_path.stat().st_size
+        body = {"prompt": ids, "n_predict": n_predict, "temperature": 0, "top_k": 1, "samplers": ["top_k"],
+                "cache_prompt": False, "return_tokens": True}
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with self._http.open(req, timeout=REQUEST_TIMEOUT_S) as r:
+                resp = json.loads(r.read().decode())
+        except urllib.error.HTTPError as exc:
+            raise TaskError(f"prompt {pid}: llama-server answered {exc.code}: {exc.read().decode()[:500]}") from None
+        delta = {k: v - before.get(k, 0.0) for k, v in self.metrics().items()}
+        # The log is written by the server's own logging thread: wait until it holds every round.
+        rounds = int(delta.get("spec_decode_num_drafts_total", 0))
+        deadline = time.monotonic() + LOG_TIMEOUT_S
+        while True:
+            lines = _trace(self.log_path, offset)
+            if len(lines) >= rounds or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        timings = resp.get("timings") or {}
+        return Reply([int(t) for t in resp.get("tokens") or []], [a for a, _ in lines], [b for _, b in lines],
+                     timings, delta, resp.get("stop_type"))
+
+
+class _PortTaken(Exception):
+    pass
+
+
+def _trace(log: Path, offset: int) -> list[tuple[int, int]]:
+    """``(accepted, drafted)`` per round from the complete trace lines after ``offset``. A
+    checkpointed target (Qwen3.5) logs a partial acceptance as ``(restore checkpoint)`` and
+    then replays the accepted part; the round is the first line, the replay's line is skipped."""
+    with open(log, "rb") as f:
+        f.seek(offset)
+        text = f.read().decode("utf-8", errors="replace")
+    out, replay = [], False
+    for line in text.splitlines(keepends=True):
+        m = TRACE.search(line)
+        if not m or not line.endswith("\n"):
+            continue
+        if replay:
+            replay = False
+            continue
+        out.append((int(m.group(1)), int(m.group(2))))
+        replay = bool(m.group(3))
+    return out
+
+
+def check_reply(pid: str, r: Reply) -> None:
+    """The trace, the response's timings and the ``/metrics`` deltas must tell one story.
+
+    Raises:
+        TaskError: they disagree (names the prompt and the figures).
+    """
+    figures = {
+        "rounds": (len(r.accepted), r.metrics_delta.get("spec_decode_num_drafts_total")),
+        "draft tokens": (sum(r.drafted), r.timings.get("draft_n"), r.metrics_delta.get("spec_decode_num_draft_tokens_total")),
+        "accepted": (sum(r.accepted), r.timings.get("draft_n_accepted"),
+                     r.metrics_delta.get("spec_decode_num_accepted_tokens_total")),
+    }
+    bad = {k: v for k, v in figures.items() if len({int(x) for x in v if x is not None}) != 1 or None in v[:1]}
+    if bad:
+        text = "; ".join(f"{k}: trace/timings/metrics = {'/'.join(str(x) for x in v)}" for k, v in bad.items())
+        raise TaskError(f"prompt {pid}: llama-server's acceptance figures disagree ({text})")
+
+
+def committed_rounds(tokens: list[int], engine_rounds: list[int], max_new: int,
+                     stops: Sequence[int]) -> tuple[list[int], list[int], bool]:
+    """The engine's answer counted as :func:`core.ml.generate.chain_generate` counts its own: the
+    first token comes from the prefill, each round commits its ``a + 1`` tokens up to
+    ``max_new_tokens`` and up to (and with) the first stop token. Returns ``(tokens, rounds,
+    stopped)``; rounds past the engine's drafts (its last tokens, decoded one at a time) count 1."""
+    if not tokens:
+        return [], [], False
+    stop = set(stops)
+    out, rounds, start = tokens[:1], [], 1
+    stopped = tokens[0] in stop
+    queue = list(engine_rounds)
+    while len(out) < max_new and not stopped and start < len(tokens):
+        width = queue.pop(0) if queue else 1
+        produced, stopped = taulib.committed(tokens[start:start + width], max_new - len(out), stop)
+        out += tokens[start:start + produced]
+        rounds.append(produced)
+        start += width
+    return out, rounds, stopped
+
+
+# ----------------------------------------------------------------------------- the eval
+
+
+def run_engine(args: Any, prompts: list[Any], tokenizer: Any, stops: list[int], block_size: int, dtype: str,
+               workdir: Path, binary: Path) -> dict[str, Any]:
+    """Every prompt through a llama-server of ``binary``; returns eval's figures and ``engine``."""
+    from core.ml.prompts import encode
+
+    info = binary_info(binary)
+    tree = converter_tree(binary)
+    workdir.mkdir(parents=True, exist_ok=True)
+    outtype = GGUF_TYPES[dtype]
+    target_gguf, target_rec = gguf_of(args.engine_target, args.target, "target", outtype, workdir, tree, args.target)
+    drafter_gguf, drafter_rec = gguf_of(args.engine_drafter, args.drafter, "drafter", outtype, workdir, tree,
+                                        args.target)
+    vocab = args.vocab_size
+    rows = []
+    progress = Progress("eval", len(prompts), "prompts")
+    server = LlamaServer(binary, target_gguf, drafter_gguf, block_size - 1, args.engine_threads,
+                         args.engine_context, workdir)
+    say(f"starting llama-server ({info['version']}) on 127.0.0.1, log {server.log_path}")
+    with server:
+        eog, pid = server.eog_ids(), server.proc.pid
+        for p in prompts:
+            ids = encode(p, tokenizer, vocab, not args.no_chat_template, args.enable_thinking)
+            need = len(ids) + args.max_new_tokens + block_size
+            if need > args.engine_context:
+                raise UsageError(f"prompt {p.id}: {len(ids)} prompt tokens + {args.max_new_tokens} + B={block_size} "
+                                 f"do not fit --engine-context {args.engine_context}; raise it")
+            t0 = time.perf_counter()
+            reply = server.complete(p.id, ids, args.max_new_tokens + block_size)
+            check_reply(p.id, reply)
+            tokens, rounds, stopped = committed_rounds(reply.tokens, [a + 1 for a in reply.accepted],
+                                                       args.max_new_tokens, stops)
+            p.answer = tokens
+            tm = reply.timings
+            rows.append({"id": p.id, "sample": 0, "seed": None, "tau": taulib.mean_tau(rounds), "rounds": rounds,
+                         "tokens": tokens, "prompt_len": len(ids), "stopped": stopped,
+                         "prefill_s": (tm.get("prompt_ms") or 0.0) / 1e3, "decode_s": (tm.get("predicted_ms") or 0.0) / 1e3,
+                         "wall_s": time.perf_counter() - t0,
+                         "engine": {"rounds": [a + 1 for a in reply.accepted], "drafted": reply.drafted,
+                                    "tokens": reply.tokens, "draft_n": tm.get("draft_n"),
+                                    "draft_n_accepted": tm.get("draft_n_accepted"),
+                                    "predicted_n": tm.get("predicted_n"), "stop_type": reply.stop_type,
+                                    "metrics_delta": reply.metrics_delta, "n_predict": args.max_new_tokens + block_size}})
+            progress.step(tokens=len(tokens), id=p.id, tau=rows[-1]["tau"])
+    eos = {"specdeck": sorted(stops), "engine": eog, "equal": sorted(stops) == eog}
+    if not eos["equal"]:
+        say(f"warning: EOS sets differ: specdeck stops at {eos['specdeck']}, llama.cpp at {eog}; a generation "
+            "that reaches an id in only one of them ends differently")
+    engine = {**info, "target": target_rec, "drafter": drafter_rec, "eos": eos, "threads": args.engine_threads,
+              "context": args.engine_context, "pid": pid, "spec_draft_n_max": block_size - 1, "log": str(server.log_path.resolve()),
+              "command": server.command(), "converter": str(tree) if tree else None}
+    return {"per_prompt": rows, "engine": engine}
+
+
+def server_processes(binary: Path) -> list[int]:
+    """Pids of running processes of ``binary`` (tests: no server outlives its eval)."""
+    exe = str(binary.resolve())
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if os.readlink(d / "exe") == exe:
+                    pids.append(int(d.name))
+            except OSError:
+                continue
+    return pids
+
