@@ -59,7 +59,8 @@ def _eos_set(result: dict[str, Any]) -> list[int] | None:
     return sorted(stops) if isinstance(stops, list) else None
 
 
-def _parity_identity(result: dict[str, Any]) -> dict[str, Any]:
+def parity_identity(result: dict[str, Any]) -> dict[str, Any]:
+    """The :data:`PARITY_SETTINGS` of a result."""
     return {"dtype": result.get("dtype"), "attention": _attention(result), "eos_set": _eos_set(result)}
 
 
@@ -149,7 +150,7 @@ def compare_results(
     id_o, id_b = _identity(ours, sec_o, section), _identity(baseline, sec_b, section)
     engine_pair = isinstance(ours.get("engine"), dict) or isinstance(baseline.get("engine"), dict)
     if engine_pair:
-        id_o, id_b = {**id_o, **_parity_identity(ours)}, {**id_b, **_parity_identity(baseline)}
+        id_o, id_b = {**id_o, **parity_identity(ours)}, {**id_b, **parity_identity(baseline)}
     mismatches = [
         {"field": k, "ours": id_o[k], "baseline": id_b[k]} for k in id_o if id_o[k] != id_b[k]
     ]
