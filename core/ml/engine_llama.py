@@ -188,17 +188,20 @@ class LlamaServer:
                 "--host", "127.0.0.1", "--port", str(self.port), "--no-warmup", "--metrics"]
 
     def __enter__(self) -> LlamaServer:
-        for attempt in range(3):  # another process may take the free port before the server binds it
-            self.port = _free_port()
-            with open(self.log_path, "ab") as log:
-                self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL, env={**os.environ, "LLAMA_TRACE": "1"},
-                                             start_new_session=True, preexec_fn=_die_with_parent)
-            try:
-                self._wait_healthy()
-                return self
-            except _PortTaken:
-                self.stop()
+        try:
+            for _ in range(3):  # another process may take the free port before the server binds it
+                self.port = _free_port()
+                self.log_path.parent.mkdir(parents=True, exist_ok=True)
+                start = self.log_path.stat().st_size if self.log_path.exists() else 0
+                with open(self.log_path, "ab") as log:
+                    self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                                 stdin=subprocess.DEVNULL, env={**os.environ, "LLAMA_TRACE": "1"},
+                                                 start_new_session=True, preexec_fn=_die_with_parent)
+                if self._wait_healthy(start):
+                    return self
+        except BaseException:  # Ctrl-C or a timeout while starting: the server must not outlive it
+            self.stop()
+            raise
         raise TaskError(f"llama-server could not bind a loopback port in 3 tries; see {self.log_path}")
 
     def __exit__(self, *exc: Any) -> None:
@@ -216,26 +219,30 @@ class LlamaServer:
             proc.kill()
             proc.wait()
 
-    def _log_tail(self, n: int = 15) -> str:
-        return "\n".join(self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-n:])
+    def _log_since(self, offset: int) -> str:
+        with open(self.log_path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode("utf-8", errors="replace")
 
-    def _wait_healthy(self) -> None:
+    def _wait_healthy(self, offset: int) -> bool:
+        """Poll ``/health`` until the model is loaded: True; False when the port was taken
+        (the server ended, saying so); TaskError when it ended otherwise or never got ready."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                tail = self._log_tail()
-                if "bind" in tail and "address" in tail.lower():
-                    raise _PortTaken()
+                text = self._log_since(offset)
+                if "couldn't bind HTTP server socket" in text:
+                    return False
+                tail = "\n".join(text.splitlines()[-15:])
                 raise TaskError(f"llama-server exited with status {self.proc.returncode} while starting "
                                 f"({self.log_path}):\n{tail}")
             try:
                 with self._http.open(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
                     if r.status == 200:
-                        return
+                        return True
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(0.1)
-        self.stop()
         raise TaskError(f"llama-server did not report healthy in {START_TIMEOUT_S:.0f} s ({self.log_path})")
 
     def _get(self, path: str) -> str:
@@ -281,10 +288,6 @@ class LlamaServer:
         timings = resp.get("timings") or {}
         return Reply([int(t) for t in resp.get("tokens") or []], [a for a, _ in lines], [b for _, b in lines],
                      timings, delta, resp.get("stop_type"))
-
-
-class _PortTaken(Exception):
-    pass
 
 
 def _trace(log: Path, offset: int) -> list[tuple[int, int]]:
