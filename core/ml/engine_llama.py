@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -112,7 +113,8 @@ def gguf_of(given: str | None, source: str, role: str, outtype: str, workdir: Pa
                          f"kept next to a binary built by scripts/build-llama-server (or set SPECDECK_LLAMA_CPP "
                          f"to a llama.cpp tree); or pass a .gguf")
     out = workdir / f"{role}.gguf"
-    args = [str(path), "--outtype", outtype, "--outfile", str(out)]
+    source_dir = path if role == "drafter" else with_mrope_sections(path, workdir / "target-staged")
+    args = [str(source_dir), "--outtype", outtype, "--outfile", str(out)]
     if role == "drafter":
         args += ["--target-model-dir", str(Path(target_dir).resolve())]
     else:
@@ -128,6 +130,43 @@ def gguf_of(given: str | None, source: str, role: str, outtype: str, workdir: Pa
         say(n)
     return out, {"gguf": str(out.resolve()), "converted_from": str(path.resolve()), "outtype": outtype,
                  "notices": notices}
+
+
+def mrope_sections(n_rot: int) -> list[int]:
+    """M-RoPE sections for ``n_rot`` rotary dims: ``n_rot / 2`` pairs split over (t, h, w) as
+    Qwen's default [11, 11, 10] splits 32."""
+    n = n_rot // 2
+    first = -(-n // 3)
+    second = -(-(n - first) // 2)
+    return [first, second, n - first - second]
+
+
+def with_mrope_sections(path: Path, staged: Path) -> Path:
+    """``path``, or a copy of it (weights linked) whose config states ``mrope_section``: llama.cpp
+    gives a Qwen3.5 target without one the default [11, 11, 10] and aborts when the model has
+    fewer rotary dims (``GGML_ASSERT(sect_dims <= ne0)``, tiny targets). For text positions the
+    sections change nothing: t, h and w positions are all the token's index."""
+    try:
+        cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return path
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    rope = text.get("rope_parameters")
+    if not str(text.get("model_type", cfg.get("model_type", ""))).startswith("qwen3_5") or not isinstance(rope, dict) \
+            or "mrope_section" in rope:
+        return path
+    head = int(text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"])
+    n_rot = int(head * float(rope.get("partial_rotary_factor", 1.0)))
+    rope["mrope_section"] = mrope_sections(n_rot)
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.mkdir(parents=True)
+    for f in path.iterdir():
+        if f.name != "config.json":
+            (staged / f.name).symlink_to(f.resolve())
+    (staged / "config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+    say(f"notice: {path}/config.json states no mrope_section; converting a copy with {rope['mrope_section']} "
+        f"({n_rot} rotary dims; the same outputs for text positions)")
+    return staged
 
 
 def _target_flags(path: Path) -> list[str]:

@@ -27,7 +27,7 @@ pytest.importorskip("torch")
 from core.ml import eval as eval_mod  # noqa: E402
 from core.ml.compare import compare_results  # noqa: E402
 from core.ml.engine_lint import lint  # noqa: E402
-from core.ml.engine_llama import committed_rounds, find_binary, server_processes  # noqa: E402
+from core.ml.engine_llama import committed_rounds, find_binary, mrope_sections, server_processes  # noqa: E402
 from core.ml.runio import run_main  # noqa: E402
 
 BINARY = find_binary()
@@ -38,9 +38,9 @@ needs_server = [pytest.mark.engine, pytest.mark.slow, pytest.mark.skipif(
 MAX_NEW = 40
 
 
-def _pair(tiny, root, **kw):
-    """A tiny Qwen3 target and a drafter fitted to it by specdeck (B = 8), and 4 prompts."""
-    target, drafter = tiny.make_tiny_pair(root, "qwen3", seed=0, block_size=8, fit_steps=80, **kw)
+def _pair(tiny, root, arch="qwen3", **kw):
+    """A tiny target and a drafter fitted to it by specdeck (B = 8), and 4 prompts."""
+    target, drafter = tiny.make_tiny_pair(root, arch, seed=0, block_size=8, fit_steps=80, **kw)
     return target, drafter, tiny.write_tiny_prompts(root / "prompts.jsonl", n_text=3)
 
 
@@ -125,6 +125,19 @@ class TestEngine:
         assert compare_results(eng, ruled, allow_mismatch=True)["parity"]["equal"]
         why = [f for name, f in lint(drafter).differences() if name == "llama.cpp" and f.field == "attention"]
         assert why and "causality from" in why[0].message and "bidirectional" in why[0].message
+
+    def test_hybrid_qwen35_target_tokens_and_rounds_equal(self, tiny, tmp_path):
+        # a gated-delta-net target: the engine rolls its recurrent state back through checkpoints;
+        # the converter needs --no-mtp and stated M-RoPE sections (the driver supplies both)
+        target, drafter, prompts = _pair(tiny, tmp_path, arch="qwen3_5")
+        eng = _eval(target, drafter, prompts, tmp_path / "engine/result.json", "--engine", "llama.cpp")
+        own = _eval(target, drafter, prompts, tmp_path / "own/result.json")
+        assert _tokens(eng) == _tokens(own)
+        assert _rounds(eng) == _rounds(own)
+
+
+def test_mrope_sections_split_the_rotary_pairs_like_qwens_default():
+    assert mrope_sections(64) == [11, 11, 10] and mrope_sections(4) == [1, 1, 0]
 
 
 @pytest.mark.parametrize("flags, field", [
