@@ -50,7 +50,10 @@ from core.ml.runio import Progress, TaskError, UsageError, say
 ENGINE = "llama.cpp"
 CACHE_ENV, BIN_ENV = "SPECDECK_LLAMA_CACHE", "SPECDECK_LLAMA_SERVER"
 BUILD_HINT = "build it with scripts/build-llama-server (about 7 min on 2 CPUs) or pass --engine-bin PATH"
-TRACE = re.compile(r"accepted\s+(\d+)/\s*(\d+) draft tokens( \(restore checkpoint\))?")
+TRACE = re.compile(r" I slot .*accepted\s+(\d+)/\s*(\d+) draft tokens( \(restore checkpoint\))?\s*$")
+"""The per-round trace line (info level; the debug line that also says ``accepted a/b draft tokens``
+goes on with ``, new n_tokens``, so it never matches)."""
+DRAFT_LOAD = "loading draft model"
 EOG = re.compile(r"EOG token\s+= (\d+) ")
 METRICS = ("spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
            "spec_decode_num_accepted_tokens_total")
@@ -224,7 +227,7 @@ class LlamaServer:
     def command(self) -> list[str]:
         return [str(self.binary), "-m", str(self.target), "-md", str(self.drafter), "--spec-type", "draft-dflash",
                 "--spec-draft-n-max", str(self.n_max), "-np", "1", "-c", str(self.context), "-t", str(self.threads),
-                "--host", "127.0.0.1", "--port", str(self.port), "--no-warmup", "--metrics"]
+                "--host", "127.0.0.1", "--port", str(self.port), "--no-warmup", "--metrics", "-lv", "4"]
 
     def __enter__(self) -> LlamaServer:
         try:
@@ -299,8 +302,10 @@ class LlamaServer:
         return out
 
     def eog_ids(self) -> list[int]:
-        """The token ids the engine ends generation at, as its vocabulary loader printed them."""
-        return sorted({int(m.group(1)) for m in EOG.finditer(self.log_path.read_text(errors="replace"))})
+        """The token ids the engine ends generation at, as the target's vocabulary loader printed
+        them (``-lv 4``; before the draft model's own vocabulary is loaded)."""
+        text = self._log_since(0).split(DRAFT_LOAD, 1)[0]
+        return sorted({int(m.group(1)) for m in EOG.finditer(text)})
 
     def complete(self, pid: str, ids: list[int], n_predict: int) -> Reply:
         """One greedy ``/completion`` of token ids, with its trace rounds and counter deltas."""
@@ -338,8 +343,7 @@ def _trace(log: Path, offset: int) -> list[tuple[int, int]]:
         text = f.read().decode("utf-8", errors="replace")
     out, replay = [], False
     for line in text.splitlines(keepends=True):
-        m = TRACE.search(line)
-        if not m or not line.endswith("\n"):
+        if not line.endswith("\n") or not (m := TRACE.search(line)):
             continue
         if replay:
             replay = False

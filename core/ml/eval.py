@@ -488,7 +488,7 @@ def _main_engine(args: argparse.Namespace, prompts: list[Any]) -> int:
         gen = GenerationConfig.from_model_config(tcfg)
     stops = stop_token_ids(type("Target", (), {"generation_config": gen})(), tokenizer)
     say(f"drafter attention (specdeck's reading): {cfg.attention_text()}; measured through {args.engine}")
-    figures = run_engine(args, prompts, tokenizer, stops, block_size, dtype, Path(args.out).resolve().parent / "engine",
+    figures = run_engine(args, prompts, tokenizer, stops, block_size, dtype, Path(args.out).resolve().parent / "llama.cpp",
                          Path(args.engine_bin))
     rows = figures["per_prompt"]
     result = {

@@ -289,13 +289,15 @@ def write_tiny_prompts(path: str | Path, n_text: int = 3) -> Path:
 
 
 def make_tiny_pair(root: str | Path, arch: str = "qwen3", seed: int = 0, block_size: int = 8, fit_steps: int = 0,
-                   **kw: Any) -> tuple[Path, Path]:
+                   target_overrides: dict[str, Any] | None = None, **kw: Any) -> tuple[Path, Path]:
     """Create ``root/target`` and ``root/drafter``; returns both paths.
 
     With ``fit_steps > 0`` the drafter is first fitted to the target (:func:`fit_tiny_drafter`).
+    ``target_overrides`` go to the target's config (e.g. a larger ``initializer_range``: logits
+    far from ties, so two implementations' float noise never flips an argmax).
     """
     root = Path(root)
-    target = build_tiny_target("qwen3_5" if arch == "qwen3_5_vlm" else arch, seed)
+    target = build_tiny_target("qwen3_5" if arch == "qwen3_5_vlm" else arch, seed, **(target_overrides or {}))
     save_tiny_target(root / "target", arch, seed, model=target)
     drafter = build_tiny_drafter(tiny_drafter_config(target.config, block_size=block_size, **kw), seed + 1,
                                  std=0.05 if fit_steps else 0.2)

@@ -56,7 +56,8 @@ def test_fault_no_llama_server_outlives_an_interrupted_or_killed_eval(pair, tmp_
     before = set(server_processes(BINARY))
     proc = subprocess.Popen([sys.executable, "-m", "core.ml.eval", "--target", str(target), "--drafter", str(drafter),
                              "--prompts", str(prompts), "--out", str(tmp_path / "run/result.json"),
-                             "--max-new-tokens", "64", "--dtype", "float32", "--engine", "llama.cpp"],
+                             "--max-new-tokens", "64", "--dtype", "float32", "--engine", "llama.cpp",
+                             "--engine-bin", str(BINARY)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
