@@ -23,7 +23,7 @@ from core.ml.engine_llama import find_binary, server_processes  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 
 BINARY = find_binary()
-pytestmark = [pytest.mark.engine, pytest.mark.ml, pytest.mark.skipif(
+pytestmark = [pytest.mark.engine, pytest.mark.ml, pytest.mark.slow, pytest.mark.skipif(
     BINARY is None or not BINARY.is_file(),
     reason="no llama-server built: scripts/bootstrap builds it with scripts/build-llama-server; CI has it")]
 
