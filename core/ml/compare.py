@@ -41,7 +41,8 @@ def side_name(result: dict[str, Any]) -> str:
     attention rule or an engine's (``eval --engine-rule``)."""
     engine = result.get("engine")
     if isinstance(engine, dict):
-        return f"{engine.get('name')}@{engine.get('revision')}"
+        rev = engine.get("revision") or engine.get("version")
+        return f"{engine.get('name')}@{rev}" if rev else str(engine.get("name"))
     rule = (result.get("drafter") or {}).get("engine_rule")
     return f"specdeck under {rule['engine']}'s rule" if isinstance(rule, dict) and rule.get("changed") else "specdeck"
 
@@ -169,8 +170,10 @@ def compare_results(
         row = {"id": pid, "ours": to, "baseline": tb, **_delta_ratio(to, tb)}
         if engine_pair:
             ro, rb = rows_o[pid][0], rows_b[pid][0]
-            row.update(tokens_equal=ro.get("tokens") == rb.get("tokens"), rounds_equal=ro.get("rounds") == rb.get("rounds"),
-                       first_round_differing=_first_difference(ro.get("rounds") or [], rb.get("rounds") or []))
+            both = ro.get("rounds") is not None and rb.get("rounds") is not None  # a client's rows have none
+            row.update(tokens_equal=ro.get("tokens") == rb.get("tokens"),
+                       rounds_equal=ro["rounds"] == rb["rounds"] if both else None,
+                       first_round_differing=_first_difference(ro["rounds"], rb["rounds"]) if both else None)
         per_prompt.append(row)
     macro_o, macro_b = _macro([rows_o[i] for i in common]), _macro([rows_b[i] for i in common])
     pooled_o, pooled_b = _pooled([r for i in common for r in rows_o[i]]), _pooled([r for i in common for r in rows_b[i]])
@@ -191,8 +194,10 @@ def compare_results(
     parity = None
     if engine_pair:
         parity = {"num_prompts": len(per_prompt), "tokens_equal": sum(r["tokens_equal"] for r in per_prompt),
-                  "rounds_equal": sum(r["rounds_equal"] for r in per_prompt)}
-        parity["equal"] = parity["tokens_equal"] == parity["rounds_equal"] == len(per_prompt) > 0
+                  "rounds_equal": sum(r["rounds_equal"] is True for r in per_prompt),
+                  "rounds_compared": sum(r["rounds_equal"] is not None for r in per_prompt)}
+        parity["equal"] = (len(per_prompt) > 0 and parity["tokens_equal"] == len(per_prompt)
+                           and parity["rounds_equal"] == parity["rounds_compared"])
     return {
         "ok": not mismatches,
         "sides": {"ours": side_name(ours), "baseline": side_name(baseline)},
