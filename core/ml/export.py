@@ -78,11 +78,21 @@ def validate(args: argparse.Namespace) -> None:
         llama_cpp_tree(args)
 
 
+def cached_converter() -> Path | None:
+    """The converter scripts/build-llama-server kept next to its newest build: the revision the
+    engine leg serves with (core.ml.engine_llama), so an export and that engine agree."""
+    from core.ml.engine_llama import converter_tree, find_binary
+
+    binary = find_binary()
+    return converter_tree(binary) if binary is not None else None
+
+
 def llama_cpp_tree(args: argparse.Namespace) -> Path:
     """The llama.cpp tree for ``--format gguf`` (refused, saying what is needed, when absent)."""
-    root = args.llama_cpp or os.environ.get("SPECDECK_LLAMA_CPP")
-    need = ("--format gguf runs llama.cpp's own convert_hf_to_gguf.py: pass --llama-cpp DIR (or set "
-            "SPECDECK_LLAMA_CPP) to a llama.cpp tree, e.g. the one vendored in the llama-cpp-python 0.3.36 sdist "
+    root = args.llama_cpp or os.environ.get("SPECDECK_LLAMA_CPP") or cached_converter()
+    need = ("--format gguf runs llama.cpp's own convert_hf_to_gguf.py: run scripts/build-llama-server (it keeps "
+            "the converter of the llama.cpp it builds), or pass --llama-cpp DIR (or set SPECDECK_LLAMA_CPP) to a "
+            "llama.cpp tree, e.g. the one vendored in the llama-cpp-python 0.3.36 sdist "
             "(pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36, unpack it, "
             "DIR = llama_cpp_python-0.3.36/vendor/llama.cpp; docs/serving.md §4)")
     if not root:

@@ -78,7 +78,9 @@ def test_fp32_export_is_bit_equal(pair, tmp_path):
 
 @pytest.mark.parametrize("case", ["gguf-no-tree", "speculators-no-target", "no-config", "out-is-src"])
 def test_bad_input_exits_2_with_nothing_written(pair, tmp_path, capsys, case, monkeypatch):
-    monkeypatch.delenv("SPECDECK_LLAMA_CPP", raising=False)
+    for var in ("SPECDECK_LLAMA_CPP", "SPECDECK_LLAMA_SERVER"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SPECDECK_LLAMA_CACHE", str(tmp_path / "no-builds"))  # no cached converter either
     target, drafter = pair
     out = tmp_path / "never"
     argv = {"gguf-no-tree": [str(drafter), "--out", str(out), "--format", "gguf", "--target", str(target)],
@@ -88,7 +90,7 @@ def test_bad_input_exits_2_with_nothing_written(pair, tmp_path, capsys, case, mo
     assert run_main(export_mod.main, argv) == 2
     err = capsys.readouterr().err
     assert not out.exists()
-    expect = {"gguf-no-tree": "convert_hf_to_gguf.py: pass --llama-cpp DIR", "speculators-no-target": "needs --target",
+    expect = {"gguf-no-tree": "run scripts/build-llama-server", "speculators-no-target": "needs --target",
               "no-config": "no config.json there", "out-is-src": "is the drafter directory itself"}[case]
     assert expect in err
 
@@ -190,12 +192,17 @@ def test_gguf_runs_the_trees_converter_on_a_zlab_export_with_the_target(pair, tm
     assert "warning: llama.cpp: differs attention" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not os.environ.get("SPECDECK_LLAMA_CPP"), reason="needs a llama.cpp tree in $SPECDECK_LLAMA_CPP")
+CONVERTER = os.environ.get("SPECDECK_LLAMA_CPP") or export_mod.cached_converter()
+"""llama.cpp's converter, looked up once here: the tests run with a temporary HOME, where no build is cached."""
+
+
+@pytest.mark.skipif(not CONVERTER,
+                    reason="needs llama.cpp's converter: scripts/build-llama-server keeps it (CI has it), or $SPECDECK_LLAMA_CPP")
 def test_real_converter_refusal_is_passed_on_with_nothing_written(pair, tmp_path, capsys):
     """specdeck's tiny byte-level tokenizer is not one llama.cpp's converter knows: its own
     message comes back (exit 2) and no GGUF is left behind."""
     target, _ = pair
     out = tmp_path / "gguf"
-    assert _export(pair, out, "--format", "gguf", "--target", str(target)) == 2
+    assert _export(pair, out, "--format", "gguf", "--target", str(target), "--llama-cpp", str(CONVERTER)) == 2
     assert "convert_hf_to_gguf.py failed" in capsys.readouterr().err
     assert not out.exists()
