@@ -23,7 +23,8 @@ TensorBoard event files (TFRecord framing around ``Event`` protobufs, decoded by
 TensorFlow or tensorboard needed on the console machine) are read from the host incrementally: each file's byte offset is kept in
 the store and advanced in the same transaction as the metrics parsed from it, so a kill -9
 at any point neither loses nor repeats a point. Files already in the directory when the run
-is launched belong to earlier runs and are skipped. The tag is the metric name.
+is launched belong to earlier runs and are skipped. The tag is the metric name, unless
+``names`` maps it (a SpecForge or speculators train item maps their tags: core.actions.trainers).
 
 What runs write is untrusted: parsing never raises on a number (a 400-digit step, NaN,
 ``1e400``): numbers are handed on as found and the store keeps only those it can hold
@@ -62,6 +63,8 @@ class MetricsParams:
         "doc": "HF Trainer dict lines ({'loss': 2.3, 'epoch': 0.1}); step: global_step or line count"})
     tensorboard: str | None = field(default=None, metadata={
         "doc": "dir of TensorBoard event files (host workdir relative); read incrementally"})
+    names: dict[str, str] = field(default_factory=dict, metadata={
+        "doc": "TensorBoard tag -> metric name (train/loss: loss); other tags keep their name"})
 
     @property
     def regexes(self) -> tuple[str, ...]:
@@ -561,8 +564,11 @@ class TensorBoardSource:
     end of its file once the run has ended (``final``) or the file has not grown for
     ``stale_s`` seconds (torn by a crash, or truncated)."""
 
-    def __init__(self, host, store, run_id: str, directory: str, *, stale_s: float = 600.0):
+    def __init__(self, host, store, run_id: str, directory: str, *, stale_s: float = 600.0,
+                 names: dict[str, str] | None = None):
         self.host, self.store, self.run_id = host, store, run_id
+        self.names = dict(names or {})
+        """Tag -> the metric name it is stored under (the curves' ``loss``, ``accuracy``)."""
         self.dir = host.path(directory)
         self.stale_s = stale_s
         self.bad: set[str] = set()
@@ -627,7 +633,8 @@ class TensorBoardSource:
             rows, used, error = [], 0, f.error
             for end, rec in f.records:
                 try:
-                    rows += scalars(rec)
+                    rows += [(st, self.names.get(tag, tag), *rest)
+                             for st, tag, *rest in scalars(rec)]
                 except EventFileError as e:
                     error = f"{where}: record at byte {offset + used}: {e}"
                     break
@@ -673,7 +680,7 @@ def tensorboard_source(spec: MetricsParams | None, host, store,
     """The reader of the TensorBoard files ``spec`` (an action's ``metrics:``) names."""
     if spec is None or not spec.tensorboard or host is None:
         return None
-    return TensorBoardSource(host, store, run_id, spec.tensorboard)
+    return TensorBoardSource(host, store, run_id, spec.tensorboard, names=spec.names)
 
 
 

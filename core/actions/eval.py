@@ -17,9 +17,9 @@ from typing import Literal
 
 from core.actions import fit
 from core.actions.base import Action, CheckResult, Launch
-from core.actions.mlbase import (host_python, launch_inputs, ml_failure, prompts_on_host,
-                                 py_module, read_json, record_launch, resolve_ref,
-                                 validate_prompts, validate_ref)
+from core.actions.mlbase import (drafter_command, host_python, launch_inputs, ml_failure,
+                                 prompts_on_host, py_module, read_json, record_launch,
+                                 resolve_checkpoint, resolve_ref, validate_prompts, validate_ref)
 from core.errors import ActionFailed
 from core.ml import sampling, tau
 from core.ml.runio import parse_bytes
@@ -30,7 +30,8 @@ from core.records import EvalRow
 @dataclass(frozen=True)
 class EvalParams:
     drafter: str
-    """A drafter dir, a training checkpoint (.pt, stripped first) or item:<train>@latest|@step_N."""
+    """A drafter dir, a training checkpoint (.pt, stripped first) or item:<train>@latest|@best|@step:N
+    (any trainer's layout, core.ml.layouts: a speculators epoch dir is evaluated as it is)."""
     target: str
     """The target model dir on the host."""
     baseline: str | None = None
@@ -196,12 +197,14 @@ class Eval(Action):
     def command(self, ctx) -> Launch:
         h = ctx.host
         found = launch_inputs(ctx)
-        src = h.path(resolve_ref(ctx, self.params.drafter))
+        art = resolve_checkpoint(ctx, self.params.drafter)
+        src = h.path(art.path if art is not None else self.params.drafter)
         lines = ["set -e"]
         drafter = src
-        if src.endswith((".pt", ".pth", ".bin")):
+        strip = drafter_command(found["python"], src, "drafter", art)
+        if strip:
             drafter = "drafter"
-            lines.append(py_module(found["python"], "core.ml.strip", src, drafter))
+            lines.append(strip)
         lines.append(self._eval_cmd(ctx, found, drafter, "result-drafter.json"))
         if self.params.baseline:
             lines.append(self._eval_cmd(ctx, found, h.path(self.params.baseline),

@@ -13,8 +13,8 @@ import struct
 from dataclasses import dataclass
 
 from core.actions.base import Action, CheckResult, Launch
-from core.actions.mlbase import (host_python, launch_inputs, ml_failure, py_module,
-                                 record_launch, resolve_ref, validate_ref)
+from core.actions.mlbase import (drafter_command, host_python, launch_inputs, ml_failure,
+                                 record_launch, resolve_checkpoint, resolve_ref, validate_ref)
 from core.errors import ActionFailed
 from core.params import problems
 
@@ -43,7 +43,8 @@ async def safetensors_header(host, path: str) -> dict | None:
 @dataclass(frozen=True)
 class ExtractWeightsParams:
     checkpoint: str
-    """A path on the host, or ``item:<train id>@latest|@step_N``."""
+    """A path on the host, or ``item:<train id>@latest|@best|@step:N`` (any trainer's layout,
+    core.ml.layouts: a speculators epoch dir is rewritten in the z-lab layout, not stripped)."""
     out: str
     """The drafter directory to write (config.json + model.safetensors)."""
     trust_pickle: bool = False
@@ -87,13 +88,12 @@ class ExtractWeights(Action):
 
     def command(self, ctx) -> Launch:
         p = self.params
-        ckpt = ctx.host.path(resolve_ref(ctx, p.checkpoint))
-        cmd = py_module(launch_inputs(ctx)["python"], "core.ml.strip", ckpt, ctx.host.path(p.out),
-                        *(["--key", p.key] if p.key else []),
-                        *(["--prefix", p.prefix] if p.prefix else []),
-                        *(["--config", ctx.host.path(p.config)] if p.config else []),
-                        "--trust-pickle" if p.trust_pickle else None)
-        return Launch(cmd)
+        art = resolve_checkpoint(ctx, p.checkpoint)
+        ckpt = ctx.host.path(art.path if art is not None else p.checkpoint)
+        return Launch(drafter_command(
+            launch_inputs(ctx)["python"], ckpt, ctx.host.path(p.out), art, convert=True,
+            key=p.key, prefix=p.prefix, config=ctx.host.path(p.config) if p.config else None,
+            trust_pickle=p.trust_pickle))
 
     async def prepare(self, ctx) -> None:
         record_launch(ctx, python=await host_python(ctx.host))

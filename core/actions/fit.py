@@ -81,8 +81,10 @@ def train_item_block_size(plan: Any, item_id: str) -> int | None:
     """The block size a train item's core.ml.train config gives its drafter (None if unknown)."""
     item = next((it for it in plan.items if it.id == item_id), None)
     params = item.action.params if item is not None and item.action is not None else None
-    if params is None or item.action.kind != "train" or params.config is None:
-        return None  # not a train item, or one whose own params are invalid (said there)
+    if params is None or item.action.kind != "train" or params.config is None \
+            or getattr(params, "external", False):
+        return None  # not a train item, one whose own params are invalid (said there), or
+        # one of SpecForge / speculators, whose config is theirs
     doc = load_train_doc(plan, params)
     if doc is None:
         return None

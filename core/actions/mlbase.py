@@ -14,8 +14,10 @@ is a file already on the host; ``prompts: zlab:NAME`` (or ``zlab:NAME:PATH``, PA
 relative to the plan) is one of the z-lab reference's benchmark sets (``core.ml.zlab``), built
 here into a prompts file and uploaded like a file beside the plan.
 
-Artefact references: ``item:<train item>@latest`` or ``item:<train item>@step_<N>`` name a
-checkpoint recorded by a train item's runs.
+Artefact references: ``item:<train item>@latest``, ``@best`` or ``@step:<N>`` (``@step_<N>``
+too) name a checkpoint recorded by a train item's runs, in whichever trainer's layout it was
+written (:mod:`core.ml.layouts`): ``@best`` is the trainer's own best pointer (SpecForge's
+``{run_id}-best``, speculators' ``checkpoint_best``) as the newest run that had one left it.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from core.ml import zlab
 from core.ml.runio import UsageError
 
 SHIPPED_PROMPTS = Path(__file__).resolve().parent.parent.parent / "plans" / "prompts"
-REF = re.compile(r"^item:([A-Za-z0-9][A-Za-z0-9_.-]*)@(latest|step_(\d+))$")
+REF = re.compile(r"^item:([A-Za-z0-9][A-Za-z0-9_.-]*)@(latest|best|step[_:](\d+))$")
+REF_FORMS = "item:<id>@latest, item:<id>@best or item:<id>@step:<N>"
 
 
 async def host_python(host) -> str:
@@ -155,28 +158,80 @@ def launch_inputs(ctx) -> dict:
 
 
 def resolve_ref(ctx, ref: str) -> str:
-    """A path, or the checkpoint an ``item:<id>@latest|@step_N`` reference names."""
+    """A path, or the checkpoint an ``item:<id>@latest|@best|@step:N`` reference names."""
+    art = resolve_checkpoint(ctx, ref)
+    return ref if art is None else art.path
+
+
+def resolve_checkpoint(ctx, ref: str):
+    """The checkpoint Artefact an ``item:`` reference names (its ``data`` says its layout and,
+    for a SpecForge checkpoint, the drafter config strip needs), or None for a plain path.
+
+    Raises:
+        ActionFailed: nothing recorded under that name (the message lists what is).
+    """
     m = REF.match(ref)
     if not m:
-        return ref
+        return None
     item, which, step = m.group(1), m.group(2), m.group(3)
     arts = ctx.artefacts(item, "checkpoint")
     if not arts:
         raise ActionFailed(f"{ref}: item {item!r} has recorded no checkpoint yet",
                            hint=f"run {item} first (or wait for its first checkpoint)")
     if which == "latest":
-        return max(arts, key=lambda a: (a.step or -1, a.id)).path
+        return max(arts, key=lambda a: (a.step or -1, a.id))
+    if which == "best":
+        best = next((r.result["best"] for r in reversed(ctx.runs(item))
+                     if isinstance(r.result, dict) and isinstance(r.result.get("best"), dict)), None)
+        art = next((a for a in arts if best and a.path == best.get("path")), None)
+        if art is None:
+            raise ActionFailed(f"{ref}: item {item!r} left no best pointer (SpecForge's "
+                               "{run_id}-best, speculators' checkpoint_best; specdeck's trainer "
+                               "keeps none)", hint=f"name item:{item}@latest or @step:<N>")
+        return art
     for a in arts:
         if a.step == int(step):
-            return a.path
-    have = ", ".join(f"step_{a.step}" for a in arts)
+            return a
+    have = ", ".join(f"step:{a.step}" for a in arts)
     raise ActionFailed(f"{ref}: no checkpoint at step {step} (recorded: {have})")
+
+
+def checkpoint_layout(art) -> dict:
+    """What a checkpoint Artefact's ``data`` says of its layout (``{}``: specdeck's own)."""
+    return art.data if art is not None and isinstance(art.data, dict) else {}
+
+
+TORCH_SUFFIXES = (".pt", ".pth", ".bin")
+
+
+def drafter_command(python: str, src: str, out: str, art=None, *, convert: bool = False,
+                    key: str | None = None, prefix: str | None = None,
+                    config: str | None = None, trust_pickle: bool = False) -> str | None:
+    """The command that turns checkpoint ``src`` into a drafter dir ``out``, or None when
+    ``src`` is one already and ``convert`` is not asked for.
+
+    A torch checkpoint is stripped (``core.ml.strip``; SpecForge's gets the drafter config
+    its train item recorded, since its checkpoint carries none). A speculators epoch dir is a
+    drafter dir that eval loads as it is; ``convert`` (extract_weights) rewrites it in the
+    z-lab layout (``core.ml.export --format zlab``, fp32: lossless whatever it was saved in).
+    """
+    layout = checkpoint_layout(art)
+    config = config or layout.get("drafter_config")
+    if layout.get("layout") == "speculators" or not src.endswith(TORCH_SUFFIXES):
+        if not convert:
+            return None
+        return py_module(python, "core.ml.export", src, "--out", out, "--format", "zlab",
+                         "--dtype", "fp32")
+    return py_module(python, "core.ml.strip", src, out,
+                     *(["--key", key] if key else []), *(["--prefix", prefix] if prefix else []),
+                     *(["--config", config] if config else []),
+                     "--trust-pickle" if trust_pickle else None)
 
 
 def validate_ref(plan, item, ref: str) -> str | None:
     m = REF.match(ref)
     if ref.startswith("item:") and not m:
-        return f"{ref!r}: write item:<id>@latest or item:<id>@step_<N>"
+        return f"{ref!r}: write {REF_FORMS}"
     if m:
         ids = {it.id for it in plan.items}
         if m.group(1) not in ids:

@@ -18,11 +18,13 @@ works out (the output dir, the python, a resume) is recorded with the run (its c
 read back from there, the rest is worked out again.
 
 The trainer is ``core.ml.train`` with a YAML ``config`` (uploaded into the run capsule,
-``overrides`` merged in), or the user's own ``command``. Metrics come from JSON lines with a
-``step`` (or ``metrics_regex`` for trainers that print text); ``{"event": "checkpoint"}``
-lines and the ``step_*.pt`` files found in the output dir become artefacts that eval items
-name as ``item:<this id>@latest`` or ``@step_N``. The resolved trainer config is stored with
-the run, for ``specdeck diff``.
+``overrides`` merged in), or the user's own ``command``; ``trainer: specforge`` or
+``trainer: speculators`` runs theirs (:mod:`core.actions.trainers`). Metrics come from JSON
+lines with a ``step`` (or ``metrics_regex`` for trainers that print text);
+``{"event": "checkpoint"}`` lines and the checkpoints found in the output dir, in any of the
+trainers' layouts (:mod:`core.ml.layouts`), become artefacts that eval items name as
+``item:<this id>@latest``, ``@best`` (the trainer's own best pointer) or ``@step:N``. The
+resolved trainer config is stored with the run, for ``specdeck diff``.
 """
 
 from __future__ import annotations
@@ -40,11 +42,12 @@ import yaml
 
 from core import jobs
 from core.actions.base import Action, CheckResult, Launch
-from core.actions import fit
+from core.actions import fit, trainers
 from core.actions.fit import deep_set
 from core.faults import describe_fault
 from core.actions.mlbase import host_python, ml_failure
 from core.metrics_sources import MetricsParams, line_metrics
+from core.ml import layouts
 from core.actions.watch_eval import detached as watch_detached
 from core.actions.watch_eval.params import WatchEvalParams, validate_watch
 from core.actions.watch_eval.watcher import Watcher
@@ -53,7 +56,6 @@ from core.records import Run
 from core.text import load_yaml
 
 
-CKPT = re.compile(r"^step_(\d+)\.pt$")
 PATH_KEYS = ("target", "out_dir", "data.features", "data.file", "drafter.init")
 """Paths in a core.ml.train config; made absolute on the host before upload (overrides are
 relative to the host's workdir; other relative paths, on a local host, to the config file)."""
@@ -102,11 +104,29 @@ class TrainParams:
     too; ``false``: never; ``specdeck run --again --resume`` asks once)."""
     watch_eval: WatchEvalParams | None = None
     """Evaluate each new checkpoint while it trains (core.actions.watch_eval, plans/README.md)."""
+    trainer: Literal["specdeck", "specforge", "speculators"] = "specdeck"
+    """Whose trainer runs: core.ml.train (``config`` is its YAML), SpecForge (``config`` is a
+    ``specforge train`` YAML) or speculators (``command``: its ``speculators train`` argv, or
+    ``config``: its run.yaml). See core.actions.trainers."""
+    stop_grace_s: float | None = None
+    """Seconds a stop waits after SIGTERM before SIGKILL (default: the trainer's time to save
+    a checkpoint, 300 s for SpecForge and speculators; a specdeck trainer: the stop's)."""
+
+    @property
+    def external(self) -> bool:
+        """SpecForge or speculators: their layout, their config, their resume rules."""
+        return self.trainer != "specdeck"
 
     def validate(self):
         return problems(
-            ("config", "give exactly one of config (core.ml.train YAML) or command"
+            ("config", f"give exactly one of config ({self.trainer} YAML) or command"
              if (self.config is None) == (self.command is None) else None),
+            ("out", f"set out: the {self.trainer} run's output dir on the host (its "
+                    f"{'output_dir' if self.trainer == 'specforge' else 'save_path'}; its "
+                    "attempts share it and resume from it)"
+             if self.external and not self.out else None),
+            ("stop_grace_s", "must be >= 0"
+             if self.stop_grace_s is not None and self.stop_grace_s < 0 else None),
             ("metrics_regex", _step_regex_problem(self.metrics_regex)),
             ("nproc_per_node", "must be >= 1" if self.nproc_per_node < 1 else None),
             ("nodes", "nodes are for launcher: torchrun"
@@ -146,14 +166,20 @@ class Train(Action):
                 else:  # the config itself, and its sizes against the target/cache where they are here
                     from core.actions.fit import trainer_config_problems
 
-                    out += [(("config",), m) for m in trainer_config_problems(plan, item, params, doc)]
+                    if params.external:
+                        doc = None  # their own schema: their trainer checks it (check() its paths)
+
+                    if doc is not None:
+                        out += [(("config",), m) for m in
+                                trainer_config_problems(plan, item, params, doc)]
         for n in params.nodes:
             if n not in plan.hosts:
                 out.append((("nodes",), f"unknown host {n!r}"))
         if params.watch_eval is not None:
             out += [(("watch_eval",) + tuple(p), m) for p, m in
                     validate_watch(params.watch_eval, plan, item)]
-            out += _watch_block_size(params.watch_eval, plan, item)
+            if not params.external:
+                out += _watch_block_size(params.watch_eval, plan, item)
         return out
 
     def launcher_name(self) -> str:
@@ -165,7 +191,18 @@ class Train(Action):
             self.params.metrics_regex
 
     def metrics_spec(self) -> MetricsParams | None:
-        return self.params.metrics
+        """``metrics:``; for SpecForge and speculators, their TensorBoard dir (from ``out`` /
+        their argv) unless ``metrics.tensorboard`` names one, and their tags mapped to the
+        curves' names (core.actions.trainers.METRIC_NAMES)."""
+        p = self.params
+        if not p.external:
+            return p.metrics
+        spec = p.metrics or MetricsParams()
+        rec = {"argv": argv_settings(p.command)} if p.command else {}
+        tb = spec.tensorboard or trainers.tensorboard_dir(
+            p.trainer, {"config": {"tracking": {"report_to": "tensorboard"}}, **rec}, p.out, "")
+        return dataclasses.replace(spec, tensorboard=tb or None,
+                                   names={**trainers.METRIC_NAMES[p.trainer], **spec.names})
 
     def _out(self, ctx, run_id: str) -> str:
         if self.params.out:
@@ -173,6 +210,10 @@ class Train(Action):
         return posixpath.join(jobs.capsule_path(ctx.host, run_id), "out")
 
     async def check(self, ctx) -> CheckResult:
+        if self.params.external:
+            missing = await self._preflight(ctx)
+            if missing:
+                return CheckResult.blocked(missing)
         if self.params.launcher == "slurm":
             res = await ctx.host.run("command -v sbatch squeue scancel")
             if not res.ok:
@@ -184,11 +225,68 @@ class Train(Action):
                 return CheckResult.blocked(missing)
         return CheckResult.ready()
 
+    def _external_doc(self, ctx) -> dict:
+        """A SpecForge / speculators ``config`` with ``overrides``, its paths absolute on the
+        host (relative ones: to the host's workdir) and its output dir ``out``."""
+        p = self.params
+        doc = load_yaml((ctx.plan.dir / p.config).read_text()) or {}
+        for k, v in p.overrides.items():
+            deep_set(doc, k, v)
+        out = ctx.host.path(p.out)
+        if p.trainer == "specforge":
+            for key in trainers.SPECFORGE_PATHS:
+                val = trainers.dotted(doc, key)
+                if isinstance(val, str) and val and (key != "model.target_model_path"
+                                                     or val.startswith((".", "/", "~"))):
+                    deep_set(doc, key, ctx.host.path(val))
+            doc["output_dir"] = out
+        # speculators: its save_path is given as a flag (flags win over its --config YAML)
+        return doc
+
+    async def _external_record(self, ctx) -> dict:
+        """What a SpecForge / speculators run is launched with and where it writes: recorded
+        with the run (``specdeck diff``, the later hooks)."""
+        p, host = self.params, ctx.host
+        capsule = jobs.capsule_path(host, ctx.run_id)
+        if p.config:
+            rec = {"config": self._external_doc(ctx), "config_file": p.config}
+        else:
+            rec = await command_config(host, capsule, p.command)
+        base = host.path(".")
+        out = host.path(p.out)
+        return {**rec, "trainer": p.trainer, "python": await host_python(host), "out_dir": out,
+                "drafter_config": trainers.drafter_config(p.trainer, rec, base),
+                "tensorboard": (self.metrics_spec() or MetricsParams()).tensorboard}
+
+    async def _preflight(self, ctx) -> str | None:
+        """What a SpecForge / speculators run's config names that its host lacks (the
+        target, the data, the hidden-state cache, the draft config), before a GPU is
+        touched; None when all is there or the config says too little to tell."""
+        p, host = self.params, ctx.host
+        if p.config:
+            rec = {"config": self._external_doc(ctx)}
+        else:
+            rec = {"argv": argv_settings(p.command)}
+        for key, what, path in trainers.preflight_paths(p.trainer, rec, host.path(".")):
+            if await host.stat(host.path(path)) is None:
+                return (f"{ctx.item.id}: the {p.trainer} config's {key} names {what} {path}, "
+                        f"which {host.name} does not have: put it there (a relay or extract "
+                        "item) or fix the path")
+        return None
+
     async def prepare(self, ctx) -> None:
         """Upload the trainer config into the run capsule and record with the run what the
         later hooks read (:meth:`_choose_start`), or a command trainer's config."""
         host = ctx.host
         capsule = jobs.capsule_path(host, ctx.run_id)
+        if self.params.external:
+            rec = await self._external_record(ctx)
+            if self.params.config:
+                await host.write_file(f"{capsule}/train.yaml",
+                                      yaml.safe_dump(rec["config"], sort_keys=False).encode())
+            await ctx.skip_earlier_metrics(self.metrics_spec())
+            ctx.record_config(rec)
+            return
         if self.params.config:
             doc = load_yaml((ctx.plan.dir / self.params.config).read_text()) or {}
             for k, v in self.params.overrides.items():
@@ -224,13 +322,16 @@ class Train(Action):
                            **({"resume": resume} if resume else {})})
 
     def start_note(self, runs, checkpoints, resume=None) -> str | None:
-        if not self.params.config:
+        if not self.params.config or self.params.external:
             return None  # a command trainer resumes (or not) as its command says
         return start_choice(self.params, runs, checkpoints, resume).note or None
 
     def _trainer(self, ctx, run: Run, module_prefix: list[str]) -> str:
         if self.params.command:
             return self.params.command
+        if self.params.external:  # their CLI on the uploaded config, in the capsule
+            return shlex.join(module_prefix + trainers.module_words(
+                self.params.trainer, self._ckpt_dir(ctx.host, run)))
         # the config beside the command, in the capsule the command runs in (on every node)
         words = module_prefix + ["-m", "core.ml.train", "--config", "train.yaml",
                                  "--out", self._ckpt_dir(ctx.host, run)]
@@ -399,7 +500,15 @@ class Train(Action):
                        "(`specdeck attach` picks its results up later)", "warning")
         return st
 
+    def stop_grace(self, grace_s: float) -> float:
+        """The grace a stop gives the run: ``stop_grace_s``, else at least the trainer's time
+        to save on SIGTERM (core.actions.trainers.STOP_GRACE_S)."""
+        if self.params.stop_grace_s is not None:
+            return self.params.stop_grace_s
+        return max(grace_s, trainers.STOP_GRACE_S[self.params.trainer] or 0.0)
+
     async def stop(self, ctx, host, run: Run, grace_s: float) -> jobs.CapsuleState:
+        grace_s = self.stop_grace(grace_s)
         if self.params.launcher == "slurm":
             from core import slurm
 
@@ -437,26 +546,40 @@ class Train(Action):
         host = ctx.host
         outdir = await self._find_out(ctx, outcome)
         # the checkpoint list is complete even when specdeck missed a log line
-        found = []
+        found, best = [], None
         if outdir and await host.stat(outdir) is not None:
-            for name in await host.listdir(outdir):
-                m = CKPT.match(name)
-                if m:
-                    path = posixpath.join(outdir, name)
-                    ctx.record_artefact("checkpoint", path, int(m.group(1)))
-                    found.append(int(m.group(1)))
-            raw = await host.read_from(posixpath.join(outdir, "resolved_config.yaml"), 0, 1 << 20)
-            if raw:
-                try:
-                    ctx.record_config(load_yaml(raw))
-                except yaml.YAMLError:
-                    pass
+            run = _run_of(ctx)
+            extra = {k: v for k, v in ((run.config or {}) if run else {}).items()
+                     if k == "drafter_config" and v}
+            ckpts, best = await host_checkpoints(host, outdir, self.params.trainer)
+            for ck in ckpts:
+                data = None if ck.layout == "specdeck" else {"layout": ck.layout, **extra}
+                ctx.record_artefact("checkpoint", ck.path, ck.step, data=data)
+                found.append(ck.step)
+            await self._record_resolved(ctx, outdir, run)
         result = {"out": outdir, "checkpoints": sorted(found)}
+        if best is not None:
+            result["best"] = {"step": best.step, "path": best.path}
         if outcome.state == "stopped":
             return result
         if outcome.state != "succeeded":
             raise await ml_failure(ctx, outcome, f"train ({self.params.launcher})")
         return result
+
+    async def _record_resolved(self, ctx, outdir: str, run: Run | None) -> None:
+        """The trainer's resolved config, as it wrote it beside its checkpoints
+        (core.ml.train's ``resolved_config.yaml``, speculators' ``run.yaml``), for diff."""
+        name = "run.yaml" if self.params.trainer == "speculators" else "resolved_config.yaml"
+        raw = await ctx.host.read_from(posixpath.join(outdir, name), 0, 1 << 20)
+        if not raw:
+            return
+        try:
+            doc = load_yaml(raw)
+        except yaml.YAMLError:
+            return
+        if self.params.external:  # beside what it was launched with
+            doc = {**((run.config or {}) if run else {}), "resolved": doc}
+        ctx.record_config(doc)
 
     async def _find_out(self, ctx, outcome) -> str | None:
         run = _run_of(ctx)
@@ -508,6 +631,32 @@ def start_choice(params: TrainParams, runs: list[Run], checkpoints: list,
            f"attempt {last.attempt} succeeded; `--again --resume` or `resume: always` "
            "continues from its last checkpoint instead")
     return StartChoice(False, None, f"starts fresh at step 0 in its own output dir ({why})")
+
+
+async def host_checkpoints(host, outdir: str, trainer: str
+                           ) -> tuple[list[layouts.Checkpoint], layouts.Checkpoint | None]:
+    """The whole checkpoints in ``outdir`` on ``host`` in ``trainer``'s layout, oldest first,
+    and the one its best pointer names (None: no pointer, or it names none of them)."""
+    found, pointers = [], []
+    for name in await host.listdir(outdir):
+        if layouts.is_best_pointer(name, trainer):
+            pointers.append(name)
+            continue
+        ck = layouts.checkpoint_of(outdir, name, trainer)
+        if ck is None:
+            continue
+        entry = await host.lstat(posixpath.join(outdir, name))
+        marker = layouts.parse_entry(name, trainer)[2]
+        if entry is None or entry.is_link or await host.stat(posixpath.join(outdir, marker)) is None:
+            continue  # a pointer, or not whole (a save cut short)
+        found.append(ck)
+    found.sort(key=lambda c: c.step)
+    best = None
+    for name in sorted(pointers):
+        res = await host.run(["readlink", posixpath.join(outdir, name)])
+        step = layouts.pointed_step(res.stdout.strip(), trainer) if res.ok else None
+        best = next((c for c in found if c.step == step), best)
+    return found, best
 
 
 def _run_of(ctx) -> Run | None:

@@ -4,7 +4,8 @@
                             [--config CONFIG] [--dtype keep|float32|bfloat16|float16]
 
 A training checkpoint is a ``torch.save`` dict such as ``{"model": state_dict, "optimizer":
-..., "scheduler": ..., "step": ..., "config": {...}}``. It is opened with
+..., "scheduler": ..., "step": ..., "config": {...}}`` (core.ml.train's) or SpecForge's
+``training_state.pt`` (``{"draft_state_dict": ..., "global_step": ...}``, read without ``--key``). It is opened with
 ``torch.load(mmap=True, weights_only=True)``: tensors stay in the memory-mapped file and only
 the drafter weights are ever read (the optimizer state, typically 2x the weights, is never
 paged in), and they are written one tensor at a time (:mod:`core.ml.safetensors_stream`), so
@@ -29,7 +30,10 @@ from typing import Any
 
 from core.ml.runio import UsageError, atomic_write_json, emit, provenance, run_main, say
 
-STATE_KEYS = ("model", "state_dict", "model_state_dict", "module", "draft_model")
+STATE_KEYS = ("draft_state_dict", "model", "state_dict", "model_state_dict", "module", "draft_model")
+"""Where trainers keep the drafter's weights: SpecForge's ``training_state.pt`` under
+``draft_state_dict`` (keys ``draft_model.*`` beside the frozen target's embedding and head),
+core.ml.train's under ``model``."""
 AUTO_PREFIXES = ("module.", "_orig_mod.", "model.", "draft_model.")
 DROP_PREFIXES = ("embed_tokens.", "lm_head.", "verifier_", "target_")
 
@@ -100,7 +104,8 @@ def find_config(args: argparse.Namespace, ckpt: Any) -> Any:
             return DFlashConfig.from_file(beside)
     except (OSError, ValueError) as exc:
         raise UsageError(f"drafter config unreadable: {exc}") from exc
-    raise UsageError("no drafter config: pass --config CONFIG.json (or a drafter dir), or store 'config' in the checkpoint")
+    raise UsageError("no drafter config: pass --config CONFIG.json (or a drafter dir), or store 'config' in the "
+                     "checkpoint (a SpecForge checkpoint carries none: give its model.draft_model_config)")
 
 
 def clean_keys(state: dict[str, Any], prefix: str | None, want: set[str]) -> tuple[dict[str, Any], list[str]]:
@@ -123,6 +128,14 @@ def clean_keys(state: dict[str, Any], prefix: str | None, want: set[str]) -> tup
         else:
             keep[k] = v
     return keep, dropped
+
+
+def _step_of(ckpt: Any) -> int | None:
+    """The step a checkpoint says it was saved at (SpecForge: ``global_step``)."""
+    if not isinstance(ckpt, dict):
+        return None
+    step = ckpt.get("step", ckpt.get("global_step"))
+    return step if isinstance(step, int) else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -171,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg["dtype"] = str(dtype or next(iter(tensors.values())).dtype).removeprefix("torch.")
     atomic_write_json(out / CONFIG_NAME, cfg)
     prov = provenance(task="strip", extra={"checkpoint": str(ckpt_path.resolve()),
-                                           "step": ckpt.get("step") if isinstance(ckpt, dict) else None})
+                                           "step": _step_of(ckpt)})
     atomic_write_json(out / "provenance.json", prov)
     size_out = (out / WEIGHTS_NAME).stat().st_size
     emit("info", task="strip", checkpoint_bytes=size_in, weights_bytes=weights_bytes, out_bytes=size_out,

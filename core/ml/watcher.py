@@ -1,6 +1,7 @@
 """``python -m core.ml.watcher``: tau at every checkpoint of a train run, on the host, detached.
 
     python -m core.ml.watcher --ckpt-dir DIR --target DIR [--cache DIR] [--mode offline|online]
+        [--trainer specdeck|specforge|speculators] [--drafter-config CONFIG.json]
         [--prompts FILE] [--limit N] [--block-size B] [--max-new-tokens N] [--dtype D]
         [--device cpu|cuda[:i]] [--max-memory SIZE] [--baseline DIR] [--every N]
         [--temperature T [--top-p P] [--top-k K] [--seed S] [--samples N]]
@@ -9,10 +10,14 @@
 specdeck starts it in a run capsule (``core.jobs``) beside a train run whose item has a
 detached ``watch_eval`` (``core.actions.watch_eval``), so it keeps going while no specdeck runs. It:
 
-* discovers every ``step_N.pt`` in ``--ckpt-dir`` as it lands (a file untouched for
-  ``--settle`` seconds; ``core.ml.train`` renames each one into place whole), oldest first,
-  at most one per ``--every`` steps;
-* strips it (``core.ml.strip``) and evaluates it (``core.ml.eval``: offline from the feature
+* discovers every checkpoint in ``--ckpt-dir`` as it lands, in any of the layouts of
+  :mod:`core.ml.layouts` (``--trainer`` limits it to one): ``core.ml.train``'s ``step_N.pt``,
+  SpecForge's ``{run_id}-step{N}/training_state.pt``, speculators' ``{epoch}/`` drafter dirs
+  (its marker file untouched for ``--settle`` seconds), oldest first, at most one per
+  ``--every`` steps;
+* strips a torch checkpoint (``core.ml.strip``, with ``--drafter-config`` when the checkpoint
+  carries no drafter config, as SpecForge's does not; a speculators dir needs no strip) and
+  evaluates it (``core.ml.eval``: offline from the feature
   cache, which loads only the target's embedding and head; or online) on ``--device``, in this
   process (torch is imported once);
 * writes one result per step, atomically (temp file + rename), to ``OUT/step_<N>.json``:
@@ -35,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import resource
 import signal
 import time
@@ -43,17 +47,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from core.ml import sampling
+from core.ml import layouts, sampling
 from core.ml.runio import UsageError, atomic_write_json, emit, read_json, run_main, say
 
-CKPT = re.compile(r"^step_(\d+)\.pt$")
 RESULTS = "results"
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m core.ml.watcher",
                                 description="evaluate each checkpoint of a train run as it lands")
-    p.add_argument("--ckpt-dir", required=True, help="the trainer's output dir (step_N.pt files)")
+    p.add_argument("--ckpt-dir", required=True, help="the trainer's output dir (core.ml.layouts)")
+    p.add_argument("--trainer", choices=layouts.TRAINERS,
+                   help="only this trainer's checkpoint layout (default: any)")
+    p.add_argument("--drafter-config", help="the drafter config.json for checkpoints that carry "
+                   "none (SpecForge's)")
     p.add_argument("--target", required=True, help="the target model dir on this host")
     p.add_argument("--cache", help="offline mode: the feature cache (core.ml.extract) on this host")
     p.add_argument("--mode", choices=["offline", "online"], default="offline")
@@ -104,6 +111,9 @@ def preflight(args: argparse.Namespace) -> str | None:
                     "then start the watcher again (rerun the train item or `specdeck attach`)")
     elif not args.prompts or not Path(args.prompts).is_file():
         return f"{args.where}: no prompts file at {args.prompts}"
+    if args.drafter_config and not Path(args.drafter_config).exists():
+        return (f"{args.where}: no drafter config at {args.drafter_config}: the checkpoints carry "
+                "none, put it there (the trainer config's draft model config)")
     if args.baseline and not (Path(args.baseline) / "config.json").is_file():
         return f"{args.where}: no baseline drafter at {args.baseline} (no config.json)"
     return None
@@ -124,21 +134,8 @@ class Watch:
     # -- what is there ----------------------------------------------------------------
     def landed(self) -> list[tuple[int, Path]]:
         """Checkpoints in the output dir that are whole (untouched for ``settle`` s)."""
-        d = Path(self.args.ckpt_dir)
-        if not d.is_dir():
-            return []
-        now, out = time.time(), []
-        for e in os.scandir(d):
-            m = CKPT.match(e.name)
-            if not m or (self.args.after is not None and int(m.group(1)) <= self.args.after):
-                continue
-            try:
-                if now - e.stat().st_mtime < self.args.settle:
-                    continue
-            except FileNotFoundError:  # pruned meanwhile (keep_checkpoints)
-                continue
-            out.append((int(m.group(1)), Path(e.path)))
-        return sorted(out)
+        return [(c.step, Path(c.path)) for c in layouts.scan_dir(
+            self.args.ckpt_dir, self.args.trainer, settle=self.args.settle, after=self.args.after)]
 
     def written(self) -> dict[int, str]:
         """Steps with a result file, and its state."""
@@ -211,7 +208,11 @@ class Watch:
         rec: dict[str, Any] = {"step": step, "checkpoint": str(ckpt)}
         emit("progress", task="watch", step=step, phase="strip", checkpoint=str(ckpt))
         try:
-            _call(ml_strip.main, [str(ckpt), str(work / "drafter")])
+            drafter = ckpt
+            if not ckpt.is_dir():  # a torch checkpoint; a speculators epoch dir is a drafter
+                drafter = work / "drafter"
+                cfg = ["--config", self.args.drafter_config] if self.args.drafter_config else []
+                _call(ml_strip.main, [str(ckpt), str(drafter), *cfg])
             common = ["--target", self.args.target, "--mode", self.args.mode,
                       "--max-new-tokens", str(self.args.max_new_tokens), "--dtype", self.args.dtype,
                       "--device", self.args.device, "--prompts", self.prompts()]
@@ -222,7 +223,7 @@ class Watch:
                     common += [flag, str(val)]
             common += [str(v) for v in sampling.cli_flags(self.args)]
             emit("progress", task="watch", step=step, phase="eval")
-            _call(ml_eval.main, ["--drafter", str(work / "drafter"), "--out",
+            _call(ml_eval.main, ["--drafter", str(drafter), "--out",
                                  str(work / "result.json"), *common])
             rec["result"] = read_json(work / "result.json", "eval result")
             if self.args.baseline and not (self.results / "baseline.done").exists():
