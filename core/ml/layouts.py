@@ -55,6 +55,12 @@ class Checkpoint:
         return self.layout != "speculators"
 
 
+def out_dir_of(path: str, layout: str = "specdeck") -> str:
+    """The output dir a checkpoint's ``path`` (as :class:`Checkpoint` has it) lies in."""
+    path = path.rstrip("/")
+    return posixpath.dirname(posixpath.dirname(path) if layout == "specforge" else path)
+
+
 def parse_entry(name: str, trainer: str | None = None) -> tuple[str, int, str] | None:
     """``(layout, step, marker)`` for a top-level entry of an output dir, or None when it
     names no checkpoint. ``marker`` is the entry's file that is there once the checkpoint is
@@ -141,4 +147,4 @@ def best_step(out_dir: str, trainer: str | None = None) -> int | None:
 
 
 __all__ = ["TRAINERS", "Checkpoint", "parse_entry", "checkpoint_of", "is_best_pointer",
-           "pointed_step", "scan_dir", "best_step", "SPECFORGE_STATE", "SPECULATORS_WEIGHTS"]
+           "pointed_step", "scan_dir", "out_dir_of", "best_step", "SPECFORGE_STATE", "SPECULATORS_WEIGHTS"]

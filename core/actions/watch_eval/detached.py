@@ -77,9 +77,17 @@ async def command(ctx: "ActionContext", spec: WatchEvalParams, run: Run, ckpt_di
         if val is not None:
             args += [flag, val]
     args += sampling.cli_flags(spec)  # every eval it runs samples so (core.ml.watcher)
+    launched = run.config if isinstance(run.config, dict) else {}
+    if launched.get("trainer") in ("specforge", "speculators"):  # their layout (core.ml.layouts)
+        args += ["--trainer", launched["trainer"]]
+        if launched.get("drafter_config"):  # SpecForge's checkpoints carry none
+            args += ["--drafter-config", launched["drafter_config"]]
+    from core.ml.layouts import out_dir_of
+
     earlier = [a.step for a in ctx.artefacts(kind="checkpoint")
                if a.run_id != run.id and a.step is not None
-               and posixpath.dirname(a.path) == ckpt_dir.rstrip("/")]
+               and out_dir_of(a.path, (a.data or {}).get("layout", "specdeck")
+                              if isinstance(a.data, dict) else "specdeck") == ckpt_dir.rstrip("/")]
     if earlier:  # a resumed run writes on in the same dir: its earlier steps are not its own
         args += ["--after", max(earlier)]
     cap = jobs.capsule_path(host, capsule_id(run.id))
