@@ -77,7 +77,8 @@ async def command(ctx: "ActionContext", spec: WatchEvalParams, run: Run, ckpt_di
         if val is not None:
             args += [flag, val]
     args += sampling.cli_flags(spec)  # every eval it runs samples so (core.ml.watcher)
-    launched = run.config if isinstance(run.config, dict) else {}
+    launched = getattr(run, "config", None)
+    launched = launched if isinstance(launched, dict) else {}
     if launched.get("trainer") in ("specforge", "speculators"):  # their layout (core.ml.layouts)
         args += ["--trainer", launched["trainer"]]
         if launched.get("drafter_config"):  # SpecForge's checkpoints carry none
