@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import posixpath
 import re
 import shlex
@@ -556,6 +557,13 @@ class Train(Action):
                 data = None if ck.layout == "specdeck" else {"layout": ck.layout, **extra}
                 ctx.record_artefact("checkpoint", ck.path, ck.step, data=data)
                 found.append(ck.step)
+                if ck.layout == "speculators":  # its per-epoch validation figures, stored once
+                    raw = await host.read_from(posixpath.join(ck.path, "val_metrics.json"), 0,
+                                               1 << 20)
+                    try:
+                        ctx.record_metrics(trainers.val_metrics_rows(ck.step, json.loads(raw)))
+                    except ValueError:
+                        pass  # none, or torn: the curves go without that epoch's figures
             await self._record_resolved(ctx, outdir, run)
         result = {"out": outdir, "checkpoints": sorted(found)}
         if best is not None:

@@ -146,5 +146,14 @@ METRIC_NAMES = {
 speculators' validation keys end in ``_epoch``) -> the curves' names."""
 
 
-__all__ = ["STOP_GRACE_S", "SPECFORGE_PATHS", "dotted", "find_key", "module_words",
+def val_metrics_rows(step: int, doc: Any) -> list[tuple[int, str, float]]:
+    """speculators' ``{epoch}/val_metrics.json`` as metric points at its checkpoint's step
+    (the epoch, as its checkpoints and their tau are numbered), names mapped."""
+    if not isinstance(doc, dict):
+        return []
+    return [(step, metric_name("speculators", k), float(v)) for k, v in doc.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
+__all__ = ["val_metrics_rows", "STOP_GRACE_S", "SPECFORGE_PATHS", "dotted", "find_key", "module_words",
            "tensorboard_dir", "drafter_config", "preflight_paths", "metric_name"]

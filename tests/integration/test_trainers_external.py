@@ -180,6 +180,9 @@ def test_extract_weights_of_their_best_evaluates_as_the_same_weights_in_specdeck
     # lowest val loss (the last) as the saver reports them
     best = run.result["best"]
     assert best == {"step": STEPS[trainer][-1], "path": arts[STEPS[trainer][-1]].path}
+    if trainer == "speculators":  # its val_metrics.json, per epoch, under the curves' names
+        assert s.metric_series(run.id, "val_loss") == [(1, 2.0), (2, 1.9), (3, 1.8)]
+        assert [v for _, v in s.metric_series(run.id, "val_accuracy")] == [0.5] * 3
     s.close()
     specdeck_layout(best["path"], trainer, wd / "models/drafter", wd / "step_30.pt")
     items += [

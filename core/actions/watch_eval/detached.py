@@ -79,8 +79,9 @@ async def command(ctx: "ActionContext", spec: WatchEvalParams, run: Run, ckpt_di
     args += sampling.cli_flags(spec)  # every eval it runs samples so (core.ml.watcher)
     launched = getattr(run, "config", None)
     launched = launched if isinstance(launched, dict) else {}
-    if launched.get("trainer") in ("specforge", "speculators"):  # their layout (core.ml.layouts)
-        args += ["--trainer", launched["trainer"]]
+    trainer = launched.get("trainer") or getattr(ctx.item.action.params, "trainer", None)
+    if trainer in ("specforge", "speculators"):  # their layout (core.ml.layouts), adopted too
+        args += ["--trainer", trainer]
         if launched.get("drafter_config"):  # SpecForge's checkpoints carry none
             args += ["--drafter-config", launched["drafter_config"]]
     from core.ml.layouts import out_dir_of
