@@ -79,7 +79,7 @@ async def command(ctx: "ActionContext", spec: WatchEvalParams, run: Run, ckpt_di
     args += sampling.cli_flags(spec)  # every eval it runs samples so (core.ml.watcher)
     launched = getattr(run, "config", None)
     launched = launched if isinstance(launched, dict) else {}
-    trainer = launched.get("trainer") or getattr(ctx.item.action.params, "trainer", None)
+    trainer = launched.get("trainer") or item_trainer(ctx.item)
     if trainer in ("specforge", "speculators"):  # their layout (core.ml.layouts), adopted too
         args += ["--trainer", trainer]
         if launched.get("drafter_config"):  # SpecForge's checkpoints carry none
@@ -95,6 +95,12 @@ async def command(ctx: "ActionContext", spec: WatchEvalParams, run: Run, ckpt_di
     cap = jobs.capsule_path(host, capsule_id(run.id))
     return Launch(py_module(py, "core.ml.watcher", *args), env={"PYTHONUNBUFFERED": "1"},
                   cwd=cap)
+
+
+def item_trainer(item) -> str | None:
+    """The ``trainer:`` a train item names (None: not said, or not a train item's params)."""
+    action = getattr(item, "action", None)
+    return getattr(getattr(action, "params", None), "trainer", None)
 
 
 async def missing_inputs(ctx: "ActionContext", spec) -> str | None:
