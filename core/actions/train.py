@@ -357,6 +357,8 @@ class Train(Action):
             cmd = self._trainer(ctx, run, prefix)
         else:
             cmd = self._trainer(ctx, run, [python, "-u"])
+        if p.external:
+            cmd = exec_form(cmd)
         return Launch(cmd, env={"PYTHONUNBUFFERED": "1"},
                       cwd=jobs.capsule_path(ctx.host, run.id), launcher=p.launcher,
                       metrics_regex=p.metrics_regex)
@@ -665,6 +667,17 @@ async def host_checkpoints(host, outdir: str, trainer: str
         step = layouts.pointed_step(res.stdout.strip(), trainer) if res.ok else None
         best = next((c for c in found if c.step == step), best)
     return found, best
+
+
+SHELL_SYNTAX = re.compile(r"[;&|<>`$()\n]")
+
+
+def exec_form(command: str) -> str:
+    """``exec COMMAND`` when it is one simple command: the trainer then is the capsule's own
+    process, so the run ends when the trainer has saved on a stop's SIGTERM and exited, not
+    when the shell around it died of that signal (SpecForge and speculators save then). A
+    command with shell syntax is left as it is."""
+    return command if SHELL_SYNTAX.search(command) else f"exec {command}"
 
 
 def _run_of(ctx) -> Run | None:

@@ -56,13 +56,14 @@ def workdir(tmp_path: Path, tiny: Path) -> Path:
 
 
 def train_item(trainer: str, wd: Path, *, gate: Path | None = None, watch: dict | None = None,
-               needs=()) -> dict:
+               needs=(), extra: tuple = ()) -> dict:
     steps = ",".join(map(str, STEPS[trainer]))
     drafter = wd / "models" / ("drafter" if trainer == "specforge" else "spec")
     cmd = [sys.executable, str(SAVER), trainer, "--drafter", str(drafter), "--out",
            str(wd / "ckpts"), "--steps", steps, "--every", "0.5"]
     cmd += ["--config", "run.yaml"] if trainer == "specforge" else []
     cmd += ["--gate", str(gate)] if gate else []
+    cmd += list(extra)
     params = {"trainer": trainer, "command": " ".join(cmd), "out": "ckpts"}
     if watch:
         params["watch_eval"] = watch
@@ -214,3 +215,34 @@ def test_extract_weights_of_their_best_evaluates_as_the_same_weights_in_specdeck
 
 def specdeck_weights(path: Path) -> dict:
     return torch.load(path, weights_only=True)["model"]
+
+
+def test_a_stop_gives_them_the_time_to_save_and_diff_shows_what_changed(tiny_models, tmp_path):
+    """SpecForge saves on SIGTERM: a stop asked with a 1 s grace still waits its 300 s, so
+    the save that takes 3 s lands and is recorded; a second attempt's changed config is what
+    diff shows."""
+    wd = workdir(tmp_path, tiny_models)
+    gate = tmp_path / "gate"
+    plan = write_plan(tmp_path, wd, [train_item("specforge", wd, gate=gate,
+                                                extra=("--term-save-s", "3"))])
+    state = tmp_path / "s.db"
+    env = {"SPECDECK_STATE": str(state)}
+    proc = spawn(["run", plan, "train"], state)
+    wait_for(gate.exists, "no first checkpoint")
+    res = run_cli("stop", plan, "train", "--yes", "--grace", "1", env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    proc.wait(timeout=600)
+    s = Store(state)
+    run = s.latest_run("train")
+    assert run.state == "stopped", run
+    assert [a.step for a in s.artefacts("train", "checkpoint")] == [10, 20]  # the SIGTERM save
+    s.close()
+    cfg = json.loads((wd / "run.yaml").read_text())
+    cfg["training"]["learning_rate"] = 3e-4
+    (wd / "run.yaml").write_text(json.dumps(cfg))
+    plan = write_plan(tmp_path, wd, [train_item("specforge", wd)])  # no gate: straight through
+    res = run_cli("run", plan, "train", "--again", env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    res = run_cli("diff", plan, "train#1", "train#2", "--json", env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "learning_rate" in res.stdout and "0.0003" in res.stdout, res.stdout

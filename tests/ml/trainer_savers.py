@@ -112,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--every", type=float, default=1.0)
     p.add_argument("--gate", help="created after each save; the next waits until it is gone")
     p.add_argument("--config", help="the run's config, for specdeck to read (unused here)")
+    p.add_argument("--term-save-s", type=float, default=0.0,
+                   help="how long the save on SIGTERM takes (a big drafter's, simulated)")
     args = p.parse_args(argv)
     out = Path(args.out)
     run = (SpecForgeRun if args.trainer == "specforge" else SpeculatorsRun)(Path(args.drafter), out)
@@ -121,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         due = time.monotonic() + args.every
         while (time.monotonic() < due or (args.gate and Path(args.gate).exists())) and not stop:
             time.sleep(0.05)
+        if stop:
+            time.sleep(args.term_save_s)
         scale_(run.draft, 0.97)
         path = run.save(step, 1.0 + 0.1 * i if args.trainer == "specforge" else 2.0 - 0.1 * i)
         print(json.dumps({"step": step, "loss": 2.0 - 0.1 * i, "saved": str(path)}), flush=True)

@@ -66,8 +66,9 @@ def test_specforge_config_is_uploaded_valid_for_specforge_and_checked_first(tmp_
         await _hook(runner, "r1", "prepare")
         launch = await _hook(runner, "r1", "command")
         cap = jobs.capsule_path(await runner.host("box"), "r1")
-        assert launch.command == (f"{sys.executable} -u -m torch.distributed.run --nproc_per_node 2 "
-                                  "--standalone -m specforge.cli train --config train.yaml")
+        assert launch.command == (f"exec {sys.executable} -u -m torch.distributed.run "
+                                  "--nproc_per_node 2 --standalone -m specforge.cli train "
+                                  "--config train.yaml")
         assert launch.cwd == cap
         up = yaml.safe_load(open(f"{cap}/train.yaml").read())
         assert up["output_dir"] == str(wd / "runs/sf")  # the item's out, absolute
@@ -94,6 +95,14 @@ def test_specforge_config_is_uploaded_valid_for_specforge_and_checked_first(tmp_
                           str(tmp_path / "bad.yaml"), "--plan"], capture_output=True, text=True,
                          timeout=300)
     assert bad.returncode != 0 and "max_grad_norm" in bad.stderr
+
+
+def test_one_simple_command_is_execed_shell_syntax_is_left_alone():
+    from core.actions.train import exec_form
+
+    assert exec_form("speculators train --save-path o") == "exec speculators train --save-path o"
+    for cmd in ("a && b", "a | tee log", "a; b", "cd x\nrun", "a $(b)", "a > log"):
+        assert exec_form(cmd) == cmd
 
 
 def _params(**kw) -> TrainParams:
