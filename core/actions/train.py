@@ -120,7 +120,8 @@ class TrainParams:
 
     def validate(self):
         return problems(
-            ("config", f"give exactly one of config ({self.trainer} YAML) or command"
+            ("config", "give exactly one of config ("
+             f"{self.trainer if self.external else 'core.ml.train'} YAML) or command"
              if (self.config is None) == (self.command is None) else None),
             ("out", f"set out: the {self.trainer} run's output dir on the host (its "
                     f"{'output_dir' if self.trainer == 'specforge' else 'save_path'}; its "
