@@ -130,7 +130,11 @@ def capsule_path(host: Host, run_id: str) -> str:
 def cmd_script(launch: Launch, host: Host, capsule: str | None = None) -> str:
     """The capsule's ``cmd.sh``: the host's and the launch's environment, then the command
     (a Slurm batch script runs the same file)."""
-    lines = ["#!/usr/bin/env bash"]
+    # A stop's SIGTERM reaches every process of the run. Without a trap this shell would die
+    # first and the run be recorded as ended while its command still works (a trainer saving
+    # its checkpoint on SIGTERM), and then be killed as a leftover after 10 s; with it the
+    # shell waits for them, so the run ends when they do (or at the stop's grace, by SIGKILL).
+    lines = ["#!/usr/bin/env bash", "trap 'trap \"\" TERM; wait; exit 143' TERM"]
     env = {**host.env, **dict(launch.env)}
     if capsule:
         env[MARKER] = capsule  # inherited by every descendant, daemonised ones included
