@@ -224,17 +224,21 @@ async def test_read_from_a_growing_file_never_invents_bytes(host):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     open(path, "wb").close()
     done = threading.Event()
+    reads, have = [], 0
 
     def writer() -> None:
         with open(path, "ab", buffering=0) as f:
             for i in range(120):
+                if i % 30 == 0:  # the reader reads while the file grows, however loaded the machine
+                    deadline = time.monotonic() + 60
+                    while len(reads) <= i // 30 and time.monotonic() < deadline:
+                        time.sleep(0.01)
                 f.write(bytes([65 + i % 26]) * (1 << 20))  # big writes, as a 1 MB log line
                 time.sleep(0.001)
         done.set()
 
     t = threading.Thread(target=writer)
     t.start()
-    reads, have = [], 0
     while not done.is_set():  # as the log follower does: from the end of what it has
         got = await host.read_from("grow.log", have, 8 << 20)
         reads.append((have, got))
