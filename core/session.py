@@ -211,6 +211,31 @@ class Session:
         rows = self.store.eval_results(item_id)
         return rows if step is None else at_step(rows, step)
 
+    async def eval_result(self, item_id: str) -> tuple[Run, dict]:
+        """The result.json of ``item_id``'s latest succeeded eval run, read from its host (the
+        full result: tokens and rounds per prompt, provenance; the store keeps rows only)."""
+        import json
+
+        item = self.plan.item(item_id)
+        if item.action is None or item.action.kind != "eval":
+            raise InvalidInput(f"item {item_id!r} is not an eval item", hint="give eval items")
+        run = next((r for r in reversed(self.runs_of(item_id)) if r.state == "succeeded"), None)
+        path = (run.result or {}).get("result") if run is not None else None
+        if not isinstance(path, str):
+            raise InvalidInput(f"item {item_id!r} has no succeeded eval run with a result.json yet",
+                               hint=f"run it first (`specdeck run PLAN {item_id}`)")
+        host = await self.runner.host(run.host)
+        raw = await host.read_from(path, 0, 1 << 28)
+        try:
+            result = json.loads(raw) if raw else None
+        except ValueError:
+            result = None
+        if not isinstance(result, dict) or not isinstance(result.get("per_prompt"), list):
+            raise InvalidInput(f"{run.host}:{path} (item {item_id!r}, run {run.id}): "
+                               f"{'missing' if not raw else 'not a result.json'}",
+                               hint=f"run {item_id} again (`specdeck run PLAN {item_id} --again`)")
+        return run, result
+
     def run_preview(self, item_id: str) -> RunPreview:
         """What running ``item_id`` now would start (an action item)."""
         from core.actions import registry

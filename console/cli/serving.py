@@ -1,5 +1,7 @@
-"""Serving commands: ``engines`` (how each engine will read a drafter) and the drafter form of
-``export`` (``export DRAFTER_DIR --out DIR``: the layouts engines load), docs/serving.md.
+"""Serving commands: ``engines`` (how each engine will read a drafter), the drafter form of
+``export`` (``export DRAFTER_DIR --out DIR``: the layouts engines load) and ``parity`` (one
+drafter measured by several eval items: in process, under an engine's rule, through the
+engine; equal or not and why), docs/serving.md.
 
 Both run here, on the machine the CLI runs on: ``engines`` is pure Python
 (:mod:`core.ml.engine_lint`); ``export`` needs the ``ml`` extra (torch) and runs
@@ -45,6 +47,45 @@ def cmd_export_drafter(args) -> int:
     return run_main(export.main, argv)
 
 
+def cmd_parity(args) -> int:
+    """``parity PLAN ITEM ITEM...``: :func:`core.ml.parity.parity` over the items' latest
+    results (read from their hosts), every pair equal or not, round by round, and why."""
+    from console.cli.output import load_plan, run_with
+    from core.ml.parity import parity
+
+    if len(args.items) < 2:
+        raise InvalidInput(f"parity compares results pairwise: got {len(args.items)} item, give at least two",
+                           hint="name the eval items that measured the same drafter (offline, online, "
+                                "engine_rule, engine)")
+    plan = load_plan(args.plan)
+    for item in args.items:
+        plan.item(item)
+
+    async def go(session):
+        return [await session.eval_result(i) for i in args.items]
+
+    got = run_with(plan, args, go, show_events=False, read=True)
+    report = parity([result for _, result in got])
+    report["items"] = [{"item": i, "run": run.id, "side": side}
+                       for i, (run, _), side in zip(args.items, got, report["sides"])]
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    from console.cli.render import table
+
+    names = {side: f"{i['item']} ({side})" for i, side in zip(report["items"], report["sides"])}
+    table(["a", "b", "equal", "tokens", "rounds", "tau a / b", "likely cause"],
+                [[names.get(p["a"], p["a"]), names.get(p["b"], p["b"]), "yes" if p["equal"] else "no",
+                  f"{p['prompts_tokens_equal']}/{p['num_prompts']}", f"{p['prompts_rounds_equal']}/{p['num_prompts']}",
+                  f"{_num(p['tau']['a'])} / {_num(p['tau']['b'])}", ", ".join(p["likely_causes"]) or "-"]
+                 for p in report["pairs"]])
+    return 0
+
+
+def _num(x) -> str:
+    return f"{x:.4f}" if isinstance(x, (int, float)) else "-"
+
+
 def add_export_args(sp) -> None:
     """The drafter form's options, added to the plan form's ``export`` parser."""
     g = sp.add_argument_group("a drafter (export DRAFTER_DIR --out DIR): the files an engine loads")
@@ -65,4 +106,10 @@ def register(add) -> None:
     sp.add_argument("drafter", help="a drafter directory or its config.json")
     sp.add_argument("--target", help="the target's directory (checks sizes, taps and mask token against it)")
     sp.add_argument("--engine", action="append", help="only this engine (vllm, sglang, llama.cpp); repeatable")
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
+    sp = add("parity", cmd_parity, "one drafter measured by several eval items (offline, in process, under "
+             "an engine's rule, through an engine): each pair equal or not, round by round, and why",
+             example="specdeck parity plans/coding-eval.yaml eval-online eval-llama-rule eval-llama")
+    sp.add_argument("plan", help="the plan file")
+    sp.add_argument("items", nargs="+", metavar="ITEM", help="eval items (two or more), latest succeeded run each")
     sp.add_argument("--json", action="store_true", help="machine-readable output")

@@ -67,6 +67,9 @@ class EvalParams:
     seed: int = 0
     samples: int = 1
     """Sampled: generations per prompt, each with its own seed (compare averages them per prompt)."""
+    engine_rule: Literal["vllm", "sglang", "llama.cpp"] | None = None
+    """Run the drafter in process under this engine's attention rule (core.ml.engine_rule): tau as
+    that engine would serve it, beside an ``engine`` eval of the same drafter (``specdeck parity``)."""
     engine: Literal["llama.cpp"] | None = None
     """Measure through this engine instead of in process (core.ml.engine_llama: a llama-server on
     the eval host, loopback only, ended with the run); the rows are labelled with the engine."""
@@ -103,6 +106,8 @@ def engine_problems(p) -> list:
         named = [f for f in ("engine_bin", "engine_target", "engine_drafter", "engine_threads") if getattr(p, f)]
         return [((named[0],), "set engine: llama.cpp to use it")] if named else []
     return problems(
+        ("engine_rule", "the engine applies its own rule; measure specdeck under it in another eval item "
+         "(engine_rule, no engine)" if p.engine_rule is not None else None),
         ("mode", "the engine decodes online" if p.mode == "offline" else None),
         ("tree_budget", "llama-server verifies a chain" if p.tree_budget is not None else None),
         ("temperature", "the engine leg is measured greedy" if p.temperature else None),
@@ -241,9 +246,9 @@ class Eval(Action):
 
 
 def engine_flags(h, p) -> list:
-    """``core.ml.eval``'s engine flags for ``p`` (none without ``engine``)."""
+    """``core.ml.eval``'s engine flags for ``p`` (``--engine-rule``; the engine's with ``engine``)."""
     if p.engine is None:
-        return []
+        return ["--engine-rule", p.engine_rule] if p.engine_rule else []
     return ["--engine", p.engine,
             *(["--engine-bin", h.path(p.engine_bin)] if p.engine_bin else []),
             *(["--engine-target", h.path(p.engine_target)] if p.engine_target else []),
@@ -274,6 +279,10 @@ def eval_rows(run_id: str, item_id: str, res: dict, label: str, role: str,
                 "family": (res.get("drafter") or {}).get("family") or "dflash",  # shown, not compared
                 "temperature": res.get("temperature", 0), "top_p": res.get("top_p", 1.0),
                 "top_k": res.get("top_k", 0), "seed": res.get("seed"), "samples": res.get("samples", 1)}
+    rule = (res.get("drafter") or {}).get("engine_rule")
+    if isinstance(rule, dict):  # in process under an engine's rule: named, so never merged with specdeck's own rule
+        settings["engine_rule"] = f"{rule.get('engine')}@{rule.get('revision')}"
+        label = f"{label} under {rule.get('engine')}"
     engine = res.get("engine")
     if isinstance(engine, dict):  # measured through an engine: named in the label, so never merged with in-process rows
         settings["engine"] = f"{engine.get('name')}@{engine.get('revision')}"

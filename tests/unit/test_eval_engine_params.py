@@ -35,6 +35,8 @@ def test_engine_params_reach_the_command():
     ({"engine": "llama.cpp", "engine_threads": 0}, ("engine_threads",), ">= 1"),
     ({"engine": "llama.cpp", "engine_context": 4}, ("engine_context",), ">= 16"),
     ({"engine_bin": "x"}, ("engine_bin",), "engine: llama.cpp"),
+    ({"engine": "llama.cpp", "engine_rule": "llama.cpp"}, ("engine_rule",), "another eval item"),
+    ({"engine_rule": "tgi"}, ("engine_rule",), "llama.cpp"),
 ])
 def test_bad_engine_params_are_named(params, field, words):
     errs = _errors(**params)
@@ -47,3 +49,12 @@ def test_engine_rows_are_labelled_with_the_engine_so_never_merged_with_in_proces
     eng = eval_rows("r2", "e", {**res, "engine": {"name": "llama.cpp", "revision": "0c1e570"}}, "v5", "drafter", None)
     assert own[0].drafter == "v5" and eng[0].drafter == "v5 @llama.cpp"
     assert eng[0].settings["engine"] == "llama.cpp@0c1e570" and "engine" not in own[0].settings
+
+
+def test_an_engine_rule_reaches_the_command_and_names_its_rows():
+    words = eval_words(EvalParams(drafter="d", target="t", engine_rule="llama.cpp"))
+    assert words[words.index("--engine-rule") + 1] == "llama.cpp" and "--engine" not in words
+    res = {"mode": "online", "block_size": 8, "per_prompt": [{"id": "p", "tau": 2.0, "rounds": [2, 2]}],
+           "drafter": {"engine_rule": {"engine": "llama.cpp", "revision": "0c1e570", "changed": True}}}
+    row, = eval_rows("r3", "e", res, "v5", "drafter", None)
+    assert row.drafter == "v5 under llama.cpp" and row.settings["engine_rule"] == "llama.cpp@0c1e570"
