@@ -45,6 +45,7 @@ from core import jobs
 from core.actions.base import Action, CheckResult, Launch
 from core.actions import fit, trainers
 from core.actions.fit import deep_set
+from core.errors import HostUnreachable
 from core.faults import describe_fault
 from core.actions.mlbase import host_python, ml_failure
 from core.metrics_sources import MetricsParams, line_metrics
@@ -465,12 +466,49 @@ class Train(Action):
         watcher = Watcher(ctx, spec, poll=max(ctx.poll, 0.2))
         done = asyncio.Event()
         wtask = asyncio.create_task(watcher.run(done))
+        # SpecForge and speculators print no checkpoint lines: their output dir is looked at
+        ended = asyncio.Event()
+        scan = (asyncio.create_task(self._scan_checkpoints(ctx, host, run, ended))
+                if self.params.trainer != "specdeck" else None)
         try:
             st = await follow_log
         finally:
-            done.set()
+            ended.set()
+            try:
+                if scan is not None:
+                    await scan  # its last listing records the final checkpoint before the watcher drains
+            finally:
+                done.set()
         await wtask  # the checkpoints still waiting (the final one) are evaluated
         return st
+
+    SCAN_S = 5.0
+    """How often a run of another trainer's output dir is listed for new checkpoints (console watcher)."""
+
+    async def _scan_checkpoints(self, ctx, host, run: Run, ended: asyncio.Event) -> None:
+        """Record the checkpoints of a SpecForge / speculators run as they land, for the console's
+        watcher (which evaluates recorded checkpoints): while it trains, a checkpoint counts once
+        its marker file's size and mtime are the same in two listings in a row (whole, and no host
+        clock needed); once the run has ended, one last listing records every whole one."""
+        seen: dict[str, tuple] = {}
+        while True:
+            last = ended.is_set()
+            outdir = self._ckpt_dir(host, run)
+            try:
+                if outdir and await host.stat(outdir) is not None:
+                    marks: dict[str, tuple] = {}
+                    for ck in (await host_checkpoints(host, outdir, self.params.trainer, marks=marks))[0]:
+                        if last or seen.get(ck.path) == marks[ck.path]:  # as recorded now: prepare's drafter config
+                            record_checkpoint(ctx, _run_of(ctx), ck)
+                    seen = marks
+            except HostUnreachable:
+                pass  # the log follower reconnects; the next listing (or finish) catches up
+            if last:
+                return
+            try:
+                await asyncio.wait_for(ended.wait(), self.SCAN_S)
+            except asyncio.TimeoutError:
+                pass
 
     async def _follow_detached(self, ctx, host, run: Run, follow_log, inspector
                                ) -> jobs.CapsuleState:
@@ -553,12 +591,9 @@ class Train(Action):
         found, best = [], None
         if outdir and await host.stat(outdir) is not None:
             run = _run_of(ctx)
-            extra = {k: v for k, v in ((run.config or {}) if run else {}).items()
-                     if k == "drafter_config" and v}
             ckpts, best = await host_checkpoints(host, outdir, self.params.trainer)
             for ck in ckpts:
-                data = None if ck.layout == "specdeck" else {"layout": ck.layout, **extra}
-                ctx.record_artefact("checkpoint", ck.path, ck.step, data=data)
+                record_checkpoint(ctx, run, ck)
                 found.append(ck.step)
                 if ck.layout == "speculators":  # its per-epoch validation figures, stored once
                     raw = await host.read_from(posixpath.join(ck.path, "val_metrics.json"), 0,
@@ -644,10 +679,19 @@ def start_choice(params: TrainParams, runs: list[Run], checkpoints: list,
     return StartChoice(False, None, f"starts fresh at step 0 in its own output dir ({why})")
 
 
-async def host_checkpoints(host, outdir: str, trainer: str
+def record_checkpoint(ctx, run: Run | None, ck: layouts.Checkpoint) -> bool:
+    """Record ``ck`` as the run's checkpoint artefact (once: False when it was known), with its
+    layout and, for another trainer's, the drafter config its strip needs."""
+    extra = {k: v for k, v in ((run.config or {}) if run else {}).items() if k == "drafter_config" and v}
+    data = None if ck.layout == "specdeck" else {"layout": ck.layout, **extra}
+    return ctx.record_artefact("checkpoint", ck.path, ck.step, data=data)
+
+
+async def host_checkpoints(host, outdir: str, trainer: str, *, marks: dict | None = None
                            ) -> tuple[list[layouts.Checkpoint], layouts.Checkpoint | None]:
     """The whole checkpoints in ``outdir`` on ``host`` in ``trainer``'s layout, oldest first,
-    and the one its best pointer names (None: no pointer, or it names none of them)."""
+    and the one its best pointer names (None: no pointer, or it names none of them);
+    ``marks`` gets each one's marker file ``(size, mtime)`` by checkpoint path."""
     found, pointers = [], []
     for name in await host.listdir(outdir):
         if layouts.is_best_pointer(name, trainer):
@@ -657,9 +701,11 @@ async def host_checkpoints(host, outdir: str, trainer: str
         if ck is None:
             continue
         entry = await host.lstat(posixpath.join(outdir, name))
-        marker = layouts.parse_entry(name, trainer)[2]
-        if entry is None or entry.is_link or await host.stat(posixpath.join(outdir, marker)) is None:
+        marker = await host.stat(posixpath.join(outdir, layouts.parse_entry(name, trainer)[2]))
+        if entry is None or entry.is_link or marker is None:
             continue  # a pointer, or not whole (a save cut short)
+        if marks is not None:
+            marks[ck.path] = (marker.size, marker.mtime)
         found.append(ck)
     found.sort(key=lambda c: c.step)
     best = None

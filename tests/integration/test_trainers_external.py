@@ -14,6 +14,7 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -130,6 +131,51 @@ def test_watch_eval_tau_at_each_of_their_checkpoints_once_across_specdeck_kills(
                                               for st in steps]
     # each checkpoint is another drafter (the saver scales the weights each time)
     assert len({r["result"]["drafter"]["fingerprint"] for r in recs}) == len(steps)
+    arts = s.artefacts("train", "checkpoint")
+    assert [a.step for a in arts] == steps and {a.data["layout"] for a in arts} == {trainer}
+    s.close()
+
+
+@pytest.mark.parametrize("trainer", ["specforge", "speculators"])
+def test_the_consoles_watcher_finds_their_checkpoints_in_the_output_dir(trainer, tiny_models, tmp_path):
+    """``on: console``: they print no checkpoint lines, so specdeck lists their output dir while
+    they train; each checkpoint is evaluated once it is whole, before the next is written."""
+    wd = workdir(tmp_path, tiny_models)
+    gate = tmp_path / "gate"
+    plan = write_plan(tmp_path, wd, [
+        extract_item("feats-eval", "the tau cache", "box", prompts="host:eval-prompts.jsonl",
+                     layers=[0, 2], out="feats/eval", max_new_tokens=16),
+        train_item(trainer, wd, gate=gate, needs=["feats-eval"], watch={
+            "on": "console", "host": "box", "target": "models/target", "cache": "feats/eval",
+            "mode": "offline", "max_new_tokens": 16})])
+    state = tmp_path / "s.db"
+    steps = STEPS[trainer]
+    proc = spawn(["run", plan, "--all"], state)
+    said: list[str] = []
+    threading.Thread(target=lambda: said.extend(proc.stderr), daemon=True).start()  # never a full pipe
+
+    def evaluated(step):
+        s = Store(state)
+        try:
+            run = s.latest_run("train")
+            return run is not None and any(e.step == step and e.state == "done" for e in s.watch_entries(run.id))
+        finally:
+            s.close()
+    try:
+        for step in steps:
+            wait_for(lambda: evaluated(step) or proc.poll() is not None, f"no tau for step {step}")
+            assert evaluated(step), "".join(said)[-3000:]
+            wait_for(gate.exists, "the saver waiting")
+            gate.unlink()  # the next checkpoint is written only once this one has its tau
+        assert proc.wait(timeout=600) == 0, "".join(said)[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    s = Store(state)
+    run = s.latest_run("train")
+    assert s.run(run.id).state == "succeeded"
+    assert [(e.step, e.state) for e in s.watch_entries(run.id)] == [(st, "done") for st in steps]
+    assert [st for st, _ in s.metric_series(run.id, "tau")] == steps
     arts = s.artefacts("train", "checkpoint")
     assert [a.step for a in arts] == steps and {a.data["layout"] for a in arts} == {trainer}
     s.close()

@@ -133,16 +133,16 @@ class Watcher:
     async def _evaluate(self, entry: WatchEntry, resume: bool = False) -> None:
         from core import jobs
         from core.actions.base import Launch
-        from core.actions.mlbase import host_python, py_module
-        from core.actions.relay import copy_verified
+        from core.actions.mlbase import drafter_command, host_python, py_module
         step = entry.step
         ev = await self.ctx.connected(self.spec.host)
         cap_id = f"{self.run_id}-tau-{step}"
         capsule = jobs.capsule_path(ev, cap_id)
         try:
             if not resume or (await jobs.inspect(ev, capsule)).state in ("missing", "nopid"):
-                ckpt = [a for a in self.ctx.artefacts(kind="checkpoint")
-                        if a.run_id == self.run_id and a.step == step][0].path
+                art = [a for a in self.ctx.artefacts(kind="checkpoint")
+                       if a.run_id == self.run_id and a.step == step][0]
+                ckpt = art.path
                 train_host = await self.ctx.connected(self.item.action.host)
                 self.ctx.update_watch_entry(step, "running", host=ev.name, capsule=capsule)
                 if self.spec.backfill and await train_host.stat(ckpt) is None:
@@ -150,16 +150,14 @@ class Watcher:
                     self.ctx.update_watch_entry(step, "skipped", error=gone)
                     self.ctx.journal("watch_skipped", f"tau eval of step {step} skipped: {gone}")
                     return
-                local_ckpt = ckpt
-                if train_host is not ev:
-                    local_ckpt = f"{capsule}/ckpt.pt"
-                    await copy_verified(train_host, ckpt, ev, local_ckpt)
+                local_ckpt, config = await self._fetch(art, train_host, ev, capsule)
                 py = await host_python(ev)
                 s = self.spec
                 common = await self.eval_args(ev)
-                lines = ["set -e", py_module(py, "core.ml.strip", local_ckpt, "drafter"),
-                         py_module(py, "core.ml.eval", "--drafter", "drafter", "--out",
-                                   "result.json", *common)]
+                strip = drafter_command(py, local_ckpt, "drafter", art, config=config)
+                lines = ["set -e", *([strip] if strip else []),  # a speculators epoch dir is a drafter dir
+                         py_module(py, "core.ml.eval", "--drafter", "drafter" if strip else local_ckpt,
+                                   "--out", "result.json", *common)]
                 if s.baseline and not self._baseline_done():
                     lines.append(py_module(py, "core.ml.eval", "--drafter",
                                            ev.path(s.baseline), "--out", "baseline/result.json",
@@ -182,6 +180,29 @@ class Watcher:
             self.ctx.update_watch_entry(step, "failed", error=str(exc)[:2000])
             self.ctx.journal("watch_failed", f"tau eval of step {step} failed: {exc}")
             self.ctx.notice(f"{self.item.id}: tau eval of step {step} failed: {exc}", "error")
+
+    async def _fetch(self, art, train_host, ev, capsule: str) -> tuple[str, str | None]:
+        """The checkpoint ``art`` where the eval host ``ev`` reads it, and the drafter config its
+        strip needs there (a SpecForge checkpoint carries none; None: it needs none): copied
+        through specdeck into the eval's capsule when the two hosts differ."""
+        from core.actions.mlbase import checkpoint_layout
+        from core.actions.relay import copy_verified
+
+        layout = checkpoint_layout(art)
+        config = layout.get("drafter_config")
+        if train_host is ev:
+            return art.path, config
+        if layout.get("layout") == "speculators":  # an epoch dir: its config and weights
+            local = f"{capsule}/ckpt"
+            for name in await train_host.listdir(art.path):
+                if name.endswith((".json", ".safetensors")):
+                    await copy_verified(train_host, f"{art.path}/{name}", ev, f"{local}/{name}")
+            return local, None
+        await copy_verified(train_host, art.path, ev, f"{capsule}/ckpt.pt")
+        if config:
+            await copy_verified(train_host, config, ev, f"{capsule}/drafter_config.json")
+            config = f"{capsule}/drafter_config.json"
+        return f"{capsule}/ckpt.pt", config
 
     def _baseline_done(self) -> bool:
         return any(r.role == "baseline" for r in self.ctx.eval_rows())
