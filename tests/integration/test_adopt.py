@@ -286,9 +286,8 @@ async def test_tmux_dead_pane_gives_the_exit_status(tmp_path, tmux_session):
     plan = _plan(tmp_path, {"local": True, "workdir": str(wd)})
     async with _running(plan, tmp_path) as (runner, store):
         adopting = asyncio.create_task(runner.adopt("train-v4", AdoptSpec(tmux=s)))
-        for _ in range(600):
-            if store.live_run("train-v4") is not None or adopting.done():
-                break
+        deadline = time.monotonic() + 600  # the pane is kept on exit from the claim on: no exit before it
+        while store.live_run("train-v4") is None and not adopting.done() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         gate.touch()
         status = await asyncio.wait_for(adopting, 60)
