@@ -300,9 +300,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(f"warning: {m['field']} differs: ours={m['ours']!r} baseline={m['baseline']!r}")
     for w in cmp["warnings"]:
         say(f"warning: {w}")
-    if args.out:
-        atomic_write_json(args.out, cmp)
-        emit("result", task="compare", path=str(Path(args.out).resolve()))
+    if args.out:  # written atomically, then named
+        emit("result", task="compare", path=str(atomic_write_json(args.out, cmp).resolve()))
     return 0
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from itertools import combinations
-from pathlib import Path
 from typing import Any
 
 from core.ml.compare import compare_results, load_result, parity_identity, side_name
@@ -100,9 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = parity([load_result(r) for r in args.results])
     for pr in report["pairs"]:
         emit("metric", task="parity", **{k: v for k, v in pr.items() if k != "per_prompt"})
-    if args.out:
-        atomic_write_json(args.out, report)
-        emit("result", task="parity", path=str(Path(args.out).resolve()))
+    if args.out:  # written atomically, then named
+        emit("result", task="parity", path=str(atomic_write_json(args.out, report).resolve()))
     return 0
 
 

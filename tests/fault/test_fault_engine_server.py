@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -21,21 +20,12 @@ pytest.importorskip("torch")
 
 from core.ml.engine_llama import find_binary, server_processes  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
+from tests.fault.conftest import wait_for  # noqa: E402
 
 BINARY = find_binary()
 pytestmark = [pytest.mark.engine, pytest.mark.ml, pytest.mark.slow, pytest.mark.skipif(
     BINARY is None or not BINARY.is_file(),
     reason="no llama-server built: scripts/bootstrap builds it with scripts/build-llama-server; CI has it")]
-
-
-def _wait(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +51,7 @@ def test_fault_no_llama_server_outlives_an_interrupted_or_killed_eval(pair, tmp_
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
-        line = _wait(lambda: proc.stdout.readline(), 300, "the first progress line")
+        line = wait_for(lambda: proc.stdout.readline(), 300, "the first progress line")
         assert json.loads(line)["event"] == "progress", line
         assert set(server_processes(BINARY)) - before, "no server was running while prompts were served"
         proc.send_signal(sig)
@@ -70,5 +60,5 @@ def test_fault_no_llama_server_outlives_an_interrupted_or_killed_eval(pair, tmp_
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    _wait(lambda: not (set(server_processes(BINARY)) - before), 30, "the server to be gone")
+    wait_for(lambda: not (set(server_processes(BINARY)) - before), 30, "the server to be gone")
     assert not (tmp_path / "run/result.json").exists()
