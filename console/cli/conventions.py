@@ -65,7 +65,7 @@ EXAMPLE_VALUES = {"plan": "plans/v5.yaml", "item": "train-v5", "items": "train-v
 STATE_USE = {
     "run": "creates", "adopt": "creates", "mark": "creates", "ui": "creates", "demo": "creates",
     "status": "reads", "attach": "reads", "logs": "reads", "stop": "reads", "export": "reads",
-    "compare": "reads", "diff": "reads", "metrics": "reads",
+    "compare": "reads", "diff": "reads", "metrics": "reads", "parity": "reads",
     "validate": None, "import": None, "kinds": None, "completion": None, "engines": None,
 }
 """What each command does with the state database: ``creates`` (it records what it does,

@@ -214,6 +214,7 @@ USAGE = {
     "mark": (["mark", "{plan}", "review", "finished"], "invalid choice: 'finished'"),
     "export": (["export", "{plan}"], "export needs --todowrite or --markdown (a plan), or --out DIR"),
     "engines": (["engines", "{missing}"], "missing.yaml: no drafter config there"),
+    "parity": (["parity", "{plan}", "hello"], "give at least two"),
     "import": (["import", "{todos}", "-o", "{plan}"], "already exists; not overwritten"),
     "kinds": (["kinds", "extra"], "unrecognized arguments: extra"),
     "run": (["run", "{plan}"], "name the items to run, or pass --all"),
@@ -257,7 +258,8 @@ HAPPY = {"validate": "test_validate", "kinds": "test_kinds_and_version",
          "compare": "test_compare", "diff": "test_diff", "metrics": "test_metrics",
          "completion": "test_completion", "ui": "test_ui_opens_the_console_and_quits",
          "demo": "tests.cli.test_demo.test_demo_headless_quick_then_reuse",
-         "engines": "tests.unit.test_engine_lint.test_cli_engines_json_and_bad_input"}
+         "engines": "tests.unit.test_engine_lint.test_cli_engines_json_and_bad_input",
+         "parity": "tests.cli.test_parity_cli.test_parity_of_three_items_names_the_rule_as_the_cause"}
 
 
 def test_every_command_has_a_happy_path_and_a_usage_error():
