@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -242,7 +243,7 @@ def tmux_session(tmp_path):
     names = []
 
     def make(command: str) -> str:
-        name = f"i15-{os.getpid()}-{len(names)}"
+        name = f"i15-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # never the name of an earlier test's session
         _tmux("new-session", "-d", "-s", name, "-x", "100", "-y", "20", command).check_returncode()
         names.append(name)
         return name
