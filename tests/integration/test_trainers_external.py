@@ -87,17 +87,24 @@ def wait_for(cond, what: str, timeout: float = 600):
     return got
 
 
-@pytest.mark.parametrize("trainer", ["specforge", "speculators"])
-def test_watch_eval_tau_at_each_of_their_checkpoints_once_across_specdeck_kills(
-        trainer, tiny_models, tmp_path):
-    wd = workdir(tmp_path, tiny_models)
+def watched_plan(trainer: str, tiny: Path, tmp_path: Path, **where) -> tuple[Path, Path, Path]:
+    """(workdir, gate, plan): a tau cache, then a gated train item with an offline watch_eval
+    (``where``: its ``on`` / ``host``)."""
+    wd = workdir(tmp_path, tiny)
     gate = tmp_path / "gate"
     plan = write_plan(tmp_path, wd, [
         extract_item("feats-eval", "the tau cache", "box", prompts="host:eval-prompts.jsonl",
                      layers=[0, 2], out="feats/eval", max_new_tokens=16),
         train_item(trainer, wd, gate=gate, needs=["feats-eval"], watch={
-            "target": "models/target", "cache": "feats/eval", "mode": "offline",
+            **where, "target": "models/target", "cache": "feats/eval", "mode": "offline",
             "max_new_tokens": 16})])
+    return wd, gate, plan
+
+
+@pytest.mark.parametrize("trainer", ["specforge", "speculators"])
+def test_watch_eval_tau_at_each_of_their_checkpoints_once_across_specdeck_kills(
+        trainer, tiny_models, tmp_path):
+    wd, gate, plan = watched_plan(trainer, tiny_models, tmp_path)
     state = tmp_path / "s.db"
     steps = STEPS[trainer]
     kill_when(spawn(["run", plan, "--all"], state), "train: started run")
@@ -140,14 +147,7 @@ def test_watch_eval_tau_at_each_of_their_checkpoints_once_across_specdeck_kills(
 def test_the_consoles_watcher_finds_their_checkpoints_in_the_output_dir(trainer, tiny_models, tmp_path):
     """``on: console``: they print no checkpoint lines, so specdeck lists their output dir while
     they train; each checkpoint is evaluated once it is whole, before the next is written."""
-    wd = workdir(tmp_path, tiny_models)
-    gate = tmp_path / "gate"
-    plan = write_plan(tmp_path, wd, [
-        extract_item("feats-eval", "the tau cache", "box", prompts="host:eval-prompts.jsonl",
-                     layers=[0, 2], out="feats/eval", max_new_tokens=16),
-        train_item(trainer, wd, gate=gate, needs=["feats-eval"], watch={
-            "on": "console", "host": "box", "target": "models/target", "cache": "feats/eval",
-            "mode": "offline", "max_new_tokens": 16})])
+    wd, gate, plan = watched_plan(trainer, tiny_models, tmp_path, on="console", host="box")
     state = tmp_path / "s.db"
     steps = STEPS[trainer]
     proc = spawn(["run", plan, "--all"], state)
