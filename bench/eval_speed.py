@@ -16,10 +16,13 @@ built from config, in bf16 (nothing downloaded), at those proportions scaled to 
 * drafter: one layer, the 27B drafter's widths / 5, block size 16, 5 taps. The shares are
   printed for both pairs (the 27B's counted on ``meta``).
 
-Each repeat runs, interleaved, plain greedy decoding (:func:`core.ml.generate.greedy_generate`,
-the baseline), a chain generation (B = 16) and a DDTree-16 generation through the harness
-(:func:`~core.ml.generate.chain_generate`, :func:`~core.ml.generate.ddtree_generate`, a
-:class:`~core.ml.target.TargetRunner`) after the same ``--context``-token prompt. Only full-width
+Each repeat runs, interleaved, plain decoding (block size 1 through the harness, the baseline of
+``eval --speedup``; transformers' own decode, :func:`core.ml.generate.greedy_generate`, is timed
+too: for a hybrid target on a CPU without bf16 instructions its depthwise conv in bf16 runs
+channel by channel and makes it about 3x slower), a chain generation (B = 16) and a DDTree-16
+generation through the harness (:func:`~core.ml.generate.chain_generate`,
+:func:`~core.ml.generate.ddtree_generate`, a :class:`~core.ml.target.TargetRunner`) after the same
+``--context``-token prompt. Only full-width
 rounds count (the last ones shrink to what is left). Each round is split by timing hooks into
 drafter (its layers), draft LM head (B-1 positions), tree build, verify (the target's forward,
 its LM head and taps included), update (cache / recurrent state) and the rest; each part is a
@@ -27,6 +30,12 @@ share of the decode step measured in the same repeat, and the figures are median
 Printed: the round in decode steps, its parts, and the speedup it implies at tau 3, 6 and 8
 (tau / round). Goals (issue 34): Qwen3 chain <= 1.35, DDTree-16 <= 1.5; hybrid chain <= 1.5,
 DDTree-16 <= 1.7.
+
+A round's verify is a forward of B rows; a decode step one of one row, which streams the weights
+and is bound by memory bandwidth. B rows need 2 B flops per weight, so the round can approach one
+decode step only where the CPU's float rate per byte of bandwidth is well above B. The bench
+prints what this CPU allows (:func:`roofline`): the cost of a B-row bf16 linear against a one-row
+one, the best float32 rate, the decode step's bandwidth, and the verify's floor in decode steps.
 """
 
 from __future__ import annotations
@@ -214,6 +223,38 @@ class RoundTimer:
 PARTS = ("drafter", "draft_head", "tree_build", "verify", "update")
 
 
+def roofline(target, step_s: float, threads: int) -> dict:
+    """What this CPU allows a verify of ``BLOCK`` positions, from one of the target's own MLP
+    weights: the cost of a ``BLOCK``-row bf16 linear against a one-row one (the decode step's
+    kind), the best float32 rate measured (256 rows: bf16 without native instructions is computed
+    in float32), the bytes per second the decode step streams, and the least a ``BLOCK``-position
+    verify can cost in decode steps at that rate (2 x BLOCK flops per weight), whatever the kernel."""
+    import torch
+    import torch.nn.functional as F
+
+    weight = target.model.layers[0].mlp.up_proj.weight.detach()
+    w32 = weight.float()
+
+    def secs(w, rows: int, n: int = 20) -> float:
+        x = torch.randn(rows, w.shape[1], dtype=w.dtype)
+        for _ in range(3):
+            F.linear(x, w)
+        t = time.perf_counter()
+        for _ in range(n):
+            F.linear(x, w)
+        return (time.perf_counter() - t) / n
+
+    one, block, block32, wide32 = secs(weight, 1), secs(weight, BLOCK), secs(w32, BLOCK), secs(w32, 256, 5)
+    params = sum(p.numel() for p in target.parameters())
+    nbytes = sum(p.numel() * p.element_size() for p in target.parameters())
+    peak = 2 * 256 * weight.numel() / wide32
+    return {"threads": threads, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "bf16_rows_block_over_1": round(block / one, 2), "fp32_rows_block_over_bf16_1": round(block32 / one, 2),
+            "fp32_peak_gflops": round(peak / 1e9, 1), "decode_gbs": round(nbytes / step_s / 1e9, 2),
+            "bf16_block_gflops": round(2 * BLOCK * weight.numel() / block / 1e9, 1),
+            "verify_floor_steps": round(2 * BLOCK * params / peak / step_s, 2)}
+
+
 def bench_arch(arch: str, args) -> dict:
     import torch
 
@@ -227,11 +268,18 @@ def bench_arch(arch: str, args) -> dict:
     modes = {"chain": lambda p, r: chain_generate(p, r, prompt, args.rounds + BLOCK, BLOCK, MASK),
              "ddtree16": lambda p, r: ddtree_generate(p, r, prompt, args.rounds + BLOCK, BLOCK, MASK, BUDGET)}
     ratios: dict[str, list[dict]] = defaultdict(list)
-    steps = []
+    steps, hf_steps = [], []
     with torch.no_grad():
         for rep in range(args.repeats + 1):  # the first pass warms up and is dropped
-            g = greedy_generate(target, prompt, args.rounds + 1)
+            # the decode step: block size 1 through the same harness, as eval --speedup's baseline
+            plain = TargetRunner(target, None)
+            try:
+                g = chain_generate(None, plain, prompt, args.rounds + 1, 1, MASK)
+            finally:
+                plain.close()
             step = g.decode_s / (g.target_forwards - 1)
+            g = greedy_generate(target, prompt, args.rounds + 1)  # transformers' own decode, for reference
+            hf_step = g.decode_s / (g.target_forwards - 1)
             for mode, run in modes.items():
                 proposer, runner = DFlashProposer(drafter, target), TargetRunner(target, drafter.target_layer_ids)
                 timer = RoundTimer(proposer, runner, head)
@@ -246,10 +294,13 @@ def bench_arch(arch: str, args) -> dict:
                                          for f in ("round", *PARTS, "other")} | {"rounds": len(full)})
             if rep:
                 steps.append(step)
+                hf_steps.append(hf_step)
     out = {"bench": "eval_speed", "arch": arch, "threads": args.threads, "context": args.context,
            "load_average": os.getloadavg()[0], "campaign_27b": big, "bench_pair": mine,
            "target_mb": round(mine["params"] * 2 / 1e6, 1), "vocab": target.config.vocab_size,
-           "decode_step_ms": round(statistics.median(steps) * 1e3, 2)}
+           "decode_step_ms": round(statistics.median(steps) * 1e3, 2),
+           "transformers_decode_step_ms": round(statistics.median(hf_steps) * 1e3, 2),
+           "roofline": roofline(target, statistics.median(steps), args.threads)}
     for mode, rows in ratios.items():
         m = {f: round(statistics.median(r[f] for r in rows), 3) for f in rows[0]}
         m["round_range"] = [round(min(r["round"] for r in rows), 3), round(max(r["round"] for r in rows), 3)]
@@ -269,8 +320,14 @@ def report(o: dict) -> None:
         print(f"{o['arch']} {mode}: round {m['round']:.2f} decode steps (goal <= {goals[mode]}; {m['round_range'][0]:.2f}"
               f"..{m['round_range'][1]:.2f} over repeats): {parts}; implied speedup {m['speedup_at_tau3']:.2f}x at tau 3, "
               f"{m['speedup_at_tau6']:.2f}x at tau 6, {m['speedup_at_tau8']:.2f}x at tau 8", flush=True)
-    b, c = o["bench_pair"], o["campaign_27b"]
-    print(f"{o['arch']}: decode step {o['decode_step_ms']:.1f} ms on {o['threads']} threads (load {o['load_average']:.1f}), "
+    b, c, r = o["bench_pair"], o["campaign_27b"], o["roofline"]
+    print(f"{o['arch']}: this CPU ({r['cpu_capability']}): a {BLOCK}-row bf16 linear costs {r['bf16_rows_block_over_1']:.1f} "
+          f"one-row ones ({r['bf16_block_gflops']:.0f} GFLOP/s), a float32 one {r['fp32_rows_block_over_bf16_1']:.1f}; "
+          f"at its best float32 rate ({r['fp32_peak_gflops']:.0f} GFLOP/s) and the decode step's {r['decode_gbs']:.1f} GB/s, "
+          f"verifying {BLOCK} positions costs at least {r['verify_floor_steps']:.2f} decode steps, whatever the kernel", flush=True)
+    print(f"{o['arch']}: decode step {o['decode_step_ms']:.1f} ms (block size 1 through the harness, eval --speedup's "
+          f"baseline; transformers' own decode {o['transformers_decode_step_ms']:.1f} ms) on {o['threads']} threads "
+          f"(load {o['load_average']:.1f}), "
           f"target {o['target_mb']:.0f} MB bf16, vocab {o['vocab']}; LM head {b['head_share']:.1%} of the weights "
           f"(27B: {c['head_share']:.1%}), drafter {b['drafter_share']:.1%} (27B: {c['drafter_share']:.1%})", flush=True)
 

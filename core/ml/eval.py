@@ -242,7 +242,7 @@ def cache_template(settings: dict[str, Any]) -> dict[str, Any]:
 def run_online(args, target, tokenizer, drafter, prompts, block_size) -> dict[str, Any]:
     from core.ml.generate import DFlashProposer, chain_generate, ddtree_generate
     from core.ml.prompts import encode
-    from core.ml.target import TargetRunner
+    from core.ml.target import TargetRunner, half_matmul_note
 
     stops = stop_ids(args, target, tokenizer)
     vocab = target.config.get_text_config().vocab_size
@@ -282,6 +282,10 @@ def run_online(args, target, tokenizer, drafter, prompts, block_size) -> dict[st
         for name, rows in (("chain", chain_rows), ("ddtree", tree_rows)):
             tpot = _timing(rows)["mean_tpot_s"] if rows else None
             sp[name] = ar_tpot / tpot if ar_tpot and tpot else None
+        note = half_matmul_note(next(target.parameters()).device, next(target.parameters()).dtype)
+        if note:
+            sp["note"] = note
+            say(f"notice: {note}")
         result["speedup"] = sp
     return result
 
