@@ -22,11 +22,14 @@ too: for a hybrid target on a CPU without bf16 instructions its depthwise conv i
 channel by channel and makes it about 3x slower), a chain generation (B = 16) and a DDTree-16
 generation through the harness (:func:`~core.ml.generate.chain_generate`,
 :func:`~core.ml.generate.ddtree_generate`, a :class:`~core.ml.target.TargetRunner`) after the same
-``--context``-token prompt. Only full-width
-rounds count (the last ones shrink to what is left). Each round is split by timing hooks into
-drafter (its layers), draft LM head (B-1 positions), tree build, verify (the target's forward,
-its LM head and taps included), update (cache / recurrent state) and the rest; each part is a
-share of the decode step measured in the same repeat, and the figures are medians over repeats.
+``--context``-token prompt; with ``--cpu-matmul both`` (the default) the generations run once
+with eval's default kernels (``auto``: many-row bf16 linears in float32 tiles on a CPU without
+bf16 matrix instructions, :mod:`core.ml.cpu_rows`) and once with torch's own (rows
+``MODE@torch``). Only full-width rounds count (the last ones shrink to what is left). Each round
+is split by timing hooks into drafter (its layers), draft LM head (B-1 positions), tree build,
+verify (the target's forward, its LM head and taps included), update (cache / recurrent state)
+and the rest; each part is a share of the decode step measured in the same repeat (the mean of
+one measured before the generations and one after), and the figures are medians over repeats.
 Printed: the round in decode steps, its parts, and the speedup it implies at tau 3, 6 and 8
 (tau / round). Goals (issue 34): Qwen3 chain <= 1.35, DDTree-16 <= 1.5; hybrid chain <= 1.5,
 DDTree-16 <= 1.7.
@@ -258,6 +261,7 @@ def roofline(target, step_s: float, threads: int) -> dict:
 def bench_arch(arch: str, args) -> dict:
     import torch
 
+    from core.ml.cpu_rows import half_rows
     from core.ml.generate import DFlashProposer, chain_generate, ddtree_generate, greedy_generate
     from core.ml.target import TargetRunner
 
@@ -265,30 +269,41 @@ def bench_arch(arch: str, args) -> dict:
     mine = shares(target, drafter)
     prompt = torch.randint(4, target.config.vocab_size, (args.context,), generator=torch.Generator().manual_seed(0)).tolist()
     head = target.get_output_embeddings()
-    modes = {"chain": lambda p, r: chain_generate(p, r, prompt, args.rounds + BLOCK, BLOCK, MASK),
-             "ddtree16": lambda p, r: ddtree_generate(p, r, prompt, args.rounds + BLOCK, BLOCK, MASK, BUDGET)}
+    runs = {"chain": lambda p, r: chain_generate(p, r, prompt, args.rounds + BLOCK, BLOCK, MASK),
+            "ddtree16": lambda p, r: ddtree_generate(p, r, prompt, args.rounds + BLOCK, BLOCK, MASK, BUDGET)}
+    kernels = ["auto", "torch"] if args.cpu_matmul == "both" else [args.cpu_matmul]
+    modes = {(mode if kernel == kernels[0] else f"{mode}@{kernel}"): (run, kernel)
+             for kernel in kernels for mode, run in runs.items()}
     ratios: dict[str, list[dict]] = defaultdict(list)
-    steps, hf_steps = [], []
+    steps, hf_steps, tiled = [], [], 0
+
+    def decode_step() -> float:  # block size 1 through the same harness, as eval --speedup's baseline
+        plain = TargetRunner(target, None)
+        try:
+            g = chain_generate(None, plain, prompt, args.rounds + 1, 1, MASK)
+        finally:
+            plain.close()
+        return g.decode_s / (g.target_forwards - 1)
+
     with torch.no_grad():
         for rep in range(args.repeats + 1):  # the first pass warms up and is dropped
-            # the decode step: block size 1 through the same harness, as eval --speedup's baseline
-            plain = TargetRunner(target, None)
-            try:
-                g = chain_generate(None, plain, prompt, args.rounds + 1, 1, MASK)
-            finally:
-                plain.close()
-            step = g.decode_s / (g.target_forwards - 1)
+            before = decode_step()
             g = greedy_generate(target, prompt, args.rounds + 1)  # transformers' own decode, for reference
             hf_step = g.decode_s / (g.target_forwards - 1)
-            for mode, run in modes.items():
+            parts = {}
+            for mode, (run, kernel) in modes.items():
                 proposer, runner = DFlashProposer(drafter, target), TargetRunner(target, drafter.target_layer_ids)
                 timer = RoundTimer(proposer, runner, head)
                 try:
-                    run(proposer, runner)
+                    with half_rows(target, drafter, enabled=kernel == "auto") as n:
+                        tiled = max(tiled, n)
+                        run(proposer, runner)
                 finally:
                     timer.close()
                     runner.close()
-                full = [r for r in timer.rounds if r["block"] == BLOCK]
+                parts[mode] = [r for r in timer.rounds if r["block"] == BLOCK]
+            step = (before + decode_step()) / 2  # the decode step around the rounds: a drifting machine evens out
+            for mode, full in parts.items():
                 if rep and full:
                     ratios[mode].append({f: statistics.median(r.get(f, 0.0) for r in full) / step
                                          for f in ("round", *PARTS, "other")} | {"rounds": len(full)})
@@ -298,6 +313,7 @@ def bench_arch(arch: str, args) -> dict:
     out = {"bench": "eval_speed", "arch": arch, "threads": args.threads, "context": args.context,
            "load_average": os.getloadavg()[0], "campaign_27b": big, "bench_pair": mine,
            "target_mb": round(mine["params"] * 2 / 1e6, 1), "vocab": target.config.vocab_size,
+           "cpu_matmul": args.cpu_matmul, "tiled_layers": tiled,
            "decode_step_ms": round(statistics.median(steps) * 1e3, 2),
            "transformers_decode_step_ms": round(statistics.median(hf_steps) * 1e3, 2),
            "roofline": roofline(target, statistics.median(steps), args.threads)}
@@ -312,12 +328,10 @@ def bench_arch(arch: str, args) -> dict:
 def report(o: dict) -> None:
     print(json.dumps(o), flush=True)
     goals = {"qwen3": {"chain": 1.35, "ddtree16": 1.5}, "qwen3_5": {"chain": 1.5, "ddtree16": 1.7}}[o["arch"]]
-    for mode in ("chain", "ddtree16"):
-        if mode not in o:
-            continue
-        m = o[mode]
-        parts = ", ".join(f"{p} {m[p]:.2f}" for p in (*PARTS, "other") if p != "tree_build" or mode != "chain")
-        print(f"{o['arch']} {mode}: round {m['round']:.2f} decode steps (goal <= {goals[mode]}; {m['round_range'][0]:.2f}"
+    for mode in [k for k in o if k.split("@")[0] in goals]:
+        m, base = o[mode], mode.split("@")[0]
+        parts = ", ".join(f"{p} {m[p]:.2f}" for p in (*PARTS, "other") if p != "tree_build" or base != "chain")
+        print(f"{o['arch']} {mode}: round {m['round']:.2f} decode steps (goal <= {goals[base]}; {m['round_range'][0]:.2f}"
               f"..{m['round_range'][1]:.2f} over repeats): {parts}; implied speedup {m['speedup_at_tau3']:.2f}x at tau 3, "
               f"{m['speedup_at_tau6']:.2f}x at tau 6, {m['speedup_at_tau8']:.2f}x at tau 8", flush=True)
     b, c, r = o["bench_pair"], o["campaign_27b"], o["roofline"]
@@ -327,7 +341,8 @@ def report(o: dict) -> None:
           f"verifying {BLOCK} positions costs at least {r['verify_floor_steps']:.2f} decode steps, whatever the kernel", flush=True)
     print(f"{o['arch']}: decode step {o['decode_step_ms']:.1f} ms (block size 1 through the harness, eval --speedup's "
           f"baseline; transformers' own decode {o['transformers_decode_step_ms']:.1f} ms) on {o['threads']} threads "
-          f"(load {o['load_average']:.1f}), "
+          f"(load {o['load_average']:.1f}; --cpu-matmul {o['cpu_matmul']}: {o['tiled_layers']} linears in float32 "
+          f"tiles under auto), "
           f"target {o['target_mb']:.0f} MB bf16, vocab {o['vocab']}; LM head {b['head_share']:.1%} of the weights "
           f"(27B: {c['head_share']:.1%}), drafter {b['drafter_share']:.1%} (27B: {c['drafter_share']:.1%})", flush=True)
 
@@ -339,6 +354,10 @@ def main() -> int:
     p.add_argument("--context", type=int, default=256, help="prompt tokens before the measured rounds")
     p.add_argument("--rounds", type=int, default=4, help="full-width rounds per generation")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--cpu-matmul", choices=["auto", "torch", "both"], default="both",
+                   help="as eval's: auto computes many-row bf16 linears in float32 tiles on a CPU without bf16 "
+                        "matrix instructions (core.ml.cpu_rows); torch keeps torch's kernels; both (default): "
+                        "each repeat runs both, interleaved (rows MODE@torch)")
     args = p.parse_args()
 
     import torch

@@ -517,6 +517,7 @@ def _main_engine(args: argparse.Namespace, prompts: list[Any]) -> int:
 
 
 def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
+    from core.ml.cpu_rows import half_rows
     from core.ml.drafter import load_drafter, refuse_tree
     from core.ml.engine_rule import use_engine_rule
     from core.ml.target import load_target, load_tokenizer, resolve_device, resolve_dtype
@@ -566,10 +567,14 @@ def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
     if cfg.mask_token_id >= tcfg.vocab_size:
         raise UsageError(f"drafter mask_token_id {cfg.mask_token_id} outside the target vocabulary {tcfg.vocab_size}")
     tokenizer = load_tokenizer(args.target)
-    if args.mode == "online":
-        figures = run_online(args, target, tokenizer, drafter, prompts, block_size)
-    else:
-        figures = run_offline(args, target, drafter, prompts, block_size)
+    with half_rows(target, drafter, enabled=args.cpu_matmul == "auto") as tiled:
+        if tiled:
+            say(f"{tiled} {str(dtype).removeprefix('torch.')} linears compute 8+ rows in float32 tiles (this CPU has "
+                f"no {str(dtype).removeprefix('torch.')} matrix instructions; --cpu-matmul torch keeps torch's kernels)")
+        if args.mode == "online":
+            figures = run_online(args, target, tokenizer, drafter, prompts, block_size)
+        else:
+            figures = run_offline(args, target, drafter, prompts, block_size)
     result = {
         **record(args, cfg, prompts, block_size=block_size, block_note=block_note,
                  stops=stop_ids(args, target, tokenizer) if args.mode == "online" else None,
@@ -578,6 +583,7 @@ def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
         "memory": memory,
+        "cpu_matmul": {"mode": args.cpu_matmul, "float32_tiled_linears": tiled},
         **figures,
     }
     emit("metric", task="eval", method="chain", mode=args.mode, tau=result["tau"], tau_pooled=result["tau_pooled"],

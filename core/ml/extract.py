@@ -128,6 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     from core.ml import featstore
+    from core.ml.cpu_rows import half_rows
     from core.ml.generate import greedy_generate
     from core.ml.target import load_target, load_tokenizer, resolve_device, resolve_dtype, stop_token_ids
 
@@ -161,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise UsageError(f"--layers {layer_ids}: the target has {n_layers} decoder layers (ids 0..{n_layers - 1})")
     tokenizer = load_tokenizer(target_dir)
     stops = [] if args.ignore_eos else stop_token_ids(model, tokenizer)
-    prov = provenance(seed=args.seed, task="extract")
+    prov = provenance(seed=args.seed, task="extract", extra={"cpu_matmul": args.cpu_matmul})
     if manifest is None:
         manifest = {
             "format": featstore.FORMAT,
@@ -181,20 +182,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     progress = Progress("extract", len(prompts), "prompts")
     progress.done = len(prompts) - len(todo)
     vocab = model.config.get_text_config().vocab_size
-    for prompt in todo:
-        t0 = time.perf_counter()
-        ids = encode(prompt, tokenizer, vocab, not args.no_chat_template, args.enable_thinking)
-        gen = greedy_generate(model, ids, args.max_new_tokens, stops)
-        full = torch.tensor([ids + gen.tokens], device=device)
-        feats, labels = labels_and_features(model, full, layer_ids)
-        seq = featstore.CachedSequence(prompt.id, full[0], feats, labels, len(ids))
-        rel = featstore.write_entry(out, seq)
-        manifest["entries"][prompt.id] = {"file": rel, "prompt_len": len(ids), "num_tokens": int(full.shape[1]),
-                                          "num_generated": len(gen.tokens), "stopped": gen.stopped,
-                                          "seconds": round(time.perf_counter() - t0, 3)}
-        featstore.save_manifest(out, manifest)
-        del feats, labels, full
-        progress.step(tokens=len(ids) + len(gen.tokens), id=prompt.id)
+    with half_rows(model, enabled=args.cpu_matmul == "auto") as tiled:
+        if tiled:
+            name = str(dtype).removeprefix("torch.")
+            say(f"{name} linears compute 8+ rows (prefill, features) in float32 tiles: this CPU has no {name} "
+                "matrix instructions (--cpu-matmul torch keeps torch's kernels)")
+        for prompt in todo:
+            t0 = time.perf_counter()
+            ids = encode(prompt, tokenizer, vocab, not args.no_chat_template, args.enable_thinking)
+            gen = greedy_generate(model, ids, args.max_new_tokens, stops)
+            full = torch.tensor([ids + gen.tokens], device=device)
+            feats, labels = labels_and_features(model, full, layer_ids)
+            seq = featstore.CachedSequence(prompt.id, full[0], feats, labels, len(ids))
+            rel = featstore.write_entry(out, seq)
+            manifest["entries"][prompt.id] = {"file": rel, "prompt_len": len(ids), "num_tokens": int(full.shape[1]),
+                                              "num_generated": len(gen.tokens), "stopped": gen.stopped,
+                                              "seconds": round(time.perf_counter() - t0, 3)}
+            featstore.save_manifest(out, manifest)
+            del feats, labels, full
+            progress.step(tokens=len(ids) + len(gen.tokens), id=prompt.id)
     from core.ml.runio import atomic_write_json
 
     atomic_write_json(out / "provenance.json", prov)

@@ -301,6 +301,10 @@ def add_generation_args(p, *, needs: str, example: str) -> None:
     p.add_argument("--max-memory", help=f"refuse before loading when {needs} needs more than this "
                    f"(e.g. {example}); default: the memory this host has available")
     p.add_argument("--limit", type=int, help="only the first N prompts")
+    p.add_argument("--cpu-matmul", choices=["auto", "torch"], default="auto",
+                   help="auto (default): on a CPU without bf16/fp16 matrix instructions, compute linears of 8+ rows "
+                   "(verify, prefill) in float32 tiles (core.ml.cpu_rows; about 1 output in 5000 differs by one "
+                   "bf16 ulp); torch: torch's own kernels throughout")
 
 
 def parse_bytes(text: str) -> int:

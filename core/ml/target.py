@@ -69,23 +69,18 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device,
 def half_matmul_note(device: torch.device, dtype: torch.dtype) -> str | None:
     """Why a speed measured on this host says little, or None: a CPU without matrix
     instructions for ``dtype`` (bf16: AVX512-BF16 or AMX; fp16: AMX-FP16) computes a forward of
-    B rows as about B one-row ones, so a speculative round of B positions costs many decode
-    steps here (bench/eval_speed.py measures it) while tau is unaffected."""
-    if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float16):
+    B rows as about B one-row ones (:mod:`core.ml.cpu_rows` halves it), so a speculative round of
+    B positions costs several decode steps here (bench/eval_speed.py measures it) while tau is
+    unaffected."""
+    from core.ml.cpu_rows import needed
+
+    if not needed(dtype, device):  # a GPU, float32, native instructions, or this torch cannot tell
         return None
-    cpu = torch.cpu
-    probes = (("_is_avx512_bf16_supported", "_is_amx_tile_supported") if dtype == torch.bfloat16
-              else ("_is_amx_fp16_supported",))
-    try:
-        if any(getattr(cpu, name)() for name in probes):
-            return None
-    except (AttributeError, RuntimeError):
-        return None  # this torch cannot tell: say nothing rather than guess
     name = str(dtype).removeprefix("torch.")
     return (f"this CPU ({torch.backends.cpu.get_cpu_capability()}) has no {name} matrix instructions: a forward "
-            f"of B rows costs about B one-row forwards, so a round of B positions costs several decode steps and "
-            f"the speedup measured here is no guide to a GPU or AMX host (tau is unaffected); "
-            f"bench/eval_speed.py shows the bound")
+            f"of B rows costs several one-row forwards (torch's own kernel: about B; --cpu-matmul auto's float32 "
+            f"tiles: about half that), so a round of B positions costs several decode steps and the speedup "
+            f"measured here is no guide to a GPU or AMX host (tau is unaffected); bench/eval_speed.py shows the bound")
 
 
 def load_target(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> nn.Module:
