@@ -430,20 +430,34 @@ async def _inspect_pid(host, info: dict) -> jobs.CapsuleState:
     return jobs.CapsuleState("lost")
 
 
+#: How long a dead pane's exit status may take to be known (tmux marks the pane dead when its
+#: pty closes, and knows the status once it has reaped the process: on a loaded host, later).
+TMUX_STATUS_WAIT_S = 5.0
+
+
 async def _inspect_tmux(host, info: dict) -> jobs.CapsuleState:
-    res = await _tmux(host, "list-panes", "-s", "-t", f"={info['session']}", "-F",
-                      "#{pane_dead} #{pane_dead_status} #{pane_dead_signal}")
-    if not res.ok:
-        return jobs.CapsuleState("lost")  # the session is gone, and its status with it
-    panes = [ln.split() for ln in res.stdout.splitlines() if ln.strip()]
-    if not panes or any(p[0] == "0" for p in panes):
-        return jobs.CapsuleState("running", pid=info.get("pane_pid"))
-    first = panes[0]
-    if len(first) >= 3 and first[2].isdigit() and first[2] != "0":
-        return jobs.CapsuleState("ended", None, jobs.signame(int(first[2])))
-    if len(first) >= 2 and first[1].isdigit():
-        return jobs.CapsuleState("ended", int(first[1]), None)
-    return jobs.CapsuleState("lost")
+    """The session's state from its panes (kept on exit): running while one lives, else the
+    first pane's exit status or signal. A pane dead before tmux has its status is asked again,
+    up to :data:`TMUX_STATUS_WAIT_S`; then, or with the session gone, ``lost``."""
+    waited = 0.0
+    while True:
+        res = await _tmux(host, "list-panes", "-s", "-t", f"={info['session']}", "-F",
+                          "#{pane_dead} #{pane_dead_status} #{pane_dead_signal}")
+        if not res.ok:
+            return jobs.CapsuleState("lost")  # the session is gone, and its status with it
+        # one field each, empty ones kept: "1  9" is a pane killed by signal 9, not exit 9
+        panes = [(ln.split(" ") + ["", ""])[:3] for ln in res.stdout.splitlines() if ln.strip()]
+        if not panes or any(dead != "1" for dead, _, _ in panes):
+            return jobs.CapsuleState("running", pid=info.get("pane_pid"))
+        _, status, sig = panes[0]
+        if sig.isdigit() and sig != "0":
+            return jobs.CapsuleState("ended", None, jobs.signame(int(sig)))
+        if status.isdigit():
+            return jobs.CapsuleState("ended", int(status), None)
+        if waited >= TMUX_STATUS_WAIT_S:
+            return jobs.CapsuleState("lost")
+        await asyncio.sleep(0.1)  # dead, its status not known yet (not reaped): ask again
+        waited += 0.1
 
 
 def _is_local(host) -> bool:

@@ -293,8 +293,15 @@ async def test_tmux_dead_pane_gives_the_exit_status(tmp_path, tmux_session):
         gate.touch()
         status = await asyncio.wait_for(adopting, 60)
         run = store.latest_run("train-v4")
-        assert (status, run.state, run.exit_code) == ("failed", "failed", 3)
         assert "bye" in store.log_bytes(run.id).decode()
+        kept = _tmux("list-panes", "-s", "-t", f"={s}", "-F", "#{pane_dead} #{pane_dead_status}").stdout
+        if kept.strip() == "1":  # tmux 3.3a can drop a dead pane's status (a race of its own; seen
+            # 1 run in 15 outside specdeck): then the status is unknown, and said so, never guessed
+            assert (status, run.state, run.exit_code) == ("failed", "lost", None)
+            assert adopt_mod.UNKNOWN_EXIT in run.error
+        else:
+            assert kept.split() == ["1", "3"]
+            assert (status, run.state, run.exit_code) == ("failed", "failed", 3)
 
 
 async def test_stop_while_starting_ends_what_the_start_creates(tmp_path, slow_starts):
