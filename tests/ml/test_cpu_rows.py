@@ -34,7 +34,8 @@ def test_a_tiled_linear_is_as_exact_as_torchs_own(dtype, k, n, bias):
     assert got.shape == ref.shape == (2, 16, n) and got.dtype == dtype
     err, torch_err = (got.double() - exact).abs(), (ref.double() - exact).abs()
     assert err.max() <= torch_err.max() * 1.01 and err.mean() <= torch_err.mean() * 1.01  # measured: equal
-    assert (got != ref).float().mean() < 5e-3  # measured: 1 in 5000 (bf16) to 1 in 300 (fp16, K 5120)
+    # measured here: 1 in 5000 (bf16) to 1 in 300 (fp16, K 5120); another CPU's kernels round alike
+    assert (got != ref).float().mean() < (2e-3 if dtype == torch.bfloat16 else 1e-2)
 
 
 def _model(dtype=torch.bfloat16):
