@@ -62,8 +62,8 @@ class EvalParams:
     """Refuse before loading when the eval needs more (e.g. 60G); default: what the host has free."""
     cpu_matmul: Literal["auto", "torch"] = "auto"
     """auto: on a CPU without bf16/fp16 matrix instructions, linears of 8+ rows (verify, prefill)
-    run in float32 tiles (core.ml.cpu_rows, about 1.5-2x faster at 16 rows); torch: torch's own
-    kernels, bit-identical to results made before."""
+    run in float32 tiles (core.ml.cpu_rows; a 16-row linear 2-3x faster, a round about 2x
+    cheaper, bench/eval_speed.py); torch: torch's own kernels, bit-identical to results made before."""
     temperature: float = 0.0
     """0: greedy; > 0: sampled speculative decoding, lossless (chain only: no tree_budget, online)."""
     top_p: float = 1.0
