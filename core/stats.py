@@ -266,8 +266,12 @@ class Paired:
         figures = f"{self.delta:+.2f}, {ci}, {self.prompts} prompt{'s' * (self.prompts != 1)}{nested}{p}"
         if self.verdict in (BETTER, WORSE):
             return f"{a} is {self.verdict} than {b} ({figures})"
-        need = (f"about {self.prompts_needed} prompts would detect {self.detect:+.2g}"
-                if self.prompts_needed else "more prompts are needed to tell")
+        if self.prompts_needed and self.prompts_needed <= self.prompts:  # enough prompts: the difference is small
+            need = (f"{self.prompts} prompts are enough to detect {self.detect:+.2g} (about {self.prompts_needed} "
+                    "would do): a difference that large would likely have shown")
+        else:
+            need = (f"about {self.prompts_needed} prompts would detect {self.detect:+.2g}"
+                    if self.prompts_needed else "more prompts are needed to tell")
         seen = prompts_to_detect(self.sd, abs(self.delta)) if self.sd is not None else None
         if seen and abs(self.delta) > self.detect and seen > self.prompts:
             need += f" (about {seen} would detect {self.delta:+.2f}, the size seen)"

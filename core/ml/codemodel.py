@@ -49,9 +49,13 @@ Choices, and why (measured on a 2-core CPU; "steps" are AdamW steps of 8 x 128 t
 * **Training.** AdamW (peak 3e-3, betas 0.9/0.95, weight decay 0.1 on matrices), random
   windows (:data:`BATCH_SIZE` x :data:`SEQ_LEN`), gradient clipping at 1. The budget is wall
   time (``--seconds``), so the learning rate follows elapsed time: linear warm-up over the
-  first 5 %, then cosine decay to 10 % (``--max-steps`` switches it to steps: deterministic).
-  Windows and initialisation depend only on ``--seed``; the number of steps depends on the
-  machine: ~500-650 in 60 s on a 2-core machine with other work on it, more when idle.
+  first 5 %, then cosine decay to 10 % (``--max-steps`` switches it to steps: deterministic,
+  and without ``--seconds`` no wall-time limit applies). Windows and initialisation depend
+  only on ``--seed``; under a time budget the number of steps depends on the machine: 250 to
+  650 in 60 s on 2-core machines, more when idle. The demo uses ``--max-steps``: a model
+  trained by time behaves differently on each machine, and early in training its answers'
+  lengths swing (measured on the demo's 32 training prompts, answers of 16+ tokens after 30,
+  60, 120, 180, 300, 600, 1000 steps: 32, 11, 23, 32, 30, 32, 32).
   Quality follows steps: after ~500 the samples look like Python but can fall into loops
   (``'s', 's', 's'``), after ~1000 they mostly end with ``<|im_end|>`` by themselves.
   Intra-op threads are tuned while training (:class:`ThreadTuner`) because two threads on
@@ -619,8 +623,8 @@ def greedy_samples(model: Any, tokenizer: Any, prompts: Sequence[str] = SAMPLE_P
 class Settings:
     """What a model directory was built with; equal settings mean the directory can be reused."""
 
-    seconds: float = DEFAULT_SECONDS
-    """Training wall-time budget."""
+    seconds: float | None = DEFAULT_SECONDS
+    """Training wall-time budget (None: none, ``max_steps`` alone ends training)."""
     vocab_size: int = DEFAULT_VOCAB
     """BPE vocabulary (special tokens included) and model vocabulary."""
     seed: int = 0
@@ -634,7 +638,8 @@ class Settings:
 
     def key(self) -> dict[str, Any]:
         """The reuse key stored in ``codemodel.json``: these fields plus the recipe constants."""
-        return {"format": FORMAT, "seconds": float(self.seconds), "vocab_size": self.vocab_size, "seed": self.seed,
+        seconds = None if self.seconds is None else float(self.seconds)
+        return {"format": FORMAT, "seconds": seconds, "vocab_size": self.vocab_size, "seed": self.seed,
                 "max_files": self.max_files, "max_bytes": self.max_bytes, "max_steps": self.max_steps,
                 "batch_size": BATCH_SIZE, "seq_len": SEQ_LEN, "peak_lr": PEAK_LR, "chat_fraction": CHAT_FRACTION,
                 "chat_chars": list(CHAT_CHARS), "model": MODEL_SHAPE, "python": sys.version.split()[0]}
@@ -745,7 +750,8 @@ def build_code_model_dir(out_dir: str | Path, settings: Settings = Settings(), f
     val_chat_windows = sample_windows(data.val_chat, VAL_WINDOWS // 2, SEQ_LEN, gen) if data.val_chat.numel() else None
     with one_thread():
         initial_val = eval_loss(model, val_windows)
-    log = train(model, data.code, data.chat, s.seconds, s.seed, max_steps=s.max_steps, threads=threads)
+    budget = math.inf if s.seconds is None else s.seconds
+    log = train(model, data.code, data.chat, budget, s.seed, max_steps=s.max_steps, threads=threads)
     with one_thread():
         val_loss = eval_loss(model, val_windows)
         val_chat_loss = eval_loss(model, val_chat_windows) if val_chat_windows is not None else None
@@ -753,7 +759,9 @@ def build_code_model_dir(out_dir: str | Path, settings: Settings = Settings(), f
     degenerate = [x["prompt"] for x in samples if x["tokens"] >= 16 and x["distinct_ratio"] < MIN_DISTINCT]
     if degenerate:
         say(f"warning: greedy samples repeat themselves (distinct-token ratio < {MIN_DISTINCT}) after {log.steps} "
-            f"steps; a slow or busy machine trains less in {s.seconds:g} s, try a larger --seconds")
+            + ("steps; train longer (a larger --max-steps)" if s.seconds is None else
+               f"steps; a slow or busy machine trains less in {s.seconds:g} s, try a larger --seconds "
+               "(or --max-steps N: the same model on any machine)"))
     training = {
         "seconds": round(log.seconds, 2), "steps": log.steps, "batch_size": BATCH_SIZE, "seq_len": SEQ_LEN,
         "chat_fraction": CHAT_FRACTION, "peak_lr": PEAK_LR, "tokens_seen": log.tokens,
@@ -804,7 +812,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m core.ml.codemodel",
         description="train a tiny Qwen3 code model on the Python standard library (CPU, offline)")
     p.add_argument("out_dir", help="model directory to write (reused when it already holds these settings)")
-    p.add_argument("--seconds", type=float, default=DEFAULT_SECONDS, help="training wall time (default %(default)s)")
+    p.add_argument("--seconds", type=float, default=None,
+                   help=f"training wall time (default {DEFAULT_SECONDS:g}, or no limit when --max-steps is given)")
     p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB,
                    help="BPE vocabulary incl. special tokens (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
@@ -812,12 +821,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES,
                    help="corpus cap in bytes (default %(default)s)")
     p.add_argument("--max-steps", type=int, default=None,
-                   help="also stop after this many steps; the LR schedule then follows steps (deterministic)")
+                   help="stop after this many steps; the LR schedule then follows steps, so the model is the "
+                        "same on any machine (with --seconds too, whichever comes first)")
     p.add_argument("--threads", type=int, default=0,
                    help="training threads (default 0: switch between 1 and all by measured speed)")
     p.add_argument("--force", action="store_true", help="retrain even if OUT_DIR already holds this model")
     args = p.parse_args(argv)
-    if not args.seconds > 0:
+    if args.seconds is not None and not args.seconds > 0:
         raise UsageError("--seconds must be > 0")
     if not 300 <= args.vocab_size <= 65536:
         raise UsageError("--vocab-size must be in 300..65536")
@@ -830,7 +840,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.max_steps is not None and args.max_steps < 1:
         raise UsageError("--max-steps must be >= 1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    settings = Settings(args.seconds, args.vocab_size, args.seed, args.max_files, args.max_bytes, args.max_steps)
+    seconds = args.seconds if args.seconds is not None else (None if args.max_steps else DEFAULT_SECONDS)
+    settings = Settings(seconds, args.vocab_size, args.seed, args.max_files, args.max_bytes, args.max_steps)
     full_argv = ["python", "-m", "core.ml.codemodel", *(sys.argv[1:] if argv is None else argv)]
     out, meta, reused = build_code_model_dir(args.out_dir, settings, args.force, full_argv, args.threads or None)
     if reused:

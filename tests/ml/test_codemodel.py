@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import pathlib
 import subprocess
@@ -234,3 +235,31 @@ def test_lr_schedule():
     assert codemodel.lr_at(0.05, 1.0) == pytest.approx(1.0)
     assert codemodel.lr_at(1.0, 1.0) == pytest.approx(0.1)
     assert codemodel.lr_at(0.5, 1.0) > codemodel.lr_at(0.9, 1.0)
+
+
+@pytest.mark.parametrize("flags, seconds, key", [
+    (["--max-steps", "7"], None, None),  # steps alone: no wall-time limit, the same model on any machine
+    (["--max-steps", "7", "--seconds", "5"], 5.0, 5.0),  # both: whichever comes first
+    ([], codemodel.DEFAULT_SECONDS, codemodel.DEFAULT_SECONDS),  # neither: the minute
+])
+def test_max_steps_alone_sets_no_time_limit(tmp_path, monkeypatch, capsys, flags, seconds, key):
+    seen = []
+
+    def build(out_dir, settings, force, argv, threads):
+        seen.append(settings)
+        raise codemodel.UsageError("stopped before training")
+
+    monkeypatch.setattr(codemodel, "build_code_model_dir", build)
+    assert run_main(codemodel.main, [str(tmp_path / "m"), *flags]) == 2
+    assert seen[0].seconds == seconds and seen[0].key()["seconds"] == key
+    json.dumps(seen[0].key(), allow_nan=False)  # the reuse key stays plain JSON (no Infinity)
+
+
+def test_train_without_a_time_budget_stops_at_max_steps(restore_threads, capsys):
+    model = codemodel.build_code_model(vocab_size=300, seed=0)
+    stream = torch.randint(4, 300, (4000,), generator=torch.Generator().manual_seed(0))
+    log = codemodel.train(model, stream, torch.empty(0, dtype=torch.long), math.inf, max_steps=3, batch_size=2,
+                          seq_len=16, threads=1)
+    assert log.steps == 3
+    progress = json_lines(capsys.readouterr().out)
+    assert progress[-1]["done"] == 3 and progress[-1]["total"] == 3

@@ -428,3 +428,20 @@ def test_the_drafters_forward_knobs_shape_the_training_loss(ws, qwen3_target, on
     plain = loss(drafter.config)
     for knob, value in (("input_embedding_scale", 1.8), ("output_multiplier", 0.4), ("final_logit_softcapping", 2.0)):
         assert loss(dataclasses.replace(drafter.config, **{knob: value})) != pytest.approx(plain, rel=1e-4), knob
+
+
+def test_no_sequence_long_enough_says_which_knob_to_turn(ws, capsys):
+    """Answers shorter than data.min_loss_tokens (a target that stops early): exit 2, the longest
+    answer's length against the knob, and what to change; no run directory is left behind."""
+    out = ws / "runs" / "too-short"
+    argv = ["--config", str(ws / "base.yaml"), "--out", str(out)]
+    assert run_main(train_mod.main, [*argv, "--set", f"data.min_loss_tokens={GEN + 1}"]) == 2
+    err = capsys.readouterr().err
+    n = len(PROMPT_SEEDS)
+    assert f"no training sequences left ({n} in the data, {n} too short" in err
+    assert f"the longest has {GEN} supervised tokens and data.min_loss_tokens is {GEN + 1}" in err
+    assert "Lower data.min_loss_tokens" in err and "max_new_tokens" in err
+    assert run_main(train_mod.main, [*argv, "--set", f"data.val_count={n}"]) == 2
+    err = capsys.readouterr().err
+    assert f"({n} in the data, 0 too short, {n} held out for validation): lower data.val_count ({n})" in err
+    assert not (out / "checkpoints").exists()

@@ -176,3 +176,15 @@ def test_prompts_to_detect():
     assert stats.prompts_to_detect(0.2, 0.1) == 34
     assert stats.prompts_to_detect(0.4, 0.1) > stats.prompts_to_detect(0.2, 0.1)
     assert stats.prompts_to_detect(float("nan")) is None
+
+
+def test_enough_prompts_and_no_difference_says_a_large_one_would_have_shown():
+    """8 prompts that agree almost exactly (the demo's v5 vs baseline): the prompts needed to
+    detect +0.1 are fewer than those measured, so "about 6 would detect" must not read as advice."""
+    a = [1.30, 1.25, 1.40, 1.22, 1.35, 1.28, 1.31, 1.26]
+    b = [x - d for x, d in zip(a, [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.02, 0.14])]
+    r = stats.paired(a, b)
+    assert r.verdict == stats.NONE and r.prompts_needed is not None and r.prompts_needed <= 8
+    text = r.text("v5", "baseline")
+    assert f"8 prompts are enough to detect +0.1 (about {r.prompts_needed} would do)" in text
+    assert "would likely have shown" in text and "prompts would detect" not in text

@@ -279,6 +279,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         dist.close()
 
 
+def no_sequences_left(cfg: Any, loss_tokens: Sequence[int], kept: int, val_n: int) -> str:
+    """The error when no sequence is left to train on, with the figures that say which knob to turn."""
+    n, need = len(loss_tokens), cfg.data.min_loss_tokens
+    msg = (f"no training sequences left ({n} in the data, {n - kept} too short, {val_n} held out for "
+           "validation)")
+    if kept <= val_n and kept < n:
+        longest = max(loss_tokens, default=0)
+        msg += (f"; the longest has {longest} supervised tokens and data.min_loss_tokens is {need}: the "
+                "target's answers end early. Lower data.min_loss_tokens, extract longer answers (a larger "
+                "max_new_tokens; a target that stops at EOS this soon may need more training), or use more prompts")
+    elif kept <= val_n:
+        msg += f": lower data.val_count ({val_n}) or use more prompts"
+    return msg
+
+
 class Trainer:
     """State of one training run (see the module docstring for what a step does)."""
 
@@ -344,8 +359,8 @@ class Trainer:
         self.val_idx = sorted(keep[i] for i in order[:val_n].tolist())
         self.train_idx = [keep[i] for i in sorted(order[val_n:].tolist())]
         if not self.train_idx:
-            raise UsageError(f"no training sequences left ({len(self.source)} in the data, "
-                             f"{len(self.source) - len(keep)} too short, {val_n} held out for validation)")
+            raise UsageError(no_sequences_left(cfg, [self.source.loss_tokens(i) for i in range(len(self.source))],
+                                               len(keep), val_n))
         per_step = cfg.train.batch_size * self.dist.world
         self.steps_per_epoch = math.ceil(len(self.train_idx) / per_step)
         self.total = (cfg.train.max_steps if cfg.train.max_steps is not None
