@@ -266,9 +266,13 @@ class Paired:
         figures = f"{self.delta:+.2f}, {ci}, {self.prompts} prompt{'s' * (self.prompts != 1)}{nested}{p}"
         if self.verdict in (BETTER, WORSE):
             return f"{a} is {self.verdict} than {b} ({figures})"
-        if self.prompts_needed and self.prompts_needed <= self.prompts:  # enough prompts: the difference is small
-            need = (f"{self.prompts} prompts are enough to detect {self.detect:+.2g} (about {self.prompts_needed} "
-                    "would do): a difference that large would likely have shown")
+        if self.prompts_needed and self.prompts_needed <= self.prompts:  # enough prompts for the size asked
+            if self.ci95 and -self.detect < self.ci95[0] and self.ci95[1] < self.detect:
+                need = f"the 95 % CI excludes a difference of {self.detect:.2g} either way"
+            else:
+                need = (f"{self.prompts} prompts should detect a difference of {self.detect:.2g} (about "
+                        f"{self.prompts_needed} would), yet this one is short of p < {ALPHA:g}: more prompts "
+                        "would settle it")
         else:
             need = (f"about {self.prompts_needed} prompts would detect {self.detect:+.2g}"
                     if self.prompts_needed else "more prompts are needed to tell")
