@@ -443,5 +443,6 @@ def test_no_sequence_long_enough_says_which_knob_to_turn(ws, capsys):
     assert "Lower data.min_loss_tokens" in err and "max_new_tokens" in err
     assert run_main(train_mod.main, [*argv, "--set", f"data.val_count={n}"]) == 2
     err = capsys.readouterr().err
-    assert f"({n} in the data, 0 too short, {n} held out for validation): lower data.val_count ({n})" in err
+    assert (f"({n} in the data, 0 too short, {n} held out for validation): {n} long enough, all held out; "
+            f"lower data.val_count ({n})") in err
     assert not (out / "checkpoints").exists()

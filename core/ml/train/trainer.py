@@ -284,13 +284,13 @@ def no_sequences_left(cfg: Any, loss_tokens: Sequence[int], kept: int, val_n: in
     n, need = len(loss_tokens), cfg.data.min_loss_tokens
     msg = (f"no training sequences left ({n} in the data, {n - kept} too short, {val_n} held out for "
            "validation)")
-    if kept <= val_n and kept < n:
+    if kept == 0:
         longest = max(loss_tokens, default=0)
         msg += (f"; the longest has {longest} supervised tokens and data.min_loss_tokens is {need}: the "
                 "target's answers end early. Lower data.min_loss_tokens, extract longer answers (a larger "
                 "max_new_tokens; a target that stops at EOS this soon may need more training), or use more prompts")
-    elif kept <= val_n:
-        msg += f": lower data.val_count ({val_n}) or use more prompts"
+    else:  # long enough, but all held out
+        msg += f": {kept} long enough, all held out; lower data.val_count ({val_n}) or use more prompts"
     return msg
 
 
