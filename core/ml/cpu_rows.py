@@ -31,8 +31,12 @@ from torch import Tensor, nn
 
 #: Below this many rows torch's own kernel is as fast (measured: the crossover is 8 rows).
 MIN_ROWS = 8
-#: Float32 elements of one weight tile (1 MiB: an L2 cache's worth).
-TILE_ELEMENTS = 1 << 18
+#: Float32 elements of one weight tile, by the rows multiplied: 2 MiB up to :data:`FEW_ROWS`
+#: rows (a verify), 4 MiB above (a prefill). Measured (``bench/eval_speed.py``'s shapes and the
+#: 27B's, on a Zen 1: 512 KiB L2 a core, 8 MiB L3): against 1 MiB tiles, 2 MiB took 0.82-1.00 of the time
+#: at 16 rows and 4 MiB 0.51-0.80 at 64-256 rows (8 MiB no better).
+TILE_ELEMENTS = {True: 1 << 19, False: 1 << 20}
+FEW_ROWS = 32
 
 _HALF = (torch.bfloat16, torch.float16)
 
@@ -59,7 +63,7 @@ def tiled_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tenso
     n_out, k = weight.shape
     cols = x.reshape(-1, k).t().float().contiguous()  # [K, R]: tile @ cols runs twice as fast as rows @ tile.T
     out = torch.empty(cols.shape[1], n_out, dtype=x.dtype)
-    step = max(16, TILE_ELEMENTS // k)
+    step = max(16, TILE_ELEMENTS[cols.shape[1] <= FEW_ROWS] // k)
     tile = torch.empty(min(step, n_out), k, dtype=torch.float32)
     acc = torch.empty(min(step, n_out), cols.shape[1], dtype=torch.float32)
     for i in range(0, n_out, step):
