@@ -10,7 +10,7 @@ import pytest
 
 from tests.cli.conftest import specdeck as run_cli
 
-pytestmark = [pytest.mark.ml, pytest.mark.slow]
+pytestmark = [pytest.mark.ml, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 def test_demo_headless_quick_then_reuse(tmp_path):

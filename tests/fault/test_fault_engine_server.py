@@ -3,7 +3,7 @@
 The eval (``python -m core.ml.eval --engine llama.cpp``) is interrupted with SIGINT while its
 server is serving prompts, and killed with SIGKILL (no ``finally`` runs then: the kernel ends the
 server, ``PR_SET_PDEATHSIG``). Either way no process of the binary is left. Real llama-server,
-skipped only where scripts/bootstrap has not built it.
+skipped only where scripts/bootstrap --test has not built it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from tests.fault.conftest import wait_for  # noqa: E402
 BINARY = find_binary()
 pytestmark = [pytest.mark.engine, pytest.mark.ml, pytest.mark.slow, pytest.mark.skipif(
     BINARY is None or not BINARY.is_file(),
-    reason="no llama-server built: scripts/bootstrap builds it with scripts/build-llama-server; CI has it")]
+    reason="no llama-server built: scripts/bootstrap --test builds it with scripts/build-llama-server; CI has it")]
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from typing import Callable
 import pytest
 
 from tests.integration.slurm import SlurmCluster, missing
+from tests.shared import build_once
 from tests.integration.sshd import (
     SshAgent,
     SshClientHome,
@@ -106,14 +107,16 @@ async def ssh_host(sshd: SshdServer, tmp_path: Path):
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
-    """A tiny random Qwen3 target, drafter and prompts on disk (``python -m core.ml.tiny``)."""
+    """A tiny random Qwen3 target, drafter and prompts on disk (``python -m core.ml.tiny``),
+    built once per test run and shared read-only (tests copy what they change)."""
     import subprocess
     import sys
 
-    root = tmp_path_factory.mktemp("tiny")
-    subprocess.run([sys.executable, "-m", "core.ml.tiny", str(root), "--fit-steps", "0"],
-                   check=True, capture_output=True, cwd=Path(__file__).resolve().parents[2])
-    return root
+    def build(root: Path) -> None:
+        subprocess.run([sys.executable, "-m", "core.ml.tiny", str(root), "--fit-steps", "0"],
+                       check=True, capture_output=True, cwd=Path(__file__).resolve().parents[2])
+
+    return build_once(tmp_path_factory, "tiny-models", build)
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """SpecForge and speculators runs as specdeck sees them, their checkpoints written by THEIR
 savers (tests/ml/trainer_savers.py, SpecForge 0.2.0 and speculators 0.9.0 as installed by
-scripts/bootstrap) on a tiny drafter, on a real local host:
+scripts/bootstrap --test) on a tiny drafter, on a real local host:
 
 * a detached watch_eval over such a run gets tau at every checkpoint, each once, while the
   specdeck driving it is killed (-9) and started again between checkpoints;
@@ -26,8 +26,8 @@ from tests.integration.mlplan import extract_item
 from tests.integration.test_watch_detached import capsules, kill_when, spawn, wait_exit
 
 pytestmark = [pytest.mark.integration, pytest.mark.ml, pytest.mark.slow]
-pytest.importorskip("specforge", reason="needs specforge==0.2.0 (scripts/bootstrap)")
-pytest.importorskip("speculators", reason="needs speculators==0.9.0 (scripts/bootstrap)")
+pytest.importorskip("specforge", reason="needs specforge==0.2.0 (scripts/bootstrap --test)")
+pytest.importorskip("speculators", reason="needs speculators==0.9.0 (scripts/bootstrap --test)")
 torch = pytest.importorskip("torch")
 
 SAVER = ROOT / "tests/ml/trainer_savers.py"

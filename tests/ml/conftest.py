@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.shared import build_once
+
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
@@ -95,16 +97,26 @@ def _fit(tiny, target):
     return tiny.fit_tiny_drafter(d, target, steps=60, num_seqs=len(prompts), gen_tokens=48, seed=0, prompts=prompts)
 
 
+def _fitted_once(tiny, target, name: str, tmp_path_factory):
+    """``_fit`` once per test run (the first xdist worker to ask fits and saves it, float32,
+    exactly; every other worker loads that folder): the fit is the costliest fixture here."""
+    from core.ml.drafter import load_drafter, save_drafter
+
+    folder = build_once(tmp_path_factory, f"fitted-drafter-{name}",
+                        lambda out: save_drafter(_fit(tiny, target), out))
+    return load_drafter(folder).eval()
+
+
 @pytest.fixture(scope="session")
-def fitted_drafter(tiny, qwen3_target):
+def fitted_drafter(tiny, qwen3_target, tmp_path_factory):
     """A tiny drafter (B = 8) fitted to the Qwen3 target on FIT_SEEDS prompts: partial acceptance."""
-    return _fit(tiny, qwen3_target)
+    return _fitted_once(tiny, qwen3_target, "qwen3", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
-def fitted_drafter35(tiny, qwen35_target):
+def fitted_drafter35(tiny, qwen35_target, tmp_path_factory):
     """A tiny drafter (B = 8) fitted to the hybrid Qwen3.5 target on FIT_SEEDS prompts."""
-    return _fit(tiny, qwen35_target)
+    return _fitted_once(tiny, qwen35_target, "qwen3_5", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """The llama.cpp engine leg, measured (issue 32 §3): ``python -m core.ml.eval --engine llama.cpp``.
 
-A real ``llama-server`` (built by scripts/bootstrap through scripts/build-llama-server, the
+A real ``llama-server`` (built by scripts/bootstrap --test through scripts/build-llama-server, the
 llama.cpp vendored in llama-cpp-python 0.3.36) serves a tiny Qwen3 target and a drafter fitted
 by specdeck, float32, converted by the engine's own converter. On the same prompts:
 
@@ -33,7 +33,7 @@ from core.ml.runio import run_main  # noqa: E402
 BINARY = find_binary()
 needs_server = [pytest.mark.engine, pytest.mark.slow, pytest.mark.skipif(
     BINARY is None or not BINARY.is_file(),
-    reason="no llama-server built: scripts/bootstrap builds it with scripts/build-llama-server "
+    reason="no llama-server built: scripts/bootstrap --test builds it with scripts/build-llama-server "
            "(~7 min, into ~/.cache/specdeck/llama.cpp); CI has it")]
 MAX_NEW = 40
 

@@ -100,7 +100,7 @@ def test_bad_input_exits_2_with_nothing_written(pair, tmp_path, capsys, case, mo
 
 @pytest.fixture(scope="module")
 def speculators():
-    pytest.importorskip("speculators", reason="the speculators tier needs speculators==0.9.0 (scripts/bootstrap)")
+    pytest.importorskip("speculators", reason="the speculators tier needs speculators==0.9.0 (scripts/bootstrap --test)")
     from speculators.convert.dflash import DFlashConverter
     from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig
 

@@ -2,7 +2,7 @@
 
 The reference is the package z-lab publishes (``dflash`` 0.1.0: ``dflash.model.dflash_generate``,
 ``DFlashDraftModel.from_pretrained``, and ``dflash.benchmark``'s prompt wrapping and stop ids),
-installed test-only with ``--no-deps`` by ``scripts/bootstrap``. Each case writes a real target
+installed test-only with ``--no-deps`` by ``scripts/bootstrap --test``. Each case writes a real target
 directory (tiny Qwen3 built in code, with its tokenizer) and a drafter directory in the z-lab
 layout, runs ``python -m core.ml.eval`` (in process) on them, loads the same directories with the
 reference's own loaders and compares, raw and with no normalisation:
@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 dflash_model = pytest.importorskip("dflash.model", reason="the reference tier needs dflash==0.1.0 "
-                                   "(scripts/bootstrap installs it with --no-deps)")
+                                   "(scripts/bootstrap --test installs it with --no-deps)")
 dflash_benchmark = pytest.importorskip("dflash.benchmark")
 
 import torch  # noqa: E402

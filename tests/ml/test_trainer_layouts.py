@@ -11,8 +11,8 @@ import shutil
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("specforge", reason="needs specforge==0.2.0 (scripts/bootstrap)")
-pytest.importorskip("speculators", reason="needs speculators==0.9.0 (scripts/bootstrap)")
+pytest.importorskip("specforge", reason="needs specforge==0.2.0 (scripts/bootstrap --test)")
+pytest.importorskip("speculators", reason="needs speculators==0.9.0 (scripts/bootstrap --test)")
 
 from core.ml import export as export_mod  # noqa: E402
 from core.ml import layouts  # noqa: E402

@@ -1,0 +1,114 @@
+"""The suite's tiers and its parallel schedule (a pytest plugin, loaded by tests/conftest.py).
+
+What it does, from measured figures (tests/durations.json, one number per test: seconds of
+setup + call + teardown in a serial run; tests/README.md says how to refresh it):
+
+* **Tiers.** A test is ``slow`` when it needs a real external part (sshd, Slurm, llama-server,
+  the reference packages) or took more than :data:`QUICK_MAX_S` in the recorded run, or is
+  marked slow by hand. ``pytest -m "not slow"`` is the quick tier; the whole suite is the
+  full tier. A test missing from the file (new) counts as quick until the file is refreshed.
+* **Groups.** Under ``pytest-xdist`` with ``--dist loadgroup`` every test of a module runs on
+  one worker (its module- and class-scoped fixtures are built once), except the modules in
+  :data:`SPREAD`, whose tests share only session-scoped, disk-cached fixtures and are spread
+  test by test. Tests that must never run side by side carry ``xdist_group`` marks of their
+  own (one Slurm: ``slurm``).
+* **Order.** Groups are handed out longest first (the recorded durations), so the last
+  worker to finish is not the one that drew the demo at the end.
+* ``-n auto`` starts :func:`auto_workers` workers: more than the CPUs, since most tests wait
+  on subprocesses, sshd and sleeps rather than compute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+DURATIONS = Path(__file__).resolve().parent / "durations.json"
+QUICK_MAX_S = 2.0
+"""A test that took longer than this in the recorded serial run is ``slow``."""
+EXTERNAL = ("integration", "slurm", "engine", "reference", "speculators", "gpu")
+"""Markers of tests that need a real external part: never in the quick tier."""
+SPREAD: tuple[str, ...] = ()
+"""Modules (paths relative to the repository) whose tests are spread one by one over workers."""
+
+
+def auto_workers(cpus: int) -> int:
+    """Workers for ``-n auto``: ``SPECDECK_TEST_WORKERS`` if set, else 2 per CPU (at most 8):
+    measured on 2 CPUs, the suite's tests spend most of their time waiting."""
+    if os.environ.get("SPECDECK_TEST_WORKERS", "").isdigit():
+        return max(1, int(os.environ["SPECDECK_TEST_WORKERS"]))
+    return max(2, min(8, 2 * cpus))
+
+
+def _recorded() -> dict[str, float]:
+    try:
+        return {k: float(v) for k, v in json.loads(DURATIONS.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--store-durations", action="store_true", default=False,
+                     help="write this run's per-test durations to tests/durations.json "
+                          "(run the whole suite serially: -p no:xdist)")
+
+
+def pytest_xdist_auto_num_workers(config):
+    return auto_workers(os.cpu_count() or 1)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    recorded = _recorded()
+    for item in items:
+        external = any(item.get_closest_marker(m) for m in EXTERNAL)
+        if external or recorded.get(item.nodeid, 0.0) > QUICK_MAX_S:
+            item.add_marker(pytest.mark.slow)
+    # one group per module, except the spread ones and the tests grouped by hand
+    cost: dict[str, float] = defaultdict(float)
+    group_of: dict[str, str] = {}
+    for item in items:
+        mark = item.get_closest_marker("xdist_group")
+        module = item.nodeid.split("::", 1)[0]
+        if mark is not None:
+            group = mark.kwargs.get("name") or (mark.args[0] if mark.args else "default")
+        elif item.get_closest_marker("slurm"):  # one single-node Slurm at a time
+            group = "slurm"
+            item.add_marker(pytest.mark.xdist_group(group))
+        elif module in SPREAD:
+            group = item.nodeid
+        else:
+            group = module
+            item.add_marker(pytest.mark.xdist_group(module))
+        group_of[item.nodeid] = group
+        cost[group] += recorded.get(item.nodeid, 1.0)
+    # longest group first; a group keeps its collection order inside
+    first_seen = {g: i for i, g in reversed(list(enumerate(group_of[it.nodeid] for it in items)))}
+    items.sort(key=lambda it: (-cost[group_of[it.nodeid]], first_seen[group_of[it.nodeid]]))
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    def pytest_runtest_logreport(self, report):
+        self.seconds[report.nodeid] += report.duration
+
+    def pytest_sessionfinish(self, session):
+        if self.seconds:
+            data = {k: round(v, 2) for k, v in sorted(self.seconds.items())}
+            DURATIONS.write_text(json.dumps(data, indent=0, sort_keys=True) + "\n")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "xdist_group(name): tests that must run on one worker, one after another")
+    if getattr(config.option, "dist", "no") == "load":  # -n N without --dist: by group
+        config.option.dist = "loadgroup"
+    if hasattr(config.option, "loadscopereorder"):  # keep the longest-first order above
+        config.option.loadscopereorder = False
+    if config.getoption("--store-durations") and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_Recorder(), "specdeck-durations")
