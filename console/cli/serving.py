@@ -89,7 +89,8 @@ def _num(x) -> str:
 def add_export_args(sp) -> None:
     """The drafter form's options, added to the plan form's ``export`` parser."""
     g = sp.add_argument_group("a drafter (export DRAFTER_DIR --out DIR): the files an engine loads")
-    g.add_argument("--out", help="the directory to write: z-lab / Hugging Face, speculators or GGUF layout")
+    g.add_argument("--out", help="the directory to write: z-lab / Hugging Face, speculators or GGUF layout "
+                   "(an earlier export there is swapped out whole; other files are left as they are)")
     g.add_argument("--format", choices=["zlab", "speculators", "gguf"], default="zlab",
                    help="zlab (vLLM, SGLang; default), speculators (vLLM), gguf (llama.cpp's converter)")
     g.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="weights dtype (default bf16)")
