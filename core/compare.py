@@ -44,10 +44,12 @@ Decisions:
   interval over prompts (``macro_ci95``; ``pooled_ci95`` resamples prompts, then rounds
   within them) and the number of ``rounds`` behind it. A drafter with a baseline, and each
   pair named with ``pairs=[(a, b)]``, gets a *paired* comparison over the prompts both have:
-  the mean per-prompt difference of tau with its interval (``delta_macro_ci95``), the
-  sign-flip permutation test's ``p_value`` and a ``verdict`` (``better``, ``worse``,
-  ``no_detectable_difference``) with ``verdict_text`` in words. A pair whose settings differ
-  is computed but flagged: its text starts with ``⚠ settings differ``.
+  the mean per-prompt difference of tau, the sign-flip permutation test's ``p_value``, the
+  interval that inverts that test (``delta_macro_ci95``: the differences it does not reject,
+  so it excludes 0 exactly when p < 0.05; none under 6 prompts) and a ``verdict``
+  (``better``, ``worse``, ``no_detectable_difference``) with ``verdict_text`` in words. A
+  pair whose settings differ is computed but flagged: its text starts with ``⚠ settings
+  differ``.
 """
 
 from __future__ import annotations
@@ -144,7 +146,9 @@ class Overall:
     rounds: int | None = None
     """Rounds behind the figures (None when a row has no ``rounds``)."""
     delta_macro_ci95: tuple[float, float] | None = None
-    """95 % interval of the mean per-prompt difference with the baseline."""
+    """95 % interval of the mean per-prompt difference with the baseline, inverting the test
+    behind ``p_value`` (:attr:`core.stats.Paired.ci95`): it excludes 0 exactly when the
+    verdict is ``better`` or ``worse``."""
     p_value: float | None = None
     test: str | None = None
     """The paired test behind ``p_value`` (:data:`core.stats.TEST`)."""
@@ -667,8 +671,9 @@ def verdict_lines(c: Comparison) -> list[str]:
 
 def method_note(c: Comparison) -> str:
     nested = any(o.samples > 1 for o in c.overall)
-    return (f"95 % intervals: bootstrap over prompts, seeded (pooled: prompts, then rounds "
-            f"within them); test: {stats.TEST} on per-prompt tau, p < 0.05; "
+    return (f"95 % intervals of tau: bootstrap over prompts, seeded (pooled: prompts, then rounds "
+            f"within them); test: {stats.TEST} on per-prompt tau, p < 0.05; the Δ interval: the "
+            "differences that test does not reject, so it excludes 0 exactly when p < 0.05; "
             "prompts needed: for 80 % power"
             + ("; sampled: each prompt's tau is the mean over its seeds, prompts are the unit" if nested else ""))
 

@@ -7,6 +7,9 @@
 3      a host could not be reached, or a command specdeck itself ran on it (a probe, a
        kill) was ended by a signal: the host ended it before it could answer. (An item's
        run ended by a signal is that item's failure: 1.)
+4      ``parity``: two of the items measured different drafters (their weights' sha256
+       differ; for an older result without one, the recorded path, size, mtime); the
+       report is printed all the same: a finding, not invalid input
 130    interrupted by Ctrl-C (detached runs keep going; runs inside specdeck: interrupted)
 143    terminated by SIGTERM (the same)
 141    stdout's reader went away (``| head -1``), as git exits
@@ -30,6 +33,7 @@ OK = 0
 FAILED = 1
 INVALID = 2
 UNREACHABLE = 3
+DIFFERENT_DRAFTERS = 4
 BROKEN_PIPE = 141
 
 

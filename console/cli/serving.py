@@ -1,7 +1,7 @@
 """Serving commands: ``engines`` (how each engine will read a drafter), the drafter form of
 ``export`` (``export DRAFTER_DIR --out DIR``: the layouts engines load) and ``parity`` (one
 drafter measured by several eval items: in process, under an engine's rule, through the
-engine; equal or not and why), docs/serving.md.
+engine; the same drafter or not, equal or not and why), docs/serving.md.
 
 Both run here, on the machine the CLI runs on: ``engines`` is pure Python
 (:mod:`core.ml.engine_lint`); ``export`` needs the ``ml`` extra (torch) and runs
@@ -49,14 +49,23 @@ def cmd_export_drafter(args) -> int:
 
 def cmd_parity(args) -> int:
     """``parity PLAN ITEM ITEM...``: :func:`core.ml.parity.parity` over the items' latest
-    results (read from their hosts), every pair equal or not, round by round, and why."""
-    from console.cli.output import load_plan, run_with
-    from core.ml.parity import parity
+    results (read from their hosts), every pair the same drafter or not, equal or not, round by
+    round, and why. Each side is labelled ``ITEM (harness)``, so two items measured through one
+    harness never share a column. Exit 0, or 4 (``exit_codes.DIFFERENT_DRAFTERS``) when some
+    pair measured different drafters: the report is printed all the same."""
+    from console.cli import exit_codes
+    from console.cli.output import err, load_plan, run_with
+    from core.ml.parity import different_drafters_line, name_of, parity
 
     if len(args.items) < 2:
         raise InvalidInput(f"parity compares results pairwise: got {len(args.items)} item, give at least two",
                            hint="name the eval items that measured the same drafter (offline, online, "
                                 "engine_rule, engine)")
+    twice = next((i for i in args.items if args.items.count(i) > 1), None)
+    if twice is not None:
+        raise InvalidInput(f"item {twice!r} is named twice: parity compares different items' results",
+                           hint="name each eval item once; to measure one item twice, run it again into "
+                                "another item")
     plan = load_plan(args.plan)
     for item in args.items:
         plan.item(item)
@@ -65,21 +74,29 @@ def cmd_parity(args) -> int:
         return [await session.eval_result(i) for i in args.items]
 
     got = run_with(plan, args, go, show_events=False, read=True)
-    report = parity([result for _, result in got])
-    report["items"] = [{"item": i, "run": run.id, "side": side}
-                       for i, (run, _), side in zip(args.items, got, report["sides"])]
+    report = parity([result for _, result in got],
+                    [f"{item} ({name_of(result)})" for item, (_, result) in zip(args.items, got)])
+    report["items"] = [{"item": i, "run": run.id, "side": side, "label": label}
+                       for i, (run, _), side, label in zip(args.items, got, report["sides"], report["labels"])]
     if args.json:
         print(json.dumps(report, indent=2))
-        return 0
-    from console.cli.render import table
+    else:
+        from console.cli.render import table
 
-    names = {side: f"{i['item']} ({side})" for i, side in zip(report["items"], report["sides"])}
-    table(["a", "b", "equal", "tokens", "rounds", "tau a / b", "likely cause"],
-                [[names.get(p["a"], p["a"]), names.get(p["b"], p["b"]), "yes" if p["equal"] else "no",
-                  f"{p['prompts_tokens_equal']}/{p['num_prompts']}", f"{p['prompts_rounds_equal']}/{p['num_prompts']}",
-                  f"{_num(p['tau']['a'])} / {_num(p['tau']['b'])}", ", ".join(p["likely_causes"]) or "-"]
-                 for p in report["pairs"]])
-    return 0
+        table(["a", "b", "equal", "tokens", "rounds", "tau a / b", "likely cause"],
+              [[p["a"], p["b"], "yes" if p["equal"] else "no",
+                f"{p['prompts_tokens_equal']}/{p['num_prompts']}", f"{p['prompts_rounds_equal']}/{p['num_prompts']}",
+                f"{_num(p['tau']['a'])} / {_num(p['tau']['b'])}", ", ".join(p["likely_causes"]) or "-"]
+               for p in report["pairs"]])
+    for note in dict.fromkeys(p["drafter"]["note"] for p in report["pairs"] if p["drafter"]["note"]):
+        err(f"note: {note}")
+    line = different_drafters_line(report)
+    if line is None:
+        return exit_codes.OK
+    err(f"parity: {line}")
+    err(f"  hint: name eval items of one drafter; `specdeck compare {args.plan}` compares drafters "
+        "(--pair A B for two of them)")
+    return exit_codes.DIFFERENT_DRAFTERS
 
 
 def _num(x) -> str:
@@ -89,7 +106,8 @@ def _num(x) -> str:
 def add_export_args(sp) -> None:
     """The drafter form's options, added to the plan form's ``export`` parser."""
     g = sp.add_argument_group("a drafter (export DRAFTER_DIR --out DIR): the files an engine loads")
-    g.add_argument("--out", help="the directory to write: z-lab / Hugging Face, speculators or GGUF layout")
+    g.add_argument("--out", help="the directory to write: z-lab / Hugging Face, speculators or GGUF layout "
+                   "(an earlier export there is swapped out whole; other files are left as they are)")
     g.add_argument("--format", choices=["zlab", "speculators", "gguf"], default="zlab",
                    help="zlab (vLLM, SGLang; default), speculators (vLLM), gguf (llama.cpp's converter)")
     g.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="weights dtype (default bf16)")
@@ -108,7 +126,8 @@ def register(add) -> None:
     sp.add_argument("--engine", action="append", help="only this engine (vllm, sglang, llama.cpp); repeatable")
     sp.add_argument("--json", action="store_true", help="machine-readable output")
     sp = add("parity", cmd_parity, "one drafter measured by several eval items (offline, in process, under "
-             "an engine's rule, through an engine): each pair equal or not, round by round, and why",
+             "an engine's rule, through an engine): each pair the same drafter or not (exit 4 when not), equal "
+             "or not, round by round, and why",
              example="specdeck parity plans/coding-eval.yaml eval-online eval-llama-rule eval-llama")
     sp.add_argument("plan", help="the plan file")
     sp.add_argument("items", nargs="+", metavar="ITEM", help="eval items (two or more), latest succeeded run each")

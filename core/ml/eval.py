@@ -85,12 +85,32 @@ def sampling_of(args: argparse.Namespace) -> Sampling:
     return Sampling(args.temperature, args.top_p, args.top_k)
 
 
-def _file_sha256(path: Path) -> str:
+def drafter_weights(drafter: str | os.PathLike[str]) -> dict[str, Any]:
+    """What identifies the drafter's weights in result.json (``parity`` checks it first: two
+    results of different drafters are never one drafter measured twice).
+
+    ``fingerprint``: the first 16 hex digits of ``weights.sha256``, as results have always
+    recorded it. ``weights``: ``sha256`` of the weights files' bytes, streamed in 16 MiB reads
+    (one stream over the shards in :func:`core.ml.weights.weight_files`' order; for a single
+    ``model.safetensors``, that file's own sha256), the ``files``, their total ``bytes`` and
+    latest ``mtime_ns`` (what a reader of a result without a digest can still compare).
+    Both None when the drafter has no weights file (its load then fails).
+    """
+    from core.ml.weights import weight_files
+
+    try:
+        files = weight_files(drafter)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none, or an index that names none
+        return {"fingerprint": None, "weights": None}
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            h.update(chunk)
-    return h.hexdigest()[:16]
+    for path in files:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 24), b""):
+                h.update(chunk)
+    stats = [path.stat() for path in files]
+    return {"fingerprint": h.hexdigest()[:16],
+            "weights": {"sha256": h.hexdigest(), "files": [path.name for path in files],
+                        "bytes": sum(st.st_size for st in stats), "mtime_ns": max(st.st_mtime_ns for st in stats)}}
 
 
 def validate(args: argparse.Namespace) -> None:
@@ -414,7 +434,6 @@ def record(args: argparse.Namespace, cfg: Any, prompts: list[Any], *, block_size
     definition = taulib.DEFINITION if args.temperature == 0 else taulib.SAMPLED_DEFINITION
     if args.mode == "offline":
         definition += " " + taulib.OFFLINE_DEFINITION
-    weights = Path(args.drafter) / "model.safetensors"
     return {
         "kind": KIND,
         "definition": definition,
@@ -431,8 +450,7 @@ def record(args: argparse.Namespace, cfg: Any, prompts: list[Any], *, block_size
         "max_new_tokens": args.max_new_tokens,
         "target": {"path": str(Path(args.target).resolve()), "model_type": model_type,
                    "fingerprint": target_fingerprint(args.target), "num_layers": num_layers},
-        "drafter": {"path": str(Path(args.drafter).resolve()),
-                    "fingerprint": _file_sha256(weights) if weights.is_file() else None,
+        "drafter": {"path": str(Path(args.drafter).resolve()), **drafter_weights(args.drafter),
                     "block_size": cfg.block_size, "target_layer_ids": cfg.target_layer_ids,
                     "mask_token_id": cfg.mask_token_id, "config_format": cfg.source_format, "family": cfg.family,
                     "attention": cfg.attention_summary(), **({"engine_rule": engine_rule} if engine_rule else {})},

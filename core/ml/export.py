@@ -15,25 +15,30 @@ output, a published z-lab drafter, a speculators directory. Formats (docs/servin
   ``--llama-cpp`` or ``$SPECDECK_LLAMA_CPP``) run on a z-lab export, with ``--target``.
 
 Weights are bf16 by default (the published drafters' dtype; a trainer's fp32 doubles the
-size). Files are written world-readable (0644, directories 0755) whatever the umask: a server
-running as another user must read them. Before anything is written the drafter is read with
-every engine's table (:mod:`core.ml.engine_lint` through :func:`engine_warnings`); after, the
-*written* config is read again, and every way an engine would run the export otherwise than
-specdeck measured the source is printed as a warning and kept in ``provenance.json``.
+size). The export's files are written world-readable (0644, the folders it creates 0755)
+whatever the umask: a server running as another user must read them. Nothing else in or
+around ``--out`` is touched: :mod:`core.ml.export_swap` stages the whole export on the
+destination's own filesystem and swaps it in, so the folder holds the earlier export or the
+new one, never a mix (docs/serving.md §1, "What an export writes and touches"). Before
+anything is written the drafter is read with every engine's table (:mod:`core.ml.engine_lint`
+through :func:`engine_warnings`); after, the *written* config is read again, and every way an
+engine would run the export otherwise than specdeck measured the source is printed as a
+warning and kept in ``provenance.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from core.ml.runio import UsageError, atomic_write_json, emit, provenance, run_main, say
+from core.ml import export_swap
+from core.ml.runio import TaskError, UsageError, atomic_write_json, emit, provenance, run_main, say
 
 FORMATS = ("zlab", "speculators", "gguf")
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
@@ -42,13 +47,13 @@ SPECULATORS_VERSION = "0.9.0"
 against (tests/ml/test_export.py runs its converter and validation)."""
 NON_LAYER_KEYS = ("architectures", "auto_map", "block_size", "dflash_config", "num_target_layers")
 """z-lab keys that are not Qwen3 layer fields (the rest goes to ``transformer_layer_config``)."""
-FILE_MODE, DIR_MODE = 0o644, 0o755
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m core.ml.export", description="write a drafter in an engine's layout")
     p.add_argument("drafter", help="drafter directory (config.json + model.safetensors)")
-    p.add_argument("--out", required=True, help="directory to write (created; its files are replaced)")
+    p.add_argument("--out", required=True, help="directory to write (created if missing; an earlier export "
+                   "there is replaced, other files are left as they are)")
     p.add_argument("--format", choices=FORMATS, default="zlab")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--target", help="the target's directory (speculators: its architecture; gguf: its tokenizer; "
@@ -101,18 +106,6 @@ def llama_cpp_tree(args: argparse.Namespace) -> Path:
     if not (tree / "convert_hf_to_gguf.py").is_file() or not (tree / "gguf-py").is_dir():
         raise UsageError(f"{tree}: no convert_hf_to_gguf.py and gguf-py there. {need}")
     return tree
-
-
-def make_dir(path: Path) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    path.chmod(DIR_MODE)
-
-
-def publish(out: Path) -> None:
-    """Every file under ``out`` 0644, every directory 0755 (the temp files were 0600)."""
-    out.chmod(DIR_MODE)
-    for p in out.rglob("*"):
-        p.chmod(DIR_MODE if p.is_dir() else FILE_MODE)
 
 
 def speculators_config(cfg: Any, target: dict[str, Any], verifier: str, dtype: str) -> dict[str, Any]:
@@ -198,10 +191,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = drafter.config
     target = target_config(args.target) if args.target else {}
     dtype = DTYPES[args.dtype]
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{out.name}.export.", dir=out.parent) as tmp:
-        stage = Path(tmp)
+    written = ["drafter.gguf"] if args.format == "gguf" else [CONFIG_NAME, WEIGHTS_NAME]
+    names = (*written, "provenance.json")
+    dest, stage = export_swap.open_stage(export_swap.resolve(Path(args.out), names))
+    handed = False  # from commit on, the stage is commit's: it may hold what the error tells to keep
+    try:
         if args.format == "speculators":
             with atomic_target(stage / WEIGHTS_NAME) as t:
                 save_streaming(drafter.state_dict(), t, metadata={"format": "pt"}, dtype=getattr(torch, dtype))
@@ -209,26 +203,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             save_drafter(drafter, stage, dtype=getattr(torch, dtype))
         warnings = engine_warnings(cfg, stage, args.target)
-        written = []
         if args.format == "gguf":
-            written.append(write_gguf(args, stage, stage, dtype).name)
+            write_gguf(args, stage, stage, dtype)
             for name in (CONFIG_NAME, WEIGHTS_NAME):
                 (stage / name).unlink()
-        else:
-            written += [CONFIG_NAME, WEIGHTS_NAME]
-        make_dir(out)
-        for name in written:
-            os.replace(stage / name, out / name)
+        prov = provenance(task="export", extra={"source": str(Path(args.drafter).resolve()), "format": args.format,
+                                                "dtype": dtype, "files": written, "engine_warnings": warnings})
+        atomic_write_json(stage / "provenance.json", prov)
+        for name in names:
+            export_swap.set_own_mode(stage / name, export_swap.FILE_MODE)
+        handed = True
+        export_swap.commit(dest, stage, names)
+    except OSError as exc:  # before the swap (a full disk, say): nothing in --out has changed
+        raise TaskError(f"could not write the export ({exc.filename}: {exc.strerror or exc}); {args.out} is "
+                        "unchanged: fix the cause and export again") from exc
+    finally:
+        if not handed and stage.exists():
+            shutil.rmtree(stage, ignore_errors=True)  # our own private folder, never the destination
     for w in warnings:
         say(f"warning: {w['engine']}: {w['kind']} {w['field']}: {w['message']}")
-    prov = provenance(task="export", extra={"source": str(Path(args.drafter).resolve()), "format": args.format,
-                                            "dtype": dtype, "files": written, "engine_warnings": warnings})
-    atomic_write_json(out / "provenance.json", prov)
-    publish(out)
+    out = dest.real
     size = sum((out / n).stat().st_size for n in written)
-    emit("result", task="export", path=str(out.resolve()), format=args.format, dtype=dtype, files=written,
+    emit("result", task="export", path=str(out), format=args.format, dtype=dtype, files=written,
          bytes=size, warnings=len(warnings))
-    say(f"wrote {args.format} drafter to {out} ({', '.join(written)}; {size / 2**20:.1f} MiB, {dtype}); "
+    say(f"wrote {args.format} drafter to {args.out} ({', '.join(written)}; {size / 2**20:.1f} MiB, {dtype}); "
         f"{len(warnings)} engine warning(s)")
     return 0
 

@@ -65,19 +65,26 @@ def _read_header(path: Path) -> dict[str, Any]:
     return header
 
 
-def tensor_index(model_dir: str | os.PathLike[str]) -> dict[str, TensorInfo]:
-    """Every tensor of the checkpoint in ``model_dir`` (sharded or single-file safetensors)."""
+def weight_files(model_dir: str | os.PathLike[str]) -> list[Path]:
+    """The safetensors files of the checkpoint in ``model_dir``: the shards its
+    ``model.safetensors.index.json`` names (sorted, each once), else ``model.safetensors``.
+
+    Raises:
+        FileNotFoundError: neither file is there.
+    """
     root = Path(model_dir)
     index = root / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    elif (root / "model.safetensors").is_file():
-        files = ["model.safetensors"]
-    else:
-        raise FileNotFoundError(f"{root}: no model.safetensors or model.safetensors.index.json")
+        return [root / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    if (root / "model.safetensors").is_file():
+        return [root / "model.safetensors"]
+    raise FileNotFoundError(f"{root}: no model.safetensors or model.safetensors.index.json")
+
+
+def tensor_index(model_dir: str | os.PathLike[str]) -> dict[str, TensorInfo]:
+    """Every tensor of the checkpoint in ``model_dir`` (sharded or single-file safetensors)."""
     out: dict[str, TensorInfo] = {}
-    for name in files:
-        path = root / name
+    for path in weight_files(model_dir):
         header = _read_header(path)
         start = header.pop("__data_start__")
         header.pop("__metadata__", None)

@@ -11,13 +11,16 @@ from core.store import Store
 from tests.conftest import run_cli
 
 
-def _result(rounds_a, causal, engine=None, rule=None):
+def _result(rounds_a, causal, engine=None, rule=None, sha=None):
     layers = [{"causal": causal, "window": 3}, {"causal": True, "window": None}]
     res = {"mode": "online", "block_size": 8, "max_new_tokens": 16, "target": {"fingerprint": "t"},
            "prompts": {"sha256": "p"}, "accounting": "dflash-0.1.0", "template": {"chat_template": True},
            "dtype": "float32", "stop_token_ids": [2], "drafter": {"attention": {"layers": layers}},
            "per_prompt": [{"id": "a", "tokens": [5, 6, 7, 8, 9], "rounds": rounds_a, "tau": sum(rounds_a) / 2,
                            "stopped": False, "prompt_len": 9}]}
+    if sha:  # what core.ml.eval records of the drafter's weights
+        res["drafter"].update(path=f"/drafters/{sha[0]}", fingerprint=sha[:16],
+                              weights={"sha256": sha, "files": ["model.safetensors"], "bytes": 64, "mtime_ns": 1})
     if rule:
         res["drafter"]["engine_rule"] = {"engine": rule, "revision": "0c1e570", "changed": True}
     if engine:
@@ -54,8 +57,11 @@ def test_parity_of_three_items_names_the_rule_as_the_cause(tmp_path):
     rep = json.loads(res.stdout)
     assert [i["item"] for i in rep["items"]] == ["own", "rule", "engine"]
     own, rule, engine = rep["sides"]
-    pairs = {(p["a"], p["b"]): p for p in rep["pairs"]}
     assert (own, engine) == ("specdeck", "llama.cpp@0c1e570") and rule.startswith("specdeck under llama.cpp")
+    # each side labelled by its item and its harness: a pair names items, not just harnesses
+    assert rep["labels"] == [f"own ({own})", f"rule ({rule})", f"engine ({engine})"]
+    own, rule, engine = rep["labels"]
+    pairs = {(p["a"], p["b"]): p for p in rep["pairs"]}
     assert [pairs[(own, rule)]["likely_causes"], pairs[(own, engine)]["likely_causes"]] == [["rule"], ["rule"]]
     assert pairs[(rule, engine)]["equal"] and not pairs[(own, engine)]["equal"]  # the rule and the engine agree
     table = run_cli("--state", state, "parity", plan, "own", "rule", "engine").stdout
@@ -73,3 +79,40 @@ def test_bad_input_exits_2_naming_the_item(tmp_path):
         assert res.returncode == 2 and words in res.stderr, (args, res.stderr)
         assert "Traceback" not in res.stderr and res.stdout == ""
     assert state.read_bytes() == before  # a look writes nothing
+
+
+V4, V5 = "4" * 64, "5" * 64
+
+
+def test_two_drafters_are_different_drafters_exit_4_with_distinct_labels(tmp_path):
+    """Issue 48 §4: eval-v4 and eval-v5 evaluate two drafters through the same harness."""
+    plan, state = _seeded(tmp_path, {"eval-v4": _result([1, 3], True, sha=V4),
+                                     "eval-v5": _result([2, 2], True, sha=V5)})
+    res = run_cli("--state", state, "parity", plan, "eval-v4", "eval-v5")
+    assert res.returncode == 4, res.stderr
+    assert "eval-v4 (specdeck)" in res.stdout and "eval-v5 (specdeck)" in res.stdout
+    assert "different drafters" in res.stdout and "unexplained" not in res.stdout
+    assert "different drafters" in res.stderr and V4[:16] in res.stderr and V5[:16] in res.stderr
+    assert "hint:" in res.stderr and "Traceback" not in res.stderr
+    rep = json.loads(run_cli("--state", state, "parity", plan, "eval-v4", "eval-v5", "--json").stdout)
+    (pair,) = rep["pairs"]
+    assert (pair["a"], pair["b"]) == ("eval-v4 (specdeck)", "eval-v5 (specdeck)")
+    assert [i["label"] for i in rep["items"]] == [pair["a"], pair["b"]] and rep["sides"] == ["specdeck", "specdeck"]
+    assert pair["same_drafter"] is False and pair["likely_causes"] == ["different drafters"]
+    assert rep["different_drafters"] == [[pair["a"], pair["b"]]]
+
+
+def test_one_drafter_measured_twice_is_equal_exit_0(tmp_path):
+    plan, state = _seeded(tmp_path, {"first": _result([2, 2], True, sha=V5), "again": _result([2, 2], True, sha=V5)})
+    res = run_cli("--state", state, "parity", plan, "first", "again", "--json")
+    assert res.returncode == 0, res.stderr
+    (pair,) = json.loads(res.stdout)["pairs"]
+    assert (pair["a"], pair["b"]) == ("first (specdeck)", "again (specdeck)")
+    assert pair["equal"] and pair["same_drafter"] is True and pair["likely_causes"] == []
+    assert pair["drafter"]["by"] == "weights sha256" and res.stderr == ""
+
+
+def test_an_item_named_twice_exits_2(tmp_path):
+    plan, state = _seeded(tmp_path, {"first": _result([2, 2], True, sha=V5)})
+    res = run_cli("--state", state, "parity", plan, "first", "first")
+    assert res.returncode == 2 and "'first' is named twice" in res.stderr and res.stdout == ""

@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
+import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -53,6 +57,7 @@ def test_zlab_export_is_bf16_world_readable_and_reads_back(pair, tmp_path, umask
     out = tmp_path / "deep" / "zlab"
     assert _export(pair, out) == 0
     err = capsys.readouterr().err
+    assert stat.S_IMODE((tmp_path / "deep").stat().st_mode) == 0o755  # a folder it created: reachable
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "provenance.json"]
     modes = _modes(out)
     assert modes.pop(".") == 0o755 and set(modes.values()) == {0o644}, modes
@@ -206,3 +211,233 @@ def test_real_converter_refusal_is_passed_on_with_nothing_written(pair, tmp_path
     assert _export(pair, out, "--format", "gguf", "--target", str(target), "--llama-cpp", str(CONVERTER)) == 2
     assert "convert_hf_to_gguf.py failed" in capsys.readouterr().err
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- into real folders (issue 42 §1)
+
+
+def _weights_dtype(folder):
+    return {str(t.dtype).removeprefix("torch.") for t in load_file(folder / "model.safetensors").values()}
+
+
+def _consistent(folder):
+    """The dtype config.json declares, checked against every tensor's (an engine reads the
+    weights as the config says)."""
+    declared = json.loads((folder / "config.json").read_text())["dtype"]
+    assert _weights_dtype(folder) == {declared}, (declared, _weights_dtype(folder))
+    return declared
+
+
+def _ours(folder):
+    """Staging or backup folders an export left behind (in ``folder`` or beside it)."""
+    return sorted(p.name for p in [*folder.iterdir(), *folder.parent.iterdir()]
+                  if p.name.startswith((".specdeck-", f".{folder.name}.")))
+
+
+def _lmodes(paths):
+    """Each path's own mode (lstat) and, for a link, its target's."""
+    return {str(p): (oct(os.lstat(p).st_mode), oct(os.stat(p).st_mode)) for p in paths}
+
+
+@pytest.fixture
+def immutable():
+    """``chattr +i`` on a real file (a file that cannot be renamed or removed: what a replacement
+    meets half-way); taken off again at the end. Skipped where chattr cannot set it."""
+    made = []
+
+    def make(path):
+        res = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
+        if res.returncode != 0:
+            pytest.skip(f"chattr +i needs root and a filesystem with the immutable flag ({res.stderr.strip()})")
+        made.append(path)
+
+    yield make
+    for path in made:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+def test_export_into_a_shared_folder_sets_modes_only_on_its_own_files(pair, tmp_path, umask_077):
+    """The operator's folder, files, subfolder and links keep their modes (lstat and target),
+    a first export and a replacement alike; a link to a 0600 key outside is never followed."""
+    out = tmp_path / "serving"
+    out.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    key = outside / "id_ed25519"
+    key.write_text("private")
+    (outside / "private").mkdir()
+    (out / "sub").mkdir()
+    for path, mode in [(out, 0o750), (key, 0o600), (outside / "private", 0o700), (out / "sub", 0o711)]:
+        path.chmod(mode)
+    for name, mode in [("notes.txt", 0o600), ("run.sh", 0o754), ("sub/inner.bin", 0o640)]:
+        (out / name).write_text(name)
+        (out / name).chmod(mode)
+    (out / "key-link").symlink_to(key)
+    (out / "dir-link").symlink_to(outside / "private")
+    theirs = [out, key, outside / "private", *(out / n for n in ("sub", "notes.txt", "run.sh", "sub/inner.bin",
+                                                                "key-link", "dir-link"))]
+    before = _lmodes(theirs)
+    for dtype in ("fp32", "bf16"):
+        assert _export(pair, out, "--dtype", dtype) == 0
+        assert _lmodes(theirs) == before, dtype
+        assert key.read_text() == "private" and (out / "sub" / "inner.bin").read_text() == "sub/inner.bin"
+        ours = {n: stat.S_IMODE(os.lstat(out / n).st_mode) for n in ("config.json", "model.safetensors",
+                                                                     "provenance.json")}
+        assert ours == dict.fromkeys(ours, 0o644)
+        assert _ours(out) == []
+    assert _consistent(out) == "bfloat16"
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm (a tmpfs) for a second filesystem")
+def test_export_through_a_symlink_to_another_filesystem_lands_whole(pair, tmp_path, capsys):
+    """``--out`` a link to a folder on tmpfs, and a new folder under such a link: staged there,
+    so no rename crosses devices; the link stays a link, and the resolution is said."""
+    if os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("/dev/shm is on the same device as the test's tmp_path here: no second filesystem")
+    shm = Path(tempfile.mkdtemp(dir="/dev/shm", prefix="specdeck-test-"))
+    try:
+        link = tmp_path / "serve"
+        link.symlink_to(shm)
+        for dtype, out in [("fp32", link), ("bf16", link), ("bf16", link / "v5")]:
+            assert _export(pair, out, "--dtype", dtype) == 0, capsys.readouterr().err
+            err = capsys.readouterr().err
+            assert f"resolves to {shm}" in err and "the link is left as it is" in err
+            real = shm / out.relative_to(link)
+            assert {"config.json", "model.safetensors", "provenance.json"} <= {p.name for p in real.iterdir()}
+            assert _consistent(real) == {"fp32": "float32", "bf16": "bfloat16"}[dtype]
+            assert _ours(real) == []
+        assert link.is_symlink() and os.readlink(link) == str(shm)
+        assert stat.S_IMODE((shm / "v5").stat().st_mode) == 0o755
+    finally:
+        shutil.rmtree(shm)
+
+
+def test_a_replacement_that_fails_half_way_leaves_the_earlier_export_whole(pair, tmp_path, capsys, immutable):
+    """In a shared folder, the earlier export's weights cannot be moved (immutable): its
+    config.json, moved aside first, comes back; the folder holds the fp32 export whole, and the
+    error (exit 1) says so. Once the cause is gone, the export goes through."""
+    out = tmp_path / "serving"
+    out.mkdir()
+    (out / "README").write_text("the operator's")
+    assert _export(pair, out, "--dtype", "fp32") == 0
+    immutable(out / "model.safetensors")
+    capsys.readouterr()
+    assert _export(pair, out) == 1
+    err = capsys.readouterr().err
+    assert f"could not move the earlier export's files aside in {out} (model.safetensors: Operation not permitted)" in err
+    assert (f"{out} holds the earlier export, unchanged (config.json (float32), model.safetensors, "
+            "provenance.json); the new one was not installed") in err
+    assert _consistent(out) == "float32"
+    assert sorted(p.name for p in out.iterdir()) == ["README", "config.json", "model.safetensors", "provenance.json"]
+    subprocess.run(["chattr", "-i", str(out / "model.safetensors")], check=True)
+    assert _export(pair, out) == 0 and _consistent(out) == "bfloat16" and _ours(out) == []
+
+
+def test_a_failure_moving_the_new_files_in_puts_the_earlier_ones_back(pair, tmp_path, capsys, monkeypatch):
+    """The last step (the new config.json in) fails after the new weights went in: they go back
+    out, the earlier export comes back, config.json's dtype matches the weights'. (No real
+    filesystem cause fails a rename into a folder the export has just written in: os.rename is
+    made to fail there.)"""
+    from core.ml import export_swap
+
+    out = tmp_path / "serving"
+    out.mkdir()
+    (out / "README").write_text("the operator's")
+    assert _export(pair, out, "--dtype", "fp32") == 0
+    real_rename = os.rename
+
+    def rename(src, dst):
+        if Path(src).parent.name.startswith(".specdeck-export.") and Path(dst).name == "config.json":
+            raise OSError(28, "No space left on device", str(dst))
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(export_swap.os, "rename", rename)
+    capsys.readouterr()
+    assert _export(pair, out) == 1
+    err = capsys.readouterr().err
+    assert "could not move the new export's files in" in err and "holds the earlier export, unchanged" in err
+    assert _consistent(out) == "float32" and _ours(out) == []
+
+
+@pytest.mark.parametrize("exchange", ["renameat2", "two renames"])
+def test_an_export_of_its_own_folder_is_swapped_whole(pair, tmp_path, monkeypatch, exchange):
+    """A folder holding an earlier export alone is replaced as a folder (its permission bits
+    kept), with RENAME_EXCHANGE or, without it, renamed aside and the new one renamed in."""
+    from core.ml import export_swap
+
+    if exchange == "two renames":
+        monkeypatch.setattr(export_swap, "exchange", lambda a, b: False)
+    out = tmp_path / "v5"
+    assert _export(pair, out, "--dtype", "fp32") == 0
+    out.chmod(0o750)
+    assert _export(pair, out) == 0
+    assert _consistent(out) == "bfloat16" and stat.S_IMODE(out.stat().st_mode) == 0o750 and _ours(out) == []
+
+
+def test_a_folder_swap_that_fails_puts_the_earlier_export_back(pair, tmp_path, capsys, monkeypatch):
+    """Without RENAME_EXCHANGE, the new folder's rename in fails after the old one went aside:
+    the old one comes back under its name, whole."""
+    from core.ml import export_swap
+
+    out = tmp_path / "v5"
+    assert _export(pair, out, "--dtype", "fp32") == 0
+    real_rename = os.rename
+
+    def rename(src, dst):
+        if Path(src).name.startswith(".v5.export.") and Path(dst) == out:
+            raise OSError(5, "Input/output error", str(src))
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(export_swap, "exchange", lambda a, b: False)
+    monkeypatch.setattr(export_swap.os, "rename", rename)
+    capsys.readouterr()
+    assert _export(pair, out) == 1
+    err = capsys.readouterr().err
+    assert f"could not put the new export in place as {out} (Input/output error)" in err
+    assert "holds the earlier export, unchanged (config.json (float32)" in err
+    assert _consistent(out) == "float32" and _ours(out) == []
+
+
+def test_an_earlier_export_that_cannot_be_removed_is_said_and_the_new_one_is_in(pair, tmp_path, capsys, immutable):
+    out = tmp_path / "v5"
+    assert _export(pair, out, "--dtype", "fp32") == 0
+    immutable(out / "model.safetensors")
+    assert _export(pair, out) == 0
+    assert _consistent(out) == "bfloat16"
+    [left] = _ours(out)
+    assert f"warning: the earlier export was left in {tmp_path / left}" in capsys.readouterr().err
+    subprocess.run(["chattr", "-i", str(tmp_path / left / "model.safetensors")], check=True)
+    assert json.loads((tmp_path / left / "config.json").read_text())["dtype"] == "float32"
+
+
+@pytest.mark.parametrize("case", ["weights-is-a-folder", "dangling-link", "folder-cannot-be-written"])
+def test_a_destination_the_export_cannot_use_is_refused_before_writing(pair, tmp_path, capsys, case, immutable):
+    out = tmp_path / "serving"
+    if case == "folder-cannot-be-written":
+        out.mkdir()
+        (out / "README").write_text("the operator's")
+        immutable(out)
+        assert _export(pair, out) == 2
+        assert f"--out {out}: cannot write in {out} (Operation not permitted)" in capsys.readouterr().err
+        assert [p.name for p in out.iterdir()] == ["README"]
+        return
+    if case == "weights-is-a-folder":
+        out.mkdir()
+        (out / "config.json").write_text('{"dtype": "float32"}')
+        (out / "model.safetensors").mkdir()
+        (out / "model.safetensors" / "shard").write_text("x")
+        before = sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))
+    else:
+        out.symlink_to(tmp_path / "gone")
+    assert _export(pair, out) == 2
+    err = capsys.readouterr().err
+    if case == "weights-is-a-folder":
+        assert f"--out {out}: model.safetensors there is a directory, not a file of an earlier export" in err
+        assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == before
+        assert (out / "config.json").read_text() == '{"dtype": "float32"}'
+    else:
+        assert f"--out {out}: {out} is a symbolic link to {tmp_path / 'gone'}, which does not exist" in err
+        assert _export(pair, out / "v5") == 2  # a link to nothing on the way: not made into a folder either
+        assert f"--out {out / 'v5'}: {out} is a symbolic link to" in capsys.readouterr().err
+        assert not (tmp_path / "gone").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

@@ -158,7 +158,8 @@ def test_renderers():
 
     md = to_markdown(c)
     assert "| p1 | ours | 3.000 | 2.000 | +1.000 | 150.0% |  |" in md
-    assert ("| ours | ≈ no difference | 2.500 | +0.500 | 125.0% | +0.00..+1.00 | 1.000 | 2 | "
+    # 2 prompts: the sign-flip test rejects no difference, so its interval is none ("–")
+    assert ("| ours | ≈ no difference | 2.500 | +0.500 | 125.0% | – | 1.000 | 2 | "
             "2.750 | +0.750 | 137.5% |") in md
     assert "⚠ block_size 8≠4 vs base" in md
     assert "| ours | 0.750 | 0.500 | 0.500 |" in md

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import statistics
 
 import pytest
 
@@ -197,3 +198,142 @@ def test_no_difference_with_enough_prompts_never_asks_for_fewer(diffs, says):
     text = r.text("v5", "baseline")
     assert text.endswith(says.format(n=r.prompts_needed)), text
     assert "prompts would detect" not in text
+
+
+# -- the verdict and its interval agree (issue 48 §2) -------------------------------------
+def hostile_pairs(rng: random.Random, count: int):
+    """``count`` paired samples (a, b) of 2 to 40 prompts: smooth, tied (tau in steps of
+    1/8 or 0.05), mostly zero, with outliers, all alike, and with NaN / inf prompts mixed in
+    (left out), at spreads from 0.005 to 3 and shifts either side of 0."""
+    for i in range(count):
+        n = rng.randint(2, 40)
+        shift, sd = rng.uniform(-0.6, 0.6) * rng.choice([0.05, 0.3, 1.0]), rng.choice([0.005, 0.1, 0.5, 3])
+        kind = i % 6
+        if kind == 0:
+            diffs = [rng.gauss(shift, sd) for _ in range(n)]
+        elif kind == 1:
+            step = rng.choice([0.125, 0.05])
+            diffs = [round(rng.gauss(shift, sd) / step) * step for _ in range(n)]
+        elif kind == 2:
+            diffs = [0.0 if rng.random() < 0.7 else rng.gauss(shift, sd) for _ in range(n)]
+        elif kind == 3:
+            diffs = [rng.gauss(shift, sd) + (rng.random() < 0.15) * rng.choice([-1, 1]) * rng.uniform(5, 20)
+                     for _ in range(n)]
+        elif kind == 4:
+            diffs = [rng.choice([0.0, shift, 0.25])] * n
+        else:
+            diffs = [rng.gauss(shift, sd) for _ in range(n)]
+        b = [rng.uniform(1.0, 6.0) for _ in range(n)]
+        a = [x + d for x, d in zip(b, diffs)]
+        if kind == 5:
+            for j in rng.sample(range(n), k=min(n, 3)):
+                (a if rng.random() < 0.5 else b)[j] = rng.choice([math.nan, math.inf, -math.inf])
+        yield a, b
+
+
+def test_the_verdict_and_its_interval_never_contradict():
+    """1,000 paired samples: ``better`` exactly when p < 0.05 and the mean is above 0, and then
+    the interval (and its printed ends) lies above 0; ``worse`` likewise below; no difference:
+    the interval holds 0; under MIN_PROMPTS prompts no interval and no verdict. The interval
+    always holds the mean difference."""
+    rng = random.Random(48)
+    seen = {stats.BETTER: 0, stats.WORSE: 0, stats.NONE: 0, None: 0}
+    for k, (a, b) in enumerate(hostile_pairs(rng, 1000)):
+        r = stats.paired(a, b, name=f"prop{k}")
+        where = (k, r.prompts, r.delta, r.ci95, r.p_value, r.verdict)
+        if r.prompts < stats.MIN_PROMPTS:
+            assert r.ci95 is None and r.verdict == stats.NONE, where
+            assert "no 95 % CI under 6 prompts" in r.text("a", "b") or r.prompts == 0, where
+            seen[None] += 1
+            continue
+        lo, hi = r.ci95
+        assert lo <= r.delta <= hi, where
+        assert (r.verdict != stats.NONE) == (r.p_value < stats.ALPHA), where
+        shown_lo, shown_hi = (float(x) for x in stats.fmt_ci(r.ci95, signed=True).split(".."))
+        if r.verdict == stats.BETTER:
+            assert r.delta > 0 and lo > 0 and shown_lo > 0, where
+        elif r.verdict == stats.WORSE:
+            assert r.delta < 0 and hi < 0 and shown_hi < 0, where
+        else:
+            assert lo <= 0 <= hi and shown_lo <= 0 <= shown_hi, where
+        seen[r.verdict] += 1
+    assert min(seen.values()) >= 60, seen  # every case was met, many times
+
+
+@pytest.mark.parametrize("n", [6, 8, 11, 13])
+def test_the_interval_ends_are_the_tests_own_limits(n):
+    """The shifts the exact sign-flip test does not reject run from the J-th smallest to the
+    J-th largest mean of a subset of the prompts, J = ceil(0.05 * 2^(n-1) - 1) (a pattern is
+    as extreme as the data exactly when the prompts it flips average beyond the shift):
+    brute force over every subset agrees with the bisection to 1/1,000 of a standard error."""
+    rng = random.Random(100 + n)
+    for trial in range(5):
+        d = [rng.gauss(0.2, 0.4) + (trial == 4) * rng.choice([0, 0, 3]) for _ in range(n)]
+        means = sorted(sum(x for j, x in enumerate(d) if mask >> j & 1) / bin(mask).count("1")
+                       for mask in range(1, (1 << n) - 1))
+        j = math.ceil(stats.ALPHA * 2 ** (n - 1) - 1)
+        lo, hi = stats.paired(d, [0.0] * n).ci95
+        se = statistics.stdev(d) / math.sqrt(n)
+        assert means[j - 1] - 1e-12 <= lo <= means[j - 1] + 1e-3 * se, (lo, means[j - 1])
+        assert means[-j] - 1e-3 * se <= hi <= means[-j] + 1e-12, (hi, means[-j])
+        assert lo == stats.sign_flip_ci(d)[0] and hi == stats.sign_flip_ci(d)[1]
+
+
+def test_random_patterns_give_one_p_per_shift_and_the_interval_inverts_them():
+    """Past EXACT_MAX prompts the p-value and the interval come from the same seeded sign
+    patterns: the interval's ends are not rejected, shifts just beyond them are, and the
+    p-value is the one sign_flip_p gives with that seed."""
+    rng = random.Random(7)
+    a = [rng.uniform(2, 5) for _ in range(60)]
+    b = [x - rng.gauss(0.2, 0.4) for x in a]
+    r = stats.paired(a, b, name="mc")
+    diffs = [x - y for x, y in zip(a, b)]
+    assert r.p_value == stats.sign_flip_p(diffs, rng=stats.rng_for("mc", "test"))
+    assert r.verdict == stats.BETTER and 0 < r.ci95[0] < r.delta < r.ci95[1]
+    beyond = 2 * 3 * r.sd / math.sqrt(60) / 2 ** stats.BISECTIONS
+
+    def p_at(s):
+        return stats.sign_flip_p([x - s for x in diffs], rng=stats.rng_for("mc", "test"))
+    for end, out in ((r.ci95[0], -beyond), (r.ci95[1], beyond)):
+        assert p_at(end) >= stats.ALPHA > p_at(end + out), (end, p_at(end), p_at(end + out))
+    assert stats.paired(a, b, name="mc") == r
+
+
+def test_the_demos_contradiction_is_gone():
+    """The demo printed "no detectable difference (-0.08, 95 % CI -0.14..-0.02, 8 prompts,
+    p = 0.062)": a bootstrap interval that excluded 0 beside a test that did not reject it.
+    On 8 differences like those (p = 0.062) the interval now reaches 0; made a little more
+    one-sided (p < 0.05), it leaves 0 on the verdict's side."""
+    a = [1.30, 1.25, 1.40, 1.22, 1.35, 1.28, 1.31, 1.26]
+    diffs = [-0.2, -0.12, -0.1, -0.1, -0.05, 0.0, 0.0, 0.0]
+    r = stats.paired([x + d for x, d in zip(a, diffs)], a)
+    assert r.p_value == pytest.approx(0.0625) and r.verdict == stats.NONE
+    assert r.ci95[0] < -0.1 and r.ci95[1] >= 0, r.ci95
+    assert "95 % CI -0.14..+0.00" in r.text("v5", "baseline")
+    r = stats.paired([x + d for x, d in zip(a, diffs[:5] + [-0.01] * 3)], a)
+    assert r.p_value < stats.ALPHA and r.verdict == stats.WORSE and r.ci95[1] < 0, r
+
+
+def test_under_six_prompts_there_is_no_interval_and_no_verdict():
+    """With 5 prompts the smallest two-sided p is 2/32 > 0.05: no difference, however large,
+    can be rejected, so the test's interval is the whole line; it is given as none."""
+    r = stats.paired([3.0, 3.1, 2.9, 3.2, 3.05], [1.0, 1.1, 0.9, 1.2, 1.05])
+    assert r.ci95 is None and r.verdict == stats.NONE and r.p_value == pytest.approx(2 / 32)
+    assert "(+2.00, no 95 % CI under 6 prompts, 5 prompts, p = 0.062)" in r.text("v5", "v4")
+    assert stats.sign_flip_ci([1.0, 2.0, 3.0]) is None
+    r6 = stats.paired([3.0, 3.1, 2.9, 3.2, 3.05, 3.0], [1.0, 1.1, 0.9, 1.2, 1.05, 1.0])
+    assert r6.verdict == stats.BETTER and r6.ci95[0] > 0
+
+
+def test_alike_and_zero_differences():
+    assert stats.paired([2.0] * 8, [2.0] * 8).ci95 == (0.0, 0.0)
+    r = stats.paired([2.5] * 8, [2.0] * 8)
+    assert r.ci95 == (0.5, 0.5) and r.verdict == stats.BETTER and r.p_value == 2 / 256
+    nan = stats.paired([2.5] * 8 + [math.nan], [2.0] * 8 + [1.0])
+    assert nan.prompts == 8 and nan.ci95 == r.ci95
+
+
+def test_interval_ends_that_round_to_zero_keep_their_sign():
+    assert stats.fmt_ci((0.0031, 0.08), signed=True) == "+0.0031..+0.08"
+    assert stats.fmt_ci((-0.004, 0.0), signed=True) == "-0.004..+0.00"
+    assert stats.fmt_ci((2.31, 2.7)) == "2.31..2.70"

@@ -297,8 +297,7 @@ class Watcher:
             else:
                 flat = (pair.verdict != stats.BETTER
                         and vals[-1] - vals[0] <= self.alerts["flat_eps"] * mean)
-                why = (f"; last vs first {pair.delta:+.3f}, 95 % CI "
-                       f"{stats.fmt_ci(pair.ci95, signed=True)}, {pair.prompts} prompts")
+                why = f"; last vs first {pair.delta:+.3f}, {pair.ci_text()}, {pair.prompts} prompts"
             if flat and loss_fell:
                 msgs.append(f"tau flat at {mean:.3f} over the last {k} evals (steps "
                             f"{window[0][0]}-{window[-1][0]}{why}) while the loss fell "
