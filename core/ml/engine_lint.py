@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from core.ml.engines import ENGINES, EngineReading, Finding, LayerReading
 from core.errors import InvalidFile
 from core.ml.drafter_config import DFlashConfig, read_config_file, read_target_config
+from core.ml.engines import ENGINES, EngineReading, Finding, LayerReading
 
 
 @dataclass(frozen=True)

@@ -202,14 +202,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(f"dropped {len(dropped)} non-drafter tensors, e.g. {dropped[:3]}")
     dtype = None if args.dtype == "keep" else getattr(torch, args.dtype)
     out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     tensors = {k: state[k] for k in want}  # still mmap-backed: pages are read while writing
+    cfg = config.to_dict()
+    cfg["dtype"] = str(dtype or next(iter(tensors.values())).dtype).removeprefix("torch.")
+    check_fields(cfg, str(out / CONFIG_NAME))  # every value finite and in range, before a byte is written
+    out.mkdir(parents=True, exist_ok=True)
     weights_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
     with atomic_target(out / WEIGHTS_NAME) as tmp:
         save_streaming(tensors, tmp, metadata={"format": "pt"}, dtype=dtype)
-    cfg = config.to_dict()
-    cfg["dtype"] = str(dtype or next(iter(tensors.values())).dtype).removeprefix("torch.")
-    check_fields(cfg, str(out / CONFIG_NAME))
     atomic_write_json(out / CONFIG_NAME, cfg, allow_nan=False)
     prov = provenance(task="strip", extra={"checkpoint": str(ckpt_path.resolve()),
                                            "step": _step_of(ckpt)})
