@@ -99,3 +99,26 @@ class ActionFailed(SpecdeckError):
     """An action ran and did not succeed; the item becomes failed."""
 
     default_title = "Action failed"
+
+
+class InvalidFile(InvalidInput, ValueError):
+    """A file given to specdeck is not what it claims to be: a config.json whose field holds
+    the wrong type, a non-finite or out-of-range number, or nests too deeply; a safetensors
+    file cut short, empty or not safetensors at all. Nothing was written.
+
+    A ``ValueError`` too, so the readers that turn a bad value into their own refusal (a
+    ``core.ml`` task's exit 2) keep doing so.
+
+    Attributes:
+        path: the file, as given.
+        field: the JSON key path (``dflash_config.block_size``), or None for the whole file.
+    """
+
+    default_title = "Invalid file"
+
+    def __init__(self, path: object, problem: str, *, field: str | None = None, hint: str | None = None):
+        self.path = str(path)
+        self.field = field
+        self.problem = problem
+        where = f"{self.path}: {field}" if field else self.path
+        super().__init__(f"{where}: {problem}", hint=hint)

@@ -152,3 +152,112 @@ def load_yaml(text: str) -> Any:
 
     return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
+
+
+MAX_JSON_FILE = 16 << 20
+"""Largest JSON file (a config.json, a safetensors index) read: a 27B target's config is a
+few KB, its ``model.safetensors.index.json`` about 100 KB."""
+INT64_MAX = 2**63 - 1
+
+
+class _NonFinite:
+    """What the decoder hands back for ``NaN``, ``Infinity`` or a literal too large for a
+    float (``1e400``): found by :func:`json_value_problem`, never let through."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+
+def _finite_float(text: str) -> float | _NonFinite:
+    value = float(text)
+    return value if value - value == 0 else _NonFinite(text)
+
+
+def show_value(value: Any, n: int = 40) -> str:
+    """A config value as a message quotes it: a huge integer as ``1e+30`` (or its size in
+    bits), a float by ``repr``, a string, list or object cut at ``n`` characters."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**15:
+        try:
+            return f"{value:g}"
+        except OverflowError:
+            return f"an integer of {value.bit_length()} bits"
+    if isinstance(value, (dict, list)) and json_value_problem(value, depth=8, ints=False):
+        return "a list" if isinstance(value, list) else "an object"  # too deep to quote (repr recurses)
+    return short(value, n)
+
+
+def json_value_problem(value: Any, *, depth: int = MAX_JSON_DEPTH,
+                       ints: bool = True) -> tuple[str, str] | None:
+    """The first value of a parsed JSON document (or a dict from elsewhere: a checkpoint's
+    embedded config) that no reader may take, as ``(key path, problem)``; None when there is
+    none. Refused: NaN or an infinity (JSON has neither; Python's decoder takes them), nesting
+    deeper than ``depth``, and with ``ints`` an integer no 64-bit integer holds (what an
+    engine or a tensor shape would overflow on). The key path reads ``a.b[2]`` ("" for the
+    document itself). Walked without recursion, so any depth is safe to look at."""
+    stack: list[tuple[Any, str, int]] = [(value, "", 0)]
+    while stack:
+        v, path, level = stack.pop()
+        if isinstance(v, (dict, list)):
+            if level >= depth:
+                return path, f"nested more than {depth} levels deep"
+            items = v.items() if isinstance(v, dict) else enumerate(v)
+            for k, x in reversed(list(items)):
+                sub = f"{path}[{k}]" if isinstance(v, list) else (f"{path}.{k}" if path else str(k))
+                stack.append((x, sub, level + 1))
+        elif isinstance(v, _NonFinite):
+            return path, f"{v.text} is not a finite number (JSON has no NaN or Infinity)"
+        elif isinstance(v, float) and v - v != 0:
+            return path, f"{v!r} is not a finite number"
+        elif ints and isinstance(v, int) and not isinstance(v, bool) and not -INT64_MAX - 1 <= v <= INT64_MAX:
+            return path, f"{show_value(v)} does not fit a 64-bit integer"
+    return None
+
+
+def read_json_file(path, what: str, *, limit: int = MAX_JSON_FILE, depth: int = MAX_JSON_DEPTH,
+                   hint: str | None = None) -> Any:
+    """The JSON document in the file ``path``, read as untrusted input: a regular file of at
+    most ``limit`` bytes (:func:`read_bounded`), UTF-8, nested at most ``depth`` levels
+    (checked before the recursive decoder sees it), no NaN or Infinity anywhere.
+
+    Raises:
+        InvalidFile: naming the file (and the key, for a non-finite number) and what is wrong,
+            with ``hint`` (what to do next); the CLI and every ``core.ml`` task exit 2 on it.
+    """
+    from core.errors import InvalidFile, InvalidInput
+
+    shown = os.fspath(path)
+    try:
+        raw = read_bounded(path, limit, what)
+    except InvalidInput as e:
+        raise InvalidFile(shown, e.message.removeprefix(f"{shown}: "), hint=hint) from None
+    return loads_untrusted(raw, shown, what, depth=depth, hint=hint)
+
+
+def loads_untrusted(raw: bytes | str, shown: str, what: str, *, depth: int = MAX_JSON_DEPTH,
+                    hint: str | None = None) -> Any:
+    """The JSON document ``raw`` (the bytes of ``shown``, a file here or on a host): UTF-8,
+    nested at most ``depth`` levels (checked before the recursive decoder sees it), no NaN or
+    Infinity anywhere.
+
+    Raises:
+        InvalidFile: naming ``shown`` (and the key, for a non-finite number) and what is wrong.
+    """
+    from core.errors import InvalidFile
+
+    try:
+        text = raw.decode("utf-8-sig") if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError as e:
+        raise InvalidFile(shown, f"not UTF-8 text (byte {e.start}: {e.reason}); a {what} is JSON", hint=hint) from None
+    if too_deep(text, depth):
+        raise InvalidFile(shown, f"JSON nested more than {depth} levels deep; a {what} is a few levels deep", hint=hint)
+    try:
+        value = json.loads(text, parse_constant=_NonFinite, parse_float=_finite_float)
+    except json.JSONDecodeError as e:
+        raise InvalidFile(shown, f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}; a {what} "
+                                 "is one JSON document", hint=hint) from None
+    except (ValueError, RecursionError) as e:
+        raise InvalidFile(shown, f"invalid JSON: {e}", hint=hint) from None
+    bad = json_value_problem(value, depth=depth, ints=False)
+    if bad:
+        raise InvalidFile(shown, bad[1], field=bad[0] or None, hint=hint)
+    return value

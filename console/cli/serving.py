@@ -22,11 +22,13 @@ def cmd_engines(args) -> int:
     try:
         names = [engine(n).name for n in args.engine] if args.engine else list(ENGINES)
         result = lint(args.drafter, args.target, names)
+    except InvalidInput:  # InvalidFile: the drafter's or the target's file, named with the key
+        raise
     except ValueError as e:
         raise InvalidInput(str(e), hint="give a drafter directory (config.json + model.safetensors) "
                                         "or its config.json") from None
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+    if args.json:  # every number came through check_fields: finite, so strict JSON
+        print(json.dumps(result.to_dict(), indent=2, allow_nan=False))
     else:
         print(render(result), end="")
     return 0

@@ -8,14 +8,36 @@ cache's manifest covers every prompt of the set; a partial cache resumes where i
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from core.actions.base import Action, CheckResult, Launch
 from core.actions.mlbase import (host_python, launch_inputs, ml_failure, prompts_on_host,
                                  py_module, read_json, record_launch, validate_prompts)
-from core.errors import ActionFailed
+from core.errors import ActionFailed, InvalidFile
 from core.params import problems
+
+
+async def target_hidden_size(host, path: str) -> int:
+    """The hidden size the target's config.json on ``host`` states (0 when it states none),
+    its fields checked as every reader checks them (:func:`core.ml.drafter_config.check_fields`).
+
+    Raises:
+        ActionFailed: the file is missing, or holds a value no reader may take (named by key).
+    """
+    from core.ml.drafter_config import TARGET_FIELDS, TARGET_HINT, check_fields
+    from core.text import loads_untrusted
+
+    raw = await host.read_from(path, 0, 1 << 24)
+    if not raw:
+        raise ActionFailed(f"extract_hidden: {path} is missing on {host.name}",
+                           hint="point target at a transformers model dir")
+    try:
+        cfg = loads_untrusted(raw, f"{host.name}:{path}", "target config")
+        check_fields(cfg, f"{host.name}:{path}", TARGET_FIELDS, ("text_config",), hint=TARGET_HINT)
+    except InvalidFile as e:
+        raise ActionFailed(f"extract_hidden: {e.message}", hint=e.hint) from None
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    return text.get("hidden_size") or 0
 
 
 @dataclass(frozen=True)
@@ -70,12 +92,7 @@ class ExtractHidden(Action):
         python = await host_python(host)
         prompts, ids = await prompts_on_host(ctx.host, ctx.plan, self.params.prompts,
                                              upload=True)
-        cfg = await read_json(host, f"{self.params.target}/config.json")
-        if cfg is None:
-            raise ActionFailed(f"extract_hidden: {self.params.target}/config.json is missing on "
-                               f"{host.name}", hint="point target at a transformers model dir")
-        text = cfg.get("text_config", cfg)
-        hidden = int(text.get("hidden_size", 0))
+        hidden = await target_hidden_size(host, f"{self.params.target}/config.json")
         n_layers = len(self.params.layers) if self.params.layers else 6
         tokens = 512 + self.params.max_new_tokens  # a generous prompt length
         n = len(ids[: self.params.limit] if self.params.limit else ids)

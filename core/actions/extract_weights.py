@@ -9,7 +9,6 @@ the tensor names and shapes), so ``check()`` can say "done" from a header read.
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import dataclass
 
 from core.actions.base import Action, CheckResult, Launch
@@ -22,22 +21,21 @@ RECORD = ".specdeck-strip.json"
 
 
 async def safetensors_header(host, path: str) -> dict | None:
-    """Tensor name -> shape from a safetensors file's header (None if missing/truncated)."""
-    head = await host.read_from(path, 0, 8)
+    """Tensor name -> shape from a safetensors file's header on ``host``; None when the file
+    is missing or not whole (cut short, empty, not safetensors: the header is checked against
+    the file's size as every loader checks it, :mod:`core.ml.safetensors_header`)."""
+    from core.ml.safetensors_header import header_from, header_length
+
     st = await host.stat(path)
-    if len(head) < 8 or st is None:
+    if st is None:
         return None
-    (n,) = struct.unpack("<Q", head)
-    if n > 100 << 20:
-        return None
+    head = await host.read_from(path, 0, 9)
+    more = header_length(head, st.size)
     try:
-        meta = json.loads(await host.read_from(path, 8, n))
-    except ValueError:
+        header = header_from(path, st.size, head, await host.read_from(path, 9, more) if more else b"")
+    except ValueError:  # InvalidFile
         return None
-    end = max((v["data_offsets"][1] for k, v in meta.items() if k != "__metadata__"), default=0)
-    if 8 + n + end != st.size:
-        return None  # truncated or padded: not a complete file
-    return {k: v["shape"] for k, v in meta.items() if k != "__metadata__"}
+    return {k: v["shape"] for k, v in header.tensors.items()}
 
 
 @dataclass(frozen=True)
@@ -53,6 +51,18 @@ class ExtractWeightsParams:
     prefix: str | None = None
     config: str | None = None
     """A drafter config.json or dir, when the checkpoint carries none."""
+
+
+def loads_record(raw: bytes) -> dict | None:
+    """The strip record (``RECORD``) ``finish`` wrote, or None when there is none or it is not
+    one (a damaged file means: not done)."""
+    from core.text import loads_untrusted
+
+    try:
+        rec = loads_untrusted(raw, RECORD, "strip record") if raw else None
+    except ValueError:  # InvalidFile
+        return None
+    return rec if isinstance(rec, dict) else None
 
 
 class ExtractWeights(Action):
@@ -72,8 +82,8 @@ class ExtractWeights(Action):
             return CheckResult.blocked(e.message)
         src = await host.stat(ckpt)
         rec_raw = await host.read_from(f"{self.params.out}/{RECORD}", 0, 1 << 20)
-        if rec_raw:
-            rec = json.loads(rec_raw)
+        rec = loads_record(rec_raw)
+        if rec is not None:
             tensors = await safetensors_header(host, f"{self.params.out}/model.safetensors")
             cfg = await host.stat(f"{self.params.out}/config.json")
             same_src = src is None or (rec.get("checkpoint") == host.path(ckpt) and

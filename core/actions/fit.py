@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from core.actions.mlbase import REF, read_json
-from core.text import load_yaml
+from core.text import load_yaml, read_json_file
 
 
 def drafter_block_size(cfg: dict[str, Any] | None) -> int | None:
@@ -51,9 +51,9 @@ def local_path(plan: Any, host: str | None, value: str, base: Path | None = None
 def read_local_json(path: Path | None) -> dict[str, Any] | None:
     if path is None or not path.is_file():
         return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    try:  # bounded size and depth, no NaN: a config.json on a local host is untrusted too
+        data = read_json_file(path, "JSON file")
+    except ValueError:  # InvalidFile
         return None
     return data if isinstance(data, dict) else None
 

@@ -242,13 +242,18 @@ def validate_ref(plan, item, ref: str) -> str | None:
 
 
 async def read_json(host, path: str) -> dict | None:
+    """The JSON object in ``path`` on ``host``; None when it is missing or no JSON object a
+    reader may take (too deep, NaN: :func:`core.text.loads_untrusted`)."""
+    from core.text import loads_untrusted
+
     raw = await host.read_from(path, 0, 1 << 28)
     if not raw:
         return None
     try:
-        return json.loads(raw)
-    except ValueError:
+        doc = loads_untrusted(raw, path, "JSON file")
+    except ValueError:  # InvalidFile
         return None
+    return doc if isinstance(doc, dict) else None
 
 
 async def log_tail(host, capsule: str, n: int = 20) -> str:

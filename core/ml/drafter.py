@@ -34,7 +34,6 @@ Two entry points share all code:
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -49,6 +48,7 @@ from core.ml.drafter_config import (  # noqa: F401 (re-export)
     AttentionRule,
     DFlashConfig,
     build_target_layer_ids,
+    check_fields,
 )
 from core.ml.masks import (  # noqa: F401 (re-exported: the trainer imports them from here)
     NoiseFn,
@@ -740,19 +740,18 @@ def expected_tensors(config: DFlashConfig) -> dict[str, tuple[int, ...]]:
 
 
 def _read_safetensors(path: Path) -> dict[str, Tensor]:
-    from safetensors.torch import load_file
+    """Every tensor of the drafter directory ``path`` (``model.safetensors`` or the shards its
+    index names), each file's header checked against the file first (:func:`load_checked`)."""
+    from core.ml.safetensors_header import shard_files
+    from core.ml.safetensors_stream import load_checked
 
-    index = path / f"{WEIGHTS_NAME}.index.json"
-    if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        state: dict[str, Tensor] = {}
-        for name in files:
-            state.update(load_file(str(path / name)))
-        return state
-    weights = path / WEIGHTS_NAME
-    if not weights.is_file():
+    files = shard_files(path, WEIGHTS_NAME)
+    if not files:
         raise FileNotFoundError(f"no {WEIGHTS_NAME} in {path}")
-    return load_file(str(weights))
+    state: dict[str, Tensor] = {}
+    for file in files:
+        state.update(load_checked(file))
+    return state
 
 
 _FOREIGN_PREFIXES = ("embed_tokens.", "lm_head.", "verifier_", "d2t", "t2d", "t2d.")
@@ -813,11 +812,12 @@ def save_drafter(model: DFlashDrafter, out_dir: str | Path, dtype: torch.dtype |
     from core.ml.safetensors_stream import save_streaming
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     state = model.state_dict()
     cfg = model.config.to_dict()
     cfg["dtype"] = str(dtype or next(iter(state.values())).dtype).removeprefix("torch.")
+    check_fields(cfg, str(out / CONFIG_NAME))  # every value in range and finite, before a byte is written
+    out.mkdir(parents=True, exist_ok=True)
     with atomic_target(out / WEIGHTS_NAME) as tmp:
         save_streaming(state, tmp, metadata={"format": "pt"}, dtype=dtype)
-    atomic_write_json(out / CONFIG_NAME, cfg)
+    atomic_write_json(out / CONFIG_NAME, cfg, allow_nan=False)
     return out

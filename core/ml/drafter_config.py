@@ -35,6 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.errors import InvalidFile, InvalidInput
+from core.text import json_value_problem, read_json_file, show_value
+
 ZLAB_ARCH = "DFlashDraftModel"
 DFLASH2_ARCH = "DFlash2DraftModel"
 LAYER_FULL = "full_attention"
@@ -77,6 +80,227 @@ candidate selector's codebooks and how many top draft logits it chooses among (d
 A config with all four (or that names ``DFlash2DraftModel``) is a DFlash-2 drafter; some but not
 all of them is refused."""
 FAMILY_DFLASH, FAMILY_DFLASH2 = "dflash", "dflash2"
+
+MAX_LAYERS = 4096
+"""More layers (draft or target) than any config means: a bound, so that a hostile count is
+refused, not looped over layer by layer."""
+MAX_VOCAB = 1 << 24
+"""Largest vocabulary (and token id + 1) taken: published targets have up to 262k tokens."""
+MAX_POSITIONS = 1 << 30
+"""Largest context length or window taken (ten-million-token models exist)."""
+
+
+@dataclass(frozen=True)
+class FieldRule:
+    """What one config key may hold (JSON null always: the key is then absent).
+
+    Attributes:
+        kind: ``int``, ``number`` (finite; an integer too), ``bool``, ``str``, ``object``,
+            ``ints`` or ``strs`` (a list of those).
+        lo / hi: the closed range of an ``int`` or ``number`` (each element of ``ints``).
+        positive: a ``number`` that must be > 0.
+        noun: what the value is, for the message (``a layer count``).
+    """
+
+    kind: str
+    lo: float | None = None
+    hi: float | None = None
+    positive: bool = False
+    noun: str | None = None
+
+    def problem(self, value: Any) -> tuple[str, str] | None:
+        """``(key suffix, problem)`` when ``value`` breaks the rule (suffix ``[i]`` for a
+        list element), else None."""
+        if value is None:
+            return None
+        if self.kind in ("ints", "strs"):
+            if not isinstance(value, list):
+                return "", f"{show_value(value)} is not a list of {'integers' if self.kind == 'ints' else 'strings'}"
+            if len(value) > MAX_LAYERS:
+                return "", f"has {len(value)} entries, more than any config has ({MAX_LAYERS})"
+            one = dataclasses.replace(self, kind=self.kind[:-1])
+            for i, x in enumerate(value):
+                got = one.problem(x) if x is not None else ("", "null is not allowed in this list")
+                if got:
+                    return f"[{i}]", got[1]
+            return None
+        why = self._scalar(value)
+        return ("", why) if why else None
+
+    def _scalar(self, v: Any) -> str | None:
+        shown = show_value(v)
+        span = f" ({_bound(self.lo)}..{_bound(self.hi)})" if self.lo is not None and self.hi is not None else ""
+        if self.kind in ("int", "number"):
+            whole = self.kind == "int"
+            if isinstance(v, bool) or not isinstance(v, int if whole else (int, float)):
+                return f"{shown} is not {self.noun or ('an integer' if whole else 'a number')}{span}"
+            if isinstance(v, float) and not math.isfinite(v):
+                return f"{shown} is not a finite number"
+            if self.positive and v <= 0:
+                return f"{shown} must be > 0"
+            if (self.lo is not None and v < self.lo) or (self.hi is not None and v > self.hi):
+                return f"{shown} is out of range{span}"
+            return None
+        want, noun = _PLAIN[self.kind]
+        return None if isinstance(v, want) else f"{shown} is not {self.noun or noun}"
+
+
+_PLAIN = {"bool": (bool, "true or false"), "str": (str, "a string"), "object": (dict, "an object")}
+
+
+def _bound(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _int(lo: int, hi: int, noun: str | None = None) -> FieldRule:
+    return FieldRule("int", lo, hi, noun=noun)
+
+
+_POSITIVE = FieldRule("number", positive=True)
+FIELDS: dict[str, FieldRule] = {
+    "hidden_size": _int(1, 1 << 16), "intermediate_size": _int(1, 1 << 20),
+    "num_hidden_layers": _int(1, MAX_LAYERS, "a layer count"),
+    "num_attention_heads": _int(1, 1 << 12), "num_key_value_heads": _int(1, 1 << 12), "head_dim": _int(1, 1 << 12),
+    "vocab_size": _int(1, MAX_VOCAB), "block_size": _int(2, 4096), "mask_token_id": _int(0, MAX_VOCAB - 1),
+    "target_layer_ids": FieldRule("ints", 0, MAX_LAYERS - 1, noun="a layer id"),
+    "aux_hidden_state_layer_ids": FieldRule("ints", 1, MAX_LAYERS, noun="a hidden_states index"),
+    "num_target_layers": _int(1, MAX_LAYERS), "max_window_layers": _int(0, MAX_LAYERS),
+    "max_position_embeddings": _int(1, MAX_POSITIONS), "sliding_window": _int(1, MAX_POSITIONS),
+    "swa_window_size": _int(1, MAX_POSITIONS),
+    "rms_norm_eps": FieldRule("number", 0, 1, positive=True), "rope_theta": _POSITIVE,
+    "rope_scaling": FieldRule("object"), "rope_parameters": FieldRule("object"),
+    "layer_types": FieldRule("strs"), "architectures": FieldRule("strs"),
+    "hidden_act": FieldRule("str"), "speculators_model_type": FieldRule("str"), "mask_token": FieldRule("str"),
+    **{k: FieldRule("bool") for k in ("is_causal", "causal", "attention_bias", "use_sliding_window", "use_swa",
+                                      "sliding_window_non_causal")},
+    "dflash_config": FieldRule("object"), "transformer_layer_config": FieldRule("object"),
+    "input_embedding_scale": FieldRule("number"), "output_multiplier": FieldRule("number"),
+    "final_logit_softcapping": FieldRule("number"),
+    "conv_kernel_size": _int(1, 4096), "conv_group_size": _int(1, 1 << 16), "selector_rank": _int(1, 1 << 16),
+    "selector_top_k": _int(1, MAX_VOCAB),
+}
+"""Every key specdeck or an engine table (:mod:`core.ml.engines`) reads, with what it may hold.
+Checked at the top level, in ``dflash_config`` and in ``transformer_layer_config`` (speculators)
+by :func:`check_fields`, before anything converts a value: a list where a size goes, a NaN, a
+block size of 1e30 is refused by name, never met by ``int()`` or a tensor shape."""
+ROPE_FIELDS: dict[str, FieldRule] = {
+    "factor": _POSITIVE, "low_freq_factor": _POSITIVE, "high_freq_factor": _POSITIVE,
+    "original_max_position_embeddings": _int(1, MAX_POSITIONS), "rope_theta": _POSITIVE,
+    **{k: FieldRule("number") for k in ("mscale", "mscale_all_dim", "attention_factor", "beta_fast", "beta_slow",
+                                        "partial_rotary_factor")},
+    "rope_type": FieldRule("str"), "type": FieldRule("str"), "truncate": FieldRule("bool"),
+    "mrope_section": FieldRule("ints", 0, 1 << 12),
+}
+"""What ``rope_scaling`` / ``rope_parameters`` may hold (the keys :func:`core.ml.drafter.rope_inv_freq` reads)."""
+TARGET_FIELDS: dict[str, FieldRule] = {
+    **{k: FIELDS[k] for k in ("num_hidden_layers", "hidden_size", "vocab_size", "num_attention_heads",
+                              "num_key_value_heads", "head_dim", "max_position_embeddings", "rope_theta",
+                              "rope_scaling", "rope_parameters", "architectures")},
+    "model_type": FieldRule("str"), "text_config": FieldRule("object"),
+}
+"""The target config.json keys specdeck reads itself (layers to tap, hidden size, vocabulary,
+the rotary sizes llama.cpp's conversion needs), top level and ``text_config``."""
+NESTED = ("dflash_config", "transformer_layer_config")
+CONFIG_HINT = ("fix that field of the config (docs/drafter.md §6 lists them), or point at the drafter "
+               "directory it came from")
+TARGET_HINT = "point at the target's own directory, or copy its config.json again from where it came from"
+
+
+def check_fields(cfg: Any, source: str = "config", rules: dict[str, FieldRule] = FIELDS,
+                 nested: tuple[str, ...] = NESTED, hint: str = CONFIG_HINT) -> None:
+    """Refuse, by file and key path, a config value no reader may take.
+
+    Each key of ``rules`` at the top level and in the ``nested`` objects is checked against
+    its rule (rope objects against :data:`ROPE_FIELDS`); then every value anywhere: no
+    non-finite number, no integer beyond 64 bits, no nesting deeper than 32 levels (what
+    ``export`` would write back, and no engine reads).
+
+    Raises:
+        InvalidFile: ``source: dflash_config.block_size: 1e+30 is out of range (2..4096)``.
+    """
+    if not isinstance(cfg, dict):
+        raise InvalidFile(source, f"a config is a JSON object, this is {show_value(cfg)}", hint=hint)
+    levels = [("", cfg)] + [(f"{k}.", cfg[k]) for k in nested if isinstance(cfg.get(k), dict)]
+    for prefix, level in levels:
+        got = _first_problem(level, rules)
+        if got:
+            raise InvalidFile(source, got[1], field=prefix + got[0], hint=hint)
+    bad = json_value_problem(cfg)
+    if bad:
+        raise InvalidFile(source, bad[1], field=bad[0] or None, hint=hint)
+
+
+def _first_problem(level: dict[str, Any], rules: dict[str, FieldRule]) -> tuple[str, str] | None:
+    """``(key path, problem)`` of the first key of ``level`` that breaks its rule."""
+    for key, rule in rules.items():
+        value = level.get(key)
+        got = rule.problem(value)
+        if got is None and key in ("rope_scaling", "rope_parameters") and isinstance(value, dict):
+            inner = _first_problem(value, ROPE_FIELDS)
+            got = (f".{inner[0]}", inner[1]) if inner else None
+        if got:
+            return key + got[0], got[1]
+    return None
+
+
+def read_config_file(path: str | Path, what: str = "drafter config") -> dict[str, Any]:
+    """A drafter's ``config.json`` (``path``: the file or a directory holding it), read as
+    untrusted (:func:`core.text.read_json_file`) and every field checked (:func:`check_fields`).
+
+    Raises:
+        InvalidFile: naming the file and the key path.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    raw = read_json_file(path, what, hint=CONFIG_HINT)
+    check_fields(raw, str(path))
+    return raw
+
+
+def check_drafter_dir(drafter: str | Path, target: str | Path | None = None) -> DFlashConfig:
+    """A drafter directory's files, and the drafter against its target, before anything is
+    loaded or written: its config.json field by field (:meth:`DFlashConfig.from_file`), every
+    safetensors header of the drafter (and of ``target``) against its file (a copy cut short,
+    empty, not safetensors), the target's config.json (:func:`read_target_config`), and whether
+    the drafter fits that target (:meth:`DFlashConfig.target_problems`). Returns the config.
+
+    Raises:
+        InvalidFile: a file, named with the key path where it is one value.
+        InvalidInput: no weights there, or a drafter that does not fit the target.
+    """
+    from core.ml.safetensors_header import check_dir
+
+    cfg = DFlashConfig.from_file(drafter)
+    if not check_dir(drafter):
+        raise InvalidInput(f"{drafter}: no model.safetensors there",
+                           hint="a drafter directory holds config.json + model.safetensors")
+    if target is None:
+        return cfg
+    problems = cfg.target_problems(read_target_config(target))
+    check_dir(target)
+    if problems:
+        raise InvalidInput(f"the drafter {drafter} does not fit the target {target}: "
+                           + "; ".join(f"{name}: {why}" for name, why in problems),
+                           hint="give the target this drafter was trained for")
+    return cfg
+
+
+def read_target_config(path: str | Path, *, text: bool = True) -> dict[str, Any]:
+    """A target's text config (``text_config`` merged over the top level of a composite one;
+    ``text=False``: the document as written), from its directory or its ``config.json``, the
+    keys specdeck reads checked (:data:`TARGET_FIELDS`) at the top level and in ``text_config``.
+
+    Raises:
+        InvalidFile: naming the file and the key path.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    raw = read_json_file(path, "target config", hint=TARGET_HINT)
+    check_fields(raw, str(path), TARGET_FIELDS, ("text_config",), hint=TARGET_HINT)
+    inner = raw.get("text_config")
+    return {**raw, **inner} if text and isinstance(inner, dict) else raw
 
 
 @dataclass(frozen=True)
@@ -257,8 +481,8 @@ class DFlashConfig:
         """Check invariants; raises ValueError naming the field."""
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
-        if self.block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.block_size < 2:
+            raise ValueError(f"block_size must be >= 2 (one anchor and at least one draft slot), got {self.block_size}")
         if len(self.layer_types) != self.num_hidden_layers:
             raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
         bad = set(self.layer_types) - {LAYER_FULL, LAYER_SLIDING}
@@ -281,6 +505,24 @@ class DFlashConfig:
         self._validate_dflash2()
         if self.num_target_layers is not None and max(self.target_layer_ids) >= self.num_target_layers:
             raise ValueError(f"target_layer_ids {self.target_layer_ids} exceed num_target_layers {self.num_target_layers}")
+        check_fields(self.to_dict(), "drafter config")  # what a save writes: every value in range
+
+    def target_problems(self, target: dict[str, Any]) -> list[tuple[str, str]]:
+        """``(field, why)`` for every way this drafter cannot run on the target whose (text)
+        config is ``target`` (:func:`read_target_config`): another hidden size, taps past its
+        last layer, a mask token outside its vocabulary. Empty when it fits."""
+        out = []
+        n, h, vocab = target.get("num_hidden_layers"), target.get("hidden_size"), target.get("vocab_size")
+        if h is not None and h != self.hidden_size:
+            out.append(("hidden_size", f"the drafter's hidden_size {self.hidden_size} is not the target's {h}: "
+                                       "wrong target"))
+        if n is not None and max(self.target_layer_ids) >= n:
+            out.append(("target_layer_ids", f"taps {self.target_layer_ids} but the target has {n} layers "
+                                            f"(0..{n - 1})"))
+        if vocab is not None and self.mask_token_id >= vocab:
+            out.append(("mask_token_id", f"mask token {self.mask_token_id} is outside the target's vocabulary "
+                                         f"of {vocab}"))
+        return out
 
     def _validate_dflash2(self) -> None:
         given = [k for k in DFLASH2_KEYS if getattr(self, k) is not None]
@@ -303,23 +545,44 @@ class DFlashConfig:
     # ------------------------------------------------------------------ reading
 
     @classmethod
-    def from_dict(cls, cfg: dict[str, Any]) -> DFlashConfig:
-        """Parse a z-lab or speculators ``config.json`` dict.
+    def from_dict(cls, cfg: dict[str, Any], source: str | None = None) -> DFlashConfig:
+        """Parse a z-lab or speculators ``config.json`` dict, every field checked first
+        (:func:`check_fields`).
+
+        Args:
+            cfg: the parsed config.
+            source: where it came from (a file), named in every error; None: errors name
+                no file (a config built in code).
 
         Raises:
+            InvalidFile: a value of the wrong type, out of range or not finite (names the
+                key path); with ``source``, any refusal below.
             ValueError: a required field is missing or inconsistent (message names it).
         """
-        if cfg.get("speculators_model_type") is not None:
-            return cls._from_speculators(cfg)
-        return cls._from_zlab(cfg)
+        check_fields(cfg, source or "config")
+        try:
+            if cfg.get("speculators_model_type") is not None:
+                return cls._from_speculators(cfg)
+            return cls._from_zlab(cfg)
+        except InvalidFile:
+            raise
+        except ValueError as exc:
+            if source is None:
+                raise
+            raise InvalidFile(source, str(exc), hint=CONFIG_HINT) from None
 
     @classmethod
     def from_file(cls, path: str | Path) -> DFlashConfig:
-        """Read ``path`` (a ``config.json`` or a directory containing one)."""
+        """Read ``path`` (a ``config.json`` or a directory containing one) as untrusted input
+        (:func:`read_config_file`).
+
+        Raises:
+            InvalidFile: naming the file and, for a bad value, its key path.
+        """
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
-        return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        return cls.from_dict(read_config_file(path), source=str(path))
 
     @classmethod
     def _from_zlab(cls, cfg: dict[str, Any]) -> DFlashConfig:
@@ -340,7 +603,8 @@ class DFlashConfig:
         known = ({f.name for f in dataclasses.fields(cls)} - {"extra", "dflash_extra", *KNOBS, *DFLASH2_KEYS}) | {"dflash_config"}
         extra = {k: v for k, v in cfg.items() if k not in known}
         dflash_extra = {k: v for k, v in dflash.items() if k not in ("mask_token_id", "target_layer_ids")}
-        knobs = {k: dflash.get(k, cfg.get(k, default)) for k, default in KNOBS.items()}
+        knobs = {k: next((v for v in (dflash.get(k), cfg.get(k)) if v is not None), default)
+                 for k, default in KNOBS.items()}
         sizes = {k: dflash.get(k, cfg.get(k)) for k in DFLASH2_KEYS}
         return cls(
             **knobs,
@@ -471,7 +735,8 @@ def _layer_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     window = cfg.get("sliding_window")
     if layer_types is None:
         if cfg.get("use_sliding_window") and window:
-            max_window = int(cfg.get("max_window_layers", n_layers))
+            max_window = cfg.get("max_window_layers")
+            max_window = n_layers if max_window is None else max_window
             layer_types = [LAYER_SLIDING if i >= max_window else LAYER_FULL for i in range(n_layers)]
         else:
             layer_types = [LAYER_FULL] * n_layers
@@ -483,12 +748,12 @@ def _layer_fields(cfg: dict[str, Any]) -> dict[str, Any]:
         "head_dim": cfg.get("head_dim"),
         "intermediate_size": int(_req(cfg, "intermediate_size")),
         "vocab_size": int(_req(cfg, "vocab_size")),
-        "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-6)),
+        "rms_norm_eps": float(cfg.get("rms_norm_eps") or 1e-6),
         "max_position_embeddings": int(cfg.get("max_position_embeddings") or 40960),
         "rope_theta": float(theta if theta is not None else 1_000_000.0),
         "rope_scaling": scaling,
         "layer_types": list(layer_types),
         "sliding_window": int(window) if window and LAYER_SLIDING in layer_types else window,
         "attention_bias": bool(cfg.get("attention_bias", False)),
-        "hidden_act": cfg.get("hidden_act", "silu"),
+        "hidden_act": cfg.get("hidden_act") or "silu",
     }

@@ -70,7 +70,9 @@ from pathlib import Path
 from typing import Any
 
 from core.ml import tau as taulib
+from core.ml.drafter_config import read_target_config
 from core.ml.runio import Progress, TaskError, UsageError, emit, provenance, run_main, say, write_result
+from core.text import read_json_file
 
 KIND = "specdeck-engine-eval-v1"
 ENGINES = ("vllm", "sglang")
@@ -567,6 +569,8 @@ def validate(args: argparse.Namespace) -> None:
                          "digits, _), not the key itself")
     if args.target is not None and not (Path(args.target) / "config.json").is_file():
         raise UsageError(f"--target {args.target}: no config.json there")
+    if args.target is not None:
+        read_target_config(args.target)  # InvalidFile: a value of the wrong type or range, by key
     if not args.prompts.startswith("zlab:") and not Path(args.prompts).is_file():
         raise UsageError(f"--prompts {args.prompts}: file not found")
     for flag, value, low in (("--max-new-tokens", args.max_new_tokens, 1), ("--limit", args.limit, 1),
@@ -584,8 +588,8 @@ def target_block(target: str | None) -> dict[str, Any] | None:
         return None
     from core.ml.extract import target_fingerprint
 
-    cfg = json.loads((Path(target) / "config.json").read_text(encoding="utf-8"))
-    text = cfg.get("text_config") or cfg
+    cfg = read_target_config(target, text=False)
+    text = read_target_config(target)
     return {"path": str(Path(target).resolve()), "model_type": cfg.get("model_type"),
             "fingerprint": target_fingerprint(target), "num_layers": text.get("num_hidden_layers")}
 
@@ -598,11 +602,12 @@ def target_stop_ids(target: str | None) -> list[int]:
     for name in ("generation_config.json", "config.json"):
         path = Path(target) / name
         if path.is_file():
-            eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
-            if isinstance(eos, int):
+            doc = read_json_file(path, "target config")
+            eos = doc.get("eos_token_id") if isinstance(doc, dict) else None
+            if isinstance(eos, int) and not isinstance(eos, bool):
                 return [eos]
-            if isinstance(eos, list) and eos:
-                return [int(e) for e in eos]
+            if isinstance(eos, list) and eos and all(isinstance(e, int) and not isinstance(e, bool) for e in eos):
+                return list(eos)
     return []
 
 
@@ -621,8 +626,7 @@ def encoder(args: argparse.Namespace, prompts: list[Any]) -> tuple[Callable[[Any
         tokenizer = load_tokenizer(args.target)
     vocab = 1 << 62
     if args.target is not None:
-        cfg = json.loads((Path(args.target) / "config.json").read_text(encoding="utf-8"))
-        vocab = int((cfg.get("text_config") or cfg).get("vocab_size") or vocab)
+        vocab = read_target_config(args.target).get("vocab_size") or vocab
     chat = not args.no_chat_template
 
     def encode(p: Any) -> list[int] | str:

@@ -12,13 +12,13 @@ serves. ``export`` runs it too (docs/serving.md §2).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from core.errors import InvalidFile
+from core.ml.drafter_config import DFlashConfig, read_config_file, read_target_config
 from core.ml.engines import ENGINES, EngineReading, Finding, LayerReading
-from core.ml.drafter_config import DFlashConfig
 
 
 @dataclass(frozen=True)
@@ -48,29 +48,32 @@ class Lint:
 
 
 def read_config(path: str | Path) -> tuple[str, dict[str, Any]]:
-    """``(shown path, config dict)`` of a drafter directory or a ``config.json``.
+    """``(shown path, config dict)`` of a drafter directory or a ``config.json``, every field an
+    engine or specdeck reads checked (:func:`~core.ml.drafter_config.read_config_file`); a
+    directory's weights are checked too (their header against the file: a copy cut short is
+    refused, as every engine would refuse it).
 
     Raises:
-        ValueError: no config there, or not a JSON object (names the file).
+        InvalidFile: no config there, or a value of the wrong type, not finite, out of range or
+            nested too deeply; weights cut short or not safetensors (names the file and key).
     """
+    from core.ml.safetensors_header import check_dir
+
     p = Path(path)
     file = p / "config.json" if p.is_dir() else p
-    try:
-        raw = json.loads(file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ValueError(f"{file}: no drafter config there (a drafter directory holds config.json)") from None
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{file}: not a readable JSON config ({exc})") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"{file}: a drafter config is a JSON object, this is a {type(raw).__name__}")
+    if not file.exists():
+        raise InvalidFile(file, "no drafter config there (a drafter directory holds config.json)",
+                          hint="give a drafter directory (config.json + model.safetensors) or its config.json")
+    raw = read_config_file(file)
+    if p.is_dir():
+        check_dir(p)
     return str(file), raw
 
 
 def target_config(path: str | Path) -> dict[str, Any]:
-    """A target's text config (``text_config`` of a multimodal one), from its directory."""
-    _, raw = read_config(path)
-    inner = raw.get("text_config")
-    return {**raw, **inner} if isinstance(inner, dict) else raw
+    """A target's text config (``text_config`` of a multimodal one), from its directory, the
+    fields specdeck reads checked (:func:`~core.ml.drafter_config.read_target_config`)."""
+    return read_target_config(path)
 
 
 def spec_layers(cfg: DFlashConfig) -> tuple[LayerReading, ...]:
@@ -126,36 +129,28 @@ def compare(reading: EngineReading, cfg: DFlashConfig) -> list[Finding]:
 
 def check_target(raw: dict[str, Any], spec: DFlashConfig | None, target: dict[str, Any]) -> list[Finding]:
     """What the target's config says about the drafter: sizes, taps in range, the final layer."""
-    out = []
     if spec is None:
-        return out
-    n, h, vocab = target.get("num_hidden_layers"), target.get("hidden_size"), target.get("vocab_size")
-    if h is not None and int(h) != spec.hidden_size:
-        out.append(Finding("refused", "hidden_size", f"the drafter's hidden_size {spec.hidden_size} is not the "
-                           f"target's {h}: wrong target"))
-    if n is not None and max(spec.target_layer_ids) >= int(n):
-        out.append(Finding("refused", "target_layer_ids", f"taps {spec.target_layer_ids} but the target has "
-                           f"{n} layers"))
-    elif n is not None and int(n) - 1 in spec.target_layer_ids:
-        out.append(Finding("note", "target_layer_ids", f"taps the target's last layer {int(n) - 1}: speculators' "
+        return []
+    out = [Finding("refused", name, why) for name, why in spec.target_problems(target)]
+    n = target.get("num_hidden_layers")
+    if n is not None and not any(f.field == "target_layer_ids" for f in out) and n - 1 in spec.target_layer_ids:
+        out.append(Finding("note", "target_layer_ids", f"taps the target's last layer {n - 1}: speculators' "
                            "DFlashConverter drops it (it feeds the last layer separately); specdeck's own "
                            "speculators export keeps it"))
-    if vocab is not None and spec.mask_token_id >= int(vocab):
-        out.append(Finding("refused", "mask_token_id", f"mask token {spec.mask_token_id} is outside the target's "
-                           f"vocabulary of {vocab}"))
-    return out
+    return sorted(out, key=lambda f: ["hidden_size", "target_layer_ids", "mask_token_id"].index(f.field))
 
 
 def lint(path: str | Path, target: str | Path | None = None, engines: list[str] | None = None) -> Lint:
     """Read the drafter at ``path`` with every engine's table (or ``engines``).
 
     Raises:
-        ValueError: the config cannot be read at all (names the file).
+        InvalidFile: the config cannot be read at all, or holds a value no reader may take
+            (names the file and the key).
     """
     shown, raw = read_config(path)
     try:
         spec, error = DFlashConfig.from_dict(raw), None
-    except ValueError as exc:
+    except ValueError as exc:  # a refusal of what the config means (its values were checked above)
         spec, error = None, str(exc)
     readings = []
     for name in engines or list(ENGINES):

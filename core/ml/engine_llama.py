@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from core.ml import tau as taulib
+from core.ml.drafter_config import read_target_config
 from core.ml.runio import Progress, TaskError, UsageError, say
 
 ENGINE = "llama.cpp"
@@ -150,8 +151,8 @@ def with_mrope_sections(path: Path, staged: Path) -> Path:
     fewer rotary dims (``GGML_ASSERT(sect_dims <= ne0)``, tiny targets). For text positions the
     sections change nothing: t, h and w positions are all the token's index."""
     try:
-        cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        cfg = read_target_config(path, text=False)  # checked: sizes are integers in range
+    except ValueError:  # InvalidFile: eval refused it already, naming the key
         return path
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
     rope = text.get("rope_parameters")
@@ -166,7 +167,7 @@ def with_mrope_sections(path: Path, staged: Path) -> Path:
     for f in path.iterdir():
         if f.name != "config.json":
             (staged / f.name).symlink_to(f.resolve())
-    (staged / "config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+    (staged / "config.json").write_text(json.dumps(cfg, indent=2, allow_nan=False), encoding="utf-8")
     say(f"notice: {path}/config.json states no mrope_section; converting a copy with {rope['mrope_section']} "
         f"({n_rot} rotary dims; the same outputs for text positions)")
     return staged
@@ -175,10 +176,9 @@ def with_mrope_sections(path: Path, staged: Path) -> Path:
 def _target_flags(path: Path) -> list[str]:
     """Converter flags a target needs: a Qwen3.5 checkpoint without MTP layers needs ``--no-mtp``."""
     try:
-        cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        text = read_target_config(path)  # checked; text_config over the top level
+    except ValueError:  # InvalidFile: eval refused it already, naming the key
         return []
-    text = {**cfg, **(cfg.get("text_config") or {})}
     if str(text.get("model_type", "")).startswith("qwen3_5") and not text.get("mtp_num_hidden_layers"):
         return ["--no-mtp"]
     return []

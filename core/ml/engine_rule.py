@@ -65,12 +65,10 @@ def use_engine_rule(drafter: Any, path: str, name: str) -> dict[str, Any]:
     Raises:
         UsageError: the rule cannot be stated for this drafter (see :func:`engine_rule_config`).
     """
-    import json
-    from pathlib import Path
-
+    from core.ml.drafter_config import read_config_file
     from core.ml.runio import UsageError, say
 
-    raw = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    raw = read_config_file(path)  # every field an engine table reads, checked
     before = drafter.config
     try:
         after = engine_rule_config(before, raw, name)

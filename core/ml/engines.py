@@ -6,7 +6,9 @@ A reading (:class:`EngineReading`) says, for every draft layer, the causality an
 engine will apply, which target layers it taps, the mask token, the block size, the keys it
 ignores and the fields it needs that are missing. The tables read the raw dict, not
 :class:`~core.ml.drafter_config.DFlashConfig`: an engine sees keys specdeck refuses or resolves
-otherwise, and that is the point.
+otherwise, and that is the point. The raw dict they get has had every key they read checked
+(:func:`core.ml.drafter_config.check_fields`: types, ranges, finite numbers), so a table
+converts a value without meeting a list where a size goes or a NaN.
 
 Conventions: ``target_layer_ids`` are 0-based target decoder layers whose *output* is the
 feature (``hidden_states[id + 1]``), specdeck's meaning (docs/drafter.md §2), whatever form
@@ -18,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from core.ml.drafter_config import MAX_LAYERS
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 KNOB_DEFAULTS = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None}
@@ -115,11 +119,6 @@ def zlab_view(raw: dict[str, Any]) -> tuple[dict[str, Any], bool]:
 def dflash_of(cfg: dict[str, Any]) -> dict[str, Any]:
     value = cfg.get("dflash_config")
     return value if isinstance(value, dict) else {}
-
-
-MAX_LAYERS = 4096
-"""More draft layers than any config means: a bound, so that a hostile count is refused, not
-looped over layer by layer."""
 
 
 def num_layers(cfg: dict[str, Any]) -> int:

@@ -114,11 +114,15 @@ def drafter_weights(drafter: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def validate(args: argparse.Namespace) -> None:
-    """Cheap input checks before anything heavy is loaded (UsageError names the argument)."""
+    """Cheap input checks before anything heavy is loaded (UsageError names the argument; the
+    drafter's and target's files: :func:`core.ml.drafter_config.check_drafter_dir`)."""
+    from core.ml.drafter_config import check_drafter_dir
+
     if not (Path(args.target) / "config.json").is_file():
         raise UsageError(f"--target {args.target}: no config.json there")
     if not (Path(args.drafter) / "config.json").is_file():
         raise UsageError(f"--drafter {args.drafter}: no config.json there")
+    check_drafter_dir(args.drafter, args.target)  # every field and header; taps within the target's layers
     if not args.prompts.startswith("zlab:") and not Path(args.prompts).is_file():
         raise UsageError(f"--prompts {args.prompts}: file not found")
     validate_sampling(args)
@@ -461,12 +465,11 @@ def record(args: argparse.Namespace, cfg: Any, prompts: list[Any], *, block_size
 def engine_reading(cfg: Any, drafter: str, name: str) -> dict[str, Any]:
     """The attention engine ``name`` runs this drafter with (:mod:`core.ml.engines`' table), in
     the record ``--engine-rule`` writes; ``attention`` None when specdeck's config cannot state it."""
-    import json
-
+    from core.ml.drafter_config import read_config_file
     from core.ml.engine_rule import engine_rule_config, same_rule
     from core.ml.engines import engine
 
-    raw = json.loads((Path(drafter) / "config.json").read_text(encoding="utf-8"))
+    raw = read_config_file(drafter)
     reading = engine(name).read(raw)
     out = {"engine": reading.engine, "revision": reading.revision, "specdeck_attention": cfg.attention_summary()}
     try:

@@ -66,7 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def validate(args: argparse.Namespace) -> None:
-    """Refuse bad input before anything is read or written (exit 2)."""
+    """Refuse bad input before any weights are read or anything is written (exit 2): the
+    drafter's config.json field by field and its weights' header against the file, the target's
+    config.json, and whether the drafter fits that target
+    (:func:`core.ml.drafter_config.check_drafter_dir`)."""
+    from core.ml.drafter_config import check_drafter_dir
+
     src = Path(args.drafter)
     if not (src / "config.json").is_file():
         raise UsageError(f"{src}: no config.json there (a drafter directory holds config.json + model.safetensors)")
@@ -79,6 +84,7 @@ def validate(args: argparse.Namespace) -> None:
         raise UsageError(f"--out {out} is the drafter directory itself; choose another")
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: exists and is not a directory")
+    check_drafter_dir(args.drafter, args.target)  # every field, every header, the drafter against the target
     if args.format == "gguf":
         llama_cpp_tree(args)
 
@@ -199,7 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.format == "speculators":
             with atomic_target(stage / WEIGHTS_NAME) as t:
                 save_streaming(drafter.state_dict(), t, metadata={"format": "pt"}, dtype=getattr(torch, dtype))
-            atomic_write_json(stage / CONFIG_NAME, speculators_config(cfg, target, args.verifier or args.target, dtype))
+            atomic_write_json(stage / CONFIG_NAME, speculators_config(cfg, target, args.verifier or args.target, dtype),
+                              allow_nan=False)
         else:
             save_drafter(drafter, stage, dtype=getattr(torch, dtype))
         warnings = engine_warnings(cfg, stage, args.target)

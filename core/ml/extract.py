@@ -34,10 +34,7 @@ def parse_layers(value: str) -> list[int]:
     if path.exists():
         from core.ml.drafter_config import DFlashConfig
 
-        try:
-            return DFlashConfig.from_file(path).target_layer_ids
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"--layers {value}: cannot read target_layer_ids ({exc})") from exc
+        return DFlashConfig.from_file(path).target_layer_ids  # InvalidFile names the file and the key
     try:
         ids = [int(x) for x in value.replace(" ", "").split(",") if x]
     except ValueError:
@@ -52,8 +49,10 @@ def target_fingerprint(path: str | Path) -> str:
     import hashlib
     import json
 
+    from core.text import read_json_file
+
     path = Path(path)
-    cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    cfg = read_json_file(path / "config.json", "target config")
     for k in ("transformers_version", "_name_or_path", "dtype", "torch_dtype"):
         cfg.pop(k, None)
     sizes = sorted((p.name, p.stat().st_size) for p in path.glob("*.safetensors"))
@@ -61,11 +60,30 @@ def target_fingerprint(path: str | Path) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def check_target_dir(path: str) -> Path:
-    p = Path(path)
-    if not (p / "config.json").is_file():
+def check_target_dir(path: str) -> int | None:
+    """The target's layer count, once its config.json is read and checked
+    (:func:`core.ml.drafter_config.read_target_config`) and every safetensors header of it is
+    checked against its file.
+
+    Raises:
+        UsageError / InvalidFile: what is missing or wrong, by file and key (exit 2).
+    """
+    from core.ml.drafter_config import read_target_config
+    from core.ml.safetensors_header import check_dir
+
+    if not (Path(path) / "config.json").is_file():
         raise UsageError(f"--target {path}: no config.json there (expected a transformers model directory)")
-    return p
+    n = read_target_config(path).get("num_hidden_layers")
+    check_dir(path)
+    return n
+
+
+def check_layers(layer_ids: Sequence[int], n: int | None, target: str) -> None:
+    """Refuse (exit 2) target layers the target does not have."""
+    bad = [i for i in layer_ids if n is not None and not 0 <= i < n]
+    if bad:
+        raise UsageError(f"--layers {list(layer_ids)}: {bad} are not layers of the target {target}, which has {n} "
+                         f"(0..{n - 1}); give the drafter made for this target")
 
 
 def labels_and_features(model: Any, ids: Any, layer_ids: Sequence[int], chunk: int = 256) -> tuple[Any, Any]:
@@ -116,8 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    target_dir = check_target_dir(args.target)
+    n_layers = check_target_dir(args.target)
+    target_dir = Path(args.target)
     layer_ids = parse_layers(args.layers)
+    check_layers(layer_ids, n_layers, args.target)
     if args.max_new_tokens < 1:
         raise UsageError("--max-new-tokens must be >= 1")
     from core.ml.prompts import encode, file_sha256, kept_file, read_prompts, single_turn

@@ -72,13 +72,13 @@ def write_entry(root: Path, seq: CachedSequence) -> str:
 
 
 def read_entry(root: Path, prompt_id: str, entry: dict[str, Any]) -> CachedSequence:
-    """Load one sequence listed in the manifest."""
-    from safetensors.torch import load_file
+    """Load one sequence listed in the manifest (its header checked: a cut copy is refused by name)."""
+    from core.ml.safetensors_stream import load_checked
 
     path = root / entry["file"]
     if not path.is_file():
         raise UsageError(f"feature cache {root}: {entry['file']} listed in the manifest is missing")
-    t = load_file(str(path))
+    t = load_checked(path)
     return CachedSequence(str(prompt_id), t["input_ids"], t["features"], t["labels"], int(entry["prompt_len"]))
 
 

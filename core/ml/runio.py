@@ -135,9 +135,14 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     return Path(path)
 
 
-def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> Path:
-    """Write ``obj`` as indented JSON to ``path`` atomically."""
-    return atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default) + "\n")
+def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, allow_nan: bool = True) -> Path:
+    """Write ``obj`` as indented JSON to ``path`` atomically.
+
+    ``allow_nan=False`` for a file an engine reads (a drafter's config.json): a NaN or an
+    infinity is then a ValueError before anything is written, never a token no JSON reader
+    but Python's takes."""
+    text = json.dumps(obj, indent=2, default=_json_default, allow_nan=allow_nan) + "\n"
+    return atomic_write_text(path, text)
 
 
 def read_json(path: str | os.PathLike[str], what: str = "file") -> Any:
@@ -147,8 +152,8 @@ def read_json(path: str | os.PathLike[str], what: str = "file") -> Any:
         raise UsageError(f"{what} not found: {path}")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{what} {path} is not valid JSON: {exc}") from exc
+    except (OSError, ValueError, RecursionError) as exc:
+        raise UsageError(f"{what} {path} is not valid JSON: {exc}") from None
 
 
 def _json_default(obj: Any) -> Any:
@@ -264,13 +269,16 @@ def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[
         argv: arguments (default ``sys.argv[1:]``).
 
     Returns:
-        The process exit status: 0 ok, 2 bad input (:class:`UsageError`), 1 other failure,
-        130 on Ctrl-C.
+        The process exit status: 0 ok, 2 bad input (:class:`UsageError`, or
+        :class:`core.errors.InvalidInput`: a config.json or safetensors file refused by name), 1
+        other failure, 130 on Ctrl-C.
     """
+    from core.errors import InvalidInput
+
     try:
         code = main(argv)
         return EXIT_OK if code is None else int(code)
-    except UsageError as exc:
+    except (UsageError, InvalidInput) as exc:  # InvalidFile: a config or weights file refused by name
         say(f"error: {exc}")
         return EXIT_USAGE
     except TaskError as exc:

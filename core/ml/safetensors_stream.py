@@ -1,4 +1,4 @@
-"""Write a safetensors file one tensor at a time (bounded memory).
+"""Write a safetensors file one tensor at a time (bounded memory); read one whose header was checked.
 
 ``safetensors.torch.save_file`` first turns every tensor into a ``bytes`` copy and holds them
 all, so saving W bytes of weights costs about W extra bytes of memory; when the tensors are
@@ -77,3 +77,21 @@ def save_streaming(
         f.flush()
         os.fsync(f.fileno())
     return 8 + len(blob) + offset
+
+
+def load_checked(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """Every tensor of the safetensors file ``path`` (``safetensors.torch.load_file``), once its
+    header is checked against the file (:func:`core.ml.safetensors_header.read_header`): a copy
+    cut short, an empty file or one that is not safetensors is an
+    :class:`~core.errors.InvalidFile` naming it, and so is what ``safetensors`` still refuses."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from core.errors import InvalidFile
+    from core.ml.safetensors_header import read_header
+
+    read_header(path)
+    try:
+        return load_file(os.fspath(path))
+    except SafetensorError as exc:
+        raise InvalidFile(path, f"not a readable safetensors file ({exc})") from None

@@ -22,6 +22,7 @@ automatic ``module.`` / ``_orig_mod.`` / ``model.`` prefix); target embeddings/L
 from __future__ import annotations
 
 import argparse
+import os
 import pickle
 import re
 from collections.abc import Sequence
@@ -60,8 +61,28 @@ def load_checkpoint(path: Path, trust_pickle: bool) -> Any:
         ) from exc
     except RuntimeError as exc:
         if "mmap" in str(exc) or "zip" in str(exc).lower():
-            raise UsageError(f"{path}: not a zip-format torch checkpoint, cannot mmap it ({exc})") from exc
+            raise UsageError(f"{path}: {_not_a_checkpoint(path, exc)}") from None
         raise
+
+
+def _not_a_checkpoint(path: Path, exc: Exception) -> str:
+    """What a file torch cannot open as a zip checkpoint is: empty, a zip cut short, drafter
+    weights already (safetensors), or something else (torch's own words then)."""
+    from core.ml.safetensors_header import read_header
+
+    with open(path, "rb") as f:
+        size, magic = os.fstat(f.fileno()).st_size, f.read(4)
+    if size == 0:
+        return "empty (0 bytes): not a torch checkpoint; copy it again from where it was saved"
+    if magic == b"PK\x03\x04":
+        return (f"truncated or damaged: a zip-format torch checkpoint of {size} bytes whose end (the zip's "
+                "central directory) is missing or wrong; copy it again from where it was saved")
+    try:
+        read_header(path)
+    except ValueError:
+        return f"not a zip-format torch checkpoint (torch.save's format), cannot mmap it ({exc})"
+    return ("a safetensors file, not a training checkpoint: these are drafter weights already; put them in a "
+            "drafter directory beside their config.json instead of stripping them")
 
 
 def pick_state(ckpt: Any, key: str | None) -> dict[str, Any]:
@@ -87,6 +108,10 @@ def pick_state(ckpt: Any, key: str | None) -> dict[str, Any]:
 
 
 def find_config(args: argparse.Namespace, ckpt: Any) -> Any:
+    """The drafter config (``--config``, the checkpoint's entry, or a config.json beside it),
+    every field checked (:meth:`DFlashConfig.from_dict`): a bad value is refused by file (or
+    entry) and key."""
+    from core.errors import InvalidInput
     from core.ml.drafter_config import DFlashConfig
 
     try:
@@ -98,10 +123,12 @@ def find_config(args: argparse.Namespace, ckpt: Any) -> Any:
             for key in ("drafter_config", "config"):
                 cfg = ckpt.get(key)
                 if isinstance(cfg, dict) and ("block_size" in cfg or "dflash_config" in cfg):
-                    return DFlashConfig.from_dict(cfg)
+                    return DFlashConfig.from_dict(cfg, source=f"{args.checkpoint} (its {key!r} entry)")
         beside = Path(args.checkpoint).parent / "config.json"
         if beside.is_file():
             return DFlashConfig.from_file(beside)
+    except InvalidInput:  # InvalidFile: names the file (or the checkpoint's entry) and the key
+        raise
     except (OSError, ValueError) as exc:
         raise UsageError(f"drafter config unreadable: {exc}") from exc
     raise UsageError("no drafter config: pass --config CONFIG.json (or a drafter dir), or store 'config' in the "
@@ -157,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise UsageError(f"checkpoint not found: {ckpt_path}")
     import torch
 
-    from core.ml.drafter import CONFIG_NAME, WEIGHTS_NAME, expected_tensors
+    from core.ml.drafter import CONFIG_NAME, WEIGHTS_NAME, check_fields, expected_tensors
     from core.ml.runio import atomic_target
     from core.ml.safetensors_stream import save_streaming
 
@@ -175,14 +202,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(f"dropped {len(dropped)} non-drafter tensors, e.g. {dropped[:3]}")
     dtype = None if args.dtype == "keep" else getattr(torch, args.dtype)
     out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     tensors = {k: state[k] for k in want}  # still mmap-backed: pages are read while writing
+    cfg = config.to_dict()
+    cfg["dtype"] = str(dtype or next(iter(tensors.values())).dtype).removeprefix("torch.")
+    check_fields(cfg, str(out / CONFIG_NAME))  # every value finite and in range, before a byte is written
+    out.mkdir(parents=True, exist_ok=True)
     weights_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
     with atomic_target(out / WEIGHTS_NAME) as tmp:
         save_streaming(tensors, tmp, metadata={"format": "pt"}, dtype=dtype)
-    cfg = config.to_dict()
-    cfg["dtype"] = str(dtype or next(iter(tensors.values())).dtype).removeprefix("torch.")
-    atomic_write_json(out / CONFIG_NAME, cfg)
+    atomic_write_json(out / CONFIG_NAME, cfg, allow_nan=False)
     prov = provenance(task="strip", extra={"checkpoint": str(ckpt_path.resolve()),
                                            "step": _step_of(ckpt)})
     atomic_write_json(out / "provenance.json", prov)

@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from core.errors import InvalidInput
 from core.ml import layouts, sampling
 from core.ml.runio import UsageError, atomic_write_json, emit, read_json, run_main, say
 
@@ -98,6 +99,9 @@ def preflight(args: argparse.Namespace) -> str | None:
     if not (target / "config.json").is_file():
         return (f"{args.where}: no target at {target} (no config.json): put the target there "
                 "(a relay item) or point watch_eval.target at it")
+    bad = unreadable_configs(args)
+    if bad:
+        return bad
     if args.mode == "offline":
         from core.ml.weights import embed_head_names
 
@@ -116,6 +120,23 @@ def preflight(args: argparse.Namespace) -> str | None:
                 "none, put it there (the trainer config's draft model config)")
     if args.baseline and not (Path(args.baseline) / "config.json").is_file():
         return f"{args.where}: no baseline drafter at {args.baseline} (no config.json)"
+    return None
+
+
+def unreadable_configs(args: argparse.Namespace) -> str | None:
+    """What is wrong with the config files every eval would read (the target's, the
+    ``--drafter-config`` and the baseline drafter's, its weights too), said once here by file
+    and key, not once per checkpoint; or None."""
+    from core.ml.drafter_config import DFlashConfig, check_drafter_dir, read_target_config
+
+    try:
+        read_target_config(args.target)
+        if args.drafter_config and Path(args.drafter_config).exists():
+            DFlashConfig.from_file(args.drafter_config)
+        if args.baseline and (Path(args.baseline) / "config.json").is_file():
+            check_drafter_dir(args.baseline, args.target)
+    except InvalidInput as exc:  # InvalidFile: the file and the key
+        return f"{args.where}: {exc}"
     return None
 
 
@@ -233,8 +254,8 @@ class Watch:
             rec["state"] = "done"
         except Exception as exc:  # noqa: BLE001 - one bad checkpoint must not end the watch
             rec["state"] = "failed"
-            rec["error"] = f"{type(exc).__name__}: {exc}" if not isinstance(exc, UsageError) \
-                else str(exc)
+            rec["error"] = str(exc) if isinstance(exc, (UsageError, InvalidInput)) \
+                else f"{type(exc).__name__}: {exc}"
         rec["seconds"] = round(time.time() - t0, 3)
         rec["cpu_seconds"] = round(time.process_time() - c0, 3)
         rec["max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -14,10 +14,8 @@ safetensors headers (8-byte length + JSON), so it costs kilobytes whatever the m
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
-import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +25,9 @@ import torch
 from torch import nn
 
 from core.ml.runio import UsageError, parse_bytes  # noqa: F401  (parse_bytes: re-exported)
+from core.ml.safetensors_header import read_header, shard_files
 from core.ml.safetensors_stream import DTYPES
+from core.text import read_json_file
 
 ST_DTYPES = {v: k for k, v in DTYPES.items()}
 NAMED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -52,43 +52,34 @@ class TensorInfo:
         return n
 
 
-def _read_header(path: Path) -> dict[str, Any]:
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise ValueError(f"{path}: not a safetensors file (shorter than 8 bytes)")
-        (n,) = struct.unpack("<Q", raw)
-        if n > 100 * 1024 * 1024:
-            raise ValueError(f"{path}: not a safetensors file (header of {n} bytes)")
-        header = json.loads(f.read(n))
-    header["__data_start__"] = 8 + n
-    return header
-
-
 def weight_files(model_dir: str | os.PathLike[str]) -> list[Path]:
     """The safetensors files of the checkpoint in ``model_dir``: the shards its
     ``model.safetensors.index.json`` names (sorted, each once), else ``model.safetensors``.
 
     Raises:
         FileNotFoundError: neither file is there.
+        InvalidFile: an index that names no files, or names files outside ``model_dir``.
     """
     root = Path(model_dir)
-    index = root / "model.safetensors.index.json"
-    if index.is_file():
-        return [root / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
-    if (root / "model.safetensors").is_file():
-        return [root / "model.safetensors"]
-    raise FileNotFoundError(f"{root}: no model.safetensors or model.safetensors.index.json")
+    files = shard_files(root)
+    if not files:
+        raise FileNotFoundError(f"{root}: no model.safetensors or model.safetensors.index.json")
+    return files
 
 
 def tensor_index(model_dir: str | os.PathLike[str]) -> dict[str, TensorInfo]:
-    """Every tensor of the checkpoint in ``model_dir`` (sharded or single-file safetensors)."""
+    """Every tensor of the checkpoint in ``model_dir`` (sharded or single-file safetensors),
+    each file's header checked against the file (:func:`core.ml.safetensors_header.read_header`).
+
+    Raises:
+        FileNotFoundError: no safetensors there.
+        InvalidFile: a file cut short, empty or not safetensors; an index that names no files.
+    """
     out: dict[str, TensorInfo] = {}
     for path in weight_files(model_dir):
-        header = _read_header(path)
-        start = header.pop("__data_start__")
-        header.pop("__metadata__", None)
-        for key, meta in header.items():
+        header = read_header(path)
+        start = header.data_start
+        for key, meta in header.tensors.items():
             b, e = meta["data_offsets"]
             out[key] = TensorInfo(path, ST_DTYPES.get(meta["dtype"], torch.uint8), tuple(meta["shape"]), start + b, start + e)
     return out
@@ -96,9 +87,10 @@ def tensor_index(model_dir: str | os.PathLike[str]) -> dict[str, TensorInfo]:
 
 def _config(model_dir: Path) -> dict[str, Any]:
     try:
-        return json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
+        cfg = read_json_file(Path(model_dir) / "config.json", "target config")
+    except ValueError:  # InvalidFile: a config that does not say its dtype says no dtype here
         return {}
+    return cfg if isinstance(cfg, dict) else {}
 
 
 def checkpoint_dtype(model_dir: str | os.PathLike[str]) -> torch.dtype | None:
@@ -115,9 +107,9 @@ def checkpoint_dtype(model_dir: str | os.PathLike[str]) -> torch.dtype | None:
     if by:
         return max(by, key=by.__getitem__)
     cfg = _config(Path(model_dir))
-    for c in (cfg, cfg.get("text_config") or {}):
-        name = c.get("dtype") or c.get("torch_dtype")
-        if name in NAMED_DTYPES:
+    for c in (cfg, cfg.get("text_config")):
+        name = (c.get("dtype") or c.get("torch_dtype")) if isinstance(c, dict) else None
+        if isinstance(name, str) and name in NAMED_DTYPES:
             return NAMED_DTYPES[name]
     return None
 

@@ -103,8 +103,8 @@ def test_a_dflash2_config_without_architectures_saves_as_dflash2():
     ({"selector_rank": 64}, "DFlash-2 drafter"),
     ({**DFLASH2, "conv_group_size": 7}, "conv_group_size 7 must divide hidden_size"),
     ({**DFLASH2, "selector_top_k": 10**7}, "selector_top_k 10000000 exceeds vocab_size"),
-    ({**DFLASH2, "conv_kernel_size": 0}, "conv_kernel_size must be an integer >= 1"),
-    ({**DFLASH2, "selector_rank": 8.5}, "selector_rank must be an integer >= 1"),
+    ({**DFLASH2, "conv_kernel_size": 0}, "dflash_config.conv_kernel_size: 0 is out of range"),
+    ({**DFLASH2, "selector_rank": 8.5}, "dflash_config.selector_rank: 8.5 is not an integer"),
 ], ids=["arch-only", "partial", "group", "top-k", "kernel", "rank-float"])
 def test_an_inconsistent_dflash2_config_is_refused_naming_the_key(change, expect):
     raw = campaign()

@@ -431,14 +431,16 @@ def read_target_config(target: str | Path) -> dict[str, Any]:
     """The text config of a transformers target directory (``text_config`` of composite configs).
 
     Raises:
-        ConfigError: no readable config.json.
+        ConfigError: no readable config.json, or a value specdeck reads of the wrong type or out
+            of range, NaN, deep nesting (:func:`core.ml.drafter_config.read_target_config`
+            names the file and the key).
     """
-    path = Path(target) / "config.json"
+    from core.ml.drafter_config import read_target_config as read_checked
+
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"target {target}: cannot read config.json ({exc})") from exc
-    return cfg.get("text_config") or cfg
+        return read_checked(Path(target) / "config.json")
+    except ValueError as exc:  # InvalidFile: names the file and, for one bad value, its key
+        raise ConfigError(getattr(exc, "message", str(exc))) from None
 
 
 TARGET_SIZES = {"num_target_layers": "num_hidden_layers", "hidden_size": "hidden_size", "vocab_size": "vocab_size"}

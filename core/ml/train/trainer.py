@@ -101,6 +101,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from core.ml.drafter_config import read_config_file
 from core.ml.runio import (TaskError, UsageError, atomic_write_json, atomic_write_text, fixed_mmap_threshold, provenance,
                           say)
 from core.ml.train.config import ConfigError
@@ -174,7 +175,7 @@ def load_resolved(args: argparse.Namespace) -> tuple[Any, dict[str, Any], Any]:
         init_path = Path(cfg.drafter.init) / "config.json"
         if not init_path.is_file():
             raise ConfigError(f"{where}: 'drafter.init' {cfg.drafter.init} has no config.json")
-        init_cfg = json.loads(init_path.read_text(encoding="utf-8"))
+        init_cfg = read_config_file(init_path)  # InvalidFile: a bad value, by file and key
     return tc.resolve(cfg, where, target_cfg, mask_id, init_cfg), target_cfg, tokenizer
 
 
@@ -403,7 +404,7 @@ class Trainer:
         if self.dist.main:
             self.out.mkdir(parents=True, exist_ok=True)
             atomic_write_text(self.out / RESOLVED, tc.to_yaml(cfg, "resolved config of this run (core.ml.train)"))
-            atomic_write_json(self.out / "config.json", self.drafter_cfg)
+            atomic_write_json(self.out / "config.json", self.drafter_cfg, allow_nan=False)
             atomic_write_json(self.out / "provenance.json", provenance(seed=cfg.seed, task="train",
                                                                        extra={"run": self.run_info}))
 
