@@ -15,7 +15,8 @@ from core.actions.base import Action, CheckResult, Launch
 from core.actions.mlbase import (host_python, launch_inputs, ml_failure, prompts_on_host,
                                  py_module, read_json, record_launch, validate_prompts)
 from core.errors import ActionFailed
-from core.params import problems
+from core.ml import bounds
+from core.params import counts, problems
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,8 @@ class ExtractHiddenParams:
         return problems(
             ("layers", "give layers (e.g. [1, 9, 17]) or a drafter dir to read them from"
              if self.layers is None and self.drafter is None else None),
-            ("max_new_tokens", "must be >= 1" if self.max_new_tokens < 1 else None),
-        )
+            *((("layers", i), bounds.count(layer, 0)) for i, layer in enumerate(self.layers or ())),
+        ) + counts(self, max_new_tokens=1, limit=0)  # limit 0: every prompt, as unset
 
 
 class ExtractHidden(Action):

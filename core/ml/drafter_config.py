@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.ml import bounds
+
 ZLAB_ARCH = "DFlashDraftModel"
 DFLASH2_ARCH = "DFlash2DraftModel"
 LAYER_FULL = "full_attention"
@@ -278,6 +280,8 @@ class DFlashConfig:
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                       or not math.isfinite(value)):
                 raise ValueError(f"{name} must be a finite number, got {value!r}")
+            if value is not None and bounds.float32(value):  # the forward multiplies float32 logits by it
+                raise ValueError(f"{name} {bounds.float32(value)}")
         self._validate_dflash2()
         if self.num_target_layers is not None and max(self.target_layer_ids) >= self.num_target_layers:
             raise ValueError(f"target_layer_ids {self.target_layer_ids} exceed num_target_layers {self.num_target_layers}")

@@ -69,8 +69,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core.ml import bounds
 from core.ml import tau as taulib
-from core.ml.runio import Progress, TaskError, UsageError, emit, provenance, run_main, say, write_result
+from core.ml.runio import Progress, TaskError, UsageError, check_flags, emit, provenance, run_main, say, write_result
 
 KIND = "specdeck-engine-eval-v1"
 ENGINES = ("vllm", "sglang")
@@ -569,13 +570,10 @@ def validate(args: argparse.Namespace) -> None:
         raise UsageError(f"--target {args.target}: no config.json there")
     if not args.prompts.startswith("zlab:") and not Path(args.prompts).is_file():
         raise UsageError(f"--prompts {args.prompts}: file not found")
-    for flag, value, low in (("--max-new-tokens", args.max_new_tokens, 1), ("--limit", args.limit, 1),
-                             ("--block-size", args.block_size, 2)):
-        if value is not None and value < low:
-            raise UsageError(f"{flag} {value}: must be >= {low}")
+    check_flags(args, max_new_tokens=bounds.count, limit=bounds.count, block_size=lambda v: bounds.count(v, 2))
     for flag, value in (("--timeout", args.timeout), ("--settle-timeout", args.settle_timeout)):
-        if not (math.isfinite(value) and value > 0):
-            raise UsageError(f"{flag} {value}: must be a positive number of seconds")
+        if not (math.isfinite(value) and value > 0) or bounds.seconds(value):
+            raise UsageError(f"{flag} {value}: must be a positive number of seconds, at most {bounds.SECONDS_MAX:g}")
 
 
 def target_block(target: str | None) -> dict[str, Any] | None:

@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from core.ml import bounds
+
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -305,6 +307,30 @@ def add_generation_args(p, *, needs: str, example: str) -> None:
                    help="auto (default): on a CPU without bf16/fp16 matrix instructions, compute linears of 8+ rows "
                    "(verify, prefill) in float32 tiles (core.ml.cpu_rows; about 1 output in 5000 differs by one "
                    "bf16 ulp); torch: torch's own kernels throughout")
+
+
+def check_flags(args: Any, **checks: Callable[[Any], str | None]) -> None:
+    """Refuse the first flag whose value a :mod:`core.ml.bounds` validator refuses: ``checks``
+    maps each argument's dest to its validator; an unset (None) argument passes.
+
+    Raises:
+        UsageError: ``--flag VALUE: what is wrong`` (exit 2, before anything is loaded).
+    """
+    for dest, check in checks.items():
+        value = getattr(args, dest, None)
+        why = None if value is None else check(value)
+        if why:
+            raise UsageError(f"--{dest.replace('_', '-')} {why}")
+
+
+def check_generation_args(args: Any) -> None:
+    """The numbers of :func:`add_generation_args`, bounded as the plan's params are (a token
+    count of 10**20 would generate until the memory is gone).
+
+    Raises:
+        UsageError: naming the flag.
+    """
+    check_flags(args, max_new_tokens=bounds.count, limit=bounds.count)
 
 
 def parse_bytes(text: str) -> int:
