@@ -21,7 +21,7 @@ from core.actions.mlbase import (drafter_command, host_python, launch_inputs, ml
                                  prompts_on_host, py_module, read_json, record_launch,
                                  resolve_checkpoint, resolve_ref, validate_prompts, validate_ref)
 from core.errors import ActionFailed
-from core.ml import bounds, sampling, tau
+from core.ml import bounds, resultfile, sampling, tau
 from core.ml.runio import parse_bytes
 from core.params import counts, problems, to_plain
 from core.records import EvalRow
@@ -173,7 +173,9 @@ class Eval(Action):
             res = run.result
             if res.get("settings_key") == self.settings_key() and \
                     res.get("drafter_path") == _display(ctx, self.params.drafter):
-                return CheckResult.done(f"tau {res.get('tau'):.3f} already measured with "
+                tau = res.get("tau")  # null: no prompt had a round (or a non-finite one, strict JSON)
+                shown = f"tau {tau:.3f}" if isinstance(tau, (int, float)) else "tau (none)"
+                return CheckResult.done(f"{shown} already measured with "
                                         f"these settings (target in {res.get('dtype') or self.params.dtype})")
         if await ctx.host.stat(self.params.target) is None:
             return CheckResult.blocked(f"target {self.params.target} does not exist on {ctx.host.name}")
@@ -241,6 +243,11 @@ class Eval(Action):
         base = None
         if self.params.baseline:
             base = await read_json(host, posixpath.join(outcome.capsule, "baseline/result.json"))
+        for name, res in (("result-drafter.json", mine), ("baseline/result.json", base)):
+            why = resultfile.problem(res) if res is not None else None
+            if why:  # never stored: a row of it would be a figure no eval measured
+                raise ActionFailed(f"eval wrote {posixpath.join(outcome.capsule, name)} holding what no eval "
+                                   f"writes: {why}", hint="run the item again")
         label = self.params.label or ctx.item.id
         rows = eval_rows(ctx.run_id, ctx.item.id, mine, label, "drafter", self.params.step)
         if base is not None:

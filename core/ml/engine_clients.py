@@ -69,7 +69,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.ml import bounds
+from core.ml import bounds, strictjson
 from core.ml import tau as taulib
 from core.ml.runio import Progress, TaskError, UsageError, check_flags, emit, provenance, run_main, say, write_result
 
@@ -142,7 +142,7 @@ class Http:
         return self._decode(path, self.get_text(path))
 
     def post_json(self, path: str, body: dict[str, Any]) -> Any:
-        req = urllib.request.Request(self.base + path, data=json.dumps(body).encode(), method="POST",
+        req = urllib.request.Request(self.base + path, data=strictjson.dumps(body).encode(), method="POST",
                                      headers={**self.headers, "Content-Type": "application/json"})
         return self._decode(path, self._call(req))
 

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core.ml import strictjson
 from core.ml import tau as taulib
 from core.ml.runio import Progress, TaskError, UsageError, say
 
@@ -166,7 +167,7 @@ def with_mrope_sections(path: Path, staged: Path) -> Path:
     for f in path.iterdir():
         if f.name != "config.json":
             (staged / f.name).symlink_to(f.resolve())
-    (staged / "config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+    (staged / "config.json").write_text(strictjson.dumps(cfg, indent=2), encoding="utf-8")
     say(f"notice: {path}/config.json states no mrope_section; converting a copy with {rope['mrope_section']} "
         f"({n_rot} rotary dims; the same outputs for text positions)")
     return staged
@@ -313,7 +314,7 @@ class LlamaServer:
         offset = self.log_path.stat().st_size
         body = {"prompt": ids, "n_predict": n_predict, "temperature": 0, "top_k": 1, "samplers": ["top_k"],
                 "cache_prompt": False, "return_tokens": True}
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=json.dumps(body).encode(),
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=strictjson.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
         try:
             with self._http.open(req, timeout=REQUEST_TIMEOUT_S) as r:

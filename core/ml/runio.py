@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from core.ml import bounds
+from core.ml import bounds, strictjson
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -61,7 +61,7 @@ def emit(event: str, **fields: Any) -> dict[str, Any]:
         The dict that was printed.
     """
     obj = {"event": event, **fields}
-    sys.stdout.write(json.dumps(obj, default=_json_default) + "\n")
+    sys.stdout.write(strictjson.dumps(obj, default=_json_default) + "\n")
     sys.stdout.flush()
     return obj
 
@@ -139,7 +139,7 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> Path:
     """Write ``obj`` as indented JSON to ``path`` atomically."""
-    return atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default) + "\n")
+    return atomic_write_text(path, strictjson.dumps(obj, indent=2, default=_json_default) + "\n")
 
 
 def read_json(path: str | os.PathLike[str], what: str = "file") -> Any:

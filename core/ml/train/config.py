@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.ml import bounds
+from core.ml import bounds, strictjson
 
 FC_LAYERS = ("taps", "taps_and_final")
 NOISE_TARGETS = ("fc_input", "all_features")
@@ -697,7 +697,7 @@ def describe() -> str:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             choices = f.metadata.get("choices")
             kind = " | ".join(choices) if choices else getattr(tp, "__name__", str(tp)).replace("typing.", "")
-            lines.append(f"{prefix}{f.name} = {json.dumps(default)}  ({kind})\n    {f.metadata['doc']}")
+            lines.append(f"{prefix}{f.name} = {strictjson.dumps(default)}  ({kind})\n    {f.metadata['doc']}")
 
     walk(TrainConfig, "")
     return "\n".join(lines).strip() + "\n"

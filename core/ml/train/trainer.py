@@ -101,7 +101,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from core.ml import bounds
+from core.ml import bounds, strictjson
 from core.ml.runio import (TaskError, UsageError, atomic_write_json, atomic_write_text, fixed_mmap_threshold, provenance,
                           say)
 from core.ml.train.config import ConfigError
@@ -187,7 +187,7 @@ def print_config(cfg: Any, target_cfg: dict[str, Any] | None) -> int:
         left = unresolved(cfg)
         say(f"target {cfg.target}: no config.json here; resolved from the config file alone"
             + (f" ({', '.join(left)} still null)" if left else ""))
-    sys.stdout.write(json.dumps(cfg.to_dict()) + "\n")
+    sys.stdout.write(strictjson.dumps(cfg.to_dict()) + "\n")
     return 0
 
 
