@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import os
 import posixpath
 import shlex
@@ -48,6 +47,7 @@ from core import jobs
 from core.actions.base import Action
 from core.adopt_spec import JOB_ID, PID_MAX, AdoptSpec, adopt_hint, parse_pid
 from core.errors import ActionFailed, InvalidInput
+from core.ml import strictjson
 
 if TYPE_CHECKING:
     from core.hosts.base import Host
@@ -313,7 +313,7 @@ async def make_capsule(host: "Host", info: dict, capsule: str) -> None:
     await host.makedirs(capsule)
     if info["how"] == "tmux":
         await _tmux_keep(host, info, capsule)
-    await host.write_file(f"{capsule}/adopted.json", json.dumps(info, indent=1).encode())
+    await host.write_file(f"{capsule}/adopted.json", strictjson.dumps(info, indent=1).encode())
 
 
 async def _tmux_keep(host, info: dict, capsule: str) -> None:

@@ -61,6 +61,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Iterable, Mapping, Sequence
 
 from core import stats
+from core.ml import strictjson
 from core.points import eval_row_problem
 from core.records import EvalRow
 
@@ -590,7 +591,7 @@ def to_dict(c: Comparison) -> dict:
 
 
 def to_json(c: Comparison, *, indent: int | None = 2) -> str:
-    return json.dumps(to_dict(c), indent=indent, default=str)
+    return strictjson.dumps(to_dict(c), indent=indent, default=str)
 
 
 def _num(x: float | None, digits: int = 4) -> str:

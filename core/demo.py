@@ -25,13 +25,14 @@ action's ``check()`` finds its output and marks the item done.
 from __future__ import annotations
 
 import ast
-import json
 import os
 import sys
 import sysconfig
 from pathlib import Path
 
 import yaml
+
+from core.ml import strictjson
 
 ROOT = Path(__file__).resolve().parent.parent
 WATCHED = "train-v5"
@@ -154,7 +155,7 @@ def write_workspace(root: Path, quick: bool, state: str | None = None) -> Path:
         (root / "train" / name).write_text(src.read_text())
     prompts = root / "train-prompts.jsonl"
     rows = training_prompts()
-    text = "".join(json.dumps(r) + "\n" for r in rows)
+    text = "".join(strictjson.dumps(r) + "\n" for r in rows)
     if not prompts.exists() or prompts.read_text() != text:
         prompts.write_text(text)
     plan = root / "demo.yaml"

@@ -25,7 +25,6 @@ gap or a duplicated line however often the follower is restarted.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import shlex
 import sqlite3
@@ -36,6 +35,7 @@ from typing import Any, Callable, Literal, Mapping
 
 from core.errors import HostUnreachable
 from core.hosts.base import Host
+from core.ml import strictjson
 from core.text import json_line
 from core.metrics_sources import LineMetrics
 
@@ -346,7 +346,7 @@ async def follow_rotation(host: Host, store, run_id: str, log: str,
                    != store.log_bytes(run_id, stored - k)[:k])
     if not rotated:
         if info and info.get("log_ident") != now_ident:
-            store.update_run(run_id, adopt=json.dumps({**info, "log_ident": now_ident}))
+            store.update_run(run_id, adopt=strictjson.dumps({**info, "log_ident": now_ident}))
         return now_ident, False
     hole = 0
     while hole < size and hole < (256 << 20):
@@ -359,7 +359,7 @@ async def follow_rotation(host: Host, store, run_id: str, log: str,
     skipped = f", past the {hole:,} NUL bytes copytruncate left" if hole else ""
     fields: dict[str, Any] = {"log_base": hole - stored}
     if info:
-        fields["adopt"] = json.dumps({**info, "log_ident": now_ident, "log_rotated_at": stored})
+        fields["adopt"] = strictjson.dumps({**info, "log_ident": now_ident, "log_rotated_at": stored})
     store.update_run(run_id, **fields)
     store.journal("log_rotated", f"log {log} on {host.name} was {how}: followed from its new "
                   f"start{skipped}; the stored log goes on at byte {stored:,}",

@@ -17,14 +17,19 @@ import types
 import typing
 from typing import Any, Literal, Union
 
+from core.ml import bounds
+
 
 class ParamError(Exception):
     """One problem with one field. ``path`` is a tuple of keys/indices under ``params``."""
 
-    def __init__(self, path: tuple, message: str):
+    def __init__(self, path: tuple, message: str, *, bound: bool = False):
         super().__init__(message)
         self.path = path
         self.message = message
+        self.bound = bound
+        """The value has the right type but is out of the range a run can hold (a union
+        reports this rather than its types)."""
 
 
 def _type_name(tp) -> str:
@@ -59,6 +64,7 @@ def _coerce(tp, value: Any, path: tuple, errors: list[ParamError]) -> Any:
         nested = [a for a in args if dataclasses.is_dataclass(a)]
         if isinstance(value, dict) and len(nested) == 1:  # its own fields' errors, by path
             return _coerce(nested[0], value, path, errors)
+        bounded: list[ParamError] = []
         for a in args:
             if a is type(None):
                 continue
@@ -66,7 +72,9 @@ def _coerce(tp, value: Any, path: tuple, errors: list[ParamError]) -> Any:
             out = _coerce(a, value, path, sub)
             if not sub:
                 return out
-        errors.append(ParamError(path, f"must be {_type_name(tp)}, got {_show(value)}"))
+            bounded += [e for e in sub if e.bound]
+        errors.append(bounded[0] if bounded else
+                      ParamError(path, f"must be {_type_name(tp)}, got {_show(value)}"))
         return None
     if origin is list or tp is list:
         (inner,) = typing.get_args(tp) or (Any,)
@@ -90,10 +98,10 @@ def _coerce(tp, value: Any, path: tuple, errors: list[ParamError]) -> Any:
             return value
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
-            return value
+            return _bounded(bounds.int64, value, path, errors)
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            return _bounded(bounds.finite, value, path, errors, float)
     elif tp is str:
         if isinstance(value, str):
             return value
@@ -103,6 +111,17 @@ def _coerce(tp, value: Any, path: tuple, errors: list[ParamError]) -> Any:
         raise TypeError(f"unsupported params type {tp!r}")
     errors.append(ParamError(path, f"must be {_type_name(tp)}, got {_show(value)}"))
     return None
+
+
+def _bounded(check, value: Any, path: tuple, errors: list[ParamError], kind=None) -> Any:
+    """``value`` when ``check`` (a :mod:`core.ml.bounds` validator) passes it, else None and the
+    error: every number a plan gives is one the run can hold (an int within 64 bits, a finite
+    float); what a field further bounds its ``validate`` says."""
+    why = check(value)
+    if why:
+        errors.append(ParamError(path, why, bound=True))
+        return None
+    return kind(value) if kind else value
 
 
 def _show(value: Any) -> str:
@@ -169,6 +188,14 @@ def to_plain(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: to_plain(v) for k, v in obj.items()}
     return obj
+
+
+def counts(obj: Any, **lowest: int) -> list[tuple[tuple, str]]:
+    """The problems of ``obj``'s count fields, given as ``name=lowest``: each must be an integer
+    from its lowest to :data:`core.ml.bounds.COUNT_MAX` (tokens, prompts, nodes, threads: what
+    the run indexes with int32); a null field (unset) has none."""
+    return problems(*((name, bounds.count(getattr(obj, name), low))
+                      for name, low in lowest.items() if getattr(obj, name) is not None))
 
 
 def problems(*checks: tuple[str | tuple, str | None]) -> list[tuple[tuple, str]]:

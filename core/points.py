@@ -13,19 +13,9 @@ from __future__ import annotations
 
 import math
 
-INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
-"""SQLite's INTEGER range (signed 64 bits)."""
-
-
-def show(v: object) -> str:
-    """A number as a message quotes it: short, whatever its size."""
-    if isinstance(v, int) and not isinstance(v, bool) and not INT_MIN <= v <= INT_MAX:
-        return f"a {'negative ' if v < 0 else ''}number of over 19 digits"
-    try:
-        text = repr(v)
-    except Exception:  # noqa: BLE001 - a repr of hostile content (int digit limit)
-        text = f"a {type(v).__name__}"
-    return text if len(text) <= 40 else text[:37] + "..."
+from core.ml.bounds import INT64_MAX as INT_MAX  # SQLite's INTEGER range: signed 64 bits
+from core.ml.bounds import INT64_MIN as INT_MIN
+from core.ml.bounds import show  # how a message quotes a number (the store's notices use it too)
 
 
 def step_of(v: object) -> int | None:

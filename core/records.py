@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar, dataclass_transform
 
+from core.ml import strictjson
+
 LIVE_STATES = ("starting", "running")
 """A run in one of these has not ended (the store's queries use the same tuple)."""
 ENDED_STATES = ("succeeded", "failed", "stopped", "lost", "interrupted")
@@ -181,7 +183,7 @@ class EvalRow(Record):
         row = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "id"}
         for k in self.JSON_FIELDS:
             if row[k] is not None and not isinstance(row[k], str):
-                row[k] = json.dumps(row[k])
+                row[k] = strictjson.dumps(row[k])
         return row
 
 

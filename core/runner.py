@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import os
 import secrets
 import socket
@@ -40,6 +39,7 @@ from core.events import (Event, HostStateChanged, LogLinesReceived, LogStreamCha
                          Progress, RunEnded, RunStarted, StatusChanged)
 from core.hosts import Host, make_host
 from core.hosts.base import HostState
+from core.ml import strictjson
 from core.plan import Item, Plan
 from core.progress import describe
 from core.records import (Artefact, EvalRow, Event as StoreEvent, Run, RunChange, RunSummary,
@@ -642,7 +642,7 @@ class Runner:
         self.store.update_run(run_id, state="running",
                               pid=info.get("pid") or info.get("pane_pid"),
                               pstart=info.get("pstart"), capsule=capsule, job_id=info.get("job"),
-                              adopt=json.dumps(info), log_base=info["base"])
+                              adopt=strictjson.dumps(info), log_base=info["base"])
         self.store.journal("adopted", f"adopted {info['what']} as {run_id}", item_id=item.id,
                            run_id=run_id, host=host_name, data=info)
         where = (f"{info['log']} from byte {info['base']}" if info["log"]

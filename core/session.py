@@ -216,6 +216,8 @@ class Session:
         full result: tokens and rounds per prompt, provenance; the store keeps rows only)."""
         import json
 
+        from core.ml import resultfile
+
         item = self.plan.item(item_id)
         if item.action is None or item.action.kind != "eval":
             raise InvalidInput(f"item {item_id!r} is not an eval item", hint="give eval items")
@@ -230,9 +232,10 @@ class Session:
             result = json.loads(raw) if raw else None
         except ValueError:
             result = None
-        if not isinstance(result, dict) or not isinstance(result.get("per_prompt"), list):
+        why = resultfile.problem(result) if isinstance(result, dict) else None
+        if not isinstance(result, dict) or why:
             raise InvalidInput(f"{run.host}:{path} (item {item_id!r}, run {run.id}): "
-                               f"{'missing' if not raw else 'not a result.json'}",
+                               f"{why or ('missing' if not raw else 'not a result.json')}",
                                hint=f"run {item_id} again (`specdeck run PLAN {item_id} --again`)")
         return run, result
 

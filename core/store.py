@@ -21,7 +21,6 @@ Decisions:
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sqlite3
 import sys
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from core import points
+from core.ml import strictjson
 from core.records import (ENDED_STATES, LIVE_STATES, Artefact, EvalRow, Event, MetricPoint, Run,
                           SeenMark, StatusChange, TauWatcher, WatchEntry)
 
@@ -288,7 +288,7 @@ class Store:
     def update_run(self, run_id: str, **fields: Any) -> None:
         for k in ("result", "config"):
             if k in fields and not isinstance(fields[k], (str, type(None))):
-                fields[k] = json.dumps(fields[k])
+                fields[k] = strictjson.dumps(fields[k])
         with self._immediate():
             self.db["runs"].update(run_id, fields)
 
@@ -340,7 +340,7 @@ class Store:
             fields: dict[str, Any] = {"state": state, "ended_at": time.time(),
                                       "exit_code": exit_code, "signal": signal, "error": error}
             if result is not None:
-                fields["result"] = json.dumps(result)
+                fields["result"] = strictjson.dumps(result)
             self.db["runs"].update(run_id, fields)
             how = f"signal {signal}" if signal else f"exit {exit_code}"
             self._event(f"run_{state}", run.item_id, run_id, run.host,
@@ -425,7 +425,7 @@ class Store:
         return self.db["events"].insert({
             "at": time.time(), "kind": kind, "item_id": item_id, "run_id": run_id,
             "host": host, "message": message,
-            "data": json.dumps(data) if data is not None else None}).last_pk
+            "data": strictjson.dumps(data) if data is not None else None}).last_pk
 
     def journal(self, kind: str, message: str, *, item_id: str | None = None,
                 run_id: str | None = None, host: str | None = None,
@@ -492,7 +492,7 @@ class Store:
         had its notice already, by this process or another. True when it was journaled."""
         if (run_id, source) in self._told:
             return False
-        data = json.dumps({"source": source})
+        data = strictjson.dumps({"source": source})
         with self._immediate():
             told = self.db.execute("SELECT 1 FROM events WHERE kind = 'metrics_dropped' AND "
                                    "run_id = ? AND data = ?", [run_id, data]).fetchone()
@@ -598,7 +598,7 @@ class Store:
             step = points.step_of(step)
             self.db["artefacts"].insert({"run_id": run_id, "item_id": item_id, "kind": kind,
                                          "path": path, "step": step, "at": time.time(),
-                                         "data": json.dumps(data) if data else None})
+                                         "data": strictjson.dumps(data) if data else None})
             self._event("artefact", item_id, run_id, None, f"{kind} {path}")
         return True
 
@@ -697,6 +697,6 @@ class Store:
     def watcher_update(self, run_id: str, **fields: Any) -> None:
         fields["at"] = time.time()
         if "queue" in fields and not isinstance(fields["queue"], (str, type(None))):
-            fields["queue"] = json.dumps(fields["queue"])
+            fields["queue"] = strictjson.dumps(fields["queue"])
         with self._immediate():
             self.db["watchers"].update(run_id, fields)

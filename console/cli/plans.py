@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import re
 import sys
@@ -15,6 +14,7 @@ from console.cli import serving
 from console.cli.output import GLYPHS, err, load_plan, run_with
 from console.cli.render import table
 from core.errors import InvalidInput
+from core.ml import strictjson
 from core.text import sanitize
 
 
@@ -62,7 +62,7 @@ def cmd_status(args) -> int:
                else {})} for it in plan.items],
             "alerts": [{"item": a.item_id, "run": a.run_id, "at": a.at,
                         "message": a.message} for a in alerts]}
-        print(json.dumps(out, indent=2))
+        print(strictjson.dumps(out, indent=2))
         return 0
     for c in changes:
         how = ""
@@ -128,7 +128,7 @@ def cmd_export(args) -> int:
         return 0
     from core.todos import plan_to_todos
 
-    text = json.dumps(plan_to_todos(plan, st), indent=2, ensure_ascii=False)
+    text = strictjson.dumps(plan_to_todos(plan, st), indent=2, ensure_ascii=False)
     # C1 controls (U+0080-U+009F) stay escaped: still the same JSON, safe on a terminal
     print(re.sub("[\x7f-\x9f]", lambda m: f"\\u{ord(m.group()):04x}", text))
     return 0

@@ -15,6 +15,7 @@ import sys
 
 from console.cli.output import load_plan, run_with
 from core.errors import InvalidInput
+from core.ml import strictjson
 from core.points import value_of
 
 
@@ -119,7 +120,7 @@ def cmd_diff(args) -> int:
     where = [k for k in differ if k.split(".")[0] in WHERE_KEYS]
     keys = [k for k in differ if k not in where]
     if args.json:
-        print(json.dumps({k: {la: fa.get(k), lb: fb.get(k)} for k in keys}, indent=2))
+        print(strictjson.dumps({k: {la: fa.get(k), lb: fb.get(k)} for k in keys}, indent=2))
         return 0
     if not keys:
         print(f"{la} and {lb}: same settings")
@@ -179,7 +180,7 @@ def cmd_metrics(args) -> int:
         return 0
     if args.jsonl:
         for r in rows:
-            sys.stdout.write(json.dumps({k: getattr(r, k) for k in FIELDS}, allow_nan=False)
+            sys.stdout.write(strictjson.dumps({k: getattr(r, k) for k in FIELDS})
                              + "\n")
         sys.stdout.flush()
         return 0

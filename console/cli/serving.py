@@ -10,9 +10,9 @@ Both run here, on the machine the CLI runs on: ``engines`` is pure Python
 
 from __future__ import annotations
 
-import json
 
 from core.errors import InvalidInput
+from core.ml import strictjson
 
 
 def cmd_engines(args) -> int:
@@ -28,7 +28,7 @@ def cmd_engines(args) -> int:
         raise InvalidInput(str(e), hint="give a drafter directory (config.json + model.safetensors) "
                                         "or its config.json") from None
     if args.json:  # every number came through check_fields: finite, so strict JSON
-        print(json.dumps(result.to_dict(), indent=2, allow_nan=False))
+        print(strictjson.dumps(result.to_dict(), indent=2))
     else:
         print(render(result), end="")
     return 0
@@ -81,7 +81,7 @@ def cmd_parity(args) -> int:
     report["items"] = [{"item": i, "run": run.id, "side": side, "label": label}
                        for i, (run, _), side, label in zip(args.items, got, report["sides"], report["labels"])]
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(strictjson.dumps(report, indent=2))
     else:
         from console.cli.render import table
 

@@ -21,9 +21,9 @@ from core.actions.mlbase import (drafter_command, host_python, launch_inputs, ml
                                  prompts_on_host, py_module, read_json, record_launch,
                                  resolve_checkpoint, resolve_ref, validate_prompts, validate_ref)
 from core.errors import ActionFailed
-from core.ml import sampling, tau
+from core.ml import bounds, resultfile, sampling, tau
 from core.ml.runio import parse_bytes
-from core.params import problems, to_plain
+from core.params import counts, problems, to_plain
 from core.records import EvalRow
 
 
@@ -97,10 +97,10 @@ class EvalParams:
                 parse_bytes(self.max_memory)
             except ValueError as exc:
                 out.append((("max_memory",), str(exc)))
-        return out + problems(
+        return out + counts(self, max_new_tokens=1, limit=0, block_size=1, tree_budget=1) + problems(
             ("cache", "offline mode needs the extract_hidden cache dir"
              if self.mode == "offline" and not self.cache else None),
-            ("tree_budget", "must be >= 1" if self.tree_budget is not None and self.tree_budget < 1 else None),
+            ("step", bounds.count(self.step, 0, bounds.INT64_MAX) if self.step is not None else None),
         )
 
 
@@ -115,9 +115,7 @@ def engine_problems(p) -> list:
         ("mode", "the engine decodes online" if p.mode == "offline" else None),
         ("tree_budget", "llama-server verifies a chain" if p.tree_budget is not None else None),
         ("temperature", "the engine leg is measured greedy" if p.temperature else None),
-        ("engine_threads", "must be >= 1" if p.engine_threads is not None and p.engine_threads < 1 else None),
-        ("engine_context", "must be >= 16" if p.engine_context < 16 else None),
-    )
+    ) + counts(p, engine_threads=1, engine_context=16)
 
 
 def sampling_problems(p, offline_field: str = "mode") -> list:
@@ -131,6 +129,8 @@ def sampling_problems(p, offline_field: str = "mode") -> list:
         return [((why[0],), why[1])]
     if p.samples < 1:
         return [(("samples",), "must be >= 1")]
+    if counts(p, samples=1):
+        return counts(p, samples=1)
     if p.temperature == 0 and p.samples > 1:
         return [(("samples",), "greedy decoding (temperature 0) is deterministic: set a temperature > 0")]
     if p.temperature > 0 and getattr(p, "tree_budget", None) is not None:
@@ -151,6 +151,7 @@ class Eval(Action):
         return problems(
             ("prompts", validate_prompts(plan, params.prompts, multi_turn=params.mode == "online")),
             ("drafter", validate_ref(plan, item, params.drafter)),
+            ("top_k", fit.top_k_beyond_vocab(plan, item, params)),
             ("baseline", fit.block_size_mismatch(params, fit.local_block_size(plan, item, params.drafter),
                                                  fit.local_block_size(plan, item, params.baseline))),
         )
@@ -172,7 +173,9 @@ class Eval(Action):
             res = run.result
             if res.get("settings_key") == self.settings_key() and \
                     res.get("drafter_path") == _display(ctx, self.params.drafter):
-                return CheckResult.done(f"tau {res.get('tau'):.3f} already measured with "
+                tau = res.get("tau")  # null: no prompt had a round (or a non-finite one, strict JSON)
+                shown = f"tau {tau:.3f}" if isinstance(tau, (int, float)) else "tau (none)"
+                return CheckResult.done(f"{shown} already measured with "
                                         f"these settings (target in {res.get('dtype') or self.params.dtype})")
         if await ctx.host.stat(self.params.target) is None:
             return CheckResult.blocked(f"target {self.params.target} does not exist on {ctx.host.name}")
@@ -240,6 +243,11 @@ class Eval(Action):
         base = None
         if self.params.baseline:
             base = await read_json(host, posixpath.join(outcome.capsule, "baseline/result.json"))
+        for name, res in (("result-drafter.json", mine), ("baseline/result.json", base)):
+            why = resultfile.problem(res) if res is not None else None
+            if why:  # never stored: a row of it would be a figure no eval measured
+                raise ActionFailed(f"eval wrote {posixpath.join(outcome.capsule, name)} holding what no eval "
+                                   f"writes: {why}", hint="run the item again")
         label = self.params.label or ctx.item.id
         rows = eval_rows(ctx.run_id, ctx.item.id, mine, label, "drafter", self.params.step)
         if base is not None:

@@ -14,7 +14,8 @@ from core.actions.base import Action, CheckResult, Launch
 from core.actions.mlbase import (host_python, launch_inputs, ml_failure, prompts_on_host,
                                  py_module, read_json, record_launch, validate_prompts)
 from core.errors import ActionFailed, InvalidFile
-from core.params import problems
+from core.ml import bounds
+from core.params import counts, problems
 
 
 async def target_hidden_size(host, path: str) -> int:
@@ -61,8 +62,8 @@ class ExtractHiddenParams:
         return problems(
             ("layers", "give layers (e.g. [1, 9, 17]) or a drafter dir to read them from"
              if self.layers is None and self.drafter is None else None),
-            ("max_new_tokens", "must be >= 1" if self.max_new_tokens < 1 else None),
-        )
+            *((("layers", i), bounds.count(layer, 0)) for i, layer in enumerate(self.layers or ())),
+        ) + counts(self, max_new_tokens=1, limit=0)  # limit 0: every prompt, as unset
 
 
 class ExtractHidden(Action):
@@ -127,4 +128,4 @@ class ExtractHidden(Action):
                 "layers": man.get("layer_ids") or man.get("layers")}
 
 
-__all__ = ["ExtractHidden", "json"]
+__all__ = ["ExtractHidden"]

@@ -15,6 +15,7 @@ from core.actions.base import Action, CheckResult, Launch
 from core.actions.mlbase import (drafter_command, host_python, launch_inputs, ml_failure,
                                  record_launch, resolve_checkpoint, resolve_ref, validate_ref)
 from core.errors import ActionFailed
+from core.ml import strictjson
 from core.params import problems
 
 RECORD = ".specdeck-strip.json"
@@ -124,7 +125,7 @@ class ExtractWeights(Action):
                                "missing or truncated")
         rec = {"checkpoint": ckpt, "size": src.size if src else None,
                "mtime": src.mtime if src else None, "tensors": tensors}
-        await host.write_file(f"{self.params.out}/{RECORD}", json.dumps(rec, indent=1).encode())
+        await host.write_file(f"{self.params.out}/{RECORD}", strictjson.dumps(rec, indent=1).encode())
         out = await host.stat(f"{self.params.out}/model.safetensors")
         return {"out": host.path(self.params.out), "checkpoint": ckpt, "tensors": len(tensors),
                 "checkpoint_bytes": src.size if src else None, "weights_bytes": out.size}

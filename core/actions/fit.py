@@ -160,6 +160,17 @@ def trainer_config_problems(plan: Any, item: Any, params: Any, doc: dict[str, An
     return tc.cache_problems(cfg, manifest) if manifest else []
 
 
+def top_k_beyond_vocab(plan: Any, item: Any, params: Any) -> str | None:
+    """A ``top_k`` past the vocabulary of a target on a local host (its config.json; a remote
+    target: ``core.ml.eval`` refuses the same there, exit 2, before loading it)."""
+    from core.ml.sampling import top_k_problem
+
+    if not params.top_k:
+        return None
+    where = local_path(plan, item.action.host, params.target)
+    return top_k_problem(params.top_k, read_local_json(where / "config.json" if where else None))
+
+
 def local_block_size(plan: Any, item: Any, ref: str | None) -> int | None:
     """B of a drafter known at validate time: a train item's config, or a dir on a local host."""
     if ref is None:

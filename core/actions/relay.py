@@ -57,6 +57,7 @@ from typing import Any
 from core.actions.base import Action, CheckResult
 from core.errors import ActionFailed, HostUnreachable
 from core.hosts import bulk
+from core.ml import strictjson
 
 CHUNK = 1 << 20
 """Bytes per message on the asyncio path."""
@@ -403,7 +404,7 @@ class Relay(Action):
             {"path": rel, "size": r["size"], "sha256": r["sha256"]}
             for rel, r in zip(sorted(tree), results)]}
         await dst.write_file(posixpath.join(bd, "manifest.json"),
-                             json.dumps(manifest, indent=1).encode())
+                             strictjson.dumps(manifest, indent=1).encode())
         return {"files": len(results), "bytes": total,
                 "bytes_sent": sum(r["bytes_sent"] for r in results)}
 
@@ -481,7 +482,7 @@ class Relay(Action):
         """Record a new copy's layout (and the journals of ranges an append prefix covers),
         and drop any verified-hash record of an older file at the destination."""
         await dst.remove(book.sums)
-        await dst.write_file(book.state, json.dumps(layout).encode())
+        await dst.write_file(book.state, strictjson.dumps(layout).encode())
         if layout["mode"] == "ranges":
             await asyncio.gather(*(dst.write_file(book.journal(i), f"{p}\n".encode())
                                    for i, (p, (s, _)) in enumerate(zip(progress, ranges))

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.actions.base import Action, CheckResult
+from core.ml import bounds
+from core.params import problems
 
 
 @dataclass(frozen=True)
@@ -17,7 +19,9 @@ class StopParams:
     grace_s: float = 30.0
 
     def validate(self):
-        return [(("grace_s",), "grace_s must be >= 0")] if self.grace_s < 0 else []
+        if self.grace_s < 0:
+            return [(("grace_s",), "grace_s must be >= 0")]
+        return problems(("grace_s", bounds.seconds(self.grace_s)))
 
 
 class Stop(Action):

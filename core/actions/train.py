@@ -49,7 +49,7 @@ from core.errors import HostUnreachable
 from core.faults import describe_fault
 from core.actions.mlbase import host_python, ml_failure
 from core.metrics_sources import MetricsParams, line_metrics
-from core.ml import layouts
+from core.ml import bounds, layouts
 from core.actions.watch_eval import detached as watch_detached
 from core.actions.watch_eval.params import WatchEvalParams, validate_watch
 from core.actions.watch_eval.watcher import Watcher
@@ -129,7 +129,9 @@ class TrainParams:
                     "attempts share it and resume from it)"
              if self.external and not self.out else None),
             ("stop_grace_s", "must be >= 0"
-             if self.stop_grace_s is not None and self.stop_grace_s < 0 else None),
+             if self.stop_grace_s is not None and self.stop_grace_s < 0 else
+             bounds.seconds(self.stop_grace_s) if self.stop_grace_s is not None else None),
+            ("rdzv_port", bounds.count(self.rdzv_port, 1, 65535)),
             ("metrics_regex", _step_regex_problem(self.metrics_regex)),
             ("nproc_per_node", "must be >= 1" if self.nproc_per_node < 1 else None),
             ("nodes", "nodes are for launcher: torchrun"

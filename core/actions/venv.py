@@ -20,6 +20,7 @@ from typing import Literal
 
 from core.actions.base import Action, CheckResult, Launch
 from core.errors import ActionFailed
+from core.ml import strictjson
 from core.params import problems
 from core.versions import normalize, parse_requirement, satisfies
 
@@ -122,7 +123,7 @@ class Venv(Action):
         py = self._python(host)
         if await host.stat(py) is None:
             return None
-        res = await host.run([py, "-c", _PROBE, json.dumps(sorted(self._wanted()))])
+        res = await host.run([py, "-c", _PROBE, strictjson.dumps(sorted(self._wanted()))])
         if not res.ok:
             return None
         try:
@@ -222,7 +223,7 @@ class Venv(Action):
             lines.append(f"{pip} --no-deps {shlex.quote(self._wheel(ctx))} || fail 'specdeck install failed' 45")
             lines.append(f"{pip} {' '.join(shlex.quote(r) for r in HOST_REQUIRES)} "
                          f"|| fail 'specdeck requirements failed' 44")
-        names = json.dumps(sorted(self._wanted()))
+        names = strictjson.dumps(sorted(self._wanted()))
         lines.append(f"{py} -c {shlex.quote(_PROBE)} {shlex.quote(names)} > versions.json.tmp "
                      "&& mv versions.json.tmp versions.json && cat versions.json")
         cwd = None

@@ -1,8 +1,8 @@
 """specdeck's ML core: the code that runs on the hosts as ``python -m core.ml.<task>``.
 
 Importing this package is cheap: it loads neither torch nor transformers. The pure-Python
-modules (:mod:`core.ml.tau`, :mod:`core.ml.compare`, :mod:`core.ml.runio`) can be used on a
-laptop without torch; everything else (drafter, features, target, generate, offline, extract,
+modules (:mod:`core.ml.tau`, :mod:`core.ml.compare`, :mod:`core.ml.runio`, :mod:`core.ml.bounds`,
+:mod:`core.ml.strictjson`, :mod:`core.ml.resultfile`) can be used on a laptop without torch; everything else (drafter, features, target, generate, offline, extract,
 eval, strip, tiny) imports torch and transformers and is meant for the GPU/CPU hosts.
 
 Entry points:

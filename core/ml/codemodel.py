@@ -88,7 +88,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from core.ml.runio import UsageError, atomic_write_json, emit, provenance, read_json, run_main, say
+from core.ml import bounds
+from core.ml.runio import UsageError, atomic_write_json, check_flags, emit, provenance, read_json, run_main, say
 from core.ml.tiny import CHAT_TEMPLATE, SPECIALS
 
 FORMAT = "specdeck-codemodel-v1"
@@ -839,6 +840,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise UsageError("--threads must be >= 0")
     if args.max_steps is not None and args.max_steps < 1:
         raise UsageError("--max-steps must be >= 1")
+    check_flags(args, seed=bounds.seed64, max_steps=bounds.int64, max_files=bounds.count)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     seconds = args.seconds if args.seconds is not None else (None if args.max_steps else DEFAULT_SECONDS)
     settings = Settings(seconds, args.vocab_size, args.seed, args.max_files, args.max_bytes, args.max_steps)

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from core.ml import resultfile
 from core.ml import tau as taulib
 from core.ml.runio import UsageError, atomic_write_json, emit, read_json, run_main, say
 
@@ -78,11 +79,15 @@ def load_result(path: str | Path) -> dict[str, Any]:
     """Read a result.json written by ``core.ml.eval``.
 
     Raises:
-        UsageError: the file is missing, not JSON, or not an eval result.
+        UsageError: the file is missing, not JSON, not an eval result, or holds what no eval
+            writes (:func:`core.ml.resultfile.problem`: the prompt and the field named).
     """
     data = read_json(path, what="result file")
     if not isinstance(data, dict) or "per_prompt" not in data:
         raise UsageError(f"{path} is not a core.ml.eval result (no 'per_prompt')")
+    why = resultfile.problem(data)
+    if why:
+        raise UsageError(f"result file {path}: {why}")
     return data
 
 

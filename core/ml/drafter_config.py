@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import InvalidFile, InvalidInput
+from core.ml import bounds
 from core.text import json_value_problem, read_json_file, show_value
 
 ZLAB_ARCH = "DFlashDraftModel"
@@ -502,6 +503,8 @@ class DFlashConfig:
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                       or not math.isfinite(value)):
                 raise ValueError(f"{name} must be a finite number, got {value!r}")
+            if value is not None and bounds.float32(value):  # the forward multiplies float32 logits by it
+                raise ValueError(f"{name} {bounds.float32(value)}")
         self._validate_dflash2()
         if self.num_target_layers is not None and max(self.target_layer_ids) >= self.num_target_layers:
             raise ValueError(f"target_layer_ids {self.target_layer_ids} exceed num_target_layers {self.num_target_layers}")

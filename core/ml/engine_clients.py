@@ -69,9 +69,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core.ml import bounds, strictjson
 from core.ml import tau as taulib
 from core.ml.drafter_config import read_target_config
-from core.ml.runio import Progress, TaskError, UsageError, emit, provenance, run_main, say, write_result
+from core.ml.runio import Progress, TaskError, UsageError, check_flags, emit, provenance, run_main, say, write_result
 from core.text import read_json_file
 
 KIND = "specdeck-engine-eval-v1"
@@ -143,7 +144,7 @@ class Http:
         return self._decode(path, self.get_text(path))
 
     def post_json(self, path: str, body: dict[str, Any]) -> Any:
-        req = urllib.request.Request(self.base + path, data=json.dumps(body).encode(), method="POST",
+        req = urllib.request.Request(self.base + path, data=strictjson.dumps(body).encode(), method="POST",
                                      headers={**self.headers, "Content-Type": "application/json"})
         return self._decode(path, self._call(req))
 
@@ -573,13 +574,10 @@ def validate(args: argparse.Namespace) -> None:
         read_target_config(args.target)  # InvalidFile: a value of the wrong type or range, by key
     if not args.prompts.startswith("zlab:") and not Path(args.prompts).is_file():
         raise UsageError(f"--prompts {args.prompts}: file not found")
-    for flag, value, low in (("--max-new-tokens", args.max_new_tokens, 1), ("--limit", args.limit, 1),
-                             ("--block-size", args.block_size, 2)):
-        if value is not None and value < low:
-            raise UsageError(f"{flag} {value}: must be >= {low}")
+    check_flags(args, max_new_tokens=bounds.count, limit=bounds.count, block_size=lambda v: bounds.count(v, 2))
     for flag, value in (("--timeout", args.timeout), ("--settle-timeout", args.settle_timeout)):
-        if not (math.isfinite(value) and value > 0):
-            raise UsageError(f"{flag} {value}: must be a positive number of seconds")
+        if not (math.isfinite(value) and value > 0) or bounds.seconds(value):
+            raise UsageError(f"{flag} {value}: must be a positive number of seconds, at most {bounds.SECONDS_MAX:g}")
 
 
 def target_block(target: str | None) -> dict[str, Any] | None:

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core.ml import strictjson
 from core.ml import tau as taulib
 from core.ml.drafter_config import read_target_config
 from core.ml.runio import Progress, TaskError, UsageError, say
@@ -313,7 +314,7 @@ class LlamaServer:
         offset = self.log_path.stat().st_size
         body = {"prompt": ids, "n_predict": n_predict, "temperature": 0, "top_k": 1, "samplers": ["top_k"],
                 "cache_prompt": False, "return_tokens": True}
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=json.dumps(body).encode(),
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=strictjson.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
         try:
             with self._http.open(req, timeout=REQUEST_TIMEOUT_S) as r:

@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from core.ml import tau as taulib
-from core.ml.runio import (Progress, UsageError, add_generation_args, emit, fixed_mmap_threshold, provenance,
-                            run_main, say, write_result)
-from core.ml.sampling import Sampling, sample_seed
+from core.ml import bounds
+from core.ml.runio import (Progress, UsageError, add_generation_args, check_flags, check_generation_args, emit,
+                            fixed_mmap_threshold, provenance, run_main, say, write_result)
+from core.ml.sampling import Sampling, sample_seed, top_k_problem
 from core.ml.sampling import add_arguments as add_sampling_arguments  # shared with core.ml.watcher
 
 KIND = "specdeck-eval-v1"
@@ -131,12 +132,9 @@ def validate(args: argparse.Namespace) -> None:
             raise UsageError("--mode offline needs --cache DIR (made by python -m core.ml.extract)")
         if not (Path(args.cache) / "manifest.json").is_file():
             raise UsageError(f"--cache {args.cache}: no manifest.json (run python -m core.ml.extract first)")
-    if args.tree_budget is not None and args.tree_budget < 0:
-        raise UsageError("--tree-budget must be >= 0")
-    if args.max_new_tokens < 1:
-        raise UsageError("--max-new-tokens must be >= 1")
-    if args.block_size is not None and args.block_size < 1:
-        raise UsageError(f"--block-size {args.block_size}: must be >= 1")
+    check_generation_args(args)
+    check_flags(args, tree_budget=lambda v: bounds.count(v, 0), block_size=bounds.count,
+                rows_per_pass=bounds.count)
     if args.engine:
         validate_engine(args)
     if args.max_memory is not None:
@@ -164,10 +162,7 @@ def validate_engine(args: argparse.Namespace) -> None:
     for flag, bad, why in refused:
         if bad:
             raise UsageError(f"{flag} with --engine {args.engine}: {why}")
-    if args.engine_threads < 1:
-        raise UsageError(f"--engine-threads {args.engine_threads}: must be >= 1")
-    if args.engine_context < 16:
-        raise UsageError(f"--engine-context {args.engine_context}: must be >= 16")
+    check_flags(args, engine_threads=bounds.count, engine_context=lambda v: bounds.count(v, 16))
     for flag, value in (("--engine-target", args.engine_target), ("--engine-drafter", args.engine_drafter)):
         if value and not (Path(value).is_dir() or (Path(value).is_file() and value.endswith(".gguf"))):
             raise UsageError(f"{flag} {value}: neither a .gguf file nor a directory")
@@ -179,13 +174,27 @@ def validate_engine(args: argparse.Namespace) -> None:
     args.engine_bin = str(binary)
 
 
+def _config_json(directory: str) -> dict[str, Any] | None:
+    """A model dir's config.json (None when it has no readable one: the checks that need it say so)."""
+    import json
+
+    try:
+        data = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def validate_sampling(args: argparse.Namespace) -> None:
     """Sampling settings and what refuses them (UsageError: exit 2, nothing written)."""
+    check_flags(args, seed=bounds.seed64)
     why = sampling_of(args).problem()
     if why:
         raise UsageError(f"--{why[0].replace('_', '-')} {why[1]}")
-    if args.samples < 1:
-        raise UsageError(f"--samples {args.samples}: must be >= 1")
+    check_flags(args, samples=bounds.count)
+    why = top_k_problem(args.top_k, _config_json(args.target)) if args.top_k else None
+    if why:
+        raise UsageError(f"--top-k {why}")
     if args.temperature == 0:
         if args.samples > 1:
             raise UsageError(f"--samples {args.samples}: greedy decoding (--temperature 0) is deterministic, "

@@ -25,7 +25,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from core.ml.runio import Progress, UsageError, add_generation_args, emit, provenance, run_main, say
+from core.ml import bounds
+from core.ml.runio import (Progress, UsageError, add_generation_args, check_flags, check_generation_args, emit,
+                            provenance, run_main, say)
 
 
 def parse_layers(value: str) -> list[int]:
@@ -138,8 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     target_dir = Path(args.target)
     layer_ids = parse_layers(args.layers)
     check_layers(layer_ids, n_layers, args.target)
-    if args.max_new_tokens < 1:
-        raise UsageError("--max-new-tokens must be >= 1")
+    check_generation_args(args)
+    check_flags(args, seed=bounds.seed64)
     from core.ml.prompts import encode, file_sha256, kept_file, read_prompts, single_turn
 
     prompts = read_prompts(args.prompts, args.limit)

@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from core.ml import bounds, strictjson
+
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -59,7 +61,7 @@ def emit(event: str, **fields: Any) -> dict[str, Any]:
         The dict that was printed.
     """
     obj = {"event": event, **fields}
-    sys.stdout.write(json.dumps(obj, default=_json_default) + "\n")
+    sys.stdout.write(strictjson.dumps(obj, default=_json_default) + "\n")
     sys.stdout.flush()
     return obj
 
@@ -136,12 +138,16 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
 
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, allow_nan: bool = True) -> Path:
-    """Write ``obj`` as indented JSON to ``path`` atomically.
+    """Write ``obj`` as indented strict JSON to ``path`` atomically (a non-finite number as
+    null, named under ``non_finite``: :mod:`core.ml.strictjson`).
 
     ``allow_nan=False`` for a file an engine reads (a drafter's config.json): a NaN or an
-    infinity is then a ValueError before anything is written, never a token no JSON reader
-    but Python's takes."""
-    text = json.dumps(obj, indent=2, default=_json_default, allow_nan=allow_nan) + "\n"
+    infinity is then a ValueError before anything is written, never a null where a number
+    belongs."""
+    if not allow_nan:
+        text = json.dumps(obj, indent=2, default=_json_default, allow_nan=False) + "\n"
+    else:
+        text = strictjson.dumps(obj, indent=2, default=_json_default) + "\n"
     return atomic_write_text(path, text)
 
 
@@ -313,6 +319,30 @@ def add_generation_args(p, *, needs: str, example: str) -> None:
                    help="auto (default): on a CPU without bf16/fp16 matrix instructions, compute linears of 8+ rows "
                    "(verify, prefill) in float32 tiles (core.ml.cpu_rows; about 1 output in 5000 differs by one "
                    "bf16 ulp); torch: torch's own kernels throughout")
+
+
+def check_flags(args: Any, **checks: Callable[[Any], str | None]) -> None:
+    """Refuse the first flag whose value a :mod:`core.ml.bounds` validator refuses: ``checks``
+    maps each argument's dest to its validator; an unset (None) argument passes.
+
+    Raises:
+        UsageError: ``--flag VALUE: what is wrong`` (exit 2, before anything is loaded).
+    """
+    for dest, check in checks.items():
+        value = getattr(args, dest, None)
+        why = None if value is None else check(value)
+        if why:
+            raise UsageError(f"--{dest.replace('_', '-')} {why}")
+
+
+def check_generation_args(args: Any) -> None:
+    """The numbers of :func:`add_generation_args`, bounded as the plan's params are (a token
+    count of 10**20 would generate until the memory is gone).
+
+    Raises:
+        UsageError: naming the flag.
+    """
+    check_flags(args, max_new_tokens=bounds.count, limit=bounds.count)
 
 
 def parse_bytes(text: str) -> int:

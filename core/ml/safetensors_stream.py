@@ -14,13 +14,14 @@ then the concatenated tensor bytes in header order.
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
+
+from core.ml import strictjson
 
 DTYPES = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -61,7 +62,7 @@ def save_streaming(
         header[name] = {"dtype": DTYPES[dt], "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
         out_dtypes[name] = dt
         offset += nbytes
-    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob = strictjson.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
     with open(Path(path), "wb") as f:
         f.write(struct.pack("<Q", len(blob)))

@@ -30,6 +30,8 @@ import hashlib
 import math
 from dataclasses import dataclass
 
+from core.ml import bounds
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -49,10 +51,19 @@ class Sampling:
         """``(field, what is wrong with it)``, or None when these settings are usable."""
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             return "temperature", f"{self.temperature}: must be a finite number >= 0 (0: greedy)"
+        why = bounds.temperature(self.temperature)
+        if why:
+            return "temperature", why
         if not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
             return "top_p", f"{self.top_p}: must be in (0, 1] (1: no nucleus filter)"
+        why = bounds.float32(self.top_p)  # the nucleus compares float32 masses with it
+        if why:
+            return "top_p", f"{why} (a top_p that is 0 in float32 keeps no token)"
         if self.top_k < 0:
             return "top_k", f"{self.top_k}: must be >= 0 (0: no top-k filter)"
+        why = bounds.count(self.top_k, 0)
+        if why:
+            return "top_k", f"{why} (0: no top-k filter)"
         if self.greedy and (self.top_p != 1 or self.top_k != 0):
             return ("top_p" if self.top_p != 1 else "top_k",
                     "top-p / top-k filter the sampling distribution, and greedy decoding (temperature 0) "
@@ -61,6 +72,17 @@ class Sampling:
 
     def to_json(self) -> dict:
         return {"temperature": float(self.temperature), "top_p": float(self.top_p), "top_k": int(self.top_k)}
+
+
+def top_k_problem(top_k: int, target_config: dict | None) -> str | None:
+    """Why ``top_k`` cannot filter the target's vocabulary (its config.json, ``text_config`` of
+    a composite one; None when unknown): more tokens than the target has. None when it can."""
+    cfg = target_config.get("text_config") or target_config if isinstance(target_config, dict) else {}
+    vocab = cfg.get("vocab_size") if isinstance(cfg, dict) else None
+    if not top_k or not bounds.is_int(vocab) or top_k <= vocab:
+        return None
+    return (f"{top_k}: the target has {vocab} tokens (vocab_size in its config.json), so top-k keeps at most "
+            f"that many: give {vocab} or less (0: no top-k filter)")
 
 
 def sample_seed(seed: int, prompt_id: str, sample: int) -> int:

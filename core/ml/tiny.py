@@ -17,7 +17,6 @@ mathematically equal computations (incremental vs batched), which must not flip 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 import torch
 
+from core.ml import strictjson
 from core.ml.drafter import DFlashDrafter, save_drafter
 from core.ml.drafter_config import DFlashConfig
 from core.ml.runio import emit, run_main
@@ -284,7 +284,7 @@ def write_tiny_prompts(path: str | Path, n_text: int = 3) -> Path:
     rows = tiny_prompt_rows(n_text)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    path.write_text("".join(strictjson.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
 
 

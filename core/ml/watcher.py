@@ -48,8 +48,9 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import InvalidInput
-from core.ml import layouts, sampling
-from core.ml.runio import UsageError, atomic_write_json, emit, read_json, run_main, say
+from core.ml import bounds, layouts, sampling
+from core.ml.runio import (UsageError, atomic_write_json, check_flags, check_generation_args, emit, read_json, run_main,
+                           say)
 
 RESULTS = "results"
 
@@ -94,6 +95,10 @@ def preflight(args: argparse.Namespace) -> str | None:
     target = Path(args.target)
     try:  # refused once here, not once per checkpoint (core.ml.eval refuses the same)
         validate_sampling(argparse.Namespace(**vars(args), tree_budget=None))
+        check_generation_args(args)
+        check_flags(args, block_size=bounds.count, every=lambda v: bounds.count(v, 1, bounds.INT64_MAX),
+                    after=lambda v: bounds.count(v, 0, bounds.INT64_MAX), poll=bounds.seconds,
+                    settle=bounds.seconds)
     except UsageError as exc:
         return f"{args.where}: {exc}"
     if not (target / "config.json").is_file():

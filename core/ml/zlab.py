@@ -31,6 +31,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.ml import strictjson
 from core.ml.runio import UsageError
 
 PREFIX = "zlab:"
@@ -140,9 +141,9 @@ def build(spec: str, base: Path | None = None, warn=None) -> bytes:
     header = {"name": PREFIX + s.name, "reference": REFERENCE, "dataset": s.dataset, "config": s.config,
               "split": s.split, "rows": len(rows), "seed": SEED, "selection": SELECTION,
               "wrapping": s.wrapping, "template": TEMPLATE, "multi_turn": s.multi_turn}
-    lines = [json.dumps({"prompt_set": header}, ensure_ascii=False)]
+    lines = [strictjson.dumps({"prompt_set": header}, ensure_ascii=False)]
     for i in order:
-        lines.append(json.dumps(_entry(s, rows[i], i, spec), ensure_ascii=False))
+        lines.append(strictjson.dumps(_entry(s, rows[i], i, spec), ensure_ascii=False))
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 

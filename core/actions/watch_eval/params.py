@@ -92,8 +92,10 @@ class WatchEvalParams:
 
     def validate(self):
         from core.actions.eval import sampling_problems
+        from core.params import counts
 
         out = sampling_problems(self, offline_field="temperature")
+        out += counts(self, max_prompts=1, block_size=1, max_new_tokens=1)
         if not (self.every == "checkpoint" or (isinstance(self.every, int) and self.every > 0)):
             out.append((("every",), "every: a number of steps or 'checkpoint'"))
         if self.mode == "offline" and not self.cache:

@@ -32,6 +32,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from core.actions.watch_eval.params import WatchEvalParams, parse_watch
+from core.ml import resultfile
 from core.records import WatchEntry
 
 if TYPE_CHECKING:
@@ -171,7 +172,12 @@ class Watcher:
                                    f"({st.signal or st.exit_code}): {tail.splitlines()[-3:]}")
             res = json.loads(await ev.read_from(f"{capsule}/result.json", 0, 1 << 28))
             base_raw = await ev.read_from(f"{capsule}/baseline/result.json", 0, 1 << 28)
-            self._record(step, res, json.loads(base_raw) if base_raw else None)
+            base = json.loads(base_raw) if base_raw else None
+            for name, doc in (("result.json", res), ("baseline/result.json", base)):
+                why = resultfile.problem(doc) if doc is not None else None
+                if why or (doc is res and not isinstance(res.get("tau"), (int, float))):
+                    raise ValueError(f"{capsule}/{name}: {why or 'no tau (no prompt had a round)'}")
+            self._record(step, res, base)
             self.ctx.update_watch_entry(step, "done", tau=res.get("tau"))
             self.ctx.notice(f"{self.item.id}: tau {res.get('tau'):.3f} at step {step} "
                             f"({self.mode}, target {res.get('dtype')}, on {ev.name})")

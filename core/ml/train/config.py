@@ -39,12 +39,13 @@ import contextlib
 import dataclasses
 import difflib
 import json
-import math
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from core.ml import bounds, strictjson
 
 FC_LAYERS = ("taps", "taps_and_final")
 NOISE_TARGETS = ("fc_input", "all_features")
@@ -228,6 +229,8 @@ def _check_value(where: str, key: str, value: Any, tp: Any, meta: Any) -> Any:
     if base is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where}: '{key}' must be an integer, got {value!r}")
+        if bounds.int64(value):  # a run's ints reach torch and the store as int64
+            raise ConfigError(f"{where}: '{key}' {bounds.int64(value)}")
         return value
     if base is float:
         if isinstance(value, str):  # PyYAML (YAML 1.1) reads 3e-3 as a string; accept it
@@ -235,8 +238,10 @@ def _check_value(where: str, key: str, value: Any, tp: Any, meta: Any) -> Any:
                 value = float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: '{key}' must be a number, got {value!r}")
-        if not math.isfinite(float(value)):
+        if bounds.finite(value):
             raise ConfigError(f"{where}: '{key}' must be finite, got {value!r}")
+        if bounds.float32(value):  # the trainer computes in float32 (lr, gamma, noise, init_std...)
+            raise ConfigError(f"{where}: '{key}' {bounds.float32(value)}")
         return float(value)
     if base is str:
         if not isinstance(value, str):
@@ -416,6 +421,13 @@ def check(cfg: TrainConfig, where: str) -> None:
     need(lo.gamma is None or lo.gamma > 0, "loss.gamma", "must be > 0")
     need(0 <= lo.soft_kl_weight <= 1, "loss.soft_kl_weight", "must be in [0, 1]")
     need(lo.temperature > 0, "loss.temperature", "must be > 0")
+    need(not bounds.temperature(lo.temperature, greedy=False), "loss.temperature",
+         str(bounds.temperature(lo.temperature, greedy=False)))
+    for key, low in (("data.max_new_tokens", 1), ("data.max_length", 2), ("train.batch_size", 1),
+                     ("train.anchors_per_sequence", 1)):
+        section, name = key.split(".")
+        why = bounds.count(getattr(getattr(cfg, section), name), low)
+        need(not why, key, str(why))
     need(n.std >= 0, "noise.std", "must be >= 0")
 
 
@@ -487,6 +499,11 @@ def resolve(cfg: TrainConfig, where: str, target_cfg: dict[str, Any] | None, mas
     d = cfg.drafter
     tc = target_cfg or {}
     if target_cfg is not None:
+        for key in (*TARGET_SIZES.values(), "num_attention_heads", "intermediate_size"):  # read below
+            why = bounds.count(target_cfg.get(key), 1, bounds.INT64_MAX)
+            if why:
+                raise ConfigError(f"{where}: the target {cfg.target} has {key} {why} in its config.json: point "
+                                  "'target' at the transformers model dir this drafter is for")
         for key, theirs in TARGET_SIZES.items():
             value, mine = int(target_cfg[theirs]), getattr(d, key)
             if mine is not None and mine != value:
@@ -682,7 +699,7 @@ def describe() -> str:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             choices = f.metadata.get("choices")
             kind = " | ".join(choices) if choices else getattr(tp, "__name__", str(tp)).replace("typing.", "")
-            lines.append(f"{prefix}{f.name} = {json.dumps(default)}  ({kind})\n    {f.metadata['doc']}")
+            lines.append(f"{prefix}{f.name} = {strictjson.dumps(default)}  ({kind})\n    {f.metadata['doc']}")
 
     walk(TrainConfig, "")
     return "\n".join(lines).strip() + "\n"

@@ -15,7 +15,6 @@ Kept apart from :mod:`core.ml.train` (the loop) so each piece can be read and te
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import re
@@ -24,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from core.ml import strictjson
 from core.ml.runio import UsageError, atomic_write_text, say
 
 LATEST = "latest"
@@ -48,7 +48,7 @@ def lr_factor(step: int, total: int, warmup: int, min_ratio: float) -> float:
 
 def print_line(obj: dict[str, Any]) -> None:
     """One JSON line on stdout (metrics have no "event" key; everything else has one)."""
-    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.write(strictjson.dumps(obj) + "\n")
     sys.stdout.flush()
 
 

@@ -101,6 +101,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from core.ml import bounds, strictjson
 from core.ml.drafter_config import read_config_file
 from core.ml.runio import (TaskError, UsageError, atomic_write_json, atomic_write_text, fixed_mmap_threshold, provenance,
                           say)
@@ -187,7 +188,7 @@ def print_config(cfg: Any, target_cfg: dict[str, Any] | None) -> int:
         left = unresolved(cfg)
         say(f"target {cfg.target}: no config.json here; resolved from the config file alone"
             + (f" ({', '.join(left)} still null)" if left else ""))
-    sys.stdout.write(json.dumps(cfg.to_dict()) + "\n")
+    sys.stdout.write(strictjson.dumps(cfg.to_dict()) + "\n")
     return 0
 
 
@@ -366,6 +367,9 @@ class Trainer:
         self.steps_per_epoch = math.ceil(len(self.train_idx) / per_step)
         self.total = (cfg.train.max_steps if cfg.train.max_steps is not None
                       else math.ceil(cfg.train.epochs * self.steps_per_epoch))
+        if bounds.int64(self.total):  # a step past 64 bits could be neither seeded, stored nor resumed
+            raise UsageError(f"train.epochs {cfg.train.epochs:g} x {self.steps_per_epoch} steps per epoch is "
+                             "past 64 bits of steps: lower train.epochs, or set train.max_steps")
         self.cfg = cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_steps=self.total))
         self.cfg_dict = cfg.to_dict()
         self.drafter_cfg = tc.drafter_config_dict(cfg, self.target_cfg)
