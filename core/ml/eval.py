@@ -115,15 +115,15 @@ def drafter_weights(drafter: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def validate(args: argparse.Namespace) -> None:
-    """Cheap input checks before anything heavy is loaded (UsageError names the argument; the
-    drafter's and target's files: :func:`core.ml.drafter_config.check_drafter_dir`)."""
+    """Cheap input checks before anything heavy is loaded: the flags first (UsageError names
+    the argument), then the drafter's and target's files
+    (:func:`core.ml.drafter_config.check_drafter_dir`)."""
     from core.ml.drafter_config import check_drafter_dir
 
     if not (Path(args.target) / "config.json").is_file():
         raise UsageError(f"--target {args.target}: no config.json there")
     if not (Path(args.drafter) / "config.json").is_file():
         raise UsageError(f"--drafter {args.drafter}: no config.json there")
-    check_drafter_dir(args.drafter, args.target)  # every field and header; taps within the target's layers
     if not args.prompts.startswith("zlab:") and not Path(args.prompts).is_file():
         raise UsageError(f"--prompts {args.prompts}: file not found")
     validate_sampling(args)
@@ -144,6 +144,8 @@ def validate(args: argparse.Namespace) -> None:
             parse_bytes(args.max_memory)
         except ValueError as exc:
             raise UsageError(f"--max-memory {exc}") from None
+    # the files last: the flags above are the cheaper checks, and each names its own flag
+    check_drafter_dir(args.drafter, args.target)  # every field and header; taps within the target's layers
 
 
 def validate_engine(args: argparse.Namespace) -> None:
