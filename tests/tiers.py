@@ -7,11 +7,12 @@ setup + call + teardown in a serial run; tests/README.md says how to refresh it)
   the reference packages) or took more than :data:`QUICK_MAX_S` in the recorded run, or is
   marked slow by hand. ``pytest -m "not slow"`` is the quick tier; the whole suite is the
   full tier. A test missing from the file (new) counts as quick until the file is refreshed.
-* **Groups.** Under ``pytest-xdist`` with ``--dist loadgroup`` every test of a module runs on
-  one worker (its module- and class-scoped fixtures are built once), except the modules in
-  :data:`SPREAD`, whose tests share only session-scoped, disk-cached fixtures and are spread
-  test by test. Tests that must never run side by side carry ``xdist_group`` marks of their
-  own (one Slurm: ``slurm``).
+* **Groups.** Under ``pytest-xdist`` with ``--dist loadgroup`` a test that uses a module-,
+  class- or package-scoped fixture runs on the worker that runs the rest of its module (the
+  fixture is built once, as in a serial run); every other test goes to whichever worker is
+  free (session fixtures that cost something are built once per run for all workers:
+  tests/shared.py). Tests that must never run side by side share an ``xdist_group`` of their
+  own (one Slurm at a time: ``slurm``).
 * **Order.** Groups are handed out longest first (the recorded durations), so the last
   worker to finish is not the one that drew the demo at the end.
 * ``-n auto`` starts :func:`auto_workers` workers: more than the CPUs, since most tests wait
@@ -32,8 +33,10 @@ QUICK_MAX_S = 2.0
 """A test that took longer than this in the recorded serial run is ``slow``."""
 EXTERNAL = ("integration", "slurm", "engine", "reference", "speculators", "gpu")
 """Markers of tests that need a real external part: never in the quick tier."""
-SPREAD: tuple[str, ...] = ()
-"""Modules (paths relative to the repository) whose tests are spread one by one over workers."""
+SHARED_SCOPES = ("module", "class", "package")
+"""Fixture scopes that tie a test to the worker running the rest of its module."""
+UNKNOWN_S = 0.5
+"""The cost assumed for a test the recorded run does not list (new, or under 5 ms)."""
 
 
 def auto_workers(cpus: int) -> int:
@@ -68,27 +71,34 @@ def pytest_collection_modifyitems(config, items):
         external = any(item.get_closest_marker(m) for m in EXTERNAL)
         if external or recorded.get(item.nodeid, 0.0) > QUICK_MAX_S:
             item.add_marker(pytest.mark.slow)
-    # one group per module, except the spread ones and the tests grouped by hand
+    # a group per module for the tests with module fixtures, one per test otherwise
     cost: dict[str, float] = defaultdict(float)
     group_of: dict[str, str] = {}
     for item in items:
         mark = item.get_closest_marker("xdist_group")
-        module = item.nodeid.split("::", 1)[0]
         if mark is not None:
             group = mark.kwargs.get("name") or (mark.args[0] if mark.args else "default")
         elif item.get_closest_marker("slurm"):  # one single-node Slurm at a time
             group = "slurm"
             item.add_marker(pytest.mark.xdist_group(group))
-        elif module in SPREAD:
-            group = item.nodeid
+        elif _shares_fixtures(item):
+            group = item.nodeid.split("::", 1)[0]
+            item.add_marker(pytest.mark.xdist_group(group))
         else:
-            group = module
-            item.add_marker(pytest.mark.xdist_group(module))
+            group = item.nodeid  # xdist's loadgroup: a test without a group is its own unit
         group_of[item.nodeid] = group
-        cost[group] += recorded.get(item.nodeid, 1.0)
+        cost[group] += recorded.get(item.nodeid, UNKNOWN_S)
     # longest group first; a group keeps its collection order inside
     first_seen = {g: i for i, g in reversed(list(enumerate(group_of[it.nodeid] for it in items)))}
     items.sort(key=lambda it: (-cost[group_of[it.nodeid]], first_seen[group_of[it.nodeid]]))
+
+
+def _shares_fixtures(item) -> bool:
+    """Whether the test uses a fixture built once for its module, class or package."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(d.scope in SHARED_SCOPES for defs in info.name2fixturedefs.values() for d in defs)
 
 
 class _Recorder:

@@ -24,6 +24,7 @@ from core.store import Store
 from tests.conftest import ROOT, run_cli
 from tests.integration.mlplan import extract_item
 from tests.integration.test_watch_detached import capsules, kill_when, spawn, wait_exit
+from tests.shared import build_once
 
 pytestmark = [pytest.mark.integration, pytest.mark.ml, pytest.mark.slow]
 pytest.importorskip("specforge", reason="needs specforge==0.2.0 (scripts/bootstrap --test)")
@@ -200,13 +201,13 @@ def eval_item(item_id: str, drafter: str, needs: list[str]) -> dict:
             "mode": "online", "max_new_tokens": 16}}}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fitted_tiny(tmp_path_factory):
-    """The tiny target with a drafter fitted to it (tau > 1: equal taus are not all 1.0)."""
-    root = tmp_path_factory.mktemp("fitted")
-    subprocess.run([sys.executable, "-m", "core.ml.tiny", str(root)], check=True,
-                   capture_output=True, cwd=ROOT)
-    return root
+    """The tiny target with a drafter fitted to it (tau > 1: equal taus are not all 1.0), built
+    once per test run for every worker (the fit is this module's costliest set-up) and read
+    only (``workdir`` copies it)."""
+    return build_once(tmp_path_factory, "tiny-models-fitted", lambda root: subprocess.run(
+        [sys.executable, "-m", "core.ml.tiny", str(root)], check=True, capture_output=True, cwd=ROOT))
 
 
 @pytest.mark.parametrize("trainer", ["specforge", "speculators"])
