@@ -318,8 +318,10 @@ async def test_manual_done_detail_and_unambiguous_dates(live_plan, utc):
 def test_json_lines_pretty_and_curves_helpers():
     lines = pretty_json('{"step": 20, "loss": 3.14159, "acc": [0.61, 0.4], "lr": 0.0006, '
                         '"eta_s": 31.5}', 30)
-    assert lines[0].startswith("step 20 · loss 3.142") and all(len(x) <= 30 for x in lines)
-    assert lines[1].startswith("    ") and "eta_s 31.5" in " ".join(lines)
+    # the summary the CLI prints (core.progress), then the record's other fields
+    assert lines[0].startswith("step 20, loss 3.1416") and all(len(x) <= 30 for x in lines)
+    assert lines[1].startswith("    ") and "ETA 0m31s · acc 0.61 0.4 · lr 0.0006" in " ".join(
+        x.strip() for x in lines)
     assert pretty_json("not json {", 30) is None and pretty_json("[1, 2]", 30) is None
     assert families({"loss", "elapsed_s", "eta_s", "lr"}) == ["loss", "lr"]
     assert families({"loss", "elapsed_s", "eta_s"}, bookkeeping=True) == [
@@ -447,5 +449,5 @@ async def test_json_records_wrap_again_when_the_log_gets_wider(campaign):
         await settle(pilot)
         wide = list(pane.log.lines)
         assert len(wide) < len(narrow) and not any(x.startswith("    ") for x in wide)
-        assert wide[-1] == "saved step_1000" and wide[-2].startswith("step 1000 · loss 1.228")
+        assert wide[-1] == "saved step_1000" and wide[-2].startswith("step 1000, loss 1.2283 · acc ")
         assert pane.log.scroll_y == pane.log.max_scroll_y  # still following the end
