@@ -211,6 +211,28 @@ def test_run_again_reruns_a_done_item_and_hints_name_the_plan(tmp_path):
     assert res.returncode == 2 and "name them" in res.stderr
 
 
+def test_a_misspelled_item_id_gets_the_close_one_and_nothing_changes(tmp_path):
+    """Every command that takes an item id resolves it in one place (Plan.item): a typo
+    names the id it is close to (ties: each), exit 2, and nothing is run or marked."""
+    plan = _local_plan(tmp_path, [_shell("train-v4", "true"), _shell("train-v5", "true"),
+                                  _shell("eval-v5", "true")])
+    state = tmp_path / "s.db"
+    assert run_cli("run", plan, "train-v4", "--state", state).returncode == 0
+    before = run_cli("status", plan, "--json", "--state", state).stdout
+    for argv in (("run", plan, "trian-v5"), ("logs", plan, "trian-v5"),
+                 ("stop", plan, "trian-v5", "--yes"), ("mark", plan, "trian-v5", "done"),
+                 ("metrics", plan, "trian-v5"), ("diff", plan, "trian-v5", "train-v4")):
+        res = run_cli(*argv, "--state", state)
+        assert res.returncode == 2, (argv, res.stderr)
+        assert "no item 'trian-v5' in plan 'c'; did you mean 'train-v5'?" in res.stderr, res.stderr
+    res = run_cli("run", plan, "train-v6", "--state", state)
+    assert res.returncode == 2 and "did you mean 'train-v4' or 'train-v5'?" in res.stderr
+    res = run_cli("mark", plan, "cleanup", "done", "--state", state)
+    assert res.returncode == 2 and "no item 'cleanup'" in res.stderr
+    assert "did you mean" not in res.stderr  # nothing close: no guess
+    assert run_cli("status", plan, "--json", "--state", state).stdout == before
+
+
 def test_ssh_hints_use_dash_p():
     from core.hosts.ssh import ssh_command
 
