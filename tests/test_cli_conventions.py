@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from console.cli import build_parser
 from console.cli.conventions import command_name, hoist_globals
@@ -141,6 +142,28 @@ def test_long_titles_wrap_inside_the_status_table_on_a_terminal(tmp_path):
     assert res.returncode == 0
     (row,) = [ln for ln in res.stdout.splitlines() if " v5 " in ln]
     assert long.strip() in row
+
+
+def test_status_at_80_columns_never_splits_an_id(tmp_path):
+    """The demo's plan on an 80-column terminal: every item id is whole on its row (what the
+    next command types; "strip-baseli" / "ne" would read as another item), the table fits,
+    and the columns left out for it are named with what shows them."""
+    from core.demo import write_workspace
+
+    plan = write_workspace(tmp_path / "demo", True)
+    ids = [it["id"] for it in yaml.safe_load(plan.read_text())["items"]]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "80", "NO_COLOR": "1"}
+    out = _run_on_tty(["status", str(plan), "--no-reconcile"], env).replace("\r", "")
+    lines = out.rstrip("\n").split("\n")
+    assert max(len(x.rstrip()) for x in lines) <= 80, out
+    for item in ids:
+        (row,) = [ln for ln in lines if f" {item} " in f"{ln} "]
+        assert row.split()[:3] == ["○", "pending", item], row
+    assert "strip-baseline" in out and "extract_weights@train" in out  # action kept whole
+    assert "(left out at 80 columns: priority, what; a wider terminal, --json or a pipe" in \
+        " ".join(lines), out
+    wide = _run_on_tty(["status", str(plan), "--no-reconcile"], {**env, "COLUMNS": "200"})
+    assert "left out" not in wide and "Strip the baseline checkpoint" in wide
 
 
 def test_every_command_has_argument_help_and_an_example():
