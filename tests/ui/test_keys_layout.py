@@ -350,6 +350,35 @@ async def test_curve_controls(campaign):
         assert pane.family == "elapsed_s"
 
 
+async def test_the_curves_keys_say_what_they_do(campaign):
+    """The curves title names each view key with what it does, taken from the key's own
+    binding (so it never names a key the pane lacks: ``s`` smoothed once, ``v`` does now);
+    a narrower pane drops whole keys, never a word, and pressing a named key does it."""
+    from rich.cells import cell_len
+
+    from console.widgets.metrics_pane import view_keys
+
+    plan, store = campaign
+    async with running(plan, store, select="train-v5") as (app, pilot, _):
+        pane = app.query_one(MetricsPane)
+        await pilot.press("3")
+        await settle(pilot)
+        head = str(pane.query_one("#metrics-title").render()).split("\n")[0]
+        keys = head[head.index("m next metric"):]
+        assert keys.split("  ") == ["m next metric", "v smooth", "l log y", "w step/time",
+                                    "b bookkeeping"], head
+        described = {b.key: b.description.lower() for b in pane.BINDINGS}
+        for unit in keys.split("  "):
+            key, word = unit.split(" ", 1)
+            assert described[key] == word  # the key is the pane's, and does what it says
+        await pilot.press("v")
+        await settle(pilot)
+        assert pane.smooth == 0.6
+    narrow = view_keys(MetricsPane.BINDINGS, 30, tau=True).plain
+    assert narrow == "m next metric  t tau at step" and cell_len(narrow) <= 30
+    assert view_keys(MetricsPane.BINDINGS, 12, tau=False).plain == ""  # no room: no half key
+
+
 CHILD = r"""
 import sys
 sys.path.insert(0, sys.argv[3])
