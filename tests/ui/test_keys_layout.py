@@ -379,6 +379,45 @@ async def test_the_curves_keys_say_what_they_do(campaign):
     assert view_keys(MetricsPane.BINDINGS, 12, tau=False).plain == ""  # no room: no half key
 
 
+@pytest.mark.parametrize("which", ["example", "campaign"])
+async def test_the_footer_shows_whole_keys_at_80x24(campaign, which):
+    """At 80x24, whichever pane has the keys, each key the footer shows is whole and left of
+    the palette's key (it read ``? Hel▏^p paletteQ``); the ones hidden to make room are the
+    zoom and help keys the tabs line names, then the rightmost; at 120x40 all show."""
+    from console.widgets.keys_footer import KeysFooter, key_width
+
+    plan, store = campaign
+    if which == "example":
+        plan, store = load_plan(ROOT / "plans" / "example.yaml"), Store(":memory:")
+    for size, panes in (((80, 24), ("1", "2", "3", "5")), ((120, 40), ("1",))):
+        async with running(plan, store, select=plan.items[0].id, size=size) as (app, pilot, _):
+            for pane in panes:
+                await pilot.press(pane)
+                await settle(pilot)
+                await pilot.pause()
+                footer = app.query_one(KeysFooter)
+                keys = list(footer.query("FooterKey"))
+                (palette,) = [k for k in keys if k.has_class("-command-palette")]
+                shown = [k for k in keys if k.display and k is not palette]
+                hidden = [k.action for k in keys if not k.display]
+                assert shown and palette.display
+                for k in shown:  # whole: as wide as its text, and clear of the palette's key
+                    assert k.region.width == key_width(k) - k.styles.margin.width, k.key
+                    assert k.region.right <= palette.region.x, (k.key, hidden)
+                assert max(k.region.right for k in shown) < size[0] - 1  # the last cell free
+                if size == (120, 40):
+                    assert hidden == []
+                    continue
+                named = {"help", "zoom"} & {k.action for k in keys}
+                rest = [k.action for k in keys if k is not palette and k.action not in named]
+                gone = [a for a in rest if a in hidden]
+                if gone:  # the tabs line names zoom and help: they give way first, then
+                    assert named <= set(hidden), hidden  # the rightmost keys
+                    assert rest[len(rest) - len(gone):] == gone, (rest, hidden)
+    if which == "example":
+        store.close()
+
+
 CHILD = r"""
 import sys
 sys.path.insert(0, sys.argv[3])
