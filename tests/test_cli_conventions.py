@@ -69,13 +69,58 @@ def test_hoisting_leaves_subcommand_options_and_words_after_dashdash():
 
 
 def test_version_carries_the_code_hash():
-    from core.selfwheel import version
+    from core.selfwheel import code_hash, version
 
     for argv in (("--version",), ("kinds", "--version")):
         res = run_cli(*argv)
         assert res.returncode == 0
         assert res.stdout.strip() == f"specdeck {version()}"
-        assert "+g" in res.stdout
+        # named as what it is, a hash of the code ("+g<hash>" read as a git commit)
+        assert res.stdout.strip().endswith(f"+code.{code_hash()}") and "+g" not in res.stdout
+
+
+def test_a_venv_of_the_older_version_form_is_read_and_told_stale(tmp_path):
+    """A host's venv holding a specdeck of the older ``+g<hash>`` form (made before the hash
+    was named): the venv check reads its code hash and says it is other code, naming both;
+    the wheel this specdeck builds carries the new form in its name and its metadata."""
+    import asyncio
+    import zipfile
+
+    from core.actions.venv import Venv, VenvParams
+    from core.hosts.local import LocalHost
+    from core.params import parse_params
+    from core.selfwheel import build_wheel, code_hash, code_of, version
+    from core.versions import satisfies
+
+    venv = tmp_path / "w" / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (site,) = venv.glob("lib/python*/site-packages")
+    old = "0.1.0+g1a2b3c4d5e"
+    dist = site / f"specdeck-{old}.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: specdeck\nVersion: {old}\n")
+    action = Venv(parse_params(VenvParams, {"torch": "none",
+                                            "python": "%d.%d" % sys.version_info[:2]}))
+
+    async def probe():
+        host = LocalHost("here", workdir=str(tmp_path / "w"))
+        await host.connect()
+        return await action.probe(host)
+
+    found = asyncio.run(probe())
+    assert found["specdeck"] == old
+    (told,) = [b for b in action._unsatisfied(found) if b.startswith("specdeck")]
+    assert told == (f"specdeck {old} runs other code (1a2b3c4d5e; this specdeck's is "
+                    f"{code_hash()}): it is reinstalled from this one")
+    assert code_of(old) == "1a2b3c4d5e" and code_of(version()) == code_hash()
+    assert code_of("2.13.0+cpu") is None and code_of("0.1.0") is None
+    # == with a local part compares it as PEP 440 normalizes it (pip may print +code.123)
+    assert satisfies("0.1.0+code.0123", [("==", "0.1.0+code.123")])
+    assert not satisfies(version(), [("==", f"0.1.0+g{code_hash()}")])
+    whl = build_wheel(tmp_path)
+    assert whl.name == f"specdeck-{version()}-py3-none-any.whl"
+    with zipfile.ZipFile(whl) as z:
+        assert f"Version: {version()}" in z.read(f"specdeck-{version()}.dist-info/METADATA").decode()
 
 
 # -- pipes, colour, help -----------------------------------------------------------------
