@@ -38,13 +38,11 @@ def keys_shown(widths: list[int], room: int, first_hidden: set[int]) -> set[int]
 
 
 class KeysFooter(Footer):
-    """A :class:`~textual.widgets.Footer` that hides the keys it cannot show whole.
-
-    ``tabs_name_keys`` (the app sets it): the tabs line names zoom and help, so their keys
-    are the first to give way.
-    """
+    """A :class:`~textual.widgets.Footer` that hides the keys it cannot show whole."""
 
     tabs_name_keys = False
+    """Whether the tabs line names zoom and help (the app sets it on a small terminal): then
+    their keys are the first to give way."""
 
     def compose(self):
         yield from super().compose()
