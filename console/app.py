@@ -33,7 +33,7 @@ from textual.css.query import NoMatches
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widget import Widget
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 from textual.worker import Worker, WorkerState
 
 from console import messages as m
@@ -46,6 +46,7 @@ from console.screens.journal import JournalScreen, meanwhile_summary
 from console.services import Services
 from console.widgets.hosts_bar import HostsBar
 from console.widgets.item_detail import ItemDetail
+from console.widgets.keys_footer import KeysFooter
 from console.widgets.log_pane import LogPane
 from console.widgets.metrics_pane import MetricsPane
 from console.widgets.plan_list import PlanPane
@@ -191,7 +192,7 @@ class SpecdeckApp(App[int]):
                 yield LogPane(id="logpane")
                 yield MetricsPane(id="metrics")
                 yield TauPane(id="tau")
-        yield Footer()
+        yield KeysFooter()
 
     def on_mount(self) -> None:
         self._main_screen = self.screen
@@ -292,7 +293,10 @@ class SpecdeckApp(App[int]):
         else:
             tau.styles.height = "1fr"
         self.screen.set_class(self.compact and not self.zoomed, "-compact")
-        self.query_one(Footer).compact = self.compact  # more keys fit on a narrow footer
+        footer = self.query_one(KeysFooter)
+        footer.compact = self.compact  # more keys fit on a narrow footer
+        footer.tabs_name_keys = self.compact and not self.zoomed  # (the tabs say z and ?)
+        self.call_after_refresh(footer.fit)
         tabs = self.query_one("#tabs", Static)
         tabs.display = self.compact and not self.zoomed
         if tabs.display:

@@ -11,7 +11,8 @@ A train or shell item may declare::
         hf_dicts: true               # HF Trainer lines: {'loss': 2.3, 'epoch': 0.1}
         tensorboard: runs/exp1       # event files under this dir (host workdir relative)
 
-Log-line sources (JSON with ``step``, the regexes, HF dict lines) are parsed as the log
+Log-line sources (JSON with ``step``, or a progress record counted in steps, at its
+``done``: :func:`record_step`; the regexes, HF dict lines) are parsed as the log
 follower stores each line, so they are stored exactly once because the log is. An HF dict
 line without ``global_step`` (or ``step``) is numbered by its ordinal among such lines in the
 run's log; that count is re-derived from the stored log whenever a follower starts, so a
@@ -299,25 +300,56 @@ class LineMetrics:
 
 
 def _json_step(seg: bytes) -> bool:
+    """Whether ``seg`` looks like a JSON record with a step (never an HF dict line)."""
     s = seg.strip()
-    return s.startswith(b"{") and b'"step"' in s and s.endswith(b"}")
+    return s.startswith(b"{") and s.endswith(b"}") and (
+        b'"step"' in s or (b'"steps"' in s and b'"progress"' in s))
+
+
+def _may_have_step(s: bytes) -> bool:
+    """Whether a JSON line may carry a step (a cheap look before parsing every line)."""
+    return b'"step"' in s or b'"steps"' in s
+
+
+STEP_PROGRESS = ("progress", ("steps", "step"))
+"""A ``{"event": "progress", "unit": "steps"}`` record (``core.ml.runio``'s, as
+``core.ml.codemodel`` prints with its loss) is a training point at step ``done``."""
+PROGRESS_POSITION = frozenset({"done", "total"})
+"""A step progress record's fields that say where it is, not what it measures."""
+
+
+def record_step(obj: dict) -> tuple[object, frozenset[str]] | None:
+    """The step a JSON record's metrics are at and the fields that are not metrics: its
+    ``step``, or a step progress record's ``done`` (:data:`STEP_PROGRESS`); None when it has
+    neither (see :func:`_step` for what counts as a step)."""
+    step = _step(obj.get("step"))
+    if step is not None:
+        return step, frozenset({"step"})
+    event, units = STEP_PROGRESS
+    if obj.get("event") == event and obj.get("unit") in units:
+        step = _step(obj.get("done"))
+        if step is not None:
+            return step, PROGRESS_POSITION
+    return None
 
 
 def parse_metrics(line: bytes, regex: re.Pattern | None = None) -> list[tuple[int, str, float]]:
     """Metrics carried by one log line.
 
     A JSON object with an integer ``step`` gives one metric per numeric field (lists become
-    ``name[i]``, nested objects ``name.sub``). With ``regex`` (named groups, ``step`` among
-    them), a text line such as ``step=10 loss=2.3`` gives its numeric groups.
+    ``name[i]``, nested objects ``name.sub``); so does a progress record counted in steps,
+    at step ``done`` (:func:`record_step`: ``core.ml.codemodel``'s loss). With ``regex``
+    (named groups, ``step`` among them), a text line such as ``step=10 loss=2.3`` gives its
+    numeric groups.
     """
     s = line.strip()
     out: list[tuple[int, str, float]] = []
-    if s.startswith(b"{") and b'"step"' in s:
+    if s.startswith(b"{") and _may_have_step(s):
         obj = json_line(s)
         if isinstance(obj, dict):
-            step = _step(obj.get("step"))
-            if step is not None:
-                _flatten(step, obj, "", out)
+            at = record_step(obj)
+            if at is not None:
+                _flatten(at[0], obj, "", out, skip=at[1])
                 return out
     if regex is not None:
         m = regex.search(s[:REGEX_PREFIX].decode("utf-8", "replace"))
@@ -326,12 +358,15 @@ def parse_metrics(line: bytes, regex: re.Pattern | None = None) -> list[tuple[in
     return out
 
 
-def _flatten(step: int, obj, prefix: str, out: list, depth: int = 0) -> None:
+def _flatten(step: int, obj, prefix: str, out: list, depth: int = 0,
+             skip: frozenset[str] = frozenset({"step"})) -> None:
+    """One point per numeric field of ``obj`` at ``step``; top-level fields in ``skip``
+    (the step itself) are not metrics."""
     if depth > MAX_JSON_DEPTH or len(out) > 4096:
         return
     items = obj.items() if isinstance(obj, dict) else enumerate(obj)
     for k, v in items:
-        if prefix == "" and k == "step":
+        if prefix == "" and k in skip:
             continue
         name = f"{prefix}[{k}]" if isinstance(k, int) else (f"{prefix}.{k}" if prefix else str(k))
         if isinstance(v, bool):

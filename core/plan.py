@@ -15,6 +15,7 @@ from typing import Any, Iterable
 
 from core.adopt_spec import AdoptSpec
 from core.errors import InvalidInput
+from core.text import did_you_mean
 
 STATUSES = ("pending", "in_progress", "done", "failed", "stopped", "skipped")
 """An item's statuses: ``stopped`` is a run an operator (or a ``stop`` item) ended; like
@@ -112,7 +113,8 @@ class Plan:
         for it in self.items:
             if it.id == item_id:
                 return it
-        raise InvalidInput(f"{self.path or self.name}: no item {item_id!r} in plan {self.name!r}",
+        raise InvalidInput(f"{self.path or self.name}: no item {item_id!r} in plan {self.name!r}"
+                           + did_you_mean(item_id, (it.id for it in self.items)),
                            hint=f"`specdeck status {self.path or self.name}` lists the item ids")
 
     @property

@@ -2,8 +2,11 @@
 
 A wheel is a zip with a ``.dist-info``; building it from the imported packages' own files
 (rather than from a source checkout) works the same from an editable install, a plain
-install, or a laptop without build tools. The version carries a hash of the code
-(``0.1.0+g1a2b3c4d``), so a host's venv is known to be current or stale by its version.
+install, or a laptop without build tools. The version carries a hash of the code, named as
+one (``0.1.0+code.3f9a2c1b7e``: the sha256 of the packages' files, not a git commit), so a
+host's venv is known to be current or stale by its version. Versions made before it was
+named said ``0.1.0+g3f9a2c1b7e`` (which read as ``git describe``'s commit): :func:`code_of`
+reads both, as hosts' venvs and stored runs still hold them.
 """
 
 from __future__ import annotations
@@ -43,8 +46,27 @@ def code_hash() -> str:
     return h.hexdigest()[:10]
 
 
+CODE = "code"
+"""The local version label's first part: what the hash after it is a hash of."""
+_OLD_CODE = "g"
+"""How versions said it before (``+g<hash>``: read, never written)."""
+
+
 def version() -> str:
-    return f"{core.__version__}+g{code_hash()}"
+    """``0.1.0+code.3f9a2c1b7e``: the release, then the hash of this code (:func:`code_hash`)."""
+    return f"{core.__version__}+{CODE}.{code_hash()}"
+
+
+def code_of(version: str) -> str | None:
+    """The code hash a specdeck version carries (``0.1.0+code.3f9a2c1b7e`` and the older
+    ``0.1.0+g3f9a2c1b7e`` alike: ``3f9a2c1b7e``); None when it carries none."""
+    local = version.partition("+")[2]
+    if local.startswith(f"{CODE}."):
+        return local[len(CODE) + 1:] or None
+    if local.startswith(_OLD_CODE) and len(local) > 1 and all(
+            c in "0123456789abcdef" for c in local[1:]):
+        return local[1:]
+    return None
 
 
 def wheel_name() -> str:

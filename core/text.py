@@ -15,7 +15,7 @@ import json
 import os
 import re
 import stat
-from typing import Any
+from typing import Any, Iterable
 
 _ESC = re.compile(
     r"\x1b(\[[0-?]*[ -/]*[@-~]?"            # CSI ... final
@@ -81,6 +81,28 @@ def json_line(line: bytes | str) -> Any:
         return json.loads(s)
     except (ValueError, RecursionError):
         return None
+
+
+def closest(word: str, choices: Iterable[str]) -> list[str]:
+    """The ``choices`` closest to a mistyped ``word`` (``difflib``'s ratio, 0.6 at least):
+    the best one, or those tied for best in the order given (``train-v6``: ``train-v4``,
+    ``train-v5``); none when nothing is close."""
+    import difflib
+
+    choices = list(dict.fromkeys(choices))
+    near = difflib.get_close_matches(word, choices, n=len(choices) or 1, cutoff=0.6)
+    if not near:
+        return []
+    score = [difflib.SequenceMatcher(None, word, c).ratio() for c in near]
+    best = {c for c, r in zip(near, score) if r == score[0]}
+    return [c for c in choices if c in best]  # (a tie in the order given: a plan's order)
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """``; did you mean 'train-v5'?`` for a mistyped ``word`` when :func:`closest` finds
+    one (``'a' or 'b'`` for a tie), else ""."""
+    near = closest(word, choices)
+    return f"; did you mean {' or '.join(repr(c) for c in near)}?" if near else ""
 
 
 def collapse_cr(line: str) -> str:

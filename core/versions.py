@@ -2,7 +2,8 @@
 
 Covers what plans write: ``name``, ``name==1.2.*``, ``name>=1.2,<2``, ``name~=1.4``,
 ``name[extra]>=1``. Local versions (``2.13.0+cpu``) compare by their public part, except
-with ``==`` that names a local part.
+with ``==`` that names a local part (then the local parts too, as PEP 440 normalizes them:
+a specdeck's ``0.1.0+code.<hash>``, core.selfwheel).
 """
 
 from __future__ import annotations
@@ -46,6 +47,13 @@ def _key(v: str) -> tuple:
     return tuple(key + [(0, 1, "")] * (8 - len(key)))  # 2.0 == 2.0.0
 
 
+def _local(v: str) -> tuple:
+    """A version's local label as PEP 440 compares it (``+code.0123`` is ``+code.123``:
+    ``.``, ``-`` and ``_`` alike, digits as numbers, letters in any case)."""
+    local = v.partition("+")[2]
+    return tuple(int(p) if p.isdigit() else p.lower() for p in re.split(r"[._-]", local) if p)
+
+
 def satisfies(version: str, clauses: list[tuple[str, str]]) -> bool:
     for op, want in clauses:
         if op in ("==", "!=") and want.endswith(".*"):
@@ -53,7 +61,8 @@ def satisfies(version: str, clauses: list[tuple[str, str]]) -> bool:
             ok = version.split("+")[0].split(".")[:len(prefix)] == prefix
             ok = ok if op == "==" else not ok
         elif op in ("==", "!="):
-            same = version == want if "+" in want else _key(version) == _key(want)
+            same = _key(version) == _key(want) and (
+                "+" not in want or _local(version) == _local(want))
             ok = same if op == "==" else not same
         elif op == "~=":
             parts = want.split(".")

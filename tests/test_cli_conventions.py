@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from console.cli import build_parser
 from console.cli.conventions import command_name, hoist_globals
@@ -68,13 +69,58 @@ def test_hoisting_leaves_subcommand_options_and_words_after_dashdash():
 
 
 def test_version_carries_the_code_hash():
-    from core.selfwheel import version
+    from core.selfwheel import code_hash, version
 
     for argv in (("--version",), ("kinds", "--version")):
         res = run_cli(*argv)
         assert res.returncode == 0
         assert res.stdout.strip() == f"specdeck {version()}"
-        assert "+g" in res.stdout
+        # named as what it is, a hash of the code ("+g<hash>" read as a git commit)
+        assert res.stdout.strip().endswith(f"+code.{code_hash()}") and "+g" not in res.stdout
+
+
+def test_a_venv_of_the_older_version_form_is_read_and_told_stale(tmp_path):
+    """A host's venv holding a specdeck of the older ``+g<hash>`` form (made before the hash
+    was named): the venv check reads its code hash and says it is other code, naming both;
+    the wheel this specdeck builds carries the new form in its name and its metadata."""
+    import asyncio
+    import zipfile
+
+    from core.actions.venv import Venv, VenvParams
+    from core.hosts.local import LocalHost
+    from core.params import parse_params
+    from core.selfwheel import build_wheel, code_hash, code_of, version
+    from core.versions import satisfies
+
+    venv = tmp_path / "w" / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (site,) = venv.glob("lib/python*/site-packages")
+    old = "0.1.0+g1a2b3c4d5e"
+    dist = site / f"specdeck-{old}.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: specdeck\nVersion: {old}\n")
+    action = Venv(parse_params(VenvParams, {"torch": "none",
+                                            "python": "%d.%d" % sys.version_info[:2]}))
+
+    async def probe():
+        host = LocalHost("here", workdir=str(tmp_path / "w"))
+        await host.connect()
+        return await action.probe(host)
+
+    found = asyncio.run(probe())
+    assert found["specdeck"] == old
+    (told,) = [b for b in action._unsatisfied(found) if b.startswith("specdeck")]
+    assert told == (f"specdeck {old} runs other code (1a2b3c4d5e; this specdeck's is "
+                    f"{code_hash()}): it is reinstalled from this one")
+    assert code_of(old) == "1a2b3c4d5e" and code_of(version()) == code_hash()
+    assert code_of("2.13.0+cpu") is None and code_of("0.1.0") is None
+    # == with a local part compares it as PEP 440 normalizes it (pip may print +code.123)
+    assert satisfies("0.1.0+code.0123", [("==", "0.1.0+code.123")])
+    assert not satisfies(version(), [("==", f"0.1.0+g{code_hash()}")])
+    whl = build_wheel(tmp_path)
+    assert whl.name == f"specdeck-{version()}-py3-none-any.whl"
+    with zipfile.ZipFile(whl) as z:
+        assert f"Version: {version()}" in z.read(f"specdeck-{version()}.dist-info/METADATA").decode()
 
 
 # -- pipes, colour, help -----------------------------------------------------------------
@@ -143,6 +189,28 @@ def test_long_titles_wrap_inside_the_status_table_on_a_terminal(tmp_path):
     assert long.strip() in row
 
 
+def test_status_at_80_columns_never_splits_an_id(tmp_path):
+    """The demo's plan on an 80-column terminal: every item id is whole on its row (what the
+    next command types; "strip-baseli" / "ne" would read as another item), the table fits,
+    and the columns left out for it are named with what shows them."""
+    from core.demo import write_workspace
+
+    plan = write_workspace(tmp_path / "demo", True)
+    ids = [it["id"] for it in yaml.safe_load(plan.read_text())["items"]]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "80", "NO_COLOR": "1"}
+    out = _run_on_tty(["status", str(plan), "--no-reconcile"], env).replace("\r", "")
+    lines = out.rstrip("\n").split("\n")
+    assert max(len(x.rstrip()) for x in lines) <= 80, out
+    for item in ids:
+        (row,) = [ln for ln in lines if f" {item} " in f"{ln} "]
+        assert row.split()[:3] == ["○", "pending", item], row
+    assert "strip-baseline" in out and "extract_weights@train" in out  # action kept whole
+    assert "(left out at 80 columns: priority, what; a wider terminal, --json or a pipe" in \
+        " ".join(lines), out
+    wide = _run_on_tty(["status", str(plan), "--no-reconcile"], {**env, "COLUMNS": "200"})
+    assert "left out" not in wide and "Strip the baseline checkpoint" in wide
+
+
 def test_every_command_has_argument_help_and_an_example():
     parser = build_parser()
     (subs,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
@@ -209,6 +277,28 @@ def test_run_again_reruns_a_done_item_and_hints_name_the_plan(tmp_path):
     assert doc["items"][0]["run"]["state"] == "succeeded"
     res = run_cli("run", plan, "--all", "--again", "--state", state)
     assert res.returncode == 2 and "name them" in res.stderr
+
+
+def test_a_misspelled_item_id_gets_the_close_one_and_nothing_changes(tmp_path):
+    """Every command that takes an item id resolves it in one place (Plan.item): a typo
+    names the id it is close to (ties: each), exit 2, and nothing is run or marked."""
+    plan = _local_plan(tmp_path, [_shell("train-v4", "true"), _shell("train-v5", "true"),
+                                  _shell("eval-v5", "true")])
+    state = tmp_path / "s.db"
+    assert run_cli("run", plan, "train-v4", "--state", state).returncode == 0
+    before = run_cli("status", plan, "--json", "--state", state).stdout
+    for argv in (("run", plan, "trian-v5"), ("logs", plan, "trian-v5"),
+                 ("stop", plan, "trian-v5", "--yes"), ("mark", plan, "trian-v5", "done"),
+                 ("metrics", plan, "trian-v5"), ("diff", plan, "trian-v5", "train-v4")):
+        res = run_cli(*argv, "--state", state)
+        assert res.returncode == 2, (argv, res.stderr)
+        assert "no item 'trian-v5' in plan 'c'; did you mean 'train-v5'?" in res.stderr, res.stderr
+    res = run_cli("run", plan, "train-v6", "--state", state)
+    assert res.returncode == 2 and "did you mean 'train-v4' or 'train-v5'?" in res.stderr
+    res = run_cli("mark", plan, "cleanup", "done", "--state", state)
+    assert res.returncode == 2 and "no item 'cleanup'" in res.stderr
+    assert "did you mean" not in res.stderr  # nothing close: no guess
+    assert run_cli("status", plan, "--json", "--state", state).stdout == before
 
 
 def test_ssh_hints_use_dash_p():

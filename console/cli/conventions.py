@@ -3,7 +3,8 @@
 * Global options (``--state``...) are accepted before or after the subcommand:
   :func:`hoist_globals` moves them in front before argparse sees the line, so no subparser
   needs to repeat them.
-* ``--version`` prints the version with the code hash the venv action gives host wheels.
+* ``--version`` prints the version with the code hash the venv action gives host wheels
+  (``0.1.0+code.<hash>``: a hash of the files, never to be read as a git commit).
 * Every command's ``--help`` has one line per argument and an example (:func:`polish`).
 * Shell completion (bash, zsh, fish) by argcomplete: commands, options, plan files, the
   plan's item ids and host names (:func:`attach_completers`, ``specdeck completion SHELL``).
@@ -138,7 +139,8 @@ def runnable(text: str) -> str:
 
 
 class VersionAction(argparse.Action):
-    """``--version``: ``specdeck 0.1.0+g<code hash>`` (the hash the venv action installs)."""
+    """``--version``: ``specdeck 0.1.0+code.<hash>`` (the hash of the code, not a git commit:
+    the one the venv action installs, core.selfwheel)."""
 
     def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
                  help="print the version (with the code hash hosts' venvs carry) and exit"):

@@ -84,9 +84,12 @@ def cmd_status(args) -> int:
             r = f"{run.state}{how} #{run.attempt}"
         rows.append([f"{GLYPHS[st[it.id]]} {st[it.id]}", it.id, it.priority, kind + where,
                      it.content, r])
+    # On a narrow terminal the ids stay whole (they are what the next command types): the
+    # priority goes first, then the titles, the actions, the latest runs.
     table(["status", "item", "priority", "action", "what", "latest run"], rows,
           title=f"plan {plan.name} ({plan.path})", styles=[st[it.id] for it in plan.items],
-          wrap={4})
+          wrap={4}, fit=True, ids={1}, drop=(2, 4, 3, 5),
+          more="a wider terminal, --json or a pipe (one whole row per item) shows them")
     for it in plan.items:
         if watchers.get(it.id):
             print(sanitize(f"  tau watch {it.id}: {describe_watcher(watchers[it.id])}"))

@@ -5,7 +5,9 @@ set (https://no-color.org) or ``TERM=dumb``. No table ever cuts a value (no elli
 
 * on a terminal, a table is a rich table as wide as the terminal; a long item title or
   setting wraps inside its column, and a table too wide for it (``fit``) leaves out its
-  lowest-priority columns (the rightmost; never the first, the name) and says which;
+  lowest-priority columns (the rightmost, or in the order the table gives; never the first,
+  the name, nor an id) and says which; an id (an item, a drafter: what a person types next)
+  is never split across lines, the other columns shrink first;
 * piped or redirected, a table is plain aligned columns, one row per line with every value
   whole (``status | grep failed`` sees each item's whole row), no escape codes.
 """
@@ -88,16 +90,24 @@ def natural_widths(headers: list[str], rows: list[list[str]]) -> list[int]:
     return [max([cell_len(h)] + [cell_len(r[i]) for r in rows]) for i, h in enumerate(headers)]
 
 
+IDS = frozenset({0})
+"""A table's id columns unless it says: the first, the name (a drafter, an item)."""
+
+
 def fit_columns(headers: list[str], rows: list[list[str]], width: int, *,
-                wrap: set[int] = frozenset()) -> list[int]:
+                wrap: set[int] = frozenset(), ids: set[int] = IDS,
+                drop: tuple[int, ...] | None = None) -> list[int]:
     """The columns (indexes) to show in ``width`` cells: every column whose values fit
-    whole, leaving out the rightmost first (lowest priority) but never column 0; a column
-    in ``wrap`` counts as :data:`WRAP_MIN` wide (it wraps into what is left) and is left
-    out only after the others."""
+    whole, leaving out first those ``drop`` names, in its order (default: the rightmost
+    first, the lowest priority), never column 0 nor an id column (``ids``); a column in
+    ``wrap`` counts as :data:`WRAP_MIN` wide (it wraps into what is left) and is, by
+    default, left out only after the others."""
     need = [WRAP_MIN if i in wrap else w for i, w in enumerate(natural_widths(headers, rows))]
     keep = list(range(len(headers)))
-    order = [i for i in reversed(keep[1:]) if i not in wrap] + \
-        [i for i in reversed(keep[1:]) if i in wrap]
+    if drop is None:
+        drop = tuple([i for i in reversed(keep) if i not in wrap] +
+                     [i for i in reversed(keep) if i in wrap])
+    order = [i for i in drop if i in keep and i != 0 and i not in ids]
     while order and sum(need[i] for i in keep) + GAP * (len(keep) - 1) > width:
         keep.remove(order.pop(0))
     return keep
@@ -116,10 +126,13 @@ def plain_table(headers: list[str], rows: list[list[str]], stream=None) -> None:
 
 def table(headers: list[str], rows: list[list[str]], *, title: str | None = None,
           styles: list[str | None] | None = None, stream=None, wrap: set[int] = frozenset(),
-          fit: bool = False) -> None:
+          fit: bool = False, ids: set[int] = IDS, drop: tuple[int, ...] | None = None,
+          more: str = "a wider terminal or --markdown shows them") -> None:
     """Print a table, every value whole: on a terminal columns in ``wrap`` (indexes) take
-    the slack and wrap long text, others fold rather than cut, and with ``fit`` the
-    rightmost columns that do not fit whole are left out (said below it); piped, plain
+    the slack and wrap long text, others fold rather than cut, except the id columns
+    (``ids``: what a person types next, an item id, a drafter), which are never split; with
+    ``fit`` the columns that do not fit whole are left out (``drop`` says in which order,
+    :func:`fit_columns`; said below it, with ``more``, what shows them); piped, plain
     aligned columns (:func:`plain_table`); rich's table loads only for a terminal."""
     stream = stream or sys.stdout
     headers, rows = _cells(headers, [list(r) + [""] * (len(headers) - len(r)) for r in rows])
@@ -133,16 +146,22 @@ def table(headers: list[str], rows: list[list[str]], *, title: str | None = None
     from rich.table import Table
 
     con = console(stream)
-    keep = fit_columns(headers, rows, con.width, wrap=wrap) if fit else range(len(headers))
+    keep = (fit_columns(headers, rows, con.width, wrap=wrap, ids=ids, drop=drop) if fit
+            else range(len(headers)))
     natural = natural_widths(headers, rows)
     # Columns that can all be whole beside the wrapping ones are kept whole (ids, states);
-    # else every column folds (a very narrow terminal): never an ellipsis.
+    # else the other columns fold (a very narrow terminal): never an ellipsis, and never a
+    # split id ("strip-baseli" / "ne" reads as another item) while the ids fit at all.
     whole = sum(WRAP_MIN if i in wrap else natural[i] for i in keep) \
         + GAP * (len(keep) - 1) <= con.width
+    firm = {i for i in keep if i in ids}  # whole while the others keep a cell each
+    if sum(natural[i] if i in firm else 1 for i in keep) + GAP * (len(keep) - 1) > con.width:
+        firm = set()
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for i in keep:
-        t.add_column(escape(headers[i]), overflow="fold",
-                     min_width=WRAP_MIN if i in wrap else natural[i] if whole else None)
+        t.add_column(escape(headers[i]), overflow="fold", no_wrap=i in firm and not whole,
+                     min_width=(WRAP_MIN if i in wrap else natural[i] if whole or i in firm
+                                else None))
     for k, r in enumerate(rows):
         style = styles[k] if styles else None
         t.add_row(*(escape(r[i]) for i in keep),
@@ -152,8 +171,8 @@ def table(headers: list[str], rows: list[list[str]], *, title: str | None = None
     con.print(t)
     left = [headers[i] or f"column {i + 1}" for i in range(len(headers)) if i not in keep]
     if left:
-        con.print(escape(f"(left out at {con.width} columns: {', '.join(left)}; a wider "
-                         "terminal or --markdown shows them)"), overflow="fold")
+        con.print(escape(f"(left out at {con.width} columns: {', '.join(left)}; {more})"),
+                  overflow="fold")
 
 
 def print_markdown_tables(md: str, stream=None, *, fit: bool = False,

@@ -8,10 +8,12 @@ The title line says which run this is and how its stream is doing: ``following``
 ``reconnecting…`` (the host dropped and the follower retries), ``host unreachable``,
 ``lost`` (the run's process vanished) or how it ended.
 
-JSON records (a trainer's metric lines) are shown as ``key value`` pairs (nested records
-flattened to ``layers[0].type full``: never a Python repr) wrapped to the pane's width
-(:func:`pretty_json`); other lines are shown as written, and a line wider than the pane
-wraps the same way (:func:`wrap_line`, continuations indented): nothing is cut at its edge.
+JSON records are shown as the CLI says them (one formatter, :mod:`core.progress`: a progress
+record as ``codemodel: 58/300 steps, 11,700 tokens/s, ETA 0m21s``), their other fields as
+``key value`` pairs (nested records flattened to ``layers[0].type full``: never a Python
+repr), wrapped to the pane's width (:func:`pretty_json`); other lines are shown as written,
+and a line wider than the pane wraps the same way (:func:`wrap_line`, continuations
+indented): nothing is cut at its edge.
 
 Keys (when the pane has focus): ``f`` follow on/off, ``/`` search, ``n`` / ``N`` next /
 previous match, escape closes the search; j/k, g/G, ctrl+d/u scroll.
@@ -19,7 +21,6 @@ previous match, escape closes the search; j/k, g/G, ctrl+d/u scroll.
 
 from __future__ import annotations
 
-import json
 import textwrap
 from collections import deque
 
@@ -32,6 +33,7 @@ from textual.containers import Vertical
 from textual.widgets import Input, Log, Static
 
 from console.widgets.vim import scroll_keys
+from core.progress import record_text
 from core.records import Run
 from core.text import sanitize
 
@@ -44,34 +46,6 @@ STATE_STYLE = {"following": "green", "reconnecting": "bold yellow", "unreachable
 
 CONTINUATION = "    "
 """How a wrapped line's continuation starts (JSON records and long lines alike)."""
-
-
-def _num(v) -> str:
-    """A JSON scalar as the line's reader expects it (``true``, ``null``, 4 digits)."""
-    if isinstance(v, bool) or v is None:
-        return json.dumps(v)
-    if not isinstance(v, float):
-        return str(v)
-    return f"{v:.4g}"
-
-
-def _pairs(rec: dict, prefix: str = "") -> list[str]:
-    out = []
-    for k, v in rec.items():
-        out += _value(f"{prefix}{k}", v)
-    return out
-
-
-def _value(name: str, v) -> list[str]:
-    """``name value`` pairs of one JSON value: a record or a list holding records is
-    flattened (``layers[0].type full``), a list of scalars stays one pair."""
-    if isinstance(v, dict):
-        return _pairs(v, f"{name}.") if v else [f"{name} {{}}"]
-    if isinstance(v, list) and any(isinstance(x, (dict, list)) for x in v):
-        return [p for i, x in enumerate(v) for p in _value(f"{name}[{i}]", x)]
-    if isinstance(v, list):
-        return [f"{name} " + " ".join(_num(x) for x in v)]
-    return [f"{name} {_num(v)}"]
 
 
 def wrap_line(line: str, width: int) -> list[str]:
@@ -88,20 +62,15 @@ def wrap_line(line: str, width: int) -> list[str]:
 
 
 def pretty_json(line: str, width: int) -> list[str] | None:
-    """A JSON object line as ``step 50 · loss 1.234 · acc 0.35 0.4`` wrapped to ``width``
-    (continuations indented); None when the line is not a JSON object."""
-    s = line.strip()
-    if not (s.startswith("{") and s.endswith("}")):
+    """A JSON object line as a person reads it (:func:`core.progress.record_text`: the
+    summary the CLI prints, ``codemodel: 58/300 steps, 11,700 tokens/s, ETA 0m21s``, then
+    the other fields, ``· loss 2.341``) wrapped to ``width`` (continuations indented); None
+    when the line is not a JSON object."""
+    text = record_text(line)
+    if text is None:
         return None
-    try:
-        rec = json.loads(s)
-    except ValueError:
-        return None
-    if not isinstance(rec, dict):
-        return None
-    text = " · ".join(_pairs(rec))
     return textwrap.wrap(text, max(20, width), subsequent_indent=CONTINUATION,
-                         break_on_hyphens=False) or [s]
+                         break_on_hyphens=False) or [line.strip()]
 
 
 class LogView(Log):

@@ -23,6 +23,9 @@ chart next to the loss in the default view, tau against step with the baseline d
 family draws the same chart alone. ``t`` asks for a step (enter alone: the latest evaluated
 one; ``all``: every step) and posts :class:`MetricsPane.TauStepRequested`: the app then
 shows that step's eval results in the tau pane.
+
+The title names each view key with what it does (``m next metric  v smooth  l log y ...``,
+:func:`view_keys`: as many as fit whole beside the tabs; the footer and ``?`` list them all).
 """
 
 from __future__ import annotations
@@ -164,6 +167,30 @@ def baselines(runs: list[dict]) -> list[tuple[str, float]]:
     return [(label, v) for v, label in seen.items()]
 
 
+BAR_KEYS = ("m", "t", "v", "l", "w", "b")
+"""The view keys the title names, in this order (the first that fit are shown), each with its
+binding's description (``t``, tau at a step: when the runs evaluated tau)."""
+
+
+def view_keys(bindings, room: int, *, tau: bool) -> Text:
+    """``m next metric  v smooth  l log y ...``: each of :data:`BAR_KEYS` with what it does
+    (its binding's description), as many as fit whole in ``room`` cells, in order (the
+    footer and ``?`` list every key): never a key without its word, nor a word cut."""
+    words = {b.key: b.description.lower() for b in bindings}
+    t = Text(style="bright_black")
+    for k in BAR_KEYS:
+        if k not in words or (k == "t" and not tau):
+            continue
+        unit = f"{k} {words[k]}"
+        if t.cell_len + (2 if t.plain else 0) + len(unit) > room:
+            break
+        if t.plain:
+            t.append("  ")
+        t.append(k, style="bold")
+        t.append(f" {words[k]}")
+    return t
+
+
 def draw_tau(plt, runs: list[dict], legend: list[tuple[str, str]] | None = None) -> None:
     """Tau against step of every run, and each baseline as a horizontal line (``legend``
     collects (label, colour))."""
@@ -223,6 +250,9 @@ class MetricsPane(Vertical):
         self.bookkeeping = False
         self._charts: dict = {}
         """The two plot widgets once mounted (``metrics-plot``, ``metrics-tau``)."""
+        self._heading: tuple[Text, Text] | None = None
+        """The title's tabs and view state, and the legend, as last drawn (a resize fits the
+        view keys between them again)."""
 
     def compose(self) -> ComposeResult:
         yield Static("no curves", id="metrics-title")
@@ -374,9 +404,6 @@ class MetricsPane(Vertical):
                  "x: wall clock" if self.wall else ""]
         title.append("  " + " · ".join(x for x in state if x) if any(state) else "",
                      style="bold cyan")
-        title.append("  m s l w b", style="bright_black")
-        if has_tau(self.runs):
-            title.append(" t", style="bright_black")
         legend: list[tuple[str, str]] = []
         if self.family == TAU:
             draw_tau(plt, self.runs, legend)
@@ -397,11 +424,28 @@ class MetricsPane(Vertical):
         for label, color in legend + (self._side_legend if self.split else []):
             key.append("━ ", style=color)
             key.append(f"{label}  ")
-        title.append("\n")
-        title.append_text(key)
-        self.query_one("#metrics-title", Static).update(title, layout=False)
+        self._heading = (title, key)
+        self._show_heading()
         plot.display = True
         plot.refresh()
+
+    def on_resize(self) -> None:
+        self._show_heading()
+
+    def _show_heading(self) -> None:
+        """The tabs and view state, the view keys that fit beside them, and the legend."""
+        if self._heading is None or self.family is None:
+            return
+        tabs, legend = self._heading
+        title = tabs.copy()
+        room = (self.content_region.width or 80) - title.cell_len - 2
+        keys = view_keys(self.BINDINGS, room, tau=has_tau(self.runs))
+        if keys.plain:
+            title.append("  ")
+            title.append_text(keys)
+        title.append("\n")
+        title.append_text(legend)
+        self.query_one("#metrics-title", Static).update(title, layout=False)
 
     def _draw_side(self, show: bool) -> None:
         """The tau chart next to the main one (hidden when not ``show``)."""

@@ -197,11 +197,14 @@ class Eval(Action):
         prompts, _ = await prompts_on_host(ctx.host, ctx.plan, self.params.prompts, upload=True)
         record_launch(ctx, python=python, prompts=prompts)
 
-    def _eval_cmd(self, ctx, found: dict, drafter: str, out: str) -> str:
+    def _eval_cmd(self, ctx, found: dict, drafter: str, out: str, label: str) -> str:
+        """``core.ml.eval`` of ``drafter`` into ``out``; ``label`` names it in the progress and
+        metric lines (the drafter's and the baseline's come from one capsule, one after the
+        other: each line says which it measures)."""
         p, h = self.params, ctx.host
         return py_module(found["python"], "core.ml.eval", "--target", h.path(p.target),
                          "--drafter", drafter, "--prompts", found["prompts"], "--out", out,
-                         "--mode", p.mode,
+                         "--label", label, "--mode", p.mode,
                          *(["--cache", h.path(p.cache)] if p.cache else []),
                          *(["--tree-budget", p.tree_budget] if p.tree_budget else []),
                          *(["--block-size", p.block_size] if p.block_size else []),
@@ -225,10 +228,11 @@ class Eval(Action):
         if strip:
             drafter = "drafter"
             lines.append(strip)
-        lines.append(self._eval_cmd(ctx, found, drafter, "result-drafter.json"))
+        lines.append(self._eval_cmd(ctx, found, drafter, "result-drafter.json",
+                                    self.params.label or ctx.item.id))
         if self.params.baseline:
             lines.append(self._eval_cmd(ctx, found, h.path(self.params.baseline),
-                                        "baseline/result.json"))
+                                        "baseline/result.json", self.params.baseline_label))
         from core import jobs
 
         return Launch("\n".join(lines), cwd=jobs.capsule_path(h, ctx.run_id))

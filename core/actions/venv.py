@@ -93,6 +93,15 @@ class VenvParams:
         )
 
 
+def stale_specdeck(found: str, want: str) -> str:
+    """Why a venv's specdeck is not this one, by the code each carries (a version of either
+    form, ``+code.<hash>`` or the older ``+g<hash>``: core.selfwheel.code_of)."""
+    from core.selfwheel import code_of
+
+    return (f"specdeck {found} runs other code ({code_of(found) or 'no code hash'}; this "
+            f"specdeck's is {code_of(want) or want}): it is reinstalled from this one")
+
+
 class Venv(Action):
     kind = "venv"
     Params = VenvParams
@@ -137,6 +146,8 @@ class Venv(Action):
             v = found.get(name)
             if v is None:
                 bad.append(f"{name} missing")
+            elif name == "specdeck" and not satisfies(v, clauses):
+                bad.append(stale_specdeck(v, clauses[0][1]))
             elif not satisfies(v, clauses):
                 bad.append(f"{name} {v} does not satisfy {clauses}")
         if not found.get("python", "").startswith(self.params.python):

@@ -410,7 +410,7 @@ def run_engine(args: Any, prompts: list[Any], tokenizer: Any, stops: list[int], 
                                         args.target)
     vocab = args.vocab_size
     rows = []
-    progress = Progress("eval", len(prompts), "prompts")
+    progress = Progress("eval", len(prompts), "prompts", label=getattr(args, "label", None))
     server = LlamaServer(binary, target_gguf, drafter_gguf, block_size - 1, args.engine_threads,
                          args.engine_context, workdir)
     say(f"starting llama-server ({info['version']}) on 127.0.0.1, log {server.log_path}")

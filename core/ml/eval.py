@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", help="feature cache from core.ml.extract (offline mode)")
     p.add_argument("--tree-budget", type=int, help="also run DDTree with this many draft nodes")
     p.add_argument("--block-size", type=int, help="block size B (default: the drafter's; may be smaller)")
+    p.add_argument("--label", help="the drafter's name in the progress and metric lines (v5, baseline): one "
+                   "capsule measures a drafter and its baseline one after the other")
     add_generation_args(p, needs="the mode", example="40G")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS (online)")
     p.add_argument("--speedup", action="store_true", help="also time a block-size-1 run (online)")
@@ -80,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 ENGINES = ("llama.cpp",)
 """Engines ``--engine`` drives (vLLM and SGLang run on GPUs this host has not; core.ml.engine_clients)."""
+
+
+def named(args: argparse.Namespace) -> dict[str, str]:
+    """``{"label": ...}`` for the progress and metric lines of a run given ``--label`` (else
+    nothing): which drafter a line measures, when one capsule measures two."""
+    return {"label": args.label} if getattr(args, "label", None) else {}
 
 
 def sampling_of(args: argparse.Namespace) -> Sampling:
@@ -285,7 +293,8 @@ def run_online(args, target, tokenizer, drafter, prompts, block_size) -> dict[st
     proposer = DFlashProposer(drafter, target)
     plain = TargetRunner(target, None) if args.speedup else None
     chain_rows, tree_rows, ar_rows = [], [], []
-    progress = Progress("eval", len(prompts) * args.samples, "prompts" if args.samples == 1 else "generations")
+    progress = Progress("eval", len(prompts) * args.samples, "prompts" if args.samples == 1 else "generations",
+                        label=args.label)
     mask = drafter.mask_token_id
     sampling = sampling_of(args)
     # Sample by sample, so each sample's conversations follow that sample's own answers.
@@ -359,7 +368,7 @@ def run_offline(args, target, drafter, prompts, block_size) -> dict[str, Any]:
         raise UsageError(f"--cache {root} has no features for prompts {missing[:5]}; run core.ml.extract on this prompts file")
     embed, head = target.get_input_embeddings(), target.get_output_embeddings()
     traj_rows, all_rows, tree_traj_rows = [], [], []
-    progress = Progress("eval", len(prompts), "prompts")
+    progress = Progress("eval", len(prompts), "prompts", label=args.label)
     for p in prompts:
         seq = featstore.read_entry(root, p.id, manifest["entries"][p.id])
         if cols is not None:
@@ -538,7 +547,7 @@ def _main_engine(args: argparse.Namespace, prompts: list[Any]) -> int:
     }
     if result["drafter"]["engine_rule"].get("attention"):  # what ran: the engine's reading of the config
         result["drafter"]["attention"] = result["drafter"]["engine_rule"]["attention"]
-    emit("metric", task="eval", method="chain", mode=args.mode, engine=args.engine, tau=result["tau"],
+    emit("metric", task="eval", **named(args), method="chain", mode=args.mode, engine=args.engine, tau=result["tau"],
          tau_pooled=result["tau_pooled"], num_rounds=result["num_rounds"])
     eng = figures["engine"]
     out = write_result(args.out, result, provenance(seed=args.seed, task="eval", extra={
@@ -618,13 +627,13 @@ def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
         "cpu_matmul": {"mode": args.cpu_matmul, "float32_tiled_linears": tiled},
         **figures,
     }
-    emit("metric", task="eval", method="chain", mode=args.mode, tau=result["tau"], tau_pooled=result["tau_pooled"],
-         num_rounds=result["num_rounds"])
+    emit("metric", task="eval", **named(args), method="chain", mode=args.mode, tau=result["tau"],
+         tau_pooled=result["tau_pooled"], num_rounds=result["num_rounds"])
     if "ddtree" in result:
-        emit("metric", task="eval", method="ddtree", budget=args.tree_budget, mode=args.mode,
+        emit("metric", task="eval", **named(args), method="ddtree", budget=args.tree_budget, mode=args.mode,
              tau=result["ddtree"]["tau"], tau_pooled=result["ddtree"]["tau_pooled"])
     if "all_anchor" in result:
-        emit("metric", task="eval", method="all_anchor", mode=args.mode, tau=result["all_anchor"]["tau"],
+        emit("metric", task="eval", **named(args), method="all_anchor", mode=args.mode, tau=result["all_anchor"]["tau"],
              tau_pooled=result["all_anchor"]["tau_pooled"])
     out = write_result(args.out, result, provenance(seed=args.seed, task="eval",
                                                     extra={"drafter_attention": cfg.attention_summary()}))

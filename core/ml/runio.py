@@ -76,11 +76,13 @@ class Progress:
     """Emits ``{"event": "progress", ...}`` lines with throughput and ETA.
 
     Example line: ``{"event": "progress", "task": "extract", "done": 3, "total": 12,
-    "unit": "prompts", "tokens_per_s": 812.5, "eta_s": 40}``.
+    "unit": "prompts", "tokens_per_s": 812.5, "eta_s": 40}``. With ``label`` each line also
+    says which drafter it measures (``"label": "v5"``; core.progress says ``eval v5: 3/12 ...``).
     """
 
-    def __init__(self, task: str, total: int, unit: str = "prompts") -> None:
+    def __init__(self, task: str, total: int, unit: str = "prompts", label: str | None = None) -> None:
         self.task, self.total, self.unit = task, total, unit
+        self.named = {"label": label} if label else {}
         self.done = 0
         self.tokens = 0
         self.t0 = time.perf_counter()
@@ -100,6 +102,7 @@ class Progress:
             unit=self.unit,
             tokens_per_s=round(self.tokens / elapsed, 2),
             eta_s=None if eta is None else round(eta, 1),
+            **self.named,
             **extra,
         )
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from core import stats
 from core.compare import build_comparison
 from core.metrics_sources import LineMetrics, parse_metrics, regex_metrics, scalars
-from core.progress import describe
+from core.progress import describe, record_text
 from core.records import EvalRow
 from core.store import Store
 from tests.fault.conftest import cli, digest, local_plan, rows
@@ -240,7 +240,7 @@ _numbers = st.one_of(
 
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(_numbers, _numbers, st.sampled_from(["json", "regex", "hf", "hfjson", "ckpt", "progress",
-                                             "train"]))
+                                             "steps", "train"]))
 def test_fuzz_metric_lines_with_hostile_numbers_never_raise_and_store(tmp_path_factory, step,
                                                                        value, kind):
     line = {"json": f'{{"step": {step}, "loss": {value}, "acc": [{value}, 1]}}',
@@ -250,11 +250,14 @@ def test_fuzz_metric_lines_with_hostile_numbers_never_raise_and_store(tmp_path_f
             "ckpt": f'{{"event": "checkpoint", "step": {step}, "path": "c.pt"}}',
             "progress": (f'{{"event": "progress", "done": {step}, "total": {value}, '
                          f'"eta_s": {value}, "tokens_per_s": {step}}}'),
+            "steps": (f'{{"event": "progress", "done": {step}, "total": {step}, '
+                      f'"unit": "steps", "loss": {value}}}'),  # a point at step done
             "train": f'{{"step": {step}, "loss": {value}, "eta_s": {value}, "eal": {step}}}'}[kind]
     parser = LineMetrics([r"step (?P<step>\S+) loss (?P<loss>\S+)"], hf_dicts=True)
     got = parser.parse(line.encode())
     parse_metrics(line.encode())
     describe(line)  # the progress line the console and the CLI show
+    record_text(line)  # the log pane's text of it
     store = Store()
     store.claim_run("r", "m", "shell", "here", owner="t")
     from core.jobs import parse_artefact

@@ -17,7 +17,7 @@ from core.jobs import parse_artefact
 from core.metrics_sources import parse_metrics
 from core.planfile import parse_plan
 from core.todos import todos_to_plan_yaml
-from core.progress import describe
+from core.progress import describe, record_text
 from tests.fault.conftest import cli, digest, local_plan, rows, write_plan
 
 HEAD = "name: f\nhosts:\n  here: {local: true, workdir: /tmp/none}\n"
@@ -191,6 +191,7 @@ def test_fuzz_metric_lines_never_raise(obj, depth, key):
         parse_metrics(text.encode())
         parse_artefact(text.encode())
         describe(text)
+        record_text(text)  # the log pane's text of the same line
 
 
 @settings(max_examples=300, deadline=None)

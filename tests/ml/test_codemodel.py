@@ -263,3 +263,21 @@ def test_train_without_a_time_budget_stops_at_max_steps(restore_threads, capsys)
     assert log.steps == 3
     progress = json_lines(capsys.readouterr().out)
     assert progress[-1]["done"] == 3 and progress[-1]["total"] == 3
+
+
+@slow
+def test_progress_records_are_the_loss_curve_and_read_as_the_cli_says(built):
+    """What the demo's make-target prints: each progress record is a loss point at its step
+    (the console's curves, ``specdeck metrics``), said as ``codemodel: N/40 steps, ...`` by
+    the CLI and the log pane alike, with the loss after it."""
+    from core.metrics_sources import parse_metrics
+    from core.progress import describe, record_text
+
+    _, events, _ = built
+    progress = [e for e in events if e["event"] == "progress"]
+    for e in progress:
+        line = json.dumps(e)
+        points = {name: (step, value) for step, name, value in parse_metrics(line.encode())}
+        assert points["loss"] == (e["done"], e["loss"]) and "done" not in points
+        assert describe(line).startswith(f"codemodel: {e['done']}/40 steps, ")
+        assert record_text(line) == f"{describe(line)} · loss {e['loss']:.4g}"

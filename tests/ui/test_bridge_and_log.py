@@ -141,3 +141,24 @@ def test_gpu_parsing_and_badge():
     assert gpu_text(gpus[:1]).plain == " gpu 45% 10.0/80G"
     assert gpu_text(gpus).plain == " 2 gpus 70% 78.4/159G"
     assert parse_gpus("") == [] and parse_gpus("bash: nvidia-smi: command not found") == []
+
+
+async def test_log_pane_says_a_progress_record_as_the_cli_does(campaign, capsys):
+    """A progress record (core.ml.runio's emitter, as codemodel prints it) reads in the log
+    pane as the CLI's progress line says it, then its loss: no ``tokens_per_s 1.17e+04``."""
+    from core.ml.runio import emit
+    from core.progress import describe
+
+    emit("progress", task="codemodel", done=58, total=300, unit="steps", tokens_per_s=11703.2,
+         eta_s=21.2, loss=2.3412)
+    line = capsys.readouterr().out.strip()
+    assert describe(line) == "codemodel: 58/300 steps, 11,703 tokens/s, ETA 0m21s"
+    plan, store = campaign
+    async with running(plan, store, size=(200, 40)) as (app, pilot, _):
+        pane = app.query_one(LogPane)
+        pane.show_run("train-v5", Run("r", "train-v5", host="gpu1", state="running"), [])
+        assert pane.append("r", [line])
+        await pilot.pause()
+        shown = " ".join(str(x).strip() for x in pane.log.lines)
+        assert shown == f"{describe(line)} · loss 2.341", shown
+        assert "tokens_per_s" not in shown and "event" not in shown

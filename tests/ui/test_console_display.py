@@ -201,3 +201,45 @@ async def test_the_tau_pane_shows_the_temperature_of_sampled_figures(campaign):
         verdict = " ".join(ln.strip() for ln in visible_lines(tau.query_one("#tau-verdict")))
         assert "v5-t07 sampled at T 0.7, top-p 0.95, 2 seeds per prompt" in verdict, verdict
         assert tau.comparison.cell("p1", "v5-t07").tau == 2.0  # (3 + 1) / 2: the seeds averaged
+
+
+async def test_the_pk_chart_wraps_a_name_it_cannot_fit_never_cuts_it(campaign):
+    """Five drafters marked for the per-position chart at 200x60: a name wider than its
+    column wraps onto the next line with a ``…`` where it breaks; ``train-v5@60`` never shows
+    as ``train-v5@6`` (another step), and the chart fits the rows it asks for."""
+    import re
+
+    from console.widgets.acceptance_bars import AcceptanceBars
+    from console.widgets.tau_table import TauPane
+    from tests.ui.conftest import eval_rows
+
+    plan, store = campaign
+    names = ("train-v5@60", "train-v5@600", "train-v5@240 ddtree-8", "train-v4@60", "v5")
+    for name in names:
+        store.add_eval_results(eval_rows("eval-v5-0101-01", name, "drafter",
+                                         [[5, 3, 5, 4], [3, 4, 4, 2], [5, 4, 4, 4]]))
+    async with running(plan, store, size=(200, 60)) as (app, pilot, _):
+        tau = app.query_one(TauPane)
+        table = tau.query_one("#tau-table")
+        for name in names:
+            row = next(r for r in tau.ordered_rows if r.drafter == name)
+            table.move_cursor(row=tau.ordered_rows.index(row), animate=False)
+            await pilot.press("4", "space")
+            await settle(pilot)
+        assert tau.marked == list(names)
+        bars = tau.query_one("#tau-bars", AcceptanceBars)
+        shown = visible_lines(bars)
+        first = next(i for i, ln in enumerate(shown) if ln.lstrip().startswith("k1 "))
+        heads = shown[1:first]  # the names' lines, between the title and k1
+        assert len(heads) > 1 and "train-v5@6 " not in " ".join(heads) + " ", heads
+        starts = [m.start() for m in re.finditer(r"\S+", heads[0])]
+        assert len(starts) == len(names), heads[0]
+        for i, name in enumerate(names):  # each column's pieces make its name whole
+            pieces = [ln[starts[i]:starts[i + 1] if i + 1 < len(starts) else None].strip()
+                      for ln in heads]
+            pieces = [p for p in pieces if p]
+            assert all(p.endswith("…") for p in pieces[:-1]), (name, pieces)
+            assert "".join(p.rstrip("…") for p in pieces).replace(" ", "") == \
+                name.replace(" ", ""), (name, heads)
+        assert bars.rows_needed == 1 + len(heads) + 1 + 7  # title, names, k1..k7, summary
+        assert bars.rows_needed <= bars.size.height

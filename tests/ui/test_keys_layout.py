@@ -318,8 +318,10 @@ async def test_manual_done_detail_and_unambiguous_dates(live_plan, utc):
 def test_json_lines_pretty_and_curves_helpers():
     lines = pretty_json('{"step": 20, "loss": 3.14159, "acc": [0.61, 0.4], "lr": 0.0006, '
                         '"eta_s": 31.5}', 30)
-    assert lines[0].startswith("step 20 · loss 3.142") and all(len(x) <= 30 for x in lines)
-    assert lines[1].startswith("    ") and "eta_s 31.5" in " ".join(lines)
+    # the summary the CLI prints (core.progress), then the record's other fields
+    assert lines[0].startswith("step 20, loss 3.1416") and all(len(x) <= 30 for x in lines)
+    assert lines[1].startswith("    ") and "ETA 0m31s · acc 0.61 0.4 · lr 0.0006" in " ".join(
+        x.strip() for x in lines)
     assert pretty_json("not json {", 30) is None and pretty_json("[1, 2]", 30) is None
     assert families({"loss", "elapsed_s", "eta_s", "lr"}) == ["loss", "lr"]
     assert families({"loss", "elapsed_s", "eta_s"}, bookkeeping=True) == [
@@ -346,6 +348,74 @@ async def test_curve_controls(campaign):
         while pane.family != "elapsed_s":
             await pilot.press("m")
         assert pane.family == "elapsed_s"
+
+
+async def test_the_curves_keys_say_what_they_do(campaign):
+    """The curves title names each view key with what it does, taken from the key's own
+    binding (so it never names a key the pane lacks: ``s`` smoothed once, ``v`` does now);
+    a narrower pane drops whole keys, never a word, and pressing a named key does it."""
+    from rich.cells import cell_len
+
+    from console.widgets.metrics_pane import view_keys
+
+    plan, store = campaign
+    async with running(plan, store, select="train-v5") as (app, pilot, _):
+        pane = app.query_one(MetricsPane)
+        await pilot.press("3")
+        await settle(pilot)
+        head = str(pane.query_one("#metrics-title").render()).split("\n")[0]
+        keys = head[head.index("m next metric"):]
+        assert keys.split("  ") == ["m next metric", "v smooth", "l log y", "w step/time",
+                                    "b bookkeeping"], head
+        described = {b.key: b.description.lower() for b in pane.BINDINGS}
+        for unit in keys.split("  "):
+            key, word = unit.split(" ", 1)
+            assert described[key] == word  # the key is the pane's, and does what it says
+        await pilot.press("v")
+        await settle(pilot)
+        assert pane.smooth == 0.6
+    narrow = view_keys(MetricsPane.BINDINGS, 30, tau=True).plain
+    assert narrow == "m next metric  t tau at step" and cell_len(narrow) <= 30
+    assert view_keys(MetricsPane.BINDINGS, 12, tau=False).plain == ""  # no room: no half key
+
+
+@pytest.mark.parametrize("which", ["example", "campaign"])
+async def test_the_footer_shows_whole_keys_at_80x24(campaign, which):
+    """At 80x24, whichever pane has the keys, each key the footer shows is whole and left of
+    the palette's key (it read ``? Hel▏^p paletteQ``); the ones hidden to make room are the
+    zoom and help keys the tabs line names, then the rightmost; at 120x40 all show."""
+    from console.widgets.keys_footer import KeysFooter, key_width
+
+    plan, store = campaign
+    if which == "example":
+        plan, store = load_plan(ROOT / "plans" / "example.yaml"), Store(":memory:")
+    for size, panes in (((80, 24), ("1", "2", "3", "5")), ((120, 40), ("1",))):
+        async with running(plan, store, select=plan.items[0].id, size=size) as (app, pilot, _):
+            for pane in panes:
+                await pilot.press(pane)
+                await settle(pilot)
+                await pilot.pause()
+                footer = app.query_one(KeysFooter)
+                keys = list(footer.query("FooterKey"))
+                (palette,) = [k for k in keys if k.has_class("-command-palette")]
+                shown = [k for k in keys if k.display and k is not palette]
+                hidden = [k.action for k in keys if not k.display]
+                assert shown and palette.display
+                for k in shown:  # whole: as wide as its text, and clear of the palette's key
+                    assert k.region.width == key_width(k) - k.styles.margin.width, k.key
+                    assert k.region.right <= palette.region.x, (k.key, hidden)
+                assert max(k.region.right for k in shown) < size[0] - 1  # the last cell free
+                if size == (120, 40):
+                    assert hidden == []
+                    continue
+                named = {"help", "zoom"} & {k.action for k in keys}
+                rest = [k.action for k in keys if k is not palette and k.action not in named]
+                gone = [a for a in rest if a in hidden]
+                if gone:  # the tabs line names zoom and help: they give way first, then
+                    assert named <= set(hidden), hidden  # the rightmost keys
+                    assert rest[len(rest) - len(gone):] == gone, (rest, hidden)
+    if which == "example":
+        store.close()
 
 
 CHILD = r"""
@@ -447,5 +517,5 @@ async def test_json_records_wrap_again_when_the_log_gets_wider(campaign):
         await settle(pilot)
         wide = list(pane.log.lines)
         assert len(wide) < len(narrow) and not any(x.startswith("    ") for x in wide)
-        assert wide[-1] == "saved step_1000" and wide[-2].startswith("step 1000 · loss 1.228")
+        assert wide[-1] == "saved step_1000" and wide[-2].startswith("step 1000, loss 1.2283 · acc ")
         assert pane.log.scroll_y == pane.log.max_scroll_y  # still following the end

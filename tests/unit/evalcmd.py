@@ -19,4 +19,4 @@ class _Host:
 def eval_words(params: EvalParams) -> list[str]:
     """The words of the command ``Eval(params)`` launches on a host whose workdir is /home/op."""
     found = {"python": "/opt/venv/bin/python", "prompts": "/home/op/prompts.jsonl"}
-    return shlex.split(Eval(params)._eval_cmd(SimpleNamespace(host=_Host()), found, "drafter", "out.json"))
+    return shlex.split(Eval(params)._eval_cmd(SimpleNamespace(host=_Host()), found, "drafter", "out.json", "v5"))

@@ -22,6 +22,18 @@ def _write_events(d, points):
     return f
 
 
+def _shell_plan(tmp_path, wd, item_id: str, command: str, **params):
+    """A plan file of one shell item ``item_id`` running ``command`` on a local host in ``wd``."""
+    import json
+
+    plan = tmp_path / "p.yaml"
+    plan.write_text(json.dumps({"name": "p", "hosts": {"here": {"local": True, "workdir": str(wd)}},
+                                "items": [{"id": item_id, "content": f"{item_id} loop", "action": {
+                                    "kind": "shell", "host": "here",
+                                    "params": {"command": command, **params}}}]}))
+    return plan
+
+
 def test_event_file_scalars_read_in_pieces_once(tmp_path):
     points = [(s, "train/loss", 3.0 - s / 10) for s in range(1, 21)] + [(10, "lr", 1e-4)]
     f = _write_events(tmp_path / "tb", points)
@@ -126,7 +138,6 @@ def test_readme_metric_examples_parse():
 
 
 def test_shell_item_reads_event_files_and_reports_a_corrupt_one_once(tmp_path):
-    import json
     import sys
 
     from tests.conftest import run_cli
@@ -142,13 +153,8 @@ def test_shell_item_reads_event_files_and_reports_a_corrupt_one_once(tmp_path):
         # the earlier file is corrupted while this run goes on: reported, never half-read
         "p = sys.argv[2]\nd = bytearray(open(p, 'rb').read())\nd[-3] ^= 0xFF\n"
         "open(p, 'ab').write(bytes(d))\n")
-    plan = tmp_path / "p.yaml"
-    plan.write_text(json.dumps({"name": "p", "hosts": {"here": {"local": True,
-                                                                "workdir": str(wd)}},
-                                "items": [{"id": "ev", "content": "eval loop", "action": {
-                                    "kind": "shell", "host": "here", "params": {
-                                        "command": f"{sys.executable} {script} tb/good {f}",
-                                        "metrics": {"tensorboard": "tb"}}}}]}))
+    plan = _shell_plan(tmp_path, wd, "ev", f"{sys.executable} {script} tb/good {f}",
+                       metrics={"tensorboard": "tb"})
     state = tmp_path / "s.db"
     res = run_cli("run", plan, "ev", "--state", state)
     assert res.returncode == 0, res.stderr
@@ -214,3 +220,38 @@ def test_log_tail_collapses_redraws_and_is_empty_for_no_log(tmp_path):
     store.append_log("r", 0, b"a\n 10%|#\r 90%|#########\r{'loss': 1.0}\nlast")
     assert store.log_tail("r") == ["a", "{'loss': 1.0}", "last"]
     assert store.log_tail("r", 1) == ["last"]
+
+
+def test_step_progress_records_are_curves_at_their_done_step(tmp_path):
+    """``core.ml.codemodel`` (the demo's make-target) logs its loss only on progress records
+    counted in steps: a shell item running the same emitter stores a loss curve at each
+    ``done`` (not ``done``/``total`` as curves), and the CLI's progress line says it as
+    ``codemodel: 3/3 steps, ...``; a progress record in prompts is no curve."""
+    import sys
+
+    from core.metrics_sources import parse_metrics
+    from tests.conftest import ROOT, run_cli
+
+    wd = tmp_path / "w"
+    script = tmp_path / "target.py"
+    script.write_text(  # codemodel's own emit call, field for field
+        f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom core.ml.runio import emit\n"
+        "emit('progress', task='eval', done=1, total=8, unit='prompts', tokens_per_s=9.0)\n"
+        "for s, loss in ((1, 6.25), (2, 5.5), (3, 4.75)):\n"
+        "    emit('progress', task='codemodel', done=s, total=3, unit='steps',\n"
+        "         tokens_per_s=11703.2, eta_s=21.2 * (3 - s), loss=loss)\n")
+    plan = _shell_plan(tmp_path, wd, "make-target", f"{sys.executable} {script}")
+    state = tmp_path / "s.db"
+    res = run_cli("run", plan, "make-target", "--state", state)
+    assert res.returncode == 0, res.stderr
+    assert "make-target: codemodel: 3/3 steps, 11,703 tokens/s" in res.stderr, res.stderr
+    out = run_cli("metrics", plan, "make-target", "--csv", "--state", state).stdout.splitlines()
+    rows = [r.split(",") for r in out[1:]]
+    assert [(r[0], float(r[2])) for r in rows if r[1] == "loss"] == [
+        ("1", 6.25), ("2", 5.5), ("3", 4.75)]
+    assert {r[1] for r in rows} == {"loss", "tokens_per_s", "eta_s"}  # done/total: no curves
+    assert parse_metrics(b'{"event": "progress", "done": 1, "total": 8, "unit": "prompts", '
+                         b'"tau": 3.0}') == []
+    # an HF dict line with a "steps" key is still an HF line, not a step record
+    p = LineMetrics([], hf_dicts=True)
+    assert p.parse(b"{'steps': 4, 'loss': 2.0}") == [(1, "steps", 4), (1, "loss", 2.0)]
