@@ -60,6 +60,7 @@ def pytest_addoption(parser):
                           "(run the whole suite serially: -p no:xdist)")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own answer (the CPU count): -p loads this first
 def pytest_xdist_auto_num_workers(config):
     return auto_workers(os.cpu_count() or 1)
 
