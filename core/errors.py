@@ -122,3 +122,40 @@ class InvalidFile(InvalidInput, ValueError):
         self.problem = problem
         where = f"{self.path}: {field}" if field else self.path
         super().__init__(f"{where}: {problem}", hint=hint)
+
+
+class StateDiskFull(SpecdeckError):
+    """The state database's disk took no more writes: SQLite's ``SQLITE_FULL`` (``database or
+    disk is full``), or a write it refused with an I/O error (a file size limit, ``ulimit
+    -f``; a failing device). The write's transaction was rolled back: nothing half-stored.
+
+    No fault of any item: a run going on on its host goes on, and stays live in the store, so
+    ``attach`` (or ``status``, once its command ended) stores its log from the stored offset,
+    and its end, once there is space. Raised by the store (:mod:`core.store`, translated
+    once where every write goes through); the CLI exits 1 (``console/cli/exit_codes.py``).
+
+    Attributes:
+        path: The state database file.
+        filesystem: Where it lives: its type, mount point and free space
+            (:func:`core.statefile.filesystem_of`).
+        cause: SQLite's own words (``database or disk is full``, ``disk I/O error``).
+        full: True for ``SQLITE_FULL``; False for an I/O error (``why`` names what may cause it).
+        mount: Where to free space: the filesystem's mount point.
+    """
+
+    default_title = "State disk full"
+
+    def __init__(self, path: str, filesystem: str, cause: str, *, full: bool,
+                 why: str | None = None, mount: str | None = None):
+        self.path = path
+        self.filesystem = filesystem
+        self.cause = cause
+        self.full = full
+        self.mount = mount or "that filesystem"
+        what = ("the state disk is full" if full else
+                f"the state disk took no more writes ({why or 'a full disk or a failing device'})")
+        super().__init__(
+            f"{what}: state database {path}, on {filesystem} (SQLite: {cause})",
+            hint=f"free space on {self.mount}; nothing stored is lost, and what "
+                 "runs write on their hosts meanwhile is stored from their logs once there is "
+                 "space (`specdeck attach PLAN`)")

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping
 
-from core.errors import HostUnreachable
+from core.errors import HostUnreachable, StateDiskFull
 from core.hosts.base import Host
 from core.ml import strictjson
 from core.text import json_line
@@ -479,7 +479,7 @@ def _append(store, run_id: str, offset: int, data: bytes, metrics: list,
     points never cost the lines they came with."""
     try:
         return store.append_log(run_id, offset, data, metrics, artefacts)
-    except sqlite3.OperationalError:
+    except (sqlite3.OperationalError, StateDiskFull):
         raise
     except Exception as e:  # noqa: BLE001 - a value no check foresaw
         if not (metrics or artefacts):

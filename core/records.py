@@ -115,6 +115,10 @@ class RunSummary:
     """Left running detached (``run --detach``)."""
     held: tuple[str, ...] = ()
     """Stopped, or failed and not asked for again (:meth:`core.runner.Runner.held`)."""
+    unrecorded: tuple[str, ...] = ()
+    """The state database's disk took no more writes while it ran or started
+    (:class:`~core.errors.StateDiskFull`): not failed; a launched run goes on on its host and
+    stays live in the store (``attach`` stores the rest once there is space; ``run`` exits 1)."""
 
 
 @dataclass(frozen=True)

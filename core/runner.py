@@ -13,6 +13,11 @@ is launched again only by ``run ITEM --again`` (console ``r``), a failed one als
 it; dependents wait meanwhile, and so does the dependent of a skipped item it ``needs`` (a
 skipped item only satisfies ``after:``, an order).
 
+A state disk that takes no more writes (:class:`~core.errors.StateDiskFull`) ends no run:
+the item stays as the store has it, its run goes on on its host and stays live in the
+store, and the next ``attach`` (or ``status``, once it ended) stores the rest of its log and
+its end (:meth:`Runner._state_disk_full`).
+
 :meth:`Runner.reconcile` re-derives every run the store thinks live from what is on its
 host (the capsule, or the owning specdeck process for in-process runs), finishing runs that
 ended while nobody watched. It runs on start, before status, and after every reconnect.
@@ -33,7 +38,8 @@ from core import adopt, jobs, shellvars
 from core.actions import registry
 from core.actions.base import Action, ActionContext, CheckResult, Outcome
 from core.adopt_spec import AdoptSpec
-from core.errors import ActionFailed, HostUnreachable, InvalidInput, SpecdeckError
+from core.errors import (ActionFailed, HostUnreachable, InvalidInput, SpecdeckError,
+                         StateDiskFull)
 from core.faults import describe_fault
 from core.events import (Event, HostStateChanged, LogLinesReceived, LogStreamChanged, Notice,
                          Progress, RunEnded, RunStarted, StatusChanged)
@@ -447,6 +453,10 @@ class Runner:
                     self.emit(Notice(it.id, str(e), "error"))
                     summary["unreachable"].append(it.id)
                     continue
+                except StateDiskFull as e:  # no fault of the item: never failed for it
+                    self._state_disk_full(it, e)
+                    summary["unrecorded"].append(it.id)
+                    continue
                 except Exception as e:  # noqa: BLE001 - any fault ends the item, not the runner
                     state = self._item_failed(it, e)
                 if state == "failed" and it.retries and self.retries_left(it) > 0:
@@ -527,6 +537,47 @@ class Runner:
             pass
         return "failed"
 
+    def _state_disk_full(self, item: Item, exc: StateDiskFull) -> None:
+        """The state database's disk refused a write while ``item`` ran or started: say so,
+        where, and what became of its run, and record nothing else (the disk is full).
+
+        A launched run goes on on its host, and stays live in the store with its log stored
+        up to the last piece that fitted: once there is space, ``attach`` follows it from
+        there (``status`` stores the rest once its command ended), exactly once, and records
+        its end as its host says. A run claimed but not launched is reconciled as any run
+        whose specdeck went away (interrupted: it resumes)."""
+        plan = self.plan.path or self.plan.name
+        follow = (f"`specdeck attach {plan} {item.id}` (or `specdeck logs {plan} {item.id} "
+                  "-f`)")
+        try:
+            live = self.store.live_run(item.id)  # a read: a full disk still answers it
+        except Exception:  # noqa: BLE001 - a state file that cannot even be read
+            live = None
+        space = f"free space on {exc.mount}, then"
+        again = f"{space} run it again (`specdeck run {plan} {item.id}`)"
+        if live is None:
+            what = f"nothing of it was started: {again}"
+        elif live.capsule:
+            what = (f"its run {live.id} goes on on {live.host} (in {live.capsule}); its log is "
+                    f"stored up to line {live.log_lines} and its end is not: {space} {follow} "
+                    "stores the rest and its end, as its host says")
+        elif live.state == "starting":
+            what = (f"its run {live.id} may have started on {live.host}: {space} `specdeck "
+                    f"status {plan}` finds out, and {follow} follows it")
+        elif live.owner == self.owner:
+            what = f"its run {live.id} ran inside this specdeck and ended with it: {again}"
+        else:
+            what = (f"its run {live.id} runs inside another specdeck ({live.owner}), which "
+                    "records it")
+        msg = f"{item.id}: {exc.message}; {what}"
+        self.emit(Notice(item.id, msg, "error"))
+        try:  # a small row may still fit: the journal keeps it for the console and status
+            self.store.journal("state_disk_full", msg, item_id=item.id,
+                               run_id=live.id if live else None,
+                               host=live.host if live else None)
+        except Exception:  # noqa: BLE001 - best effort: the disk is full, stderr has said it
+            pass
+
     async def run_item(self, item: Item) -> str:
         """Run one item now (its needs are the caller's business). Returns its final status."""
         action = self.action(item)
@@ -603,6 +654,8 @@ class Runner:
             raise
         except ActionFailed as e:
             return self._end(item, run_id, "failed", error=str(e))
+        except StateDiskFull:
+            raise  # no fault of the run (Runner._state_disk_full)
         except Exception as e:  # noqa: BLE001 - a fault of the host, the disk or a library
             return self._end(item, run_id, "failed", error=describe_fault(e))
         self.store.update_run(run_id, state="running", pid=launched.pid,
@@ -698,6 +751,8 @@ class Runner:
             work.cancel()
             self._end(item, run_id, "interrupted", error="specdeck stopped during the run")
             raise
+        except StateDiskFull:
+            raise  # no fault of the run (Runner._state_disk_full)
         except Exception as e:  # noqa: BLE001 - a fault of the host, the disk or a library
             return self._end(item, run_id, "failed", error=describe_fault(e))
         finally:
@@ -753,6 +808,8 @@ class Runner:
         ctx = _Context(self, item, host, run_id)
         try:
             result = await action.finish(ctx, outcome)
+        except StateDiskFull:
+            raise  # its end is recorded once there is space (the next reconcile)
         except Exception as e:  # noqa: BLE001 - ActionFailed, or a fault reading the results
             state = outcome.state if outcome.state != "succeeded" else "failed"
             msg = str(e) if isinstance(e, ActionFailed) else describe_fault(e)

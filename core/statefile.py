@@ -15,10 +15,14 @@ import sqlite3
 import stat
 from pathlib import Path
 
-from core.errors import InvalidInput
+from core.errors import InvalidInput, StateDiskFull
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 MIGRATIONS_TABLE = "_sqlite_migrations"
+SQLITE_IOERR, SQLITE_FULL = 10, 13
+"""SQLite's primary result codes for a write the disk refused (an extended code's low byte)."""
+SQLITE_IOERR_NOMEM = SQLITE_IOERR | (12 << 8)
+"""An I/O error that is memory, not the disk: never a full state disk."""
 
 
 class StateFileError(InvalidInput):
@@ -144,3 +148,83 @@ def open_problem(path: str, e: BaseException) -> StateFileError:
     """The error for a failure while opening (after :func:`preflight` passed)."""
     return StateFileError(path, _sqlite_problem(e) if isinstance(e, sqlite3.Error)
                           else f"{getattr(e, 'strerror', None) or e}")
+
+
+def disk_full(path: str, exc: BaseException) -> StateDiskFull | None:
+    """The :class:`StateDiskFull` for ``exc`` when it is SQLite saying that the state
+    database's disk took no more writes (``SQLITE_FULL``, or an I/O error on a write: a file
+    size limit, a failing device), naming the file and its filesystem; None for any other
+    error (a lock, a constraint, a bug), which keeps its own handling."""
+    if not isinstance(exc, sqlite3.Error):
+        return None
+    code = getattr(exc, "sqlite_errorcode", None)
+    if not isinstance(code, int) or code == SQLITE_IOERR_NOMEM:
+        return None
+    if code & 0xFF not in (SQLITE_FULL, SQLITE_IOERR):
+        return None
+    full = code & 0xFF == SQLITE_FULL
+    why = None
+    if not full:  # SQLite does not say which: a limit of this process is worth naming
+        import resource
+
+        why = "a full disk or a failing device"
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY:
+            why = f"a file size limit of {limit} bytes for this process (`ulimit -f`), {why}"
+    mount = _mount_point(os.path.dirname(os.path.abspath(path)))
+    return StateDiskFull(path, filesystem_of(path), str(exc), full=full, why=why, mount=mount)
+
+
+def filesystem_of(path: str) -> str:
+    """Where a file lives, for a message: ``the tmpfs filesystem mounted at /mnt/state (0 B
+    free of 262.1 KB)``; what cannot be found out is left out."""
+    from core.text import human
+
+    d = os.path.dirname(os.path.abspath(path))
+    mount = _mount_point(d)
+    kind = _fs_type(mount)
+    where = f"the {kind} filesystem mounted at {mount}" if kind else f"the filesystem at {mount}"
+    try:
+        st = os.statvfs(d)
+    except OSError:
+        return where
+    free, size = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+    return f"{where} ({human(free)} free of {human(size)})"
+
+
+def _mount_point(d: str) -> str:
+    """The mount point of the filesystem holding directory ``d`` (``d`` itself if unknown)."""
+    try:
+        dev = os.stat(d).st_dev
+    except OSError:
+        return d
+    while d != os.path.dirname(d):
+        up = os.path.dirname(d)
+        try:
+            if os.stat(up).st_dev != dev:
+                break
+        except OSError:
+            break
+        d = up
+    return d
+
+
+def _fs_type(mount: str) -> str | None:
+    """The filesystem type mounted at ``mount`` (Linux's /proc/self/mounts; None elsewhere)."""
+    kind = None
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 2 and _unescape(fields[1]) == mount:
+                    kind = fields[2]  # the last one mounted there is what is seen
+    except OSError:
+        return None
+    return kind
+
+
+def _unescape(field: str) -> str:
+    """A /proc/self/mounts field: spaces, tabs, newlines and backslashes are octal escapes."""
+    import re
+
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)

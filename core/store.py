@@ -16,6 +16,11 @@ Decisions:
   offset and advances the offset in the same transaction; a chunk at any other offset is
   refused. A restart resumes from the stored offset, so no gap and no duplicate.
 * **Schema changes** are ``sqlite_utils`` migrations, applied on open.
+* **A full disk** is one error: every write goes through :meth:`Store._immediate` (or
+  :meth:`Store.atomic`), which rolls the transaction back and raises
+  :class:`~core.errors.StateDiskFull` for SQLite's full-disk and write I/O errors, naming the
+  file and its filesystem, so no caller tells a full state disk from a bug by SQLite's words.
+  (While opening, the same fault is the unusable-file error of :mod:`core.statefile`.)
 """
 
 from __future__ import annotations
@@ -161,6 +166,8 @@ class Store:
 
     def __init__(self, path: str | Path = ":memory:"):
         self.path = str(path)
+        self._opened = False
+        """Open and migrated: from then on a write the disk refuses is StateDiskFull."""
         self._told: set[tuple[str, str]] = set()
         """(run, source) pairs whose dropped-points notice this process has seen journaled."""
         if self.path == ":memory:":
@@ -197,6 +204,7 @@ class Store:
             pass
         self._migrate()
         self.db.execute("PRAGMA busy_timeout = 30000")
+        self._opened = True
 
     OPEN_WAIT_S = 10.0
     """How long opening waits for a lock another program holds (then: a clear error)."""
@@ -226,8 +234,9 @@ class Store:
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[Database]:
-        with self.db.atomic() as db:
-            yield db
+        with self._disk_full_told():
+            with self.db.atomic() as db:
+                yield db
 
     @contextlib.contextmanager
     def _immediate(self) -> Iterator[None]:
@@ -236,15 +245,38 @@ class Store:
         if conn.in_transaction:
             yield
             return
-        conn.execute("BEGIN IMMEDIATE")
+        with self._disk_full_told():
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+                conn.execute("COMMIT")
+            except BaseException:
+                self._rollback()
+                raise
+
+    def _rollback(self) -> None:
+        """End the open transaction, if SQLite has not ended it already (a COMMIT or write
+        the disk refused may leave it open or roll it back itself)."""
+        if self.db.conn.in_transaction:
+            self.db.conn.execute("ROLLBACK")
+        self._told.clear()  # a notice journaled in it is gone too
+
+    @contextlib.contextmanager
+    def _disk_full_told(self) -> Iterator[None]:
+        """A write the state disk refused becomes :class:`~core.errors.StateDiskFull` (once
+        the store is open), its transaction rolled back; any other error stays itself."""
         try:
             yield
-        except BaseException:
-            conn.execute("ROLLBACK")
-            self._told.clear()  # a notice journaled in it is gone too
-            raise
-        else:
-            conn.execute("COMMIT")
+        except sqlite3.Error as e:
+            from core import statefile
+
+            full = (statefile.disk_full(self.path, e)
+                    if self._opened and self.path != ":memory:" else None)
+            if full is None:
+                raise
+            with contextlib.suppress(sqlite3.Error):
+                self._rollback()
+            raise full from e
 
     # -- items ---------------------------------------------------------------------------
     def item_statuses(self) -> dict[str, str]:

@@ -27,6 +27,15 @@ _CTRL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _CTRL_NL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 
 
+def human(n: float) -> str:
+    """A byte count for a person, in decimal units: ``0 B``, ``262.1 KB``, ``1.2 GB``."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
 def sanitize(line: str, *, max_len: int = 4000, newlines: bool = True) -> str:
     """Drop escape sequences and control characters (C0 and C1); cut very long lines.
 

@@ -2,7 +2,9 @@
 
 =====  ==================================================================================
 0      success
-1      an action failed (a run failed, a command on a host exited non-zero)
+1      an action failed (a run failed, a command on a host exited non-zero), or the state
+       database's disk took no more writes (``StateDiskFull``: what was being recorded was
+       not; runs go on on their hosts, and ``attach`` stores them once there is space)
 2      invalid input: a plan, a flag, a file, an unusable state database; nothing written
 3      a host could not be reached, or a command specdeck itself ran on it (a probe, a
        kill) was ended by a signal: the host ended it before it could answer. (An item's
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from core.errors import HostUnreachable, InvalidInput, RemoteCommandFailed
+from core.errors import HostUnreachable, InvalidInput, RemoteCommandFailed, StateDiskFull
 
 if TYPE_CHECKING:
     from core.faults import Interruption
@@ -47,6 +49,8 @@ def for_error(exc: BaseException) -> int:
         return UNREACHABLE
     if isinstance(exc, RemoteCommandFailed):
         return UNREACHABLE if exc.signal else FAILED
+    if isinstance(exc, StateDiskFull):
+        return FAILED  # not invalid input: the file is good, its disk is full
     if isinstance(exc, (sqlite3.DatabaseError, RecursionError)):
         return INVALID  # an unusable state database; input nested too deeply to read
     return FAILED
@@ -59,10 +63,11 @@ def for_interruption(how: Interruption) -> int:
 
 def for_run(summary: "RunSummary", *, named: bool) -> int:
     """The exit status of ``specdeck run`` from the runner's summary: 3 when a host could not
-    be reached, 1 when an item failed or (``named`` items) one is still waiting on others."""
+    be reached, 1 when an item failed, could not be recorded (a full state disk) or
+    (``named`` items) one is still waiting on others."""
     if summary.unreachable:
         return UNREACHABLE
-    if summary.failed:
+    if summary.failed or summary.unrecorded:
         return FAILED
     if named and (summary.waiting or summary.held) and not summary.unadopted:
         return FAILED

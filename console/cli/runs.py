@@ -41,13 +41,15 @@ def cmd_run(args) -> int:
     if summary.manual:
         err(f"manual items waiting for the operator: {', '.join(summary.manual)} "
             f"(`specdeck mark {args.plan} ITEM done`)")
+    for i in summary.unrecorded:  # what became of its run, and what to do: said above
+        err(f"not recorded: {i}  (the state disk took no more writes; see above)")
     if not summary.unreachable:
         for i in summary.failed:
             err(f"failed: {i}  (log: `specdeck logs {args.plan} {i}`)")
         if summary.unadopted and not summary.failed:
             err(f"not launched until a run started outside specdeck is adopted: "
                 f"{', '.join(summary.unadopted)} (`specdeck adopt`, see above)")
-    if args.detach and not (summary.failed or summary.unreachable):
+    if args.detach and not (summary.failed or summary.unreachable or summary.unrecorded):
         if summary.waiting:
             err(f"waiting for the started runs to end: {', '.join(summary.waiting)} "
                 f"(run them then: `specdeck run {args.plan} {' '.join(summary.waiting)}`)")

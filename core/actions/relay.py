@@ -58,6 +58,7 @@ from core.actions.base import Action, CheckResult
 from core.errors import ActionFailed, HostUnreachable
 from core.hosts import bulk
 from core.ml import strictjson
+from core.text import human
 
 CHUNK = 1 << 20
 """Bytes per message on the asyncio path."""
@@ -139,14 +140,6 @@ class RelayParams:
                 self.streams, int) or not 1 <= self.streams <= MAX_STREAMS):
             out.append((("streams",), f"streams must be a whole number from 1 to {MAX_STREAMS}"))
         return out
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1000
-    return f"{n:.1f} TB"
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
@@ -9,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -111,3 +113,20 @@ def maybe_rows(db: Path, sql: str, args=()) -> list[tuple]:
         return rows(db, sql, args)
     except sqlite3.OperationalError:
         return []
+
+
+@contextlib.contextmanager
+def tmpfs(mnt: Path, size: str):
+    """A real small filesystem: a tmpfs of ``size`` (``64m``, ``2m``) mounted at ``mnt`` (made
+    here) while inside, lazily unmounted after. Skips the test where mounting is not
+    permitted (not root, no CAP_SYS_ADMIN), saying so."""
+    mnt.mkdir(parents=True, exist_ok=True)
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}",
+                          f"specdeck-test-{uuid.uuid4().hex[:6]}", str(mnt)],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {res.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

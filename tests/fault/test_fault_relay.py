@@ -17,16 +17,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from core.store import Store
 from tests.conftest import run_cli
+from tests.fault.conftest import tmpfs
 from tests.integration.conftest import sshd_available, sshd_factory, ssh_home  # noqa: F401
 
 MB = 1 << 20
@@ -173,14 +172,8 @@ def test_fault_destination_directory_or_trailing_slash_is_refused(ssh_hosts, tmp
 @pytest.fixture
 def small_disk(tmp_path):
     """A 64 MiB tmpfs as the destination's workdir (needs the right to mount)."""
-    mnt = tmp_path / "B"
-    mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", f"relay-{uuid.uuid4().hex[:6]}",
-                          str(mnt)], capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {res.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+    with tmpfs(tmp_path / "B", "64m") as mnt:
+        yield mnt
 
 
 @pytest.mark.parametrize("kind", ["local", "ssh"])

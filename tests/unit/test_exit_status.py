@@ -10,7 +10,7 @@ import pytest
 from console.cli import exit_codes
 from console.cli import entry as cli_main
 from core.errors import (ActionFailed, HostKeyRejected, HostUnreachable, InvalidInput,
-                         PlanError, RemoteCommandFailed, SpecdeckError)
+                         PlanError, RemoteCommandFailed, SpecdeckError, StateDiskFull)
 from core.faults import Interruption
 from tests.conftest import ROOT
 
@@ -44,7 +44,9 @@ def test_remote_failure_never_exits_the_remote_status(monkeypatch, capsys, remot
     (InvalidInput("bad flag"), 2), (PlanError([]), 2), (HostUnreachable("gpu", "refused"), 3),
     (HostKeyRejected("gpu", "changed key"), 3), (ActionFailed("no"), 1),
     (SpecdeckError("other"), 1), (sqlite3.DatabaseError("malformed"), 2),
-    (RecursionError(), 2), (ValueError("surprise"), 1), (OSError(5, "I/O error"), 1)])
+    (RecursionError(), 2), (ValueError("surprise"), 1), (OSError(5, "I/O error"), 1),
+    (StateDiskFull("/st/s.db", "the tmpfs filesystem mounted at /st", "database or disk is full",
+                   full=True, mount="/st"), 1)])
 def test_every_error_kind_has_its_status(monkeypatch, capsys, err, status):
     assert exit_codes.for_error(err) == status
     assert _main_raising(monkeypatch, err) == status
@@ -63,7 +65,9 @@ def test_interruptions_exit_as_shells_report_signals():
     ({"unreachable": [], "failed": ["b"], "waiting": [], "unadopted": []}, False, 1),
     ({"unreachable": [], "failed": [], "waiting": ["c"], "unadopted": []}, True, 1),
     ({"unreachable": [], "failed": [], "waiting": ["c"], "unadopted": []}, False, 0),
-    ({"unreachable": [], "failed": [], "waiting": ["c"], "unadopted": ["c"]}, True, 0)])
+    ({"unreachable": [], "failed": [], "waiting": ["c"], "unadopted": ["c"]}, True, 0),
+    ({"unreachable": [], "failed": [], "waiting": [], "unrecorded": ["d"]}, False, 1),
+    ({"unreachable": ["a"], "failed": [], "waiting": [], "unrecorded": ["d"]}, False, 3)])
 def test_run_summary_status(summary, named, status):
     from core.records import RunSummary
 
@@ -92,3 +96,18 @@ def test_no_other_module_maps_errors_to_statuses():
                             and not isinstance(sub.value.value, bool) and rel.startswith("console/cli/")):
                         raise AssertionError(f"{rel}:{sub.lineno}: an exit status literal "
                                              "in an except clause; use exit_codes")
+
+
+def test_a_full_state_disk_is_told_with_where_and_what_to_do(monkeypatch, capsys):
+    """StateDiskFull reaching ``main`` (a command other than run: mark, status): exit 1, its
+    message (the file, its filesystem) and hint (where to free space) on stderr, nothing
+    on stdout, no exception name."""
+    err = StateDiskFull("/st/s.db", "the tmpfs filesystem mounted at /st (0 B free of 2.1 MB)",
+                        "database or disk is full", full=True, mount="/st")
+    assert _main_raising(monkeypatch, err) == 1
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert ("specdeck: the state disk is full: state database /st/s.db, on the tmpfs filesystem "
+            "mounted at /st (0 B free of 2.1 MB)") in out.err
+    assert "hint: free space on /st" in out.err
+    assert "StateDiskFull" not in out.err and "Traceback" not in out.err
