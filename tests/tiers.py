@@ -60,7 +60,7 @@ def pytest_addoption(parser):
                           "(run the whole suite serially: -p no:xdist)")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own answer (the CPU count): -p loads this first
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # before xdist's answer; none without xdist
 def pytest_xdist_auto_num_workers(config):
     return auto_workers(os.cpu_count() or 1)
 
