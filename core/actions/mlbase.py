@@ -27,6 +27,7 @@ import json
 import posixpath
 import re
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 
 from core.errors import ActionFailed
@@ -199,6 +200,79 @@ def resolve_checkpoint(ctx, ref: str):
 def checkpoint_layout(art) -> dict:
     """What a checkpoint Artefact's ``data`` says of its layout (``{}``: specdeck's own)."""
     return art.data if art is not None and isinstance(art.data, dict) else {}
+
+
+LISTING_S = 60.0
+"""How long listing an output dir on a host may take (a stuck filesystem: no listing)."""
+
+
+@dataclass(frozen=True)
+class Listing:
+    """An output dir on a host as one ``find`` saw it (:func:`host_entries`)."""
+
+    entries: list
+    """Its checkpoints (:class:`core.ml.layouts.Entry`), oldest step first."""
+    best: int | None
+    """The step the run's best pointer names (None: none)."""
+    files: frozenset[str]
+    """The regular files among what was listed, relative to the dir (``run.yaml``,
+    ``3/val_metrics.json``): only these are read (never a FIFO, a link or a dir)."""
+
+
+async def host_entries(host, outdir: str, trainer: str | None) -> Listing:
+    """The checkpoints in ``outdir`` on ``host`` with what their files show now
+    (:func:`core.ml.layouts.entries`; one ``find``, and specdeck's ``latest`` read when it is
+    there). An output dir that cannot be listed lists nothing."""
+    from core.ml import layouts
+
+    res = await host.run(layouts.find_command(outdir), timeout=LISTING_S)
+    rows = layouts.parse_find(res.stdout)
+    files = frozenset(r.path for r in rows if r.kind == "f")
+    latest = None
+    if trainer in (None, "specdeck") and layouts.SPECDECK_LATEST in files:
+        latest = (await host.read_from(join(outdir, layouts.SPECDECK_LATEST), 0, 4096)
+                  ).decode("utf-8", "replace")
+    best = None
+    for r in sorted(rows, key=lambda r: r.path):
+        if best is None and r.kind == "l" and "/" not in r.path \
+                and layouts.is_best_pointer(r.path, trainer):
+            best = layouts.pointed_step(r.target, trainer)
+    return Listing(layouts.entries(outdir, rows, trainer, latest=latest), best, files)
+
+
+async def host_content_problem(host, entry) -> str | None:
+    """Why the checkpoint ``entry`` on ``host`` cannot be read, from its files' bytes, as
+    :func:`core.ml.layouts.content_problem` says it of a local one: a speculators epoch dir's
+    ``config.json`` that is no JSON object, a weights file whose safetensors header does not
+    match the file's size (cut short, or lying). None: nothing seen before a load."""
+    from core.errors import InvalidFile
+    from core.ml import layouts
+    from core.ml.safetensors_header import header_from, header_length
+
+    if entry.problem or entry.checkpoint.layout != "speculators":
+        return entry.problem
+    path = entry.checkpoint.path
+    files = {posixpath.basename(r.path): r for r in entry.state[1:]}
+    if not isinstance(await read_json(host, join(path, layouts.SPECULATORS_CONFIG)), dict):
+        return f"{join(path, layouts.SPECULATORS_CONFIG)}: not a JSON object"
+    names = [layouts.SPECULATORS_WEIGHTS]
+    if names[0] not in files:
+        wmap = (await read_json(host, join(path, layouts.SPECULATORS_INDEX)) or {}).get("weight_map")
+        if not isinstance(wmap, dict) or not wmap:
+            return f"{join(path, layouts.SPECULATORS_INDEX)}: no weight_map of tensor name -> file name"
+        names = sorted({str(v) for v in wmap.values()})
+    for name in names:
+        shown, row = join(path, name), files.get(name)
+        if row is None or row.kind != "f":
+            return f"{shown}: " + ("missing" if row is None else
+                                   f"is {layouts.KINDS[row.kind]}, not a regular file")
+        head = await host.read_from(shown, 0, 9)
+        more = header_length(head, row.size)
+        try:
+            header_from(shown, row.size, head, await host.read_from(shown, 9, more) if more else b"")
+        except InvalidFile as exc:
+            return exc.message
+    return None
 
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin")

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import posixpath
 import re
 import shlex
@@ -47,7 +46,7 @@ from core.actions import fit, trainers
 from core.actions.fit import deep_set
 from core.errors import HostUnreachable
 from core.faults import describe_fault
-from core.actions.mlbase import host_python, ml_failure
+from core.actions.mlbase import host_content_problem, host_entries, host_python, ml_failure
 from core.metrics_sources import MetricsParams, line_metrics
 from core.ml import bounds, layouts
 from core.actions.watch_eval import detached as watch_detached
@@ -55,7 +54,7 @@ from core.actions.watch_eval.params import WatchEvalParams, validate_watch
 from core.actions.watch_eval.watcher import Watcher
 from core.params import problems
 from core.records import Run
-from core.text import load_yaml
+from core.text import load_yaml, loads_untrusted
 
 
 PATH_KEYS = ("target", "out_dir", "data.features", "data.file", "drafter.init")
@@ -490,20 +489,26 @@ class Train(Action):
     async def _scan_checkpoints(self, ctx, host, run: Run, ended: asyncio.Event) -> None:
         """Record the checkpoints of a SpecForge / speculators run as they land, for the console's
         watcher (which evaluates recorded checkpoints): while it trains, a checkpoint counts once
-        its marker file's size and mtime are the same in two listings in a row (whole, and no host
-        clock needed); once the run has ended, one last listing records every whole one."""
-        seen: dict[str, tuple] = {}
+        it is whole (core.ml.layouts: its trainer marked it complete, or nothing in it changed
+        for ``watch_eval.settle_s`` by this process's clock, no host clock needed) and its files
+        show no problem (a safetensors header that says the file is longer: a save still
+        going, or stalled); once the run has ended, one last listing records every one with no
+        problem (``finish`` names the others)."""
+        steady, recorded = layouts.Steady(self.params.watch_eval.settle_s), set()
         while True:
             last = ended.is_set()
             outdir = self._ckpt_dir(host, run)
             try:
-                if outdir and await host.stat(outdir) is not None:
-                    marks: dict[str, tuple] = {}
-                    for ck in (await host_checkpoints(host, outdir, self.params.trainer, marks=marks))[0]:
-                        if last or seen.get(ck.path) == marks[ck.path]:  # as recorded now: prepare's drafter config
-                            record_checkpoint(ctx, _run_of(ctx), ck)
-                    seen = marks
-            except HostUnreachable:
+                listing = await host_entries(host, outdir, self.params.trainer) if outdir else None
+                for e in listing.entries if listing else []:
+                    ck = e.checkpoint
+                    if ck.path in recorded or not (last or e.complete
+                                                   or steady.steady(ck.path, e.state)):
+                        continue
+                    if not await host_content_problem(host, e):  # else landing, or bad (finish names it)
+                        recorded.add(ck.path)  # the run as recorded now: prepare's drafter config
+                        record_checkpoint(ctx, _run_of(ctx), ck)
+            except (HostUnreachable, OSError, asyncio.TimeoutError):
                 pass  # the log follower reconnects; the next listing (or finish) catches up
             if last:
                 return
@@ -589,22 +594,35 @@ class Train(Action):
     async def finish(self, ctx, outcome) -> dict:
         host = ctx.host
         outdir = await self._find_out(ctx, outcome)
-        # the checkpoint list is complete even when specdeck missed a log line
+        # the checkpoint list is complete even when specdeck missed a log line; what the
+        # trainer left beside its checkpoints (a link loop, a bad entry) is named, never the
+        # run's failure
         found, best = [], None
-        if outdir and await host.stat(outdir) is not None:
+        try:
+            listed = bool(outdir) and await host.stat(outdir) is not None
+            ckpts, best, bad, files = await host_checkpoints(host, outdir, self.params.trainer) \
+                if listed else ([], None, [], frozenset())
+        except (OSError, asyncio.TimeoutError) as e:
+            listed = False
+            _name_bad(ctx, f"{outdir}: cannot be listed ({describe_fault(e)})")
+        if listed:
             run = _run_of(ctx)
-            ckpts, best = await host_checkpoints(host, outdir, self.params.trainer)
-            for ck in ckpts:
+            for problem in bad:
+                _name_bad(ctx, problem)
+            for e in ckpts:
+                ck = e.checkpoint
                 record_checkpoint(ctx, run, ck)
                 found.append(ck.step)
-                if ck.layout == "speculators":  # its per-epoch validation figures, stored once
-                    raw = await host.read_from(posixpath.join(ck.path, "val_metrics.json"), 0,
-                                               1 << 20)
+                metrics = posixpath.join(e.name, "val_metrics.json")  # its epoch's validation
+                if ck.layout == "speculators" and metrics in files:  # figures, stored once
+                    path = posixpath.join(outdir, metrics)
                     try:
-                        ctx.record_metrics(trainers.val_metrics_rows(ck.step, json.loads(raw)))
-                    except ValueError:
-                        pass  # none, or torn: the curves go without that epoch's figures
-            await self._record_resolved(ctx, outdir, run)
+                        raw = await host.read_from(path, 0, 1 << 20)
+                        ctx.record_metrics(trainers.val_metrics_rows(
+                            ck.step, loads_untrusted(raw, path, "validation metrics file")))
+                    except (ValueError, OSError):
+                        pass  # torn or unreadable: the curves go without that epoch's figures
+            await self._record_resolved(ctx, outdir, run, files)
         result = {"out": outdir, "checkpoints": sorted(found)}
         if best is not None:
             result["best"] = {"step": best.step, "path": best.path}
@@ -614,11 +632,19 @@ class Train(Action):
             raise await ml_failure(ctx, outcome, f"train ({self.params.launcher})")
         return result
 
-    async def _record_resolved(self, ctx, outdir: str, run: Run | None) -> None:
+    async def _record_resolved(self, ctx, outdir: str, run: Run | None,
+                               files: frozenset[str]) -> None:
         """The trainer's resolved config, as it wrote it beside its checkpoints
-        (core.ml.train's ``resolved_config.yaml``, speculators' ``run.yaml``), for diff."""
+        (core.ml.train's ``resolved_config.yaml``, speculators' ``run.yaml``), for diff; read
+        only when ``files`` (the output dir's listing) has it as a regular file."""
         name = "run.yaml" if self.params.trainer == "speculators" else "resolved_config.yaml"
-        raw = await ctx.host.read_from(posixpath.join(outdir, name), 0, 1 << 20)
+        if name not in files:
+            return
+        try:
+            raw = await ctx.host.read_from(posixpath.join(outdir, name), 0, 1 << 20)
+        except OSError as e:
+            _name_bad(ctx, f"{posixpath.join(outdir, name)}: cannot be read ({describe_fault(e)})")
+            return
         if not raw:
             return
         try:
@@ -689,33 +715,31 @@ def record_checkpoint(ctx, run: Run | None, ck: layouts.Checkpoint) -> bool:
     return ctx.record_artefact("checkpoint", ck.path, ck.step, data=data)
 
 
-async def host_checkpoints(host, outdir: str, trainer: str, *, marks: dict | None = None
-                           ) -> tuple[list[layouts.Checkpoint], layouts.Checkpoint | None]:
-    """The whole checkpoints in ``outdir`` on ``host`` in ``trainer``'s layout, oldest first,
-    and the one its best pointer names (None: no pointer, or it names none of them);
-    ``marks`` gets each one's marker file ``(size, mtime)`` by checkpoint path."""
-    found, pointers = [], []
-    for name in await host.listdir(outdir):
-        if layouts.is_best_pointer(name, trainer):
-            pointers.append(name)
-            continue
-        ck = layouts.checkpoint_of(outdir, name, trainer)
-        if ck is None:
-            continue
-        entry = await host.lstat(posixpath.join(outdir, name))
-        marker = await host.stat(posixpath.join(outdir, layouts.parse_entry(name, trainer)[2]))
-        if entry is None or entry.is_link or marker is None:
-            continue  # a pointer, or not whole (a save cut short)
-        if marks is not None:
-            marks[ck.path] = (marker.size, marker.mtime)
-        found.append(ck)
-    found.sort(key=lambda c: c.step)
-    best = None
-    for name in sorted(pointers):
-        res = await host.run(["readlink", posixpath.join(outdir, name)])
-        step = layouts.pointed_step(res.stdout.strip(), trainer) if res.ok else None
-        best = next((c for c in found if c.step == step), best)
-    return found, best
+async def host_checkpoints(host, outdir: str, trainer: str) -> tuple[
+        list[layouts.Entry], layouts.Checkpoint | None, list[str], frozenset[str]]:
+    """The checkpoints in ``outdir`` on ``host`` in ``trainer``'s layout, oldest first, whose
+    files show no problem (:func:`core.actions.mlbase.host_entries`; a speculators dir's
+    config and safetensors headers read too), the one its best pointer names (None: no
+    pointer, or it names none of them), the problems of the others, each naming its file,
+    and the regular files listed (relative to ``outdir``: the only ones to read)."""
+    listing = await host_entries(host, outdir, trainer)
+    found, bad = [], []
+    for e in listing.entries:
+        problem = await host_content_problem(host, e)
+        if problem:
+            bad.append(problem)
+        else:
+            found.append(e)
+    best = next((e.checkpoint for e in found if e.checkpoint.step == listing.best), None)
+    return found, best, bad, listing.files
+
+
+def _name_bad(ctx, problem: str) -> None:
+    """Name what the trainer left that is not a checkpoint to read (journal and notice); the
+    run goes on as if it were not there."""
+    msg = f"{problem}: skipped, not a checkpoint to read"
+    ctx.journal("checkpoint_bad", msg, host=ctx.host.name, data={"problem": problem[:2000]})
+    ctx.notice(f"{ctx.item.id}: {msg}", "warning")
 
 
 SHELL_SYNTAX = re.compile(r"[;&|<>`$()\n]")

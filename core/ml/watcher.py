@@ -12,20 +12,28 @@ detached ``watch_eval`` (``core.actions.watch_eval``), so it keeps going while n
 
 * discovers every checkpoint in ``--ckpt-dir`` as it lands, in any of the layouts of
   :mod:`core.ml.layouts` (``--trainer`` limits it to one): ``core.ml.train``'s ``step_N.pt``,
-  SpecForge's ``{run_id}-step{N}/training_state.pt``, speculators' ``{epoch}/`` drafter dirs
-  (its marker file untouched for ``--settle`` seconds), oldest first, at most one per
-  ``--every`` steps;
-* strips a torch checkpoint (``core.ml.strip``, with ``--drafter-config`` when the checkpoint
-  carries no drafter config, as SpecForge's does not; a speculators dir needs no strip) and
-  evaluates it (``core.ml.eval``: offline from the feature
-  cache, which loads only the target's embedding and head; or online) on ``--device``, in this
-  process (torch is imported once);
+  SpecForge's ``{run_id}-step{N}/training_state.pt``, speculators' ``{epoch}/`` drafter dirs,
+  oldest first, at most one per ``--every`` steps. A checkpoint is read once it is whole: its
+  trainer marked it complete, or nothing about it (its files, their sizes and mtimes) changed
+  for ``--settle`` seconds (default 30: a slow disk's pause inside one save must not pass for
+  its end);
+* checks what can be checked before a load (a speculators dir's config and safetensors
+  headers against the files' sizes), then strips a torch checkpoint (``core.ml.strip``, with
+  ``--drafter-config`` when the checkpoint carries no drafter config, as SpecForge's does
+  not; a speculators dir needs no strip) and evaluates it (``core.ml.eval``: offline from the
+  feature cache, which loads only the target's embedding and head; or online) on
+  ``--device``, in this process (torch is imported once);
 * writes one result per step, atomically (temp file + rename), to ``OUT/step_<N>.json``:
   ``{"step", "state": "done" | "failed", "result" (core.ml.eval's result.json),
   "baseline" (the first step only, with --baseline), "error", "checkpoint", "seconds",
-  "max_rss_bytes"}``; a failed eval is recorded and the next checkpoint follows;
+  "max_rss_bytes"}``. A failed read is recorded only once the checkpoint has stayed unchanged
+  for ``--settle`` seconds since the read began; one that changes meanwhile (a save that had
+  stalled goes on) is read again once whole, and nothing is recorded for the failed read. A
+  bad entry (a FIFO named ``step_N.pt``, a link loop for its weights, a header lying about the
+  file's size) is thus one failed step naming the file, and the next checkpoint follows;
 * keeps ``status.json`` (``state``, ``current``, ``last_step``, ``queue``, ``done``,
-  ``failed``) up to date and logs progress, errors and resource use as JSON lines on stdout;
+  ``failed``, ``settling``: checkpoints not yet whole, or whose failed read is watched) up to
+  date and logs progress, errors and resource use as JSON lines on stdout;
 * exits 0 once the train run has ended (``--train-capsule``'s ``exit`` file, its processes
   gone from this host, or a ``train_ended`` file specdeck writes into the watcher's own
   directory) and every checkpoint it left is evaluated. A ``stop`` file in its directory (or
@@ -53,6 +61,9 @@ from core.ml.runio import (UsageError, atomic_write_json, check_flags, check_gen
                            say)
 
 RESULTS = "results"
+FINAL_LOOK_S = 2.0
+"""Once the train run has ended and every checkpoint is evaluated, the output dir is listed
+once more this long after (at most ``--settle``): a network disk may show the last save late."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,8 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--where", default="this host", help="the host's name, for messages")
     p.add_argument("--out", default=".", help="the watcher's own dir (results/, status.json, stop)")
     p.add_argument("--poll", type=float, default=5.0, help="seconds between looks for checkpoints")
-    p.add_argument("--settle", type=float, default=2.0,
-                   help="a checkpoint file untouched this long has landed")
+    p.add_argument("--settle", type=float, default=layouts.SETTLE_S,
+                   help="seconds a checkpoint its trainer does not mark complete must stay "
+                   "unchanged (files, sizes, mtimes) before it is read, and a failed read's "
+                   f"checkpoint before the failure is recorded (default {layouts.SETTLE_S:g})")
     return p
 
 
@@ -156,12 +169,24 @@ class Watch:
         self.stop_requested = False
         self.current: int | None = None
         self.started = time.time()
+        self.steady = layouts.Steady(args.settle)
+        self.failing: dict[int, tuple[dict[str, Any], tuple, float]] = {}
+        """Failed reads not recorded yet: step -> (its record, the checkpoint's state when
+        the read began, when it began)."""
 
     # -- what is there ----------------------------------------------------------------
-    def landed(self) -> list[tuple[int, Path]]:
-        """Checkpoints in the output dir that are whole (untouched for ``settle`` s)."""
-        return [(c.step, Path(c.path)) for c in layouts.scan_dir(
-            self.args.ckpt_dir, self.args.trainer, settle=self.args.settle, after=self.args.after)]
+    def entries(self) -> dict[int, layouts.Entry]:
+        """The checkpoints in the output dir now, by step (a step listed twice: the first)."""
+        out: dict[int, layouts.Entry] = {}
+        for e in layouts.local_entries(self.args.ckpt_dir, self.args.trainer, after=self.args.after):
+            out.setdefault(e.checkpoint.step, e)
+        return out
+
+    def landed(self) -> list[tuple[int, layouts.Entry]]:
+        """Checkpoints that are whole (module doc): marked complete by their trainer, or
+        unchanged for ``settle`` s; a failed read being watched is not one."""
+        return [(step, e) for step, e in self.entries().items() if step not in self.failing
+                and (e.complete or self.steady.steady(e.checkpoint.path, e.state))]
 
     def written(self) -> dict[int, str]:
         """Steps with a result file, and its state."""
@@ -173,19 +198,47 @@ class Watch:
                 continue
         return out
 
-    def queue(self) -> list[tuple[int, Path]]:
+    def queue(self) -> list[tuple[int, layouts.Entry]]:
         """Landed checkpoints still to evaluate, oldest first (``every`` respected)."""
         written = self.written()
         last = max(written, default=None)
         out = []
-        for step, path in self.landed():
+        for step, entry in self.landed():
             if step in written:
                 continue
             if self.args.every and last is not None and step - last < self.args.every:
                 continue
-            out.append((step, path))
+            out.append((step, entry))
             last = step if last is None else max(step, last)
         return out
+
+    def settling(self) -> list[int]:
+        """Steps not evaluated yet that are not whole yet, or whose failed read is watched."""
+        written = self.written()
+        ready = {s for s, _ in self.landed()}
+        return sorted({s for s in self.entries() if s not in written and s not in ready}
+                      | set(self.failing))
+
+    def settle_failures(self) -> None:
+        """Each failed read being watched: recorded once its checkpoint has stayed unchanged
+        for ``settle`` s since the read began; read again (once whole) when it changed."""
+        if not self.failing:
+            return
+        now = self.entries()
+        for step, (rec, state, began) in list(self.failing.items()):
+            entry = now.get(step)
+            if entry is not None and entry.state != state:
+                del self.failing[step]
+                self.steady.forget(entry.checkpoint.path)
+                emit("progress", task="watch", step=step, phase="changed",
+                     checkpoint=entry.checkpoint.path)
+                say(f"step {step}: its checkpoint changed after a failed read ({rec.get('error')}); "
+                    "it is read again once whole")
+            elif entry is None or time.monotonic() - began >= self.args.settle:
+                del self.failing[step]
+                if entry is None:
+                    rec["error"] = f"{rec.get('error')} (the checkpoint is gone since)"
+                self.record(rec)
 
     def train_ended(self) -> str | None:
         """Why the train run is over, or None while it may still write checkpoints."""
@@ -221,21 +274,26 @@ class Watch:
             "last_step": max((s for s, v in written.items() if v == "done"), default=None),
             "done": sorted(s for s, v in written.items() if v == "done"),
             "failed": sorted(s for s, v in written.items() if v == "failed"),
-            "queue": [s for s, _ in self.queue()], "started_at": self.started,
+            "queue": [s for s, _ in self.queue()], "settling": self.settling(),
+            "started_at": self.started,
             "updated_at": time.time(), **extra})
 
     # -- one eval ---------------------------------------------------------------------
-    def evaluate(self, step: int, ckpt: Path) -> dict[str, Any]:
+    def evaluate(self, step: int, entry: layouts.Entry) -> dict[str, Any]:
         from core.ml import eval as ml_eval
         from core.ml import strip as ml_strip
 
+        ckpt = Path(entry.checkpoint.path)
         work = self.out / "work" / f"step_{step}"
         t0, c0 = time.time(), time.process_time()
         rec: dict[str, Any] = {"step": step, "checkpoint": str(ckpt)}
         emit("progress", task="watch", step=step, phase="strip", checkpoint=str(ckpt))
         try:
+            problem = layouts.content_problem(entry)
+            if problem:  # not a checkpoint to load as it is now: named, never opened
+                raise UsageError(problem)
             drafter = ckpt
-            if not ckpt.is_dir():  # a torch checkpoint; a speculators epoch dir is a drafter
+            if entry.checkpoint.needs_strip:  # a torch checkpoint; a speculators epoch dir is a drafter
                 drafter = work / "drafter"
                 cfg = ["--config", self.args.drafter_config] if self.args.drafter_config else []
                 _call(ml_strip.main, [str(ckpt), str(drafter), *cfg])
@@ -289,26 +347,33 @@ class Watch:
     def run(self) -> int:
         say(f"watching {self.args.ckpt_dir} on {self.args.where} ({self.args.mode}, "
             f"device {self.args.device})")
-        ended_why = None
+        ended_why, looked_again = None, False
         while True:
             if self.stop_requested or (self.out / "stop").exists():
                 self.write_status("stopped")
                 say("stop requested: watcher ends")
                 return 0
             ended_why = ended_why or self.train_ended()
+            self.settle_failures()
             todo = self.queue()
             if todo:
-                step, ckpt = todo[0]
+                step, entry = todo[0]
+                began = time.monotonic()
                 self.current = step
                 self.write_status("evaluating")
-                self.record(self.evaluate(step, ckpt))
+                rec = self.evaluate(step, entry)
+                if rec["state"] == "failed":  # recorded once the checkpoint stayed unchanged
+                    self.failing[step] = (rec, entry.state, began)
+                    emit("progress", task="watch", step=step, phase="failed", error=rec.get("error"))
+                else:
+                    self.record(rec)
                 self.current = None
                 self.write_status("watching")
                 continue
-            if ended_why:
-                # one more look after the settle time: the last checkpoint may be landing
-                time.sleep(self.args.settle)
-                if self.queue():
+            if ended_why and not self.settling():
+                if not looked_again:  # the last checkpoint's files may show late (a network disk)
+                    looked_again = True
+                    self._sleep(min(self.args.settle, FINAL_LOOK_S))
                     continue
                 self.write_status("ended", reason=ended_why)
                 say(f"{ended_why}; every checkpoint is evaluated: watcher ends")

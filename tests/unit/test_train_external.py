@@ -25,7 +25,10 @@ from tests.conftest import ROOT
 SHIPPED = ROOT / "plans/train/specforge-qwen3.6-27b-dflash.yaml"
 
 
-def _runner(tmp_path, params: dict) -> Runner:
+def train_runner(tmp_path, params: dict) -> Runner:
+    """A runner over a plan whose one item ``train`` on the local host ``box`` (workdir
+    ``tmp_path/box``) has these train ``params``; the shipped SpecForge config is at
+    ``train/sf.yaml`` beside the plan."""
     (tmp_path / "train").mkdir()
     (tmp_path / "train" / "sf.yaml").write_text(SHIPPED.read_text())
     plan = tmp_path / "p.yaml"
@@ -47,7 +50,7 @@ async def _hook(runner: Runner, run_id: str, hook: str, *args):
 
 
 def test_specforge_config_is_uploaded_valid_for_specforge_and_checked_first(tmp_path):
-    runner = _runner(tmp_path, {"trainer": "specforge", "config": "train/sf.yaml",
+    runner = train_runner(tmp_path, {"trainer": "specforge", "config": "train/sf.yaml",
                                 "overrides": {"training.save_interval": 500},
                                 "out": "runs/sf", "launcher": "torchrun", "nproc_per_node": 2})
     wd = tmp_path / "box"

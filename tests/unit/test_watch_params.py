@@ -63,6 +63,9 @@ items:
      "must be >= 1"),
     ("{target: t, host: ev, mode: online, samples: 4}", "watch_eval.samples",
      "greedy decoding (temperature 0) is deterministic"),
+    ("{target: t, cache: c, settle_s: -1}", "watch_eval.settle_s",
+     "must be a number of seconds from 0 to"),
+    ("{target: t, cache: c, settle_s: .inf}", "watch_eval.settle_s", "inf: must be a finite number"),
 ])
 def test_bad_watch_eval_is_named_by_field_and_exits_2(tmp_path, watch, field, words):
     res = run_cli("validate", plan_file(tmp_path, watch))
@@ -144,6 +147,28 @@ def test_the_detached_watchers_command_carries_the_sampling_flags(tmp_path):
     words = shlex.split(launch.command)
     parsed = ml_watcher.build_parser().parse_args(words[words.index("core.ml.watcher") + 1:])
     assert _sampled(parsed) == (0.7, 0.9, 5, 3, 4) and parsed.mode == "online"
+
+
+def test_the_detached_watcher_waits_settle_s_for_a_checkpoint_no_trainer_marks_complete(tmp_path):
+    import asyncio
+    import shlex
+
+    from core.actions.watch_eval import detached
+    from core.ml import layouts
+    from core.ml import watcher as ml_watcher
+
+    ev = _local_ev(tmp_path)
+    run = SimpleNamespace(id="r1", host="gpu", capsule=None)
+
+    def settle(spec: dict) -> float:
+        launch = asyncio.run(detached.command(_ctx(Store(":memory:")), parse_watch(spec), run,
+                                              "/ckpts", ev))
+        words = shlex.split(launch.command)
+        return ml_watcher.build_parser().parse_args(words[words.index("core.ml.watcher") + 1:]).settle
+
+    base = {"target": "t", "cache": "c", "on": "eval", "host": "ev"}
+    assert settle(base) == layouts.SETTLE_S == 30.0  # long enough for a slow disk
+    assert settle({**base, "settle_s": 2.5}) == 2.5
 
 
 def test_a_sampled_evals_interval_is_over_prompts_with_their_seeds_nested():

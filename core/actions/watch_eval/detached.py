@@ -62,7 +62,7 @@ async def command(ctx: "ActionContext", spec: WatchEvalParams, run: Run, ckpt_di
     args = ["--ckpt-dir", ckpt_dir, "--target", host.path(spec.target), "--mode", spec.mode,
             "--max-new-tokens", spec.max_new_tokens, "--dtype", spec.dtype,
             "--device", spec.device, "--where", host.name, "--out", ".",
-            "--poll", max(1.0, ctx.poll * 10), "--settle", 1.0]
+            "--poll", max(1.0, ctx.poll * 10), "--settle", spec.settle_s]
     if spec.mode == "offline":
         args += ["--cache", host.path(spec.cache)]
     else:

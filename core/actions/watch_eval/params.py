@@ -20,6 +20,9 @@ A train item may declare (typed: :class:`WatchEvalParams`)::
       dtype: auto              # the target's dtype: auto keeps the checkpoint's own (bf16 stays bf16)
       max_memory: 60G          # refuse before loading above this (default: what the host has free)
       temperature: 0           # > 0: sampled evals, online only (top_p, top_k, seed, samples: as eval's)
+      settle_s: 30             # a checkpoint its trainer marks nowhere as complete is read once
+                               # unchanged this long; a failed read is recorded once unchanged
+                               # this long after it (else read again once whole)
       alerts: {drop_pct: 10, flat_evals: 3, flat_eps: 0.02}
 
 How the evals run: :mod:`core.actions.watch_eval` (the package doc).
@@ -30,6 +33,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from core.ml.layouts import SETTLE_S
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -88,6 +93,12 @@ class WatchEvalParams:
     seed: int = 0
     samples: int = 1
     """Sampled: generations per prompt, each with its own seed (as eval's)."""
+    settle_s: float = SETTLE_S
+    """Seconds a checkpoint its trainer does not mark complete (speculators' epoch dir saved
+    with no pointer to it, a ``step_N.pt`` no ``latest`` names) must stay unchanged, its files,
+    their sizes and mtimes, before it is read; and seconds a checkpoint whose read failed must
+    stay unchanged before that failure is recorded (one that changes is read again once whole).
+    Longer than the training host's disk may pause inside one save (:mod:`core.ml.layouts`)."""
     alerts: WatchAlerts = field(default_factory=WatchAlerts)
 
     def validate(self):
@@ -121,6 +132,11 @@ class WatchEvalParams:
         if self.backfill and on != "console":
             out.append((("backfill",), "backfill is for on: console (a detached watcher "
                                        "evaluates every checkpoint anyway)"))
+        from core.ml import bounds
+
+        why = bounds.seconds(self.settle_s)
+        if why:
+            out.append((("settle_s",), f"settle_s: {why}"))
         if self.dtype not in DTYPES:
             out.append((("dtype",), f"dtype: one of {', '.join(DTYPES)} (auto keeps the "
                                     "checkpoint's own)"))

@@ -12,6 +12,12 @@ oldest first; a checkpoint no longer kept is recorded skipped). Every step's sta
 store (``watch_evals``), so after a kill -9 the next specdeck resumes a running eval from its
 capsule and continues with the next checkpoint: no duplicate, no missing eval.
 
+A checkpoint is read once whole (:mod:`core.ml.layouts`; the train action records another
+trainer's checkpoints only then). A failed eval is recorded only once the checkpoint has stayed
+unchanged (its files, sizes, mtimes on the training host) for ``settle_s`` since the read
+began; one that changed meanwhile (a stalled save went on) goes back to ``pending`` and is
+evaluated again once unchanged for ``settle_s``, and the failed read is not its result.
+
 Each tau point carries its 95 % interval (:mod:`core.stats`, a bootstrap over the eval's
 prompts), stored as the metrics ``tau_ci95_lo`` / ``tau_ci95_hi``.
 
@@ -29,10 +35,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import time
 from typing import TYPE_CHECKING, Any
 
 from core.actions.watch_eval.params import WatchEvalParams, parse_watch
-from core.ml import resultfile
+from core.ml import layouts, resultfile
 from core.records import WatchEntry
 
 if TYPE_CHECKING:
@@ -50,6 +57,12 @@ class Watcher:
         self.poll = poll
         self.mode = spec.mode
         self.alerts = dataclasses.asdict(spec.alerts)
+        self.steady = layouts.Steady(spec.settle_s)
+        self.failing: dict[int, tuple[str, tuple, float]] = {}
+        """Failed evals not recorded yet: step -> (the error, the checkpoint's state when the
+        read began, when it began)."""
+        self.held: set[int] = set()
+        """Pending steps whose checkpoint changed after a failed read: evaluated once steady."""
 
     # -- queue ---------------------------------------------------------------------------
     def _sync(self) -> None:
@@ -69,7 +82,8 @@ class Watcher:
     def _next(self) -> WatchEntry | None:
         """The newest pending checkpoint; older pending ones are recorded as skipped (with
         ``backfill``: the oldest pending one, nothing skipped)."""
-        pending = [e for e in self.ctx.watch_entries() if e.state == "pending"]
+        pending = [e for e in self.ctx.watch_entries() if e.state == "pending"
+                   and e.step not in self.held]
         if not pending:
             return None
         if self.spec.backfill:
@@ -89,14 +103,19 @@ class Watcher:
                 await self._evaluate(e, resume=True)
         while True:
             self._sync()
+            await self._settle()
             e = self._next()
             if e is not None:
                 await self._evaluate(e)
                 continue
             if training_done.is_set():
                 self._sync()
-                if not any(x.state == "pending" for x in self.ctx.watch_entries()):
+                waiting = self.failing or self.held
+                if not waiting and not any(x.state == "pending" for x in self.ctx.watch_entries()):
                     return
+                if not waiting:
+                    continue
+                await asyncio.sleep(self.poll)  # until the failed and held ones are settled
                 continue
             try:
                 await asyncio.wait_for(training_done.wait(), self.poll)
@@ -131,18 +150,68 @@ class Watcher:
             common += ["--block-size", s.block_size]
         return common + sampling.cli_flags(s)
 
+    def _checkpoint(self, step: int):
+        """The run's checkpoint artefact at ``step``."""
+        return [a for a in self.ctx.artefacts(kind="checkpoint")
+                if a.run_id == self.run_id and a.step == step][0]
+
+    async def _state(self, step: int) -> tuple | None:
+        """What the checkpoint at ``step`` looks like on the training host now (its files,
+        sizes, mtimes: :class:`core.ml.layouts.Entry`'s ``state``); None: it is not there."""
+        from core.actions.mlbase import checkpoint_layout, host_entries
+
+        art = self._checkpoint(step)
+        layout = checkpoint_layout(art).get("layout", "specdeck")
+        host = await self.ctx.connected(self.item.action.host)
+        listing = await host_entries(host, layouts.out_dir_of(art.path, layout), layout)
+        return next((e.state for e in listing.entries
+                     if e.checkpoint.path == art.path.rstrip("/")), None)
+
+    async def _settle(self) -> None:
+        """Each failed eval not recorded yet: recorded once its checkpoint has stayed unchanged
+        for ``settle_s`` since the read began, back to pending when it changed; each pending
+        step held after such a change: evaluated once it has stayed unchanged for ``settle_s``."""
+        for step in sorted({*self.failing, *self.held}):
+            try:
+                now = await self._state(step)
+            except Exception:  # noqa: BLE001 - cannot look now (a host away): look again later
+                continue
+            key = str(step)
+            if step in self.held:
+                if now is None or self.steady.steady(key, now):
+                    self.held.discard(step)  # evaluated now (gone: its eval says so)
+                continue
+            error, state, began = self.failing[step]
+            if now is not None and now != state:
+                del self.failing[step]
+                self.held.add(step)
+                self.steady.forget(key)
+                self.steady.steady(key, now)
+                self.ctx.update_watch_entry(step, "pending", error=None)
+                self.ctx.journal("watch_retry", f"tau eval of step {step} failed ({error}) but "
+                                 "its checkpoint changed since: evaluated again once whole")
+            elif now is None or time.monotonic() - began >= self.spec.settle_s:
+                del self.failing[step]
+                self._failed(step, error + (" (the checkpoint is gone since)" if now is None else ""))
+
+    def _failed(self, step: int, error: str) -> None:
+        self.ctx.update_watch_entry(step, "failed", error=error[:2000])
+        self.ctx.journal("watch_failed", f"tau eval of step {step} failed: {error}")
+        self.ctx.notice(f"{self.item.id}: tau eval of step {step} failed: {error}", "error")
+
     async def _evaluate(self, entry: WatchEntry, resume: bool = False) -> None:
         from core import jobs
         from core.actions.base import Launch
         from core.actions.mlbase import drafter_command, host_python, py_module
         step = entry.step
+        began, state = time.monotonic(), None
         ev = await self.ctx.connected(self.spec.host)
         cap_id = f"{self.run_id}-tau-{step}"
         capsule = jobs.capsule_path(ev, cap_id)
         try:
+            state = await self._state(step)
             if not resume or (await jobs.inspect(ev, capsule)).state in ("missing", "nopid"):
-                art = [a for a in self.ctx.artefacts(kind="checkpoint")
-                       if a.run_id == self.run_id and a.step == step][0]
+                art = self._checkpoint(step)
                 ckpt = art.path
                 train_host = await self.ctx.connected(self.item.action.host)
                 self.ctx.update_watch_entry(step, "running", host=ev.name, capsule=capsule)
@@ -183,9 +252,10 @@ class Watcher:
                             f"({self.mode}, target {res.get('dtype')}, on {ev.name})")
             self.alerts_at(step)
         except Exception as exc:  # one failed eval must not stop training or the watcher
-            self.ctx.update_watch_entry(step, "failed", error=str(exc)[:2000])
-            self.ctx.journal("watch_failed", f"tau eval of step {step} failed: {exc}")
-            self.ctx.notice(f"{self.item.id}: tau eval of step {step} failed: {exc}", "error")
+            if state is None:  # nothing to tell a change by: recorded now
+                self._failed(step, str(exc))
+            else:  # recorded once the checkpoint has stayed unchanged (_settle)
+                self.failing[step] = (str(exc), state, began)
 
     async def _fetch(self, art, train_host, ev, capsule: str) -> tuple[str, str | None]:
         """The checkpoint ``art`` where the eval host ``ev`` reads it, and the drafter config its
@@ -200,8 +270,9 @@ class Watcher:
             return art.path, config
         if layout.get("layout") == "speculators":  # an epoch dir: its config and weights
             local = f"{capsule}/ckpt"
-            for name in await train_host.listdir(art.path):
-                if name.endswith((".json", ".safetensors")):
+            for row in await self._state(art.step) or ():  # regular files only (never a FIFO)
+                name = row.path.partition("/")[2]
+                if row.kind == "f" and name.endswith((".json", ".safetensors")):
                     await copy_verified(train_host, f"{art.path}/{name}", ev, f"{local}/{name}")
             return local, None
         await copy_verified(train_host, art.path, ev, f"{capsule}/ckpt.pt")
