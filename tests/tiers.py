@@ -35,6 +35,8 @@ EXTERNAL = ("integration", "slurm", "engine", "reference", "speculators", "gpu")
 """Markers of tests that need a real external part: never in the quick tier."""
 SHARED_SCOPES = ("module", "class", "package")
 """Fixture scopes that tie a test to the worker running the rest of its module."""
+DIST_ENV = "SPECDECK_TEST_DIST"
+"""Tells the xdist workers that the controller schedules by group (they parse no --dist)."""
 UNKNOWN_S = 0.5
 """The cost assumed for a test the recorded run does not list (new, or under 5 ms)."""
 
@@ -65,7 +67,7 @@ def pytest_xdist_auto_num_workers(config):
     return auto_workers(os.cpu_count() or 1)
 
 
-@pytest.hookimpl(trylast=True)
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     recorded = _recorded()
     for item in items:
@@ -107,7 +109,10 @@ class _Recorder:
         self.seconds: dict[str, float] = defaultdict(float)
 
     def pytest_runtest_logreport(self, report):
-        self.seconds[report.nodeid] += report.duration
+        nodeid = report.nodeid
+        if nodeid.rfind("@") > nodeid.rfind("]"):  # xdist's loadgroup suffix: "@<group>"
+            nodeid = nodeid[:nodeid.rfind("@")]
+        self.seconds[nodeid] += report.duration
 
     def pytest_sessionfinish(self, session):
         if self.seconds:
@@ -119,6 +124,9 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "xdist_group(name): tests that must run on one worker, one after another")
     if getattr(config.option, "dist", "no") == "load":  # -n N without --dist: by group
         config.option.dist = "loadgroup"
+        os.environ[DIST_ENV] = "loadgroup"  # the workers, started after this, read it below
+    if hasattr(config, "workerinput") and os.environ.get(DIST_ENV) == "loadgroup":
+        config.option.loadgroup = True  # xdist set it from the command line, which had no --dist
     if hasattr(config.option, "loadscopereorder"):  # keep the longest-first order above
         config.option.loadscopereorder = False
     if config.getoption("--store-durations") and not hasattr(config, "workerinput"):
