@@ -14,8 +14,10 @@ recipe). What it does, and why each step is so:
   too) and, on Linux, killed by the kernel if this process dies first (``PR_SET_PDEATHSIG``).
 * **Requests.** Every prompt as token ids (the engine's tokenizer never runs), greedy, EOS
   stopping on (the engine's ``ignore_eos`` forbids EOS instead of generating past it), and
-  ``max_new_tokens + B`` tokens asked for: the engine trims its drafts to what is left, so its
-  first rounds are the ones comparable with specdeck's (docs §4d).
+  exactly ``max_new_tokens`` tokens asked for (``n_predict``): the engine's own end of generation
+  is measured (its draft cut to ``n_remaining - 1``, the last token decoded alone:
+  :data:`core.ml.tau.FULL_BLOCK`), which specdeck reproduces under ``--engine-rule llama.cpp``
+  round for round at every ``max_new_tokens``.
 * **Acceptance.** Per round from the trace lines of that request (tau_round = a + 1), per
   request from ``timings.draft_n`` / ``draft_n_accepted``, and ``/metrics`` deltas; any
   disagreement between the three is an error naming the prompt. The rounds are then counted
@@ -376,8 +378,11 @@ def committed_rounds(tokens: list[int], engine_rounds: list[int], max_new: int,
                      stops: Sequence[int]) -> tuple[list[int], list[int], bool]:
     """The engine's answer counted as :func:`core.ml.generate.chain_generate` counts its own: the
     first token comes from the prefill, each round commits its ``a + 1`` tokens up to
-    ``max_new_tokens`` and up to (and with) the first stop token. Returns ``(tokens, rounds,
-    stopped)``; rounds past the engine's drafts (its last tokens, decoded one at a time) count 1."""
+    ``max_new_tokens`` and up to (and with) the first stop token (the engine stops accepting at an
+    EOG token inside its draft; one that ends the draft is accepted and followed by a bonus the
+    engine does not output). Returns ``(tokens,
+    rounds, stopped)``; tokens past the engine's drafts (its last token, decoded alone when one
+    is left) count a round of 1 each, as specdeck's target forward with no draft does."""
     if not tokens:
         return [], [], False
     stop = set(stops)
@@ -423,7 +428,7 @@ def run_engine(args: Any, prompts: list[Any], tokenizer: Any, stops: list[int], 
                 raise UsageError(f"prompt {p.id}: {len(ids)} prompt tokens + {args.max_new_tokens} + B={block_size} "
                                  f"do not fit --engine-context {args.engine_context}; raise it")
             t0 = time.perf_counter()
-            reply = server.complete(p.id, ids, args.max_new_tokens + block_size)
+            reply = server.complete(p.id, ids, args.max_new_tokens)
             check_reply(p.id, reply)
             tokens, rounds, stopped = committed_rounds(reply.tokens, [a + 1 for a in reply.accepted],
                                                        args.max_new_tokens, stops)
@@ -437,7 +442,7 @@ def run_engine(args: Any, prompts: list[Any], tokenizer: Any, stops: list[int], 
                                     "tokens": reply.tokens, "draft_n": tm.get("draft_n"),
                                     "draft_n_accepted": tm.get("draft_n_accepted"),
                                     "predicted_n": tm.get("predicted_n"), "stop_type": reply.stop_type,
-                                    "metrics_delta": reply.metrics_delta, "n_predict": args.max_new_tokens + block_size}})
+                                    "metrics_delta": reply.metrics_delta, "n_predict": args.max_new_tokens}})
             progress.step(tokens=len(tokens), id=p.id, tau=rows[-1]["tau"])
     eos = {"specdeck": sorted(stops), "engine": eog, "equal": sorted(stops) == eog}
     if not eos["equal"]:
