@@ -6,7 +6,7 @@
         [--limit N] [--ignore-eos] [--speedup] [--rows-per-pass R] [--seed S]
         [--temperature T [--top-p P] [--top-k K] [--samples N]] [--engine-rule ENGINE]
         [--engine llama.cpp [--engine-bin PATH] [--engine-target GGUF|DIR] [--engine-drafter GGUF|DIR]
-                            [--engine-threads N] [--engine-context N]]
+                            [--engine-threads N] [--engine-context N] [--engine-start-timeout S]]
 
 online: chain speculative decoding (docs/evaluation.md §2) per prompt, greedy; with ``--tree-budget K`` also
 DDTree with K nodes (docs/evaluation.md §3); with ``--speedup`` also a block-size-1 run through the same
@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--engine-drafter", help="the drafter as a .gguf, or a directory to convert (default: --drafter)")
     e.add_argument("--engine-threads", type=int, default=min(2, os.cpu_count() or 1), help="CPU threads (default 2)")
     e.add_argument("--engine-context", type=int, default=4096, help="the server's context length (default 4096)")
+    e.add_argument("--engine-start-timeout", type=float, default=300.0, metavar="S",
+                   help="seconds to wait for the server to load the models and answer /health (default 300)")
     return p
 
 
@@ -164,7 +166,8 @@ def validate_engine(args: argparse.Namespace) -> None:
     for flag, bad, why in refused:
         if bad:
             raise UsageError(f"{flag} with --engine {args.engine}: {why}")
-    check_flags(args, engine_threads=bounds.count, engine_context=lambda v: bounds.count(v, 16))
+    check_flags(args, engine_threads=bounds.count, engine_context=lambda v: bounds.count(v, 16),
+                engine_start_timeout=lambda v: bounds.seconds(v) or (None if v > 0 else f"{v!r}: must be more than 0"))
     for flag, value in (("--engine-target", args.engine_target), ("--engine-drafter", args.engine_drafter)):
         if value and not (Path(value).is_dir() or (Path(value).is_file() and value.endswith(".gguf"))):
             raise UsageError(f"{flag} {value}: neither a .gguf file nor a directory")

@@ -152,6 +152,7 @@ class TestEngine:
         why = [f for name, f in lint(drafter).differences() if name == "llama.cpp" and f.field == "attention"]
         assert why and "causality from" in why[0].message and "bidirectional" in why[0].message
 
+    @pytest.mark.usefixtures("one_thread")  # thousands of tiny forwards beside a 2-thread server on 2 CPUs
     def test_engine_and_its_rule_agree_round_for_round_at_every_max_new_tokens(self, fitted, tmp_path):
         """One llama-server; every prompt at every max_new_tokens 1..40, as llama-server's answer is
         counted by eval --engine (n_predict = max_new_tokens) and as specdeck runs the chain in
@@ -223,6 +224,8 @@ def test_mrope_sections_split_the_rotary_pairs_like_qwens_default():
     (["--engine-bin", "/nonexistent/llama-server"], "--engine-bin"),
     (["--engine-target", "/nonexistent/t.gguf"], "--engine-target"),
     (["--block-size", "9"], "--block-size"),
+    (["--engine-start-timeout", "0"], "--engine-start-timeout"),
+    (["--engine-start-timeout", "nan"], "--engine-start-timeout"),
 ])
 def test_bad_engine_input_exits_2_naming_the_field_and_writes_nothing(tiny, tmp_path, capsys, flags, field):
     target = tiny.save_tiny_target(tmp_path / "target", "qwen3")
