@@ -39,13 +39,26 @@ side ran (an engine applies its own rule, core.ml.engines) and the token ids gen
 
 def side_name(result: dict[str, Any]) -> str:
     """Who measured a result: the engine (``llama.cpp@0c1e570``) or specdeck, under its own
-    attention rule or an engine's (``eval --engine-rule``)."""
+    rule or an engine's (``eval --engine-rule``: another attention, or another end of generation)."""
     engine = result.get("engine")
     if isinstance(engine, dict):
         rev = engine.get("revision") or engine.get("version")
         return f"{engine.get('name')}@{rev}" if rev else str(engine.get("name"))
     rule = (result.get("drafter") or {}).get("engine_rule")
-    return f"specdeck under {rule['engine']}'s rule" if isinstance(rule, dict) and rule.get("changed") else "specdeck"
+    ruled = isinstance(rule, dict) and (rule.get("changed") or rule.get("end_of_generation") not in (None, taulib.SHRINK))
+    return f"specdeck under {rule['engine']}'s rule" if ruled else "specdeck"
+
+
+def end_of_generation(result: dict[str, Any]) -> str:
+    """How a result's last rounds ran (:func:`core.ml.tau.end_block`): its ``end_of_generation``;
+    a result written before it was recorded: llama.cpp's server's through that engine (its rounds
+    were its full blocks' drafts capped at the tokens left, which counts the same), else the
+    reference's."""
+    recorded = result.get("end_of_generation")
+    if isinstance(recorded, str):
+        return recorded
+    engine = result.get("engine")
+    return taulib.FULL_BLOCK if isinstance(engine, dict) and engine.get("name") == "llama.cpp" else taulib.SHRINK
 
 
 def _attention(result: dict[str, Any]) -> list[Any] | None:

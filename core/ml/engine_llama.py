@@ -14,8 +14,10 @@ recipe). What it does, and why each step is so:
   too) and, on Linux, killed by the kernel if this process dies first (``PR_SET_PDEATHSIG``).
 * **Requests.** Every prompt as token ids (the engine's tokenizer never runs), greedy, EOS
   stopping on (the engine's ``ignore_eos`` forbids EOS instead of generating past it), and
-  ``max_new_tokens + B`` tokens asked for: the engine trims its drafts to what is left, so its
-  first rounds are the ones comparable with specdeck's (docs §4d).
+  exactly ``max_new_tokens`` tokens asked for (``n_predict``): the engine's own end of generation
+  is measured (its draft cut to ``n_remaining - 1``, the last token decoded alone:
+  :data:`core.ml.tau.FULL_BLOCK`), which specdeck reproduces under ``--engine-rule llama.cpp``
+  round for round at every ``max_new_tokens``.
 * **Acceptance.** Per round from the trace lines of that request (tau_round = a + 1), per
   request from ``timings.draft_n`` / ``draft_n_accepted``, and ``/metrics`` deltas; any
   disagreement between the three is an error naming the prompt. The rounds are then counted
@@ -28,7 +30,9 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import http.client
 import json
+import math
 import os
 import re
 import shutil
@@ -61,6 +65,11 @@ METRICS = ("spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
            "spec_decode_num_accepted_tokens_total")
 GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 START_TIMEOUT_S, REQUEST_TIMEOUT_S, LOG_TIMEOUT_S = 300.0, 600.0, 60.0
+WAIT_PROGRESS_S, STOP_GRACE_S, KILL_WAIT_S = 10.0, 10.0, 5.0
+"""How often a line says the eval still waits for the server to start; how long the server has
+to end on SIGINT before its process group is killed; how long a stop waits for the killed to go."""
+SHOWN_CHARS = 200
+"""How much of an answer that is not llama-server's an error message quotes."""
 
 
 def cache_root() -> Path:
@@ -201,6 +210,131 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         pass
 
 
+def group_members(pgid: int) -> list[int]:
+    """Pids of the live processes (zombies left out) of process group ``pgid``, from /proc;
+    where there is no /proc, ``[pgid]`` while the group has any member, else ``[]``."""
+    proc = Path("/proc")
+    if not (proc / "self/stat").exists():
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return []
+        return [pgid]
+    out = []
+    for pid, stat in _proc_read("stat"):
+        fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
+        if len(fields) > 2 and fields[0] != "Z" and fields[2] == str(pgid):
+            out.append(pid)
+    return out
+
+
+def _proc_read(name: str) -> list[tuple[int, str]]:
+    """``(pid, text)`` of /proc/PID/NAME for every process readable now (``exe``: the link's target)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                out.append((int(d.name), os.readlink(d / name) if name == "exe" else (d / name).read_text()))
+            except OSError:
+                continue
+    return out
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def shown(data: bytes | str, limit: int = SHOWN_CHARS) -> str:
+    """What a server sent, as an error message quotes it: the start of it (``repr``: bytes that
+    are not UTF-8 and control characters show as escapes), and how long it was when cut."""
+    text = data.decode("utf-8", "backslashreplace") if isinstance(data, bytes) else data
+    if len(text) <= limit:
+        return repr(text)
+    unit = "bytes" if isinstance(data, bytes) else "characters"
+    return f"{text[:limit]!r}... ({len(data)} {unit} in all)"
+
+
+class Garbage(ValueError):
+    """An answer that is not what llama-server sends: ``what`` says how."""
+
+
+def _number(value: Any, integer: bool) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if integer:
+        return isinstance(value, int) and value >= 0
+    return math.isfinite(value)
+
+
+TIMING_FIELDS = {"prompt_ms": False, "predicted_ms": False, "predicted_n": True, "draft_n": True,
+                 "draft_n_accepted": True}
+"""The ``timings`` fields the eval reads, and whether each is a count (else a finite number)."""
+
+
+def read_completion(data: bytes) -> dict[str, Any]:
+    """A ``/completion`` answer, checked: a JSON object whose ``tokens`` are token ids, whose
+    ``timings`` hold numbers where the eval reads them and whose ``stop_type`` is text.
+
+    Raises:
+        Garbage: anything else (non-UTF-8 bytes, an HTML page, text where a number belongs),
+            naming the field.
+    """
+    try:
+        resp = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+    except UnicodeDecodeError:
+        raise Garbage("an answer that is not UTF-8 text") from None
+    except ValueError:
+        raise Garbage("an answer that is not JSON") from None
+    if not isinstance(resp, dict):
+        raise Garbage(f"JSON that is not an object (a {type(resp).__name__})")
+    tokens = resp.get("tokens")
+    if not isinstance(tokens, list) or not all(_number(t, True) for t in tokens):
+        raise Garbage("no 'tokens' list of token ids" if tokens is None else
+                      f"'tokens' that are not token ids ({shown(str(tokens), 80)})")
+    timings = resp.get("timings", {})
+    if not isinstance(timings, dict):
+        raise Garbage(f"'timings' that is not an object ({shown(str(timings), 80)})")
+    for key, integer in TIMING_FIELDS.items():
+        if key in timings and not _number(timings[key], integer):
+            kind = "a count" if integer else "a finite number"
+            raise Garbage(f"'timings.{key}' that is not {kind} ({shown(str(timings[key]), 80)})")
+    if not isinstance(resp.get("stop_type"), (str, type(None))):
+        raise Garbage(f"'stop_type' that is not text ({shown(str(resp['stop_type']), 80)})")
+    return resp
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def read_metrics(text: str) -> dict[str, float]:
+    """The speculative-decoding counters (:data:`METRICS`) of a ``/metrics`` answer.
+
+    Raises:
+        Garbage: a counter whose value is not a finite number >= 0, or one missing (llama-server
+            started with ``--metrics`` always exposes the three).
+    """
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        key = name.removeprefix("llamacpp:")
+        if key in METRICS:
+            try:
+                number = float(value)
+            except ValueError:
+                number = math.nan
+            if not math.isfinite(number) or number < 0:
+                raise Garbage(f"counter {name} = {shown(value, 80)}, not a number of tokens or drafts")
+            out[key] = number
+    missing = [k for k in METRICS if k not in out]
+    if missing:
+        raise Garbage(f"no {', '.join(missing)} counter{'s' if len(missing) > 1 else ''}")
+    return out
+
+
 @dataclass(frozen=True)
 class Reply:
     """One request's answer: the engine's tokens and figures, and the trace rounds of it."""
@@ -214,12 +348,20 @@ class Reply:
 
 
 class LlamaServer:
-    """A ``llama-server`` for one eval: started by ``with``, ended when the block exits."""
+    """A ``llama-server`` for one eval: started by ``with``, ended when the block exits.
+
+    The binary may be a wrapper (a script that execs or spawns llama-server): it is started in a
+    session of its own and ended with its whole process group, so nothing it started outlives
+    the eval. ``start_timeout``: seconds to wait for ``/health`` (a line says so every
+    ``progress_every`` seconds meanwhile); ``stop_grace``: seconds between SIGINT and SIGKILL.
+    """
 
     def __init__(self, binary: Path, target: Path, drafter: Path, n_max: int, threads: int, context: int,
-                 workdir: Path) -> None:
+                 workdir: Path, start_timeout: float = START_TIMEOUT_S, progress_every: float = WAIT_PROGRESS_S,
+                 stop_grace: float = STOP_GRACE_S) -> None:
         self.binary, self.target, self.drafter = binary, target, drafter
         self.n_max, self.threads, self.context = n_max, threads, context
+        self.start_timeout, self.progress_every, self.stop_grace = start_timeout, progress_every, stop_grace
         self.log_path = workdir / "llama-server.log"
         self.proc: subprocess.Popen | None = None
         self.port = 0
@@ -242,6 +384,7 @@ class LlamaServer:
                                                  start_new_session=True, preexec_fn=_die_with_parent)
                 if self._wait_healthy(start):
                     return self
+                self.stop()  # what a wrapper started goes with it
         except BaseException:  # Ctrl-C or a timeout while starting: the server must not outlive it
             self.stop()
             raise
@@ -251,56 +394,99 @@ class LlamaServer:
         self.stop()
 
     def stop(self) -> None:
-        """End the server: SIGINT (its clean shutdown), SIGKILL after 10 s; always reaped."""
+        """End the server and everything it started: SIGINT to its process group (llama-server's
+        clean shutdown), SIGKILL to what is left of the group after ``stop_grace`` seconds; the
+        process started is always reaped. A wrapper that ended before its children still has
+        them ended."""
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
-        try:
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        pgid = proc.pid  # start_new_session: the process started leads its own group
+        if proc.poll() is None or group_members(pgid):
+            _signal_group(pgid, signal.SIGINT)
+            deadline = time.monotonic() + self.stop_grace
+            while (proc.poll() is None or group_members(pgid)) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if proc.poll() is None or group_members(pgid):
+                _signal_group(pgid, signal.SIGKILL)
+                deadline = time.monotonic() + KILL_WAIT_S  # a SIGKILL is delivered, not awaited: see it done
+                while (proc.poll() is None or group_members(pgid)) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+        proc.wait()
 
     def _log_since(self, offset: int) -> str:
         with open(self.log_path, "rb") as f:
             f.seek(offset)
             return f.read().decode("utf-8", errors="replace")
 
+    def _log_tail(self, offset: int, lines: int = 15) -> str:
+        return "\n".join(self._log_since(offset).splitlines()[-lines:]) or "(empty)"
+
     def _wait_healthy(self, offset: int) -> bool:
         """Poll ``/health`` until the model is loaded: True; False when the port was taken
-        (the server ended, saying so); TaskError when it ended otherwise or never got ready."""
-        deadline = time.monotonic() + START_TIMEOUT_S
+        (the server ended, saying so); TaskError when it ended otherwise or never got ready.
+        Every ``progress_every`` seconds a line says it is still waiting, and on what."""
+        t0 = time.monotonic()
+        deadline, said = t0 + self.start_timeout, 0
+        where = f"127.0.0.1:{self.port}"
+        state = "its port was never open"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 text = self._log_since(offset)
                 if "couldn't bind HTTP server socket" in text:
                     return False
-                tail = "\n".join(text.splitlines()[-15:])
                 raise TaskError(f"llama-server exited with status {self.proc.returncode} while starting "
-                                f"({self.log_path}):\n{tail}")
+                                f"({self.log_path}):\n{self._log_tail(offset)}")
             try:
-                with self._http.open(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
+                with self._http.open(f"http://{where}/health", timeout=5) as r:
                     if r.status == 200:
                         return True
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
+            except urllib.error.HTTPError as exc:  # 503 while the model loads
+                state = f"its port is open, GET /health answered {exc.code} (still loading the model?)"
+            except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException):
                 pass
+            waited = time.monotonic() - t0
+            if waited >= (said + 1) * self.progress_every:
+                said = int(waited // self.progress_every)
+                say(f"waiting for llama-server on {where} ({waited:.0f}s)")
             time.sleep(0.1)
-        raise TaskError(f"llama-server did not report healthy in {START_TIMEOUT_S:.0f} s ({self.log_path})")
+        raise TaskError(f"llama-server did not get ready on {where} in {self.start_timeout:g} s: {state}; it was "
+                        f"ended. Its log ({self.log_path}) ends:\n{self._log_tail(offset)}\nA large model takes "
+                        "longer to load: raise --engine-start-timeout; else check that --engine-bin starts "
+                        "llama-server with the arguments it is given")
 
-    def _get(self, path: str) -> str:
-        with self._http.open(f"http://127.0.0.1:{self.port}{path}", timeout=REQUEST_TIMEOUT_S) as r:
-            return r.read().decode()
+    def _garbage(self, endpoint: str, what: str, data: bytes | str) -> TaskError:
+        return TaskError(f"{ENGINE} (llama-server on 127.0.0.1:{self.port}) {endpoint}: {what}: {shown(data)}; "
+                         f"is --engine-bin {self.binary} llama.cpp's llama-server (scripts/build-llama-server)? "
+                         f"Its log: {self.log_path}")
+
+    def _open(self, endpoint: str, req: urllib.request.Request | str) -> bytes:
+        """The body of one request to the server; TaskError naming the endpoint when it answers an
+        error status, cannot be reached (it ended? its log says why) or does not answer in time."""
+        try:
+            with self._http.open(req, timeout=REQUEST_TIMEOUT_S) as r:
+                return r.read()
+        except urllib.error.HTTPError as exc:
+            raise self._garbage(endpoint, f"HTTP {exc.code}", exc.read()) from None
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise TaskError(f"{ENGINE} (llama-server on 127.0.0.1:{self.port}) {endpoint}: no answer ({reason}); "
+                            f"its log ({self.log_path}) ends:\n{self._log_tail(0)}") from None
 
     def metrics(self) -> dict[str, float]:
-        """The cumulative speculative-decoding counters of ``/metrics``."""
-        out = {}
-        for line in self._get("/metrics").splitlines():
-            name, _, value = line.partition(" ")
-            key = name.removeprefix("llamacpp:")
-            if key in METRICS:
-                out[key] = float(value)
-        return out
+        """The cumulative speculative-decoding counters of ``/metrics``.
+
+        Raises:
+            TaskError: the answer is not UTF-8 text or not the counters (names the endpoint and
+                shows what came back).
+        """
+        data = self._open("GET /metrics", f"http://127.0.0.1:{self.port}/metrics")
+        try:
+            return read_metrics(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise self._garbage("GET /metrics", "an answer that is not UTF-8 text", data) from None
+        except Garbage as exc:
+            raise self._garbage("GET /metrics", str(exc), data) from None
 
     def eog_ids(self) -> list[int]:
         """The token ids the engine ends generation at, as the target's vocabulary loader printed
@@ -309,18 +495,24 @@ class LlamaServer:
         return sorted({int(m.group(1)) for m in EOG.finditer(text)})
 
     def complete(self, pid: str, ids: list[int], n_predict: int) -> Reply:
-        """One greedy ``/completion`` of token ids, with its trace rounds and counter deltas."""
+        """One greedy ``/completion`` of token ids, with its trace rounds and counter deltas.
+
+        Raises:
+            TaskError: an error status, or an answer that is not llama-server's (names the
+                prompt, the endpoint and what came back).
+        """
         before = self.metrics()
         offset = self.log_path.stat().st_size
         body = {"prompt": ids, "n_predict": n_predict, "temperature": 0, "top_k": 1, "samplers": ["top_k"],
                 "cache_prompt": False, "return_tokens": True}
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=strictjson.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
+        endpoint = f"prompt {pid}: POST /completion"
+        data = self._open(endpoint, req)
         try:
-            with self._http.open(req, timeout=REQUEST_TIMEOUT_S) as r:
-                resp = json.loads(r.read().decode())
-        except urllib.error.HTTPError as exc:
-            raise TaskError(f"prompt {pid}: llama-server answered {exc.code}: {exc.read().decode()[:500]}") from None
+            resp = read_completion(data)
+        except Garbage as exc:
+            raise self._garbage(endpoint, str(exc), data) from None
         delta = {k: v - before.get(k, 0.0) for k, v in self.metrics().items()}
         # The log is written by the server's own logging thread: wait until it holds every round.
         rounds = int(delta.get("spec_decode_num_drafts_total", 0))
@@ -330,9 +522,8 @@ class LlamaServer:
             if len(lines) >= rounds or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
-        timings = resp.get("timings") or {}
-        return Reply([int(t) for t in resp.get("tokens") or []], [a for a, _ in lines], [b for _, b in lines],
-                     timings, delta, resp.get("stop_type"))
+        return Reply(list(resp["tokens"]), [a for a, _ in lines], [b for _, b in lines], resp.get("timings", {}),
+                     delta, resp.get("stop_type"))
 
 
 def _trace(log: Path, offset: int) -> list[tuple[int, int]]:
@@ -376,8 +567,11 @@ def committed_rounds(tokens: list[int], engine_rounds: list[int], max_new: int,
                      stops: Sequence[int]) -> tuple[list[int], list[int], bool]:
     """The engine's answer counted as :func:`core.ml.generate.chain_generate` counts its own: the
     first token comes from the prefill, each round commits its ``a + 1`` tokens up to
-    ``max_new_tokens`` and up to (and with) the first stop token. Returns ``(tokens, rounds,
-    stopped)``; rounds past the engine's drafts (its last tokens, decoded one at a time) count 1."""
+    ``max_new_tokens`` and up to (and with) the first stop token (the engine stops accepting at an
+    EOG token inside its draft; one that ends the draft is accepted and followed by a bonus the
+    engine does not output). Returns ``(tokens,
+    rounds, stopped)``; tokens past the engine's drafts (its last token, decoded alone when one
+    is left) count a round of 1 each, as specdeck's target forward with no draft does."""
     if not tokens:
         return [], [], False
     stop = set(stops)
@@ -412,7 +606,7 @@ def run_engine(args: Any, prompts: list[Any], tokenizer: Any, stops: list[int], 
     rows = []
     progress = Progress("eval", len(prompts), "prompts", label=getattr(args, "label", None))
     server = LlamaServer(binary, target_gguf, drafter_gguf, block_size - 1, args.engine_threads,
-                         args.engine_context, workdir)
+                         args.engine_context, workdir, start_timeout=args.engine_start_timeout)
     say(f"starting llama-server ({info['version']}) on 127.0.0.1, log {server.log_path}")
     with server:
         eog, pid = server.eog_ids(), server.proc.pid
@@ -423,7 +617,7 @@ def run_engine(args: Any, prompts: list[Any], tokenizer: Any, stops: list[int], 
                 raise UsageError(f"prompt {p.id}: {len(ids)} prompt tokens + {args.max_new_tokens} + B={block_size} "
                                  f"do not fit --engine-context {args.engine_context}; raise it")
             t0 = time.perf_counter()
-            reply = server.complete(p.id, ids, args.max_new_tokens + block_size)
+            reply = server.complete(p.id, ids, args.max_new_tokens)
             check_reply(p.id, reply)
             tokens, rounds, stopped = committed_rounds(reply.tokens, [a + 1 for a in reply.accepted],
                                                        args.max_new_tokens, stops)
@@ -437,7 +631,7 @@ def run_engine(args: Any, prompts: list[Any], tokenizer: Any, stops: list[int], 
                                     "tokens": reply.tokens, "draft_n": tm.get("draft_n"),
                                     "draft_n_accepted": tm.get("draft_n_accepted"),
                                     "predicted_n": tm.get("predicted_n"), "stop_type": reply.stop_type,
-                                    "metrics_delta": reply.metrics_delta, "n_predict": args.max_new_tokens + block_size}})
+                                    "metrics_delta": reply.metrics_delta, "n_predict": args.max_new_tokens}})
             progress.step(tokens=len(tokens), id=p.id, tau=rows[-1]["tau"])
     eos = {"specdeck": sorted(stops), "engine": eog, "equal": sorted(stops) == eog}
     if not eos["equal"]:
@@ -452,13 +646,5 @@ def run_engine(args: Any, prompts: list[Any], tokenizer: Any, stops: list[int], 
 def server_processes(binary: Path) -> list[int]:
     """Pids of running processes of ``binary`` (tests: no server outlives its eval)."""
     exe = str(binary.resolve())
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if os.readlink(d / "exe") == exe:
-                    pids.append(int(d.name))
-            except OSError:
-                continue
-    return pids
+    return [pid for pid, target in _proc_read("exe") if target == exe]
 

@@ -7,6 +7,11 @@ llama.cpp at 0c1e570 a drafter with sliding layers and no causal key runs every 
 non-causal, windowed where llama.cpp writes the window. Everything else (weights, taps, mask,
 knobs) is kept, so an eval on the same prompts measures the rule's effect alone. A drafter
 the engine already reads as specdeck does comes back unchanged.
+
+The rule covers the engine's end of generation too (:func:`end_of_generation`): under
+llama.cpp's, the rounds near ``max_new_tokens`` run as its server runs them (a full block, the
+draft cut to the tokens left - 1, :data:`core.ml.tau.FULL_BLOCK`), not as the reference does
+(the last blocks shrunk), so specdeck and ``eval --engine llama.cpp`` agree to the last round.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any
 
 from core.ml.engines import FULL, SLIDING, engine
 from core.ml.drafter_config import DFlashConfig
+from core.ml.tau import FULL_BLOCK, SHRINK
 
 
 def engine_rule_config(cfg: DFlashConfig, raw: dict[str, Any], name: str) -> DFlashConfig:
@@ -51,6 +57,13 @@ def engine_rule_config(cfg: DFlashConfig, raw: dict[str, Any], name: str) -> DFl
     return out
 
 
+def end_of_generation(name: str) -> str:
+    """How engine ``name`` runs the rounds near the token limit: its table's
+    ``end_of_generation``, else the reference's (:data:`core.ml.tau.SHRINK`: not read from that
+    engine's source, so nothing is changed)."""
+    return engine(name).end_of_generation or SHRINK
+
+
 def same_rule(a: DFlashConfig, b: DFlashConfig) -> bool:
     """Whether two configs give every layer the same attention."""
     return a.attention_rules() == b.attention_rules()
@@ -79,7 +92,11 @@ def use_engine_rule(drafter: Any, path: str, name: str) -> dict[str, Any]:
     for layer, rule in zip(drafter.layers, after.attention_rules()):
         layer.self_attn.rule = rule
     changed = not same_rule(before, after)
+    end = end_of_generation(name)
     say(f"engine rule {reading.engine} ({reading.revision}): "
-        + (f"the drafter runs {after.attention_text()}" if changed else "the same attention as specdeck's"))
+        + (f"the drafter runs {after.attention_text()}" if changed else "the same attention as specdeck's")
+        + ("; the last rounds as its server runs them (a full block, the draft cut to the tokens left - 1)"
+           if end == FULL_BLOCK else ""))
     return {"engine": reading.engine, "revision": reading.revision, "changed": changed,
-            "specdeck_attention": before.attention_summary(), "attention": after.attention_summary()}
+            "specdeck_attention": before.attention_summary(), "attention": after.attention_summary(),
+            "end_of_generation": end}

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.ml.drafter_config import MAX_LAYERS
+from core.ml.tau import FULL_BLOCK
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 KNOB_DEFAULTS = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None}
@@ -88,12 +89,18 @@ class EngineReading:
 
 @dataclass(frozen=True)
 class Engine:
-    """An engine's table: its name, the revision read, the files, and the reader."""
+    """An engine's table: its name, the revision read, the files, and the reader.
+
+    ``end_of_generation``: how the engine runs the rounds near the token limit, where its
+    source was read for it (:data:`core.ml.tau.FULL_BLOCK` for llama.cpp); None where it was
+    not, and an eval under the engine's rule keeps the reference's (:data:`core.ml.tau.SHRINK`).
+    """
 
     name: str
     revision: str
     sources: tuple[str, ...]
     read: Callable[[dict[str, Any]], EngineReading] = field(repr=False)
+    end_of_generation: str | None = None
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -318,6 +325,10 @@ LLAMA_CPP_SOURCES = (
     "conversion/qwen.py@0c1e57098bba (class DFlashModel: what convert_hf_to_gguf.py writes)",
     "common/speculative.cpp@0c1e57098bba (common_speculative_impl_draft_dflash: dflash.attention.causal, default false)",
     "src/models/dflash.cpp@0c1e57098bba (the draft graph: one causal flag, per-layer SWA)",
+    "tools/server/server-context.cpp@0c1e57098bba (get_n_draft_max: the draft capped at n_remaining - 1; "
+    "none with one token left)",
+    "common/speculative.cpp@0c1e57098bba (common_speculative_draft: the DFlash block decoded whole, "
+    "its draft then truncated to that cap)",
 )
 
 
@@ -384,7 +395,7 @@ def read_llama_cpp(raw: dict[str, Any]) -> EngineReading:
 ENGINES: dict[str, Engine] = {e.name: e for e in (
     Engine("vllm", VLLM_REV, VLLM_SOURCES, read_vllm),
     Engine("sglang", SGLANG_REV, SGLANG_SOURCES, read_sglang),
-    Engine("llama.cpp", LLAMA_CPP_REV, LLAMA_CPP_SOURCES, read_llama_cpp),
+    Engine("llama.cpp", LLAMA_CPP_REV, LLAMA_CPP_SOURCES, read_llama_cpp, end_of_generation=FULL_BLOCK),
 )}
 """Every engine specdeck knows, by the name ``--engine-rule`` and ``engines`` take."""
 

@@ -6,7 +6,7 @@
         [--limit N] [--ignore-eos] [--speedup] [--rows-per-pass R] [--seed S]
         [--temperature T [--top-p P] [--top-k K] [--samples N]] [--engine-rule ENGINE]
         [--engine llama.cpp [--engine-bin PATH] [--engine-target GGUF|DIR] [--engine-drafter GGUF|DIR]
-                            [--engine-threads N] [--engine-context N]]
+                            [--engine-threads N] [--engine-context N] [--engine-start-timeout S]]
 
 online: chain speculative decoding (docs/evaluation.md §2) per prompt, greedy; with ``--tree-budget K`` also
 DDTree with K nodes (docs/evaluation.md §3); with ``--speedup`` also a block-size-1 run through the same
@@ -77,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--engine-drafter", help="the drafter as a .gguf, or a directory to convert (default: --drafter)")
     e.add_argument("--engine-threads", type=int, default=min(2, os.cpu_count() or 1), help="CPU threads (default 2)")
     e.add_argument("--engine-context", type=int, default=4096, help="the server's context length (default 4096)")
+    e.add_argument("--engine-start-timeout", type=float, default=300.0, metavar="S",
+                   help="seconds to wait for the server to load the models and answer /health (default 300)")
     return p
 
 
@@ -172,7 +174,8 @@ def validate_engine(args: argparse.Namespace) -> None:
     for flag, bad, why in refused:
         if bad:
             raise UsageError(f"{flag} with --engine {args.engine}: {why}")
-    check_flags(args, engine_threads=bounds.count, engine_context=lambda v: bounds.count(v, 16))
+    check_flags(args, engine_threads=bounds.count, engine_context=lambda v: bounds.count(v, 16),
+                engine_start_timeout=lambda v: bounds.seconds(v) or (None if v > 0 else f"{v!r}: must be more than 0"))
     for flag, value in (("--engine-target", args.engine_target), ("--engine-drafter", args.engine_drafter)):
         if value and not (Path(value).is_dir() or (Path(value).is_file() and value.endswith(".gguf"))):
             raise UsageError(f"{flag} {value}: neither a .gguf file nor a directory")
@@ -282,7 +285,9 @@ def cache_template(settings: dict[str, Any]) -> dict[str, Any]:
     return {"chat_template": applied, "thinking": bool(settings.get("enable_thinking")) if applied else None}
 
 
-def run_online(args, target, tokenizer, drafter, prompts, block_size) -> dict[str, Any]:
+def run_online(args, target, tokenizer, drafter, prompts, block_size, last_blocks=taulib.SHRINK) -> dict[str, Any]:
+    """The online figures: the chain (its last rounds run as ``last_blocks`` says,
+    :func:`core.ml.tau.end_block`), DDTree and the speed baseline when asked."""
     from core.ml.generate import DFlashProposer, chain_generate, ddtree_generate
     from core.ml.prompts import encode
     from core.ml.target import TargetRunner, half_matmul_note
@@ -301,7 +306,8 @@ def run_online(args, target, tokenizer, drafter, prompts, block_size) -> dict[st
     for k, p in ((k, p) for k in range(args.samples) for p in prompts):
         seed = None if sampling.greedy else sample_seed(args.seed, p.id, k)
         ids = encode(p, tokenizer, vocab, not args.no_chat_template, args.enable_thinking)
-        r = chain_generate(proposer, runner, ids, args.max_new_tokens, block_size, mask, stops, sampling, seed or 0)
+        r = chain_generate(proposer, runner, ids, args.max_new_tokens, block_size, mask, stops, sampling, seed or 0,
+                           last_blocks)
         p.answer = r.tokens  # a conversation's next turn follows the target's own answer
         chain_rows.append(_row(p.id, r, k, seed))
         extra: dict[str, Any] = {"tau": r.tau} if args.samples == 1 else {"tau": r.tau, "sample": k}
@@ -320,6 +326,8 @@ def run_online(args, target, tokenizer, drafter, prompts, block_size) -> dict[st
     if tree_rows:
         result["ddtree"] = {"budget": args.tree_budget, **_summary(tree_rows, block_size),
                             "per_prompt": tree_rows, "timing": _timing(tree_rows)}
+        if last_blocks != taulib.SHRINK:  # no engine here verifies a tree: DDTree keeps the reference's end
+            result["ddtree"]["end_of_generation"] = taulib.SHRINK
     if ar_rows:
         ar_tpot = _timing(ar_rows)["mean_tpot_s"]
         sp = {"baseline_mean_tpot_s": ar_tpot, "definition": "mean TPOT of the block-size-1 run / mean TPOT of the run"}
@@ -344,7 +352,9 @@ def _row(pid: str, r: Any, sample: int = 0, seed: int | None = None) -> dict[str
             "target_tokens": r.target_tokens, "drafter_forwards": r.drafter_forwards}
 
 
-def run_offline(args, target, drafter, prompts, block_size) -> dict[str, Any]:
+def run_offline(args, target, drafter, prompts, block_size, last_blocks=taulib.SHRINK) -> dict[str, Any]:
+    """The offline figures from the extract cache: the trajectory (its last rounds drafted as
+    ``last_blocks`` says), all-anchor, and DDTree when asked."""
     import torch
 
     from core.ml import featstore
@@ -376,7 +386,7 @@ def run_offline(args, target, drafter, prompts, block_size) -> dict[str, Any]:
             seq.features = torch.cat([seq.features[..., i * h:(i + 1) * h] for i in cols], dim=-1)
         rows = args.rows_per_pass or (4096 if drafter.fc.weight.device.type == "cuda" else 512)
         st = sequence_streaks(drafter, embed, head, seq, block_size, args.tree_budget, rows)
-        _, rounds = st.trajectory(args.max_new_tokens)
+        _, rounds = st.trajectory(args.max_new_tokens, last_blocks=last_blocks)
         trounds = st.trajectory(args.max_new_tokens, tree=True)[1] if args.tree_budget is not None else None
         tokens = seq.generated[: args.max_new_tokens]
         counts = {"target_forwards": 0, "target_tokens": 0, "drafter_forwards": st.drafter_forwards}
@@ -449,18 +459,17 @@ def memory_preflight(args: argparse.Namespace, dtype: Any, device: Any) -> dict[
 
 def record(args: argparse.Namespace, cfg: Any, prompts: list[Any], *, block_size: int, block_note: str | None,
            stops: list[int] | None, tokenizer: Any, model_type: str, num_layers: int,
-           engine_rule: dict[str, Any] | None = None) -> dict[str, Any]:
+           engine_rule: dict[str, Any] | None = None, last_blocks: str = taulib.SHRINK) -> dict[str, Any]:
     """What a result.json says it measured, in process or through an engine alike: ``compare``
-    reads these fields to decide whether two results are comparable."""
+    reads these fields to decide whether two results are comparable; ``end_of_generation`` is
+    how the chain's last rounds ran (:func:`core.ml.tau.end_block`), which ``parity`` reads."""
     from core.ml.extract import target_fingerprint
     from core.ml.prompts import describe
 
-    definition = taulib.DEFINITION if args.temperature == 0 else taulib.SAMPLED_DEFINITION
-    if args.mode == "offline":
-        definition += " " + taulib.OFFLINE_DEFINITION
     return {
         "kind": KIND,
-        "definition": definition,
+        "definition": taulib.definition(args.temperature != 0, args.mode == "offline", last_blocks),
+        "end_of_generation": last_blocks,
         "mode": args.mode,
         "method": "chain",
         **sampling_of(args).to_json(),
@@ -486,12 +495,13 @@ def engine_reading(cfg: Any, drafter: str, name: str) -> dict[str, Any]:
     """The attention engine ``name`` runs this drafter with (:mod:`core.ml.engines`' table), in
     the record ``--engine-rule`` writes; ``attention`` None when specdeck's config cannot state it."""
     from core.ml.drafter_config import read_config_file
-    from core.ml.engine_rule import engine_rule_config, same_rule
+    from core.ml.engine_rule import end_of_generation, engine_rule_config, same_rule
     from core.ml.engines import engine
 
     raw = read_config_file(drafter)
     reading = engine(name).read(raw)
-    out = {"engine": reading.engine, "revision": reading.revision, "specdeck_attention": cfg.attention_summary()}
+    out = {"engine": reading.engine, "revision": reading.revision, "specdeck_attention": cfg.attention_summary(),
+           "end_of_generation": end_of_generation(name)}
     try:
         ruled = engine_rule_config(cfg, raw, name)
     except ValueError as exc:
@@ -505,6 +515,7 @@ def _main_engine(args: argparse.Namespace, prompts: list[Any]) -> int:
 
     from core.ml.drafter_config import DFlashConfig
     from core.ml.engine_llama import GGUF_TYPES, run_engine
+    from core.ml.engine_rule import end_of_generation
     from core.ml.target import load_tokenizer, stop_token_ids
     from core.ml.weights import checkpoint_dtype
 
@@ -539,7 +550,8 @@ def _main_engine(args: argparse.Namespace, prompts: list[Any]) -> int:
     result = {
         **record(args, cfg, prompts, block_size=block_size, block_note=None, stops=stops, tokenizer=tokenizer,
                  model_type=tcfg.model_type, num_layers=text.num_hidden_layers,
-                 engine_rule=engine_reading(cfg, args.drafter, args.engine)),
+                 engine_rule=engine_reading(cfg, args.drafter, args.engine),
+                 last_blocks=end_of_generation(args.engine)),
         "device": "cpu",
         "dtype": dtype,
         **_summary(rows, block_size), "per_prompt": rows, "timing": _timing(rows),
@@ -579,6 +591,7 @@ def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
     except (OSError, ValueError) as exc:
         raise UsageError(f"--drafter {args.drafter}: {exc}") from exc
     engine_rule = use_engine_rule(drafter, args.drafter, args.engine_rule) if args.engine_rule else None
+    last_blocks = engine_rule["end_of_generation"] if engine_rule else taulib.SHRINK
     cfg = drafter.config
     if args.tree_budget is not None:
         try:
@@ -613,14 +626,14 @@ def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
             say(f"{tiled} {str(dtype).removeprefix('torch.')} linears compute 8+ rows in float32 tiles (this CPU has "
                 f"no {str(dtype).removeprefix('torch.')} matrix instructions; --cpu-matmul torch keeps torch's kernels)")
         if args.mode == "online":
-            figures = run_online(args, target, tokenizer, drafter, prompts, block_size)
+            figures = run_online(args, target, tokenizer, drafter, prompts, block_size, last_blocks)
         else:
-            figures = run_offline(args, target, drafter, prompts, block_size)
+            figures = run_offline(args, target, drafter, prompts, block_size, last_blocks)
     result = {
         **record(args, cfg, prompts, block_size=block_size, block_note=block_note,
                  stops=stop_ids(args, target, tokenizer) if args.mode == "online" else None,
                  tokenizer=tokenizer, model_type=target.config.model_type, num_layers=tcfg.num_hidden_layers,
-                 engine_rule=engine_rule),
+                 engine_rule=engine_rule, last_blocks=last_blocks),
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
         "memory": memory,

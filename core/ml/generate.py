@@ -198,7 +198,8 @@ def greedy_generate(model: nn.Module, prompt: Sequence[int], max_new_tokens: int
 @torch.no_grad()
 def chain_generate(proposer: Proposer | None, runner: TargetRunner, prompt: Sequence[int], max_new_tokens: int,
                    block_size: int, mask_token_id: int, stop_ids: Sequence[int] = (),
-                   sampling: Sampling | None = None, seed: int = 0) -> GenerationResult:
+                   sampling: Sampling | None = None, seed: int = 0,
+                   last_blocks: str = taulib.SHRINK) -> GenerationResult:
     """Chain DFlash speculative decoding, docs/evaluation.md §2: greedy, or sampled with ``sampling``.
 
     Args:
@@ -213,6 +214,10 @@ def chain_generate(proposer: Proposer | None, runner: TargetRunner, prompt: Sequ
         sampling: temperature, top-p, top-k (None or temperature 0: greedy, exactly as before).
         seed: the seed of this generation's generator (sampled only): the same seed gives the
             same rounds and tokens.
+        last_blocks: how the rounds near ``max_new_tokens`` run (:func:`core.ml.tau.end_block`):
+            :data:`~core.ml.tau.SHRINK`, the reference's (the block shrinks to the tokens left), or
+            :data:`~core.ml.tau.FULL_BLOCK`, llama.cpp's server's (a full block, its draft cut to
+            the tokens left - 1; the last token decoded alone, the drafter not run).
     """
     if proposer is not None:
         proposer.reset()
@@ -229,18 +234,23 @@ def chain_generate(proposer: Proposer | None, runner: TargetRunner, prompt: Sequ
     draft_s = verify_s = 0.0
     stops = set(stop_ids)
     stopped = out[0] in stops
+    drafted = 0
     while start + 1 < end and not stopped:
-        width = min(block_size, end - start)  # the last blocks shrink to what is left, as the reference's
+        # the block the drafter sees and the drafts verified: the reference shrinks the last blocks to
+        # what is left; llama.cpp drafts a full block and cuts the draft (taulib.end_block)
+        width, n_draft = taulib.end_block(last_blocks, block_size, end - start - 1)
         x = out[start - P]
         ta = _sync(dev)
         block = [x] + [mask_token_id] * (width - 1)
         q = None
-        if width <= 1:
+        if n_draft <= 0:
             draft = []
         elif sampled:
             draft, q = sample_tokens(proposer, block, start, feats, sampling, gen)
+            draft, q = draft[:n_draft], q[:n_draft]
         else:
-            draft = draft_tokens(proposer, block, start, feats)
+            draft = draft_tokens(proposer, block, start, feats)[:n_draft]
+        drafted += n_draft > 0
         tb = _sync(dev)
         vlogits, vfeats = runner.verify_chain([x] + draft)
         if sampled:  # speculative sampling: accept with min(1, p/q), correct from the residual
@@ -260,7 +270,7 @@ def chain_generate(proposer: Proposer | None, runner: TargetRunner, prompt: Sequ
     t2 = _sync(dev)
     tokens, stopped = _finish(out, max_new_tokens, stop_ids)
     return GenerationResult(tokens, rounds, P, stopped, t1 - t0, t2 - t1, draft_s, verify_s,
-                            drafter_forwards=len(rounds) if block_size > 1 else 0, **runner.counts())
+                            drafter_forwards=drafted, **runner.counts())
 
 
 @torch.no_grad()

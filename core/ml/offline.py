@@ -76,14 +76,19 @@ class SequenceStreaks:
     block_size: int = 0
     short: Callable[[int, int], tuple[int, int | None]] | None = field(default=None, repr=False, compare=False)
 
-    def trajectory(self, max_new_tokens: int | None = None, tree: bool = False) -> tuple[list[int], list[int]]:
-        """``(anchors, rounds)`` of the greedy trajectory, rounds counted as online commits them."""
+    def trajectory(self, max_new_tokens: int | None = None, tree: bool = False,
+                   last_blocks: str = taulib.SHRINK) -> tuple[list[int], list[int]]:
+        """``(anchors, rounds)`` of the greedy trajectory, rounds counted as online commits them.
+        ``last_blocks`` :data:`~core.ml.tau.FULL_BLOCK` (llama.cpp's end): every anchor keeps its
+        full block's streak, capped at the tokens left as the draft cut is; the default shrinks
+        the last blocks as the reference does."""
         streaks = dict(zip(self.anchors, self.tree_streaks if tree else self.streaks))
         end = self.seq_len if max_new_tokens is None else min(self.seq_len, self.prompt_len + max_new_tokens)
+        shrink = last_blocks == taulib.SHRINK
 
         def streak_at(a: int) -> int:
             width = min(self.block_size, end - a)
-            if self.short is not None and width < self.block_size:
+            if shrink and self.short is not None and width < self.block_size:
                 chain, tree_streak = self.short(a, width)
                 return int(tree_streak if tree else chain)
             return streaks[a]

@@ -18,6 +18,10 @@ and, when they differ, the likely cause:
 * ``tokenizer``: the same prompt reached the two sides as a different number of ids;
 * ``EOS round`` (../shared/docs/engine-llama-cpp.md §4b): the tokens are equal and only the last
   round of a prompt that stopped at EOS differs;
+* ``end of generation``: the two sides ran the last rounds differently (``end_of_generation``:
+  the reference shrinks the last blocks, llama.cpp's server drafts full blocks and cuts the
+  draft, :func:`core.ml.tau.end_block`), the tokens are equal and the first round that differs
+  starts with fewer than B - 1 tokens left, where the two first draft otherwise;
 * ``unexplained``: every setting equal and the rounds still differ: look for a bug.
 
 Each side is labelled by who measured it (``specdeck``, ``specdeck under llama.cpp's rule``,
@@ -37,7 +41,7 @@ from collections.abc import Sequence
 from itertools import combinations
 from typing import Any
 
-from core.ml.compare import compare_results, load_result, parity_identity, side_name
+from core.ml.compare import compare_results, end_of_generation, load_result, parity_identity, side_name
 from core.ml.runio import UsageError, atomic_write_json, emit, run_main, say
 
 DIFFERENT_DRAFTERS = 4
@@ -100,6 +104,17 @@ def same_drafter(a: dict[str, Any], b: dict[str, Any], labels: tuple[str, str] =
                     f"{', '.join(FALLBACK[k] for k in fields)} as recorded"}
 
 
+def in_last_blocks(result: dict[str, Any], rounds: Sequence[int], first: int) -> bool:
+    """Whether round ``first`` of ``rounds`` starts where the two end rules draft otherwise: fewer
+    than ``B - 1`` tokens left before ``max_new_tokens`` (the prefill's token and the rounds before
+    it committed). False when the result records no block size or token limit."""
+    block, max_new = result.get("block_size"), result.get("max_new_tokens")
+    if not isinstance(block, int) or not isinstance(max_new, int):
+        return False
+    left = max_new - 1 - sum(rounds[:first])
+    return left <= block - 2
+
+
 def pair_report(a: dict[str, Any], b: dict[str, Any], labels: tuple[str, str] | None = None) -> dict[str, Any]:
     """Whether results ``a`` and ``b`` measured the same drafter and are equal, per prompt, and
     the likely causes when not; ``labels`` name the two sides (default: who measured each)."""
@@ -114,6 +129,7 @@ def pair_report(a: dict[str, Any], b: dict[str, Any], labels: tuple[str, str] | 
     if "offline" in (a.get("mode"), b.get("mode")):
         differ = [k for k in differ if k != "eos_set"]  # offline stops where the cached answer did
     prompts, causes = [], [CAUSES[k] for k in differ if k in CAUSES]
+    ends_differ = end_of_generation(a) != end_of_generation(b)
     for pid in (p for p in rows_a if p in rows_b):
         ra, rb = rows_a[pid], rows_b[pid]
         tokens_equal = ra.get("tokens") == rb.get("tokens")
@@ -127,8 +143,10 @@ def pair_report(a: dict[str, Any], b: dict[str, Any], labels: tuple[str, str] | 
         elif (first is not None and tokens_equal and (ra.get("stopped") or rb.get("stopped"))
               and first == min(len(rounds_a), len(rounds_b)) - 1):
             row["cause"] = "EOS round"
+        elif first is not None and tokens_equal and ends_differ and in_last_blocks(a, rounds_a, first):
+            row["cause"] = "end of generation"
         prompts.append(row)
-    for extra in ("tokenizer", "EOS round"):
+    for extra in ("tokenizer", "EOS round", "end of generation"):
         if any(r.get("cause") == extra for r in prompts):
             causes.append(extra)
     if drafter["same"] is False:  # no setting or bug explains two drafters' rounds differing: the weights do

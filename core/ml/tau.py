@@ -67,6 +67,61 @@ OFFLINE_DEFINITION = (
 )
 
 
+SHRINK = "shrink"
+"""How the last blocks of a generation run (result.json ``end_of_generation``), z-lab's reference
+(``dflash_generate`` in ``dflash`` 0.1.0): a round's block is ``min(B, tokens left + 1)`` tokens,
+so its drafts are at most the tokens left and the drafter sees the shorter block."""
+FULL_BLOCK = "full-block"
+"""How llama.cpp's server runs them (0c1e570, ``eval --engine llama.cpp`` and ``--engine-rule
+llama.cpp``): the drafter always decodes a full block of B tokens (``common/speculative.cpp``:
+the DFlash draft reads ``params.n_max``, not the slot's cap), the draft is then cut to
+``n_remaining - 1`` tokens (``tools/server/server-context.cpp`` ``get_n_draft_max``, applied in
+``common_speculative_draft``), so a round never offers more than the tokens left; with one token
+left nothing is drafted and the target decodes it alone (a round of 1 here)."""
+END_RULES = (SHRINK, FULL_BLOCK)
+
+_SHRINK_TEXT = ("the last blocks shrink to the tokens left (accounting 'dflash-0.1.0': z-lab's dflash_generate "
+                "in dflash 0.1.0, round for round)")
+_FULL_BLOCK_TEXT = ("every block is a full block_size tokens for the drafter, its draft cut to the tokens left - 1 "
+                    "and the last token decoded alone, as llama.cpp's server runs the end of a generation "
+                    "(end_of_generation 'full-block'; rounds counted as accounting 'dflash-0.1.0' counts them)")
+_OFFLINE_SHRINK_TEXT = "the last blocks shrunk"
+_OFFLINE_FULL_BLOCK_TEXT = "every block full, as llama.cpp's server drafts it"
+
+
+def end_block(last_blocks: str, block_size: int, left: int) -> tuple[int, int]:
+    """The block the drafter sees and how many of its drafts the target verifies, for a round
+    with ``left`` tokens still to commit (>= 1) under the end rule ``last_blocks``.
+
+    :data:`SHRINK`: ``(min(B, left + 1), min(B - 1, left))``; :data:`FULL_BLOCK`: ``(B,
+    min(B - 1, left - 1))``. Either way a round commits at most ``left`` tokens, and with the
+    same draft tokens the two commit the same count; they differ where a drafter whose slots see
+    each other drafts otherwise in a shorter block. 0 drafts: the drafter does not run.
+
+    Raises:
+        ValueError: an end rule other than :data:`END_RULES`.
+    """
+    if last_blocks == SHRINK:
+        width = min(block_size, left + 1)
+        return width, width - 1
+    if last_blocks == FULL_BLOCK:
+        return block_size, max(0, min(block_size - 1, left - 1))
+    raise ValueError(f"unknown end-of-generation rule {last_blocks!r}; one of {', '.join(END_RULES)}")
+
+
+def definition(sampled: bool = False, offline: bool = False, last_blocks: str = SHRINK) -> str:
+    """The tau definition result.json states: :data:`DEFINITION` (or :data:`SAMPLED_DEFINITION`),
+    offline :data:`OFFLINE_DEFINITION` after it, each saying how the last blocks ran."""
+    text = SAMPLED_DEFINITION if sampled else DEFINITION
+    if offline:
+        text += " " + OFFLINE_DEFINITION
+    if last_blocks == FULL_BLOCK:
+        text = text.replace(_SHRINK_TEXT, _FULL_BLOCK_TEXT).replace(_OFFLINE_SHRINK_TEXT, _OFFLINE_FULL_BLOCK_TEXT)
+    elif last_blocks != SHRINK:
+        raise ValueError(f"unknown end-of-generation rule {last_blocks!r}; one of {', '.join(END_RULES)}")
+    return text
+
+
 def streak(draft: Sequence[int], labels: Sequence[int]) -> int:
     """Number of leading positions where ``draft[i] == labels[i]``.
 

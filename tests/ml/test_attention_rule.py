@@ -138,10 +138,10 @@ class ReferenceProposer:
 
 
 class Recording:
-    """Wraps a proposer and records each round's argmax drafts."""
+    """Wraps a proposer and records each round's argmax drafts and the length of its block."""
 
     def __init__(self, inner) -> None:
-        self.inner, self.drafts = inner, []
+        self.inner, self.drafts, self.blocks = inner, [], []
 
     def reset(self) -> None:
         self.inner.reset()
@@ -149,6 +149,7 @@ class Recording:
     def propose(self, block, start, new_feats):
         logits = self.inner.propose(block, start, new_feats)
         self.drafts.append(logits.argmax(-1).tolist())
+        self.blocks.append(len(block))
         return logits
 
 

@@ -10,6 +10,10 @@ by specdeck, float32, converted by the engine's own converter. On the same promp
 * a sliding-window drafter with no causal key: llama.cpp runs its sliding layer non-causal, so
   specdeck under llama.cpp's rule (``--engine-rule llama.cpp``) equals the engine round for
   round, specdeck's own rule does not, and the lint names the causality rule as the cause;
+* at every max_new_tokens 1..40 (one server, many requests) specdeck under llama.cpp's rule,
+  whose end of generation is the server's (a full block, the draft cut to the tokens left - 1),
+  equals the engine round for round; the reference's end (the last blocks shrunk) does not
+  always;
 * no llama-server outlives its eval, and bad engine input exits 2 with nothing written.
 
 Skipped only where no binary is built (CI builds it).
@@ -61,9 +65,15 @@ def _eval(target, drafter, prompts, out, *extra) -> dict:
 
 
 @pytest.fixture(scope="module")
-def full(tiny, tmp_path_factory):
-    root = tmp_path_factory.mktemp("engine-full")
-    target, drafter, prompts = _pair(tiny, root)
+def fitted(tiny, tmp_path_factory):
+    """The tiny target, the full-attention drafter fitted to it, and the prompts (built once)."""
+    return _pair(tiny, tmp_path_factory.mktemp("engine-full"))
+
+
+@pytest.fixture(scope="module")
+def full(fitted):
+    target, drafter, prompts = fitted
+    root = target.parent
     before = set(server_processes(BINARY))
     eng = _eval(target, drafter, prompts, root / "engine/result.json", "--engine", "llama.cpp")
     return {"own": _eval(target, drafter, prompts, root / "own/result.json"), "engine": eng,
@@ -102,13 +112,19 @@ class TestEngine:
             raw = p["engine"]
             assert sum(r - 1 for r in raw["rounds"]) == raw["draft_n_accepted"] == \
                 raw["metrics_delta"]["spec_decode_num_accepted_tokens_total"]
-            assert p["rounds"] == raw["rounds"][:len(p["rounds"])] or p["stopped"]
+            # asked for exactly max_new_tokens, the engine's rounds are the result's; a last token it
+            # decoded alone (one left: no draft, no trace line) is a round of 1 in the result
+            assert (p["rounds"][:len(raw["rounds"])] == raw["rounds"]
+                    and p["rounds"][len(raw["rounds"]):] in ([], [1])) or p["stopped"]
         cmp = compare_results(eng, own, allow_mismatch=True)
         assert cmp["sides"]["ours"].startswith("llama.cpp@") and cmp["sides"]["baseline"] == "specdeck"
         assert cmp["parity"]["equal"] and cmp["overall"]["delta"] == 0
 
     def test_engine_provenance_names_revision_binary_and_both_eos_sets(self, full):
         e = full["engine"]["engine"]
+        # asked for exactly max_new_tokens: the engine's own end of generation was measured
+        assert {p["engine"]["n_predict"] for p in full["engine"]["per_prompt"]} == {MAX_NEW}
+        assert full["engine"]["end_of_generation"] == "full-block" and full["own"]["end_of_generation"] == "shrink"
         assert e["name"] == "llama.cpp" and e["revision"].startswith("0c1e570")
         assert len(e["binary_sha256"]) == 64 and e["spec_draft_n_max"] == 7
         assert e["eos"] == {"specdeck": [0, 2], "engine": [0, 2], "equal": True}
@@ -136,6 +152,56 @@ class TestEngine:
         why = [f for name, f in lint(drafter).differences() if name == "llama.cpp" and f.field == "attention"]
         assert why and "causality from" in why[0].message and "bidirectional" in why[0].message
 
+    @pytest.mark.usefixtures("one_thread")  # thousands of tiny forwards beside a 2-thread server on 2 CPUs
+    def test_engine_and_its_rule_agree_round_for_round_at_every_max_new_tokens(self, fitted, tmp_path):
+        """One llama-server; every prompt at every max_new_tokens 1..40, as llama-server's answer is
+        counted by eval --engine (n_predict = max_new_tokens) and as specdeck runs the chain in
+        process under --engine-rule llama.cpp (core.ml.tau.FULL_BLOCK)."""
+        import torch
+
+        from core.ml import tau
+        from core.ml.drafter import load_drafter
+        from core.ml.engine_llama import LlamaServer, check_reply, converter_tree, gguf_of
+        from core.ml.engine_rule import use_engine_rule
+        from core.ml.generate import DFlashProposer, chain_generate
+        from core.ml.prompts import encode, read_prompts
+        from core.ml.target import TargetRunner, load_target, load_tokenizer, stop_token_ids
+
+        target_dir, drafter_dir, prompts_file = fitted
+        tree = converter_tree(BINARY)
+        t_gguf, _ = gguf_of(None, str(target_dir), "target", "f32", tmp_path, tree, str(target_dir))
+        d_gguf, _ = gguf_of(None, str(drafter_dir), "drafter", "f32", tmp_path, tree, str(target_dir))
+        target = load_target(target_dir, "cpu", torch.float32)
+        tokenizer = load_tokenizer(target_dir)
+        stops = stop_token_ids(target, tokenizer)
+        vocab = target.config.get_text_config().vocab_size
+        ruled, own = load_drafter(drafter_dir, dtype=torch.float32), load_drafter(drafter_dir, dtype=torch.float32)
+        assert use_engine_rule(ruled, str(drafter_dir), "llama.cpp")["end_of_generation"] == tau.FULL_BLOCK
+        runner = TargetRunner(target, ruled.target_layer_ids)
+        prompts = [(p.id, encode(p, tokenizer, vocab)) for p in read_prompts(prompts_file)]
+        differ, reference_differs, cut = [], 0, 0
+        with LlamaServer(BINARY, t_gguf, d_gguf, 7, 2, 4096, tmp_path) as server:
+            for pid, ids in prompts:
+                for n in range(1, MAX_NEW + 1):
+                    reply = server.complete(pid, ids, n)
+                    check_reply(pid, reply)
+                    tokens, rounds, _ = committed_rounds(reply.tokens, [a + 1 for a in reply.accepted], n, stops)
+                    # the engine never drafts past what is left: its answer is n tokens or fewer, every round counted
+                    assert len(reply.tokens) <= n and tokens == reply.tokens[:len(tokens)]
+                    lefts = [n - 1 - sum(rounds[:i]) for i in range(len(reply.drafted))]
+                    assert all(d == min(7, left - 1) for d, left in zip(reply.drafted, lefts)), (pid, n)
+                    cut += any(d < 7 for d in reply.drafted)
+                    mine = chain_generate(DFlashProposer(ruled, target), runner, ids, n, 8, ruled.mask_token_id,
+                                          stops, last_blocks=tau.FULL_BLOCK)
+                    if (mine.tokens, mine.rounds) != (tokens, rounds):
+                        differ.append((pid, n, mine.rounds, rounds))
+                    ref = chain_generate(DFlashProposer(own, target), runner, ids, n, 8, own.mask_token_id, stops)
+                    reference_differs += (ref.tokens, ref.rounds) != (tokens, rounds)
+        assert not differ, f"specdeck under llama.cpp's rule and the engine differ (prompt, n, rule, engine): {differ}"
+        assert cut > MAX_NEW, "the engine never cut a draft: the end of generation was not exercised"
+        # the reference shrinks its last blocks, so on some lengths its last round drafts otherwise
+        assert reference_differs > 0, "the two end rules never differed on this model: the sweep shows nothing"
+
     def test_hybrid_qwen35_target_tokens_and_rounds_equal(self, tiny, tmp_path):
         # a gated-delta-net target: the engine rolls its recurrent state back through checkpoints;
         # the converter needs --no-mtp and stated M-RoPE sections (the driver supplies both)
@@ -158,6 +224,8 @@ def test_mrope_sections_split_the_rotary_pairs_like_qwens_default():
     (["--engine-bin", "/nonexistent/llama-server"], "--engine-bin"),
     (["--engine-target", "/nonexistent/t.gguf"], "--engine-target"),
     (["--block-size", "9"], "--block-size"),
+    (["--engine-start-timeout", "0"], "--engine-start-timeout"),
+    (["--engine-start-timeout", "nan"], "--engine-start-timeout"),
 ])
 def test_bad_engine_input_exits_2_naming_the_field_and_writes_nothing(tiny, tmp_path, capsys, flags, field):
     target = tiny.save_tiny_target(tmp_path / "target", "qwen3")

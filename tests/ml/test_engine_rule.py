@@ -110,3 +110,15 @@ def test_eval_records_the_engine_rule_it_ran_under(tiny, tmp_path, capsys):
     assert "engine rule llama.cpp" in err and "non-causal, window 3" in err
     # the target's greedy tokens do not depend on the drafter's rule
     assert [p["tokens"] for p in own["per_prompt"]] == [p["tokens"] for p in eng["per_prompt"]]
+    # the rule covers the end of generation: llama.cpp's server's, stated in the record and the definition
+    assert rule["end_of_generation"] == eng["end_of_generation"] == "full-block"
+    assert own["end_of_generation"] == "shrink" and "the last blocks shrink" in own["definition"]
+    assert "llama.cpp's server runs the end of a generation" in eng["definition"]
+    assert "the last rounds as its server runs them" in err
+
+
+def test_an_engine_whose_end_was_not_read_keeps_the_references(tiny, qwen3_target, tmp_path):
+    cfg = tiny.tiny_drafter_config(qwen3_target.config, block_size=8, num_layers=2)
+    path = save_drafter(tiny.build_tiny_drafter(cfg, seed=4), tmp_path / "full")
+    assert [use_engine_rule(load_drafter(path), str(path), name)["end_of_generation"]
+            for name in ("vllm", "sglang", "llama.cpp")] == ["shrink", "shrink", "full-block"]

@@ -11,9 +11,11 @@ torch = pytest.importorskip("torch")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from core.ml import tau as T  # noqa: E402
 from core.ml.ddtree import build_tree, topk_per_depth  # noqa: E402
 from core.ml.generate import DFlashProposer, chain_generate, ddtree_generate, greedy_generate  # noqa: E402
 from core.ml.target import TargetRunner, tree_attention_mask  # noqa: E402
+from tests.ml.test_attention_rule import Recording  # noqa: E402
 
 MASK, N = 3, 40
 
@@ -187,6 +189,34 @@ def test_chain_is_one_target_forward_per_round(cases, oracle, arch):
         widths = [min(8, len(prompt) + N - s) for s in starts]  # the last blocks shrink to what is left
         assert res.target_tokens == len(prompt) + sum(widths) and widths[0] == 8
         assert res.drafter_forwards == len(res.rounds)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+def test_llama_cpp_end_drafts_full_blocks_and_verifies_at_most_the_tokens_left(cases, oracle, arch):
+    """--engine-rule llama.cpp's end (core.ml.tau.FULL_BLOCK): the drafter always sees a full block,
+    the target verifies min(B, left) tokens (the draft cut to left - 1), and with one token left the
+    drafter does not run; lossless at every max_new_tokens, and with drafts that do not depend on
+    the block's length (the oracle) the rounds are the reference's."""
+    target, drafter, prompt, ref = cases[arch]
+    runner = TargetRunner(target, drafter.target_layer_ids)
+    seen = {"cut": 0, "alone": 0}
+    for n in (1, 2, 3, 4, 6, 9, 12, 17):  # every max_new_tokens 1..40 against llama-server: test_engine_llama.py
+        for p_correct in (1.0, 0.7):
+            prop = Recording(oracle(prompt + ref.tokens, 320, p_correct))
+            res = chain_generate(prop, runner, prompt, n, 8, MASK, last_blocks=T.FULL_BLOCK)
+            assert res.tokens == ref.tokens[:n]
+            assert sum(res.rounds) == len(res.tokens) - 1 and all(1 <= r <= 8 for r in res.rounds)
+            lefts = [n - 1 - sum(res.rounds[:i]) for i in range(len(res.rounds))]
+            assert prop.blocks == [8] * sum(left > 1 for left in lefts)
+            assert res.drafter_forwards == len(prop.blocks)
+            assert res.target_forwards == len(res.rounds) + 1
+            assert res.target_tokens == len(prompt) + sum(min(8, left) for left in lefts)
+            if p_correct == 1.0:
+                assert res.rounds == chain_generate(oracle(prompt + ref.tokens, 320, 1.0), runner, prompt, n, 8,
+                                                    MASK).rounds
+            seen["cut"] += any(1 < left < 8 for left in lefts)
+            seen["alone"] += lefts[-1:] == [1]
+    assert seen["cut"] >= 6 and seen["alone"] >= 3, seen  # the draft cut and the lone last token both ran
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])

@@ -75,6 +75,26 @@ def test_trajectory_offline_tau_equals_online_tau(arch, qwen3_target, qwen35_tar
     assert checked >= 1  # acceptance happened, so the equality is not trivially 1 == 1
 
 
+def test_offline_trajectory_under_llama_cpps_end_equals_online_and_drafts_no_short_block(
+        qwen3_target, fitted_drafter, make_prompt):
+    """--engine-rule llama.cpp offline: every anchor keeps its full block's streak (no block is
+    drafted again shorter), counted as the online chain under the same end counts its rounds."""
+    target, drafter = qwen3_target, fitted_drafter
+    emb, head = target.get_input_embeddings(), target.get_output_embeddings()
+    runner = TargetRunner(target, drafter.target_layer_ids)
+    prompt = make_prompt(100)
+    seq = cached(target, drafter, prompt, N + B - 1)
+    st = sequence_streaks(drafter, emb, head, seq, B)
+    shorter = []
+    st.short = lambda a, width, _short=st.short: (shorter.append(width), _short(a, width))[1]
+    for n in (3, 9, 17, N):
+        online = chain_generate(DFlashProposer(drafter, target), runner, prompt, n, B, 3, last_blocks=T.FULL_BLOCK)
+        assert st.trajectory(n, last_blocks=T.FULL_BLOCK)[1] == online.rounds
+        assert not shorter
+    st.trajectory(9)  # the reference's end drafts the last blocks again, shorter
+    assert shorter and max(shorter) < B
+
+
 def test_all_anchor_rounds_use_full_blocks_only(qwen3_target, fitted_drafter, make_prompt):
     seq = cached(qwen3_target, fitted_drafter, make_prompt(101), 24)
     emb, head = qwen3_target.get_input_embeddings(), qwen3_target.get_output_embeddings()

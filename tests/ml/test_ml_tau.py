@@ -71,6 +71,37 @@ def test_a_round_commits_as_the_reference_counts():
     assert T.committed([5, 6, 2], 2, {2}) == (2, False)  # the stop lies past the cap: not reached
 
 
+def test_end_rules_give_the_drafters_block_and_the_drafts_verified():
+    # the reference: the last blocks shrink to the tokens left + 1, every draft of them verified
+    assert [T.end_block(T.SHRINK, 8, left) for left in (1, 2, 6, 7, 8, 30)] == \
+        [(2, 1), (3, 2), (7, 6), (8, 7), (8, 7), (8, 7)]
+    # llama.cpp's server: always a full block, the draft cut to n_remaining - 1; one left: no draft
+    assert [T.end_block(T.FULL_BLOCK, 8, left) for left in (1, 2, 6, 7, 8, 30)] == \
+        [(8, 0), (8, 1), (8, 5), (8, 6), (8, 7), (8, 7)]
+    assert T.end_block(T.SHRINK, 1, 5) == (1, 0) == T.end_block(T.FULL_BLOCK, 1, 5)  # B = 1: plain decoding
+    # with the same drafts both commit the same count: min(streak + 1, left) against streak' + 1
+    for left in range(1, 12):
+        for streak in range(0, 8):
+            _, n_shrink = T.end_block(T.SHRINK, 8, left)
+            _, n_full = T.end_block(T.FULL_BLOCK, 8, left)
+            assert T.committed([0] * (min(streak, n_shrink) + 1), left)[0] == min(streak, n_full) + 1
+    with pytest.raises(ValueError, match="unknown end-of-generation rule 'trim'"):
+        T.end_block("trim", 8, 3)
+
+
+def test_the_definition_says_how_the_last_blocks_ran():
+    for sampled in (False, True):
+        for offline in (False, True):
+            text = T.definition(sampled, offline)
+            assert text == (T.SAMPLED_DEFINITION if sampled else T.DEFINITION) + \
+                (" " + T.OFFLINE_DEFINITION if offline else "")
+            full = T.definition(sampled, offline, T.FULL_BLOCK)
+            assert "shrink" not in full and "shrunk" not in full and full != text
+            assert "llama.cpp's server" in full and "end_of_generation 'full-block'" in full
+    with pytest.raises(ValueError, match="unknown end-of-generation rule"):
+        T.definition(last_blocks="trim")
+
+
 def test_legacy_rounds_are_recounted_from_the_output_length():
     # legacy: 3 tokens after a stop were counted, then one more round ran after max_new_tokens
     assert T.recount([4, 4, 3], 6) == [4, 1]  # 1 prefill token + 5 committed = 6 tokens

@@ -52,6 +52,27 @@ def test_each_setting_that_differs_is_the_likely_cause(kw, cause):
     assert cause in pair_report(_result(ROWS), _result(other, **kw))["likely_causes"]
 
 
+def test_a_last_round_drafted_otherwise_at_the_end_is_named_end_of_generation():
+    # max_new_tokens 16, B 8: the reference shrinks the last block, llama.cpp's server cuts the draft
+    own = [("a", list(range(16)), [4, 4, 4, 3])]
+    eng = [("a", list(range(16)), [4, 4, 4, 1, 1, 1])]  # 4 tokens left at round 3: where the two draft otherwise
+    rep = pair_report(_result(own), _result(eng, engine=True))
+    assert not rep["equal"] and rep["likely_causes"] == ["end of generation"]
+    assert rep["per_prompt"][0]["cause"] == "end of generation" and rep["per_prompt"][0]["first_round_differing"] == 3
+    # under llama.cpp's rule specdeck runs the end as the engine does: equal, no cause
+    ruled = _result(eng, drafter={"engine_rule": {"engine": "llama.cpp", "changed": False,
+                                                  "end_of_generation": "full-block"}})
+    ruled["end_of_generation"] = "full-block"
+    assert pair_report(ruled, _result(eng, engine=True))["equal"]
+    assert pair_report(ruled, _result(own))["likely_causes"] == ["end of generation"]
+    assert pair_report(ruled, _result(own))["a"] == "specdeck under llama.cpp's rule"  # named though its attention is specdeck's
+    # the same difference earlier, with a full block left on both sides, is no end-of-generation matter
+    early = [("a", list(range(16)), [1, 1, 4, 4, 4, 1])]
+    assert pair_report(_result(own), _result(early, engine=True))["likely_causes"] == ["unexplained"]
+    # nor between two sides that ran the same end
+    assert pair_report(_result(own), _result(eng))["likely_causes"] == ["unexplained"]
+
+
 def test_only_the_eos_round_differing_is_named_and_else_unexplained():
     eos = [("a", [5, 6, 7, 8, 9], [2, 2]), ("b", [4, 4, 2], [1])]
     assert pair_report(_result(ROWS), _result(eos))["likely_causes"] == ["EOS round"]
