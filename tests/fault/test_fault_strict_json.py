@@ -59,7 +59,7 @@ WRITERS_THAT_ARE_NOT_JSON = {
     "core/planfile.py": 1,  # a plan var's text as the shell sees it
     "core/shellvars.py": 1,  # the same, for the run's environment
     "console/cli/results.py": 1,  # a config value shown in `diff`'s table
-    "console/widgets/log_pane.py": 1,  # a value shown in the log pane
+    "core/progress.py": 1,  # a value shown in a progress line or the log pane
 }
 
 
