@@ -249,3 +249,27 @@ def test_the_new_checks_catch_what_they_claim():
     assert untyped_runner_params(tree) == [(1, "f"), (3, "lambda")]
     assert _under("core.actions.watch_eval.detached", "core.actions.watch_eval")
     assert not _under("core.actions.watch_evaluation", "core.actions.watch_eval")
+
+
+def test_core_ml_imports_only_the_leaf_modules_of_core():
+    """What runs on a host (``python -m core.ml.<task>``) reaches into the rest of ``core`` only
+    for core.errors and core.text, which import nothing but the standard library."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent
+    leaves = {"core.errors", "core.text"}
+    found = set()
+    for path in (root / "core" / "ml").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            found |= {n for n in names if n.startswith("core.") and not n.startswith("core.ml")}
+    assert found <= leaves, found - leaves
+    for leaf in leaves:
+        tree = ast.parse((root / (leaf.replace(".", "/") + ".py")).read_text())
+        assert {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+                and n.module.startswith("core")} <= leaves, leaf

@@ -13,5 +13,7 @@ Entry points:
 * ``python -m core.ml.compare``  two result.json files -> per-prompt and overall tau deltas
 * ``python -m core.ml.tiny``     tiny random target + drafter directories for demos and tests
 
-This package must not import from the rest of ``core`` (it runs on hosts without it).
+From the rest of ``core`` this package imports only the two leaf modules :mod:`core.errors` and
+:mod:`core.text` (the standard library and each other only; they ship in the same wheel as this package), so what
+runs on a host needs neither the store, the runner nor asyncssh (tests/test_import_graph.py).
 """
