@@ -24,8 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.demo import write_workspace  # noqa: E402
-from core.records import EvalRow  # noqa: E402
-from core.store import Store  # noqa: E402
+from core.state.records import EvalRow  # noqa: E402
+from core.state.store import Store  # noqa: E402
 
 GOALS = {"--version": 0.25, "status": 0.6}
 """The most a command may take above ``python -c pass`` (seconds)."""
@@ -34,7 +34,7 @@ GOALS = {"--version": 0.25, "status": 0.6}
 def campaign_state(plan: Path, state: Path) -> int:
     """Record a finished run of every item of ``plan`` and one eval's tau rows (a drafter
     and its baseline over 8 prompts); return the number of items."""
-    from core.planfile import load_plan
+    from core.plans.planfile import load_plan
 
     items = load_plan(plan).items
     store = Store(state)

@@ -6,9 +6,9 @@ Builds a tiny target and drafter in code (nothing downloaded), caches ``--seqs``
 continuations with their features (what ``core.ml.extract`` stores), then computes every
 anchor's draft block both ways:
 
-* batched: :func:`core.ml.offline.draft_blocks` (context K/V once per sequence, all anchors in
+* batched: :func:`core.ml.decoding.offline.draft_blocks` (context K/V once per sequence, all anchors in
   a few masked multi-anchor passes);
-* loop: :func:`core.ml.offline.draft_blocks_loop` (one inference-path forward per anchor).
+* loop: :func:`core.ml.decoding.offline.draft_blocks_loop` (one inference-path forward per anchor).
 
 Checks the streaks are identical and prints the speed ratio: the median over ``--repeats``
 interleaved (batched, loop) timing pairs, so machine noise hits both ways alike; the printed
@@ -42,11 +42,11 @@ def main() -> int:
 
     import torch
 
-    from core.ml import tiny
-    from core.ml.extract import labels_and_features
-    from core.ml.featstore import CachedSequence
-    from core.ml.generate import greedy_generate
-    from core.ml.offline import draft_blocks, draft_blocks_loop, streaks_from_drafts
+    from core.ml.demo import tiny
+    from core.ml.tasks.extract import labels_and_features
+    from core.ml.formats.featstore import CachedSequence
+    from core.ml.decoding.generate import greedy_generate
+    from core.ml.decoding.offline import draft_blocks, draft_blocks_loop, streaks_from_drafts
 
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)

@@ -17,14 +17,14 @@ built from config, in bf16 (nothing downloaded), at those proportions scaled to 
   printed for both pairs (the 27B's counted on ``meta``).
 
 Each repeat runs, interleaved, plain decoding (block size 1 through the harness, the baseline of
-``eval --speedup``; transformers' own decode, :func:`core.ml.generate.greedy_generate`, is timed
+``eval --speedup``; transformers' own decode, :func:`core.ml.decoding.generate.greedy_generate`, is timed
 too: for a hybrid target on a CPU without bf16 instructions its depthwise conv in bf16 runs
 channel by channel and makes it about 3x slower), a chain generation (B = 16) and a DDTree-16
-generation through the harness (:func:`~core.ml.generate.chain_generate`,
-:func:`~core.ml.generate.ddtree_generate`, a :class:`~core.ml.target.TargetRunner`) after the same
+generation through the harness (:func:`~core.ml.decoding.generate.chain_generate`,
+:func:`~core.ml.decoding.generate.ddtree_generate`, a :class:`~core.ml.models.target.TargetRunner`) after the same
 ``--context``-token prompt; with ``--cpu-matmul both`` (the default) the generations run once
 with eval's default kernels (``auto``: many-row bf16 linears in float32 tiles on a CPU without
-bf16 matrix instructions, :mod:`core.ml.cpu_rows`) and once with torch's own (rows
+bf16 matrix instructions, :mod:`core.ml.models.cpu_rows`) and once with torch's own (rows
 ``MODE@torch``). Only full-width rounds count (the last ones shrink to what is left). Each round
 is split by timing hooks into drafter (its layers), draft LM head (B-1 positions), tree build,
 verify (the target's forward, its LM head and taps included), update (cache / recurrent state)
@@ -57,7 +57,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 BLOCK, BUDGET, MASK = 16, 16, 3
-# Qwen3.6-27B (tests/ml/test_campaign_config.py's config.json) and its published drafter
+# Qwen3.6-27B (tests/ml/train/test_campaign_config.py's config.json) and its published drafter
 # (plans/train/qwen3.6-27b-v5.yaml).
 CAMPAIGN = dict(hidden_size=5120, num_hidden_layers=64, vocab_size=248320, intermediate_size=17408,
                 num_attention_heads=24, num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
@@ -104,7 +104,7 @@ def build(arch: str, sizes: dict, drafter_sizes: dict, layers: int, device: str 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from core.ml import tiny
+    from core.ml.demo import tiny
 
     cfg = target_config(arch, sizes, layers)
     torch.manual_seed(0)
@@ -119,7 +119,7 @@ def build(arch: str, sizes: dict, drafter_sizes: dict, layers: int, device: str 
                                     num_layers=drafter_sizes["num_layers"],
                                     **{k: v for k, v in drafter_sizes.items() if k != "num_layers"})
     if device == "meta":
-        from core.ml.drafter import DFlashDrafter
+        from core.ml.models.drafter import DFlashDrafter
 
         with torch.device("meta"):
             return target, DFlashDrafter(dcfg)
@@ -261,9 +261,9 @@ def roofline(target, step_s: float, threads: int) -> dict:
 def bench_arch(arch: str, args) -> dict:
     import torch
 
-    from core.ml.cpu_rows import half_rows
-    from core.ml.generate import DFlashProposer, chain_generate, ddtree_generate, greedy_generate
-    from core.ml.target import TargetRunner
+    from core.ml.models.cpu_rows import half_rows
+    from core.ml.decoding.generate import DFlashProposer, chain_generate, ddtree_generate, greedy_generate
+    from core.ml.models.target import TargetRunner
 
     target, drafter, big = campaign_pair(arch)
     mine = shares(target, drafter)
@@ -356,7 +356,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--cpu-matmul", choices=["auto", "torch", "both"], default="both",
                    help="as eval's: auto computes many-row bf16 linears in float32 tiles on a CPU without bf16 "
-                        "matrix instructions (core.ml.cpu_rows); torch keeps torch's kernels; both (default): "
+                        "matrix instructions (core.ml.models.cpu_rows); torch keeps torch's kernels; both (default): "
                         "each repeat runs both, interleaved (rows MODE@torch)")
     args = p.parse_args()
 

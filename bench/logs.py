@@ -1,7 +1,7 @@
 """Log streaming over loopback SSH into the store: throughput and latency.
 
 1. Throughput: a finished run's 400,000-line log is drained from the host into the store
-   by ``core.jobs.follow`` (lines/s), against a baseline measured in the same run: a plain
+   by ``core.capsules.jobs.follow`` (lines/s), against a baseline measured in the same run: a plain
    ``ssh host cat log`` of the same file (lines/s of the transfer alone).
 2. Latency: a run writes a line carrying its wall-clock time every 10 ms for 5 s while the
    follower polls; latency = arrival in the store - time written (median and p95).
@@ -23,10 +23,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._sshd import ssh_argv, sshd_hosts  # noqa: E402
-from core import jobs  # noqa: E402
+from core.capsules import jobs
 from core.actions.base import Launch  # noqa: E402
 from core.hosts.ssh import SSHHost  # noqa: E402
-from core.store import Store  # noqa: E402
+from core.state.store import Store  # noqa: E402
 
 N = 400_000
 

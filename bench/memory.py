@@ -19,7 +19,7 @@ bytes counted from the safetensors headers, measured in the same run.
   baseline taken after it too (the figure this bench printed before). ``result.json``'s
   ``dtype`` is printed too.
 * ``--train``: a target whose decoder layers hold about 1.1 GB and whose embedding and head
-  are small (vocab 512), a feature cache written with :mod:`core.ml.featstore`, and 4 training
+  are small (vocab 512), a feature cache written with :mod:`core.ml.formats.featstore`, and 4 training
   steps from it. Expected peak = baseline + embedding + head bytes (as the trainer holds them)
   + drafter parameters x 4 (weights, grads, two AdamW moments, float32); goal: the measured
   peak within 10 % of it. Also the peak of the full target load the trainer used to do
@@ -75,8 +75,12 @@ def child(task: str, argv: list[str], target: str) -> None:
     from transformers import AutoConfig
 
     torch.set_num_threads(2)
-    from core.ml import drafter, eval, generate, offline, target as tgt, weights  # noqa: F401
-    from core.ml.runio import run_main
+    from core.ml.models import drafter, target as tgt
+    from core.ml.tasks import eval
+    from core.ml.decoding import generate
+    from core.ml.decoding import offline
+    from core.ml.formats import weights
+    from core.ml.formats.runio import run_main
 
     if task == "train":
         from core.ml.train import loss, trainer  # noqa: F401
@@ -139,8 +143,8 @@ def build_target(out: Path, layers: int, hidden: int, inter: int, vocab: int) ->
 def build_drafter(out: Path, target: Path, block: int = 8) -> Path:
     from transformers import AutoConfig
 
-    from core.ml import tiny
-    from core.ml.drafter import save_drafter
+    from core.ml.demo import tiny
+    from core.ml.models.drafter import save_drafter
 
     cfg = AutoConfig.from_pretrained(target, local_files_only=True)
     d = tiny.build_tiny_drafter(tiny.tiny_drafter_config(cfg, block_size=block, target_layer_ids=(1, 5)), seed=1)
@@ -155,8 +159,8 @@ def build_campaign_drafter(out: Path, target: Path, block: int = 16) -> Path:
     import torch
     from transformers import AutoConfig
 
-    from core.ml import tiny
-    from core.ml.drafter import save_drafter
+    from core.ml.demo import tiny
+    from core.ml.models.drafter import save_drafter
 
     if (out / "model.safetensors").is_file():
         return out
@@ -184,8 +188,8 @@ def write_feature_cache(out: Path, target: Path, layer_ids: list[int], n: int, l
     matter for memory)."""
     import torch
 
-    from core.ml import featstore
-    from core.ml.extract import target_fingerprint
+    from core.ml.formats import featstore
+    from core.ml.tasks.extract import target_fingerprint
 
     cfg = json.loads((target / "config.json").read_text())
     H, V = cfg["hidden_size"], cfg["vocab_size"]
@@ -209,7 +213,7 @@ def write_feature_cache(out: Path, target: Path, layer_ids: list[int], n: int, l
 # ----------------------------------------------------------------------------- benches
 
 def bench_eval(root: Path, new_tokens: int) -> dict:
-    from core.ml import weights as w
+    from core.ml.formats import weights as w
 
     target = build_target(root / "eval-target", layers=12, hidden=1024, inter=3072, vocab=32000)
     drafter = build_campaign_drafter(root / "eval-drafter-bf16", target)
@@ -239,7 +243,7 @@ def bench_eval(root: Path, new_tokens: int) -> dict:
 def bench_train(root: Path, steps: int) -> dict:
     import torch
 
-    from core.ml import weights as w
+    from core.ml.formats import weights as w
 
     layers, hidden, inter, vocab = 19, 1024, 8192, 512
     target = build_target(root / "train-target", layers=layers, hidden=hidden, inter=inter, vocab=vocab)
@@ -261,8 +265,8 @@ def bench_train(root: Path, steps: int) -> dict:
     }))
     run = run_child("train", ["--config", str(cfg)], target)
     dcfg = json.loads((root / "train-run" / "config.json").read_text())
-    from core.ml.drafter import DFlashDrafter
-    from core.ml.drafter_config import DFlashConfig
+    from core.ml.models.drafter import DFlashDrafter
+    from core.ml.formats.drafter_config import DFlashConfig
 
     with torch.device("meta"):
         d = DFlashDrafter(DFlashConfig.from_dict(dcfg))

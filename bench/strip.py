@@ -10,7 +10,7 @@ checkpoint is also built in a subprocess so this parent stays small:
 
 * baseline: the interpreter + torch import only;
 * plain:    ``torch.load(path, map_location="cpu", weights_only=True)``;
-* strip:    ``core.ml.strip.main([...])`` (mmap load + streaming safetensors write).
+* strip:    ``core.ml.tasks.strip.main([...])`` (mmap load + streaming safetensors write).
 
 Goal: strip peak <= 0.6 x plain peak. Prints one JSON line per measurement and a summary.
 """
@@ -36,7 +36,7 @@ t0 = time.perf_counter()
 if mode == "plain":
     obj = torch.load(ckpt, map_location="cpu", weights_only=True)
 elif mode == "strip":
-    from core.ml.strip import main
+    from core.ml.tasks.strip import main
     import contextlib, io
     with contextlib.redirect_stdout(io.StringIO()):
         assert main([ckpt, out]) == 0
@@ -55,8 +55,8 @@ print(peak, dt)
 def make_checkpoint(path: Path, weights_mb: float) -> dict:
     import torch
 
-    from core.ml.drafter import expected_tensors
-    from core.ml.drafter_config import DFlashConfig
+    from core.ml.models.drafter import expected_tensors
+    from core.ml.formats.drafter_config import DFlashConfig
 
     # A Qwen3-style drafter with H 1024, I 4096, 8/4 heads x 128, K 5 taps; L chosen for the size.
     H, I = 1024, 4096

@@ -74,8 +74,8 @@ def log(rec: dict) -> None:
 
 # -- the dataset ---------------------------------------------------------------------------
 def build_dataset(root: Path, items: int, runs: int, points: int) -> tuple[Path, Path]:
-    from core.records import EvalRow
-    from core.store import Store
+    from core.state.records import EvalRow
+    from core.state.store import Store
 
     plan_path, db = root / "big.yaml", root / "big.db"
     marker = root / "built.json"
@@ -158,9 +158,9 @@ def child_first_frame(plan_path: str, db: str, out: str) -> None:
     from console import messages as m
     from console.app import SpecdeckApp
     from console.bridge import EventBridge
-    from core.planfile import load_plan
+    from core.plans.planfile import load_plan
     from core.session import Session
-    from core.store import Store
+    from core.state.store import Store
 
     t_imported = time.time()
     marks: dict[str, float] = {}
@@ -224,8 +224,8 @@ async def flood(root: Path, rate: int, seconds: float, *, relay: bool = True,
     from console.app import make_app
     from console.widgets.plan_list import PlanPane
     from core.actions import registry
-    from core.planfile import load_plan
-    from core.store import Store
+    from core.plans.planfile import load_plan
+    from core.state.store import Store
 
     here = root / "flood-host"
     here.mkdir(parents=True, exist_ok=True)

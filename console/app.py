@@ -53,8 +53,8 @@ from console.widgets.plan_list import PlanPane
 from console.widgets.tau_table import TauPane
 from core.errors import SpecdeckError
 from core.hosts import bulk
-from core.plan import Plan, params_summary
-from core.records import Run
+from core.plans.plan import Plan, params_summary
+from core.state.records import Run
 from core.session import Session, open_store
 
 STOP_GRACE_S = 30.0
@@ -820,7 +820,7 @@ def make_app(plan: Plan, store, *, hosts=None, probe_hosts: bool = True,
 
     Args:
         plan: The validated plan.
-        store: A :class:`core.store.Store` opened on this thread.
+        store: A :class:`core.state.store.Store` opened on this thread.
         hosts: Pre-built hosts by name (default: from the plan).
         probe_hosts: Connect every host on start (and poll GPUs every ``gpu_every`` s; 0: never).
         reconcile: Reconcile live runs with their hosts on start, then follow those still

@@ -1,6 +1,6 @@
 """Runner events in, Textual messages out (Toolong's watcher pattern).
 
-The runner reports through one plain callback (``emit``) with :mod:`core.events`
+The runner reports through one plain callback (``emit``) with :mod:`core.runs.events`
 dataclasses. :class:`EventBridge` is that callback: it turns each event into a message from
 :mod:`console.messages` and posts it to the app. It knows nothing about widgets.
 
@@ -26,7 +26,7 @@ from typing import Callable
 from textual.message import Message
 
 from console import messages as m
-from core import events as ev
+from core.runs import events as ev
 
 class EventBridge:
     """The runner's ``emit`` callback for the console.

@@ -16,10 +16,10 @@ from typing import Any
 
 from textual.message import Message
 
-from core.records import Event, Run, RunChange, StatusChange, WatcherStatus
+from core.state.records import Event, Run, RunChange, StatusChange, WatcherStatus
 
 
-# -- from the runner (core.events, via console.bridge) -----------------------------------
+# -- from the runner (core.runs.events, via console.bridge) -----------------------------------
 @dataclass
 class ItemStatusChanged(Message):
     item_id: str
@@ -143,7 +143,7 @@ class MetricsLoaded(Message):
 @dataclass
 class TauLoaded(Message):
     comparison: Any
-    """A :class:`core.compare.Comparison`."""
+    """A :class:`core.tau.table.Comparison`."""
     step: int | None = None
     """The training step the comparison is filtered to (None: every eval result)."""
 

@@ -19,10 +19,10 @@ from typing import Callable
 from textual.message import Message
 
 from console import messages as m
-from core.compare import build_comparison
+from core.tau.table import build_comparison
 from core.errors import HostUnreachable, InvalidInput, SpecdeckError
-from core.plan import Item
-from core.records import Event, Run
+from core.plans.plan import Item
+from core.state.records import Event, Run
 from core.session import Session, at_step
 
 LOG_TAIL = 2000

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import yaml
 
-from core.ml import strictjson
+from core.ml.formats import strictjson
 
 ROOT = Path(__file__).resolve().parent.parent
 WATCHED = "train-v5"
@@ -203,7 +203,7 @@ async def run_campaign(session) -> tuple[dict, list, dict]:
 def results_text(rows: list, over: dict) -> str:
     """The tau table (prompts x drafters), tau over training and the verdicts (v5 vs v4 and
     each drafter vs the baseline); empty when no eval ran."""
-    from core.compare import build_comparison, to_markdown, verdict_lines
+    from core.tau.table import build_comparison, to_markdown, verdict_lines
 
     if not rows:
         return ""

@@ -42,7 +42,7 @@ class PlanError(InvalidInput):
 
     default_title = "Invalid plan"
 
-    def __init__(self, issues: list["PlanIssue"]):  # noqa: F821 - defined in core.plan
+    def __init__(self, issues: list["PlanIssue"]):  # noqa: F821 - defined in core.plans.plan
         self.issues = issues
         super().__init__("\n".join(str(i) for i in issues))
 
@@ -131,13 +131,13 @@ class StateDiskFull(SpecdeckError):
 
     No fault of any item: a run going on on its host goes on, and stays live in the store, so
     ``attach`` (or ``status``, once its command ended) stores its log from the stored offset,
-    and its end, once there is space. Raised by the store (:mod:`core.store`, translated
+    and its end, once there is space. Raised by the store (:mod:`core.state.store`, translated
     once where every write goes through); the CLI exits 1 (``console/cli/exit_codes.py``).
 
     Attributes:
         path: The state database file.
         filesystem: Where it lives: its type, mount point and free space
-            (:func:`core.statefile.filesystem_of`).
+            (:func:`core.state.statefile.filesystem_of`).
         cause: SQLite's own words (``database or disk is full``, ``disk I/O error``).
         full: True for ``SQLITE_FULL``; False for an I/O error (``why`` names what may cause it).
         mount: Where to free space: the filesystem's mount point.

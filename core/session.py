@@ -29,15 +29,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Awaitable, Callable, Iterable, TypeVar
 
 from core.errors import HostUnreachable, InvalidInput
-from core.events import Event
-from core.plan import Plan
-from core.records import EvalRow, Run, RunChange, RunSummary, WatcherStatus
-from core.store import Store, state_path_for
+from core.runs.events import Event
+from core.plans.plan import Plan
+from core.state.records import EvalRow, Run, RunChange, RunSummary, WatcherStatus
+from core.state.store import Store, state_path_for
 
 if TYPE_CHECKING:  # the runner loads only when a session builds one
-    from core.adopt_spec import AdoptSpec
-    from core.jobs import Outcome
-    from core.runner import Runner
+    from core.plans.adopt_spec import AdoptSpec
+    from core.capsules.jobs import Outcome
+    from core.runs.runner import Runner
 
 T = TypeVar("T")
 
@@ -148,7 +148,7 @@ class Session:
     def runner(self) -> "Runner":
         """The runner over the plan and store (built on first use by a :meth:`read` session)."""
         if self._runner is None:
-            from core.runner import Runner
+            from core.runs.runner import Runner
 
             self._runner = Runner(self.plan, self.store, emit=self._emit, hosts=self._hosts,
                                   **self._runner_options)
@@ -216,7 +216,7 @@ class Session:
         full result: tokens and rounds per prompt, provenance; the store keeps rows only)."""
         import json
 
-        from core.ml import resultfile
+        from core.ml.formats import resultfile
 
         item = self.plan.item(item_id)
         if item.action is None or item.action.kind != "eval":
@@ -253,7 +253,7 @@ class Session:
 
     # -- refreshing from the hosts -------------------------------------------------------
     async def reconcile(self, *, hosts: Iterable[str] | None = None) -> list[RunChange]:
-        """Re-derive each live run from its host (:meth:`core.runner.Runner.reconcile`)."""
+        """Re-derive each live run from its host (:meth:`core.runs.runner.Runner.reconcile`)."""
         return await self.runner.reconcile(hosts=hosts)
 
     async def refresh(self) -> list[RunChange]:
@@ -297,7 +297,7 @@ class Session:
     async def run(self, ids: Iterable[str] | None, *, again: bool = False,
                   resume: bool = False, detach: bool = False) -> RunSummary:
         """Run items (all when ``ids`` is None) whose needs are done, in dependency order
-        (:meth:`core.runner.Runner.run_items`; its summary).
+        (:meth:`core.runs.runner.Runner.run_items`; its summary).
 
         ``again``: the named items run once more even when done, skipped or stopped; their
         needs are checked as for any run (an item whose needs are no longer done waits).
@@ -324,7 +324,7 @@ class Session:
                 runner.resume.difference_update(ids)
 
     async def adopt(self, item_id: str, spec: "AdoptSpec", *, host_name: str | None = None) -> str:
-        """Make the run ``spec`` (a :class:`core.adopt_spec.AdoptSpec`) names the item's run and
+        """Make the run ``spec`` (a :class:`core.plans.adopt_spec.AdoptSpec`) names the item's run and
         follow it to its end. Returns the item's status."""
         return await self.runner.adopt(item_id, spec, host_name=host_name)
 

@@ -55,7 +55,7 @@ def slow_starts(monkeypatch):
     """Every detached launch waits (a slow host) until the test sets ``release`` (at most
     30 s): returns the event set when one begins, with its ``release`` event, so that a test
     acts while its run is still ``starting`` however loaded the machine is."""
-    from core import jobs
+    from core.capsules import jobs
 
     real = jobs.start
     launching = asyncio.Event()

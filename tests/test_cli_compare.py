@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from core.store import Store
+from core.state.store import Store
 from tests.conftest import run_cli
 from tests.unit.test_compare import _campaign
 
@@ -92,7 +92,7 @@ def test_compare_recounts_or_flags_legacy_results_never_mixes_them(tmp_path):
     """A store holding rows of both accountings: a legacy result that still has its tokens is
     recounted as the reference counts; rows stored without them stay legacy and are flagged."""
     from core.actions.eval import eval_rows
-    from core.records import EvalRow
+    from core.state.records import EvalRow
 
     plan = tmp_path / "p.yaml"
     plan.write_text(f"name: acc\nhosts:\n  ev: {{local: true, workdir: {tmp_path}}}\nitems:\n  - id: e\n    content: e\n")

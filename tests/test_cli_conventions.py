@@ -18,7 +18,7 @@ import yaml
 
 from console.cli import build_parser
 from console.cli.conventions import command_name, hoist_globals
-from core.store import Store
+from core.state.store import Store
 from tests.conftest import ROOT, run_cli
 
 
@@ -88,7 +88,7 @@ def test_a_venv_of_the_older_version_form_is_read_and_told_stale(tmp_path):
 
     from core.actions.venv import Venv, VenvParams
     from core.hosts.local import LocalHost
-    from core.params import parse_params
+    from core.plans.params import parse_params
     from core.selfwheel import build_wheel, code_hash, code_of, version
     from core.versions import satisfies
 
@@ -408,7 +408,7 @@ def test_imported_ids_are_cut_at_a_word_boundary(tmp_path):
 # -- the demo's state --------------------------------------------------------------------
 def test_demo_plan_records_its_state_for_every_command(tmp_path, monkeypatch):
     from core.demo import write_workspace
-    from core.planfile import load_plan
+    from core.plans.planfile import load_plan
 
     plan_path = write_workspace(tmp_path / "demo", quick=True)
     plan = load_plan(plan_path)

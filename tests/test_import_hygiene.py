@@ -2,7 +2,7 @@
 
 * importing ``core`` (and the CLI) loads neither textual nor torch;
 * importing ``console`` does not load torch or transformers;
-* only ``core/store.py`` imports sqlite_utils, only ``core/hosts/ssh.py`` asyncssh, only
+* only ``core/state/store.py`` imports sqlite_utils, only ``core/hosts/ssh.py`` asyncssh, only
   ``core/ml`` torch/transformers, and nothing under ``core`` imports ``console``.
 """
 
@@ -25,8 +25,8 @@ def loaded_after(stmt: str) -> set[str]:
     return {m.split(".")[0] for m in out.split()}
 
 
-@pytest.mark.parametrize("stmt", ["import core", "import core.session", "import core.runner",
-                                  "import core.actions", "import core.store",
+@pytest.mark.parametrize("stmt", ["import core", "import core.session", "import core.runs.runner",
+                                  "import core.actions", "import core.state.store",
                                   "import console.cli", "import console.cli.ui"])
 def test_core_loads_no_textual_no_torch(stmt):
     mods = loaded_after(stmt)
@@ -40,7 +40,7 @@ def test_console_does_not_load_torch():
     assert "torch" not in mods and "transformers" not in mods
 
 
-OWNERS = {"sqlite_utils": {"core/store.py"}, "asyncssh": {"core/hosts/ssh.py"}}
+OWNERS = {"sqlite_utils": {"core/state/store.py"}, "asyncssh": {"core/hosts/ssh.py"}}
 
 
 def _imports(path: Path) -> set[str]:
@@ -78,8 +78,8 @@ def modules_after_cli(*argv: str, cwd: Path = ROOT) -> tuple[int, set[str]]:
 
 
 HEAVY = {"asyncio", "sqlite3", "sqlite_utils", "yaml", "rich", "numpy", "asyncssh",
-         "argcomplete", "zipfile", "core.planfile", "core.runner", "core.store", "core.jobs",
-         "core.actions.registry", "core.events", "core.stats", "core.compare"}
+         "argcomplete", "zipfile", "core.plans.planfile", "core.runs.runner", "core.state.store", "core.capsules.jobs",
+         "core.actions.registry", "core.runs.events", "core.tau.stats", "core.tau.table"}
 
 
 @pytest.mark.parametrize("argv", [["--version"], ["--help"], ["status", "--help"]])
@@ -100,7 +100,7 @@ def test_validate_loads_no_console_ssh_ml_nor_store(tmp_path):
     rc, mods = modules_after_cli("validate", str(plan))
     assert rc == 0
     assert "core.actions.train" in mods  # the kinds' checks ran
-    assert not {"textual", "asyncssh", "torch", "transformers", "core.store", "sqlite_utils",
+    assert not {"textual", "asyncssh", "torch", "transformers", "core.state.store", "sqlite_utils",
                 "pandas", "numpy", "regex"} & mods, sorted(mods)
 
 
@@ -109,11 +109,11 @@ def test_piped_status_loads_no_rich_table_nor_compare(tmp_path):
     plan.write_text("name: p\nitems:\n  - id: a\n    content: A manual step\n")
     rc, mods = modules_after_cli("status", str(plan), "--state", str(tmp_path / "s.db"))
     assert rc == 2  # a --state that does not exist: refused before the store opens
-    assert not {"core.store", "sqlite_utils", "rich"} & mods
+    assert not {"core.state.store", "sqlite_utils", "rich"} & mods
     rc, _ = modules_after_cli("--state", str(tmp_path / "s.db"), "mark", str(plan), "a", "done")
     assert rc == 0
     rc, mods = modules_after_cli("status", str(plan), "--state", str(tmp_path / "s.db"))
     assert rc == 0
-    assert "core.store" in mods  # the command ran
-    assert not {"rich.table", "rich.console", "core.compare", "core.stats", "argcomplete",
+    assert "core.state.store" in mods  # the command ran
+    assert not {"rich.table", "rich.console", "core.tau.table", "core.tau.stats", "argcomplete",
                 "asyncssh", "textual", "torch", "pandas", "numpy"} & mods, mods

@@ -23,7 +23,7 @@ def test_every_kind_is_documented():
 
 
 def test_every_kind_appears_in_a_shipped_plan():
-    from core.planfile import load_plan
+    from core.plans.planfile import load_plan
 
     used = {it.action.kind for p in PLANS for it in load_plan(p).items if it.action}
     assert set(registry.kinds()) - {"manual"} <= used, set(registry.kinds()) - used

@@ -219,7 +219,7 @@ def polish(parser: argparse.ArgumentParser) -> None:
 
 # -- completion --------------------------------------------------------------------------
 def _plan_of(parsed_args):
-    from core.planfile import load_plan
+    from core.plans.planfile import load_plan
 
     path = getattr(parsed_args, "plan", None)
     if not path:

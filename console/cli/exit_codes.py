@@ -29,7 +29,7 @@ from core.errors import HostUnreachable, InvalidInput, RemoteCommandFailed, Stat
 
 if TYPE_CHECKING:
     from core.faults import Interruption
-    from core.records import RunSummary
+    from core.state.records import RunSummary
 
 OK = 0
 FAILED = 1

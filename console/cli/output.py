@@ -10,10 +10,9 @@ import time
 
 from console.cli.conventions import runnable
 from console.cli.render import paint
+from console.glyphs import GLYPHS
 from core.text import collapse_cr, sanitize
 
-GLYPHS = {"pending": "○", "in_progress": "◐", "done": "●", "failed": "✗", "stopped": "□",
-          "skipped": "⊘"}
 
 
 def err(msg: str, *, hints: bool = True) -> None:
@@ -33,7 +32,7 @@ class Printer:
         self._last_progress: dict[str, float] = {}
 
     def __call__(self, ev) -> None:
-        from core.events import (HostStateChanged, LogLinesReceived, LogStreamChanged, Notice,
+        from core.runs.events import (HostStateChanged, LogLinesReceived, LogStreamChanged, Notice,
                                  Progress, RunEnded, RunStarted, StatusChanged)
 
         ts = time.strftime("%H:%M:%S")
@@ -72,9 +71,9 @@ class Printer:
 
 
 def load_plan(path):
-    """The plan at ``path`` (:func:`core.planfile.load_plan`); the reader, and every action
+    """The plan at ``path`` (:func:`core.plans.planfile.load_plan`); the reader, and every action
     kind it validates against, loads on the first call."""
-    from core.planfile import load_plan as load
+    from core.plans.planfile import load_plan as load
 
     return load(path)
 

@@ -14,7 +14,7 @@ from console.cli import serving
 from console.cli.output import GLYPHS, err, load_plan, run_with
 from console.cli.render import table
 from core.errors import InvalidInput
-from core.ml import strictjson
+from core.ml.formats import strictjson
 from core.text import sanitize
 
 
@@ -26,7 +26,7 @@ def _run_json(run) -> dict | None:
 
 
 def cmd_validate(args) -> int:
-    from core.metrics_sources import params_regex_warnings
+    from core.capsules.metrics_sources import params_regex_warnings
 
     plan = load_plan(args.plan)
     for it in plan.items:  # warnings: the plan is valid, exit 0
@@ -41,7 +41,7 @@ def cmd_validate(args) -> int:
 
 def cmd_status(args) -> int:
     from core.actions.watch_eval.status import describe as describe_watcher
-    from core.plan import params_summary
+    from core.plans.plan import params_summary
 
     plan = load_plan(args.plan)
 
@@ -125,11 +125,11 @@ def cmd_export(args) -> int:
 
     st = run_with(plan, args, go, show_events=False, read=True)
     if args.markdown:
-        from core.todos import plan_to_markdown
+        from core.plans.todos import plan_to_markdown
 
         sys.stdout.write(plan_to_markdown(plan, st))
         return 0
-    from core.todos import plan_to_todos
+    from core.plans.todos import plan_to_todos
 
     text = strictjson.dumps(plan_to_todos(plan, st), indent=2, ensure_ascii=False)
     # C1 controls (U+0080-U+009F) stay escaped: still the same JSON, safe on a terminal
@@ -138,8 +138,8 @@ def cmd_export(args) -> int:
 
 
 def cmd_import(args) -> int:
-    from core.planfile import plan_from_data
-    from core.todos import load_todos, plan_yaml, todos_to_plan
+    from core.plans.planfile import plan_from_data
+    from core.plans.todos import load_todos, plan_yaml, todos_to_plan
 
     src = Path(args.todos)
     todos = load_todos(src)

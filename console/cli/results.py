@@ -15,8 +15,8 @@ import sys
 
 from console.cli.output import load_plan, run_with
 from core.errors import InvalidInput
-from core.ml import strictjson
-from core.points import value_of
+from core.ml.formats import strictjson
+from core.state.points import value_of
 
 
 def _flatten(d, prefix="") -> dict:
@@ -30,7 +30,7 @@ def _flatten(d, prefix="") -> dict:
 
 
 def cmd_compare(args) -> int:
-    from core.compare import build_comparison, to_csv, to_json
+    from core.tau.table import build_comparison, to_csv, to_json
 
     if args.detect is not None and not args.detect > 0:
         raise InvalidInput(f"--detect {args.detect}: a tau difference above 0, e.g. 0.1")
@@ -65,7 +65,7 @@ def print_comparison(comp, *, pivot: bool, markdown: bool) -> None:
     width (columns left out by priority, never the drafter's name or the verdict), the
     details as wrapping tables."""
     from console.cli.render import is_terminal, print_markdown_tables
-    from core.compare import details_markdown, summary_markdown, to_markdown, \
+    from core.tau.table import details_markdown, summary_markdown, to_markdown, \
         verdicts_markdown
 
     if markdown or not is_terminal(sys.stdout):

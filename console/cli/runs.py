@@ -183,7 +183,7 @@ def cmd_stop(args) -> int:
 
 
 def cmd_adopt(args) -> int:
-    from core.adopt_spec import AdoptSpec, parse_pid
+    from core.plans.adopt_spec import AdoptSpec, parse_pid
 
     plan = load_plan(args.plan)
     item = plan.item(args.item)

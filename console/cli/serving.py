@@ -4,7 +4,7 @@ drafter measured by several eval items: in process, under an engine's rule, thro
 engine; the same drafter or not, equal or not and why), docs/serving.md.
 
 Both run here, on the machine the CLI runs on: ``engines`` is pure Python
-(:mod:`core.ml.engine_lint`); ``export`` needs the ``ml`` extra (torch) and runs
+(:mod:`core.ml.engines.lint`); ``export`` needs the ``ml`` extra (torch) and runs
 ``core.ml.export`` in process, so its messages and exit status are that module's.
 """
 
@@ -12,12 +12,12 @@ from __future__ import annotations
 
 
 from core.errors import InvalidInput
-from core.ml import strictjson
+from core.ml.formats import strictjson
 
 
 def cmd_engines(args) -> int:
-    from core.ml.engine_lint import lint, render
-    from core.ml.engines import ENGINES, engine
+    from core.ml.engines.lint import lint, render
+    from core.ml.engines.rules import ENGINES, engine
 
     try:
         names = [engine(n).name for n in args.engine] if args.engine else list(ENGINES)
@@ -37,8 +37,8 @@ def cmd_engines(args) -> int:
 def cmd_export_drafter(args) -> int:
     """``export DRAFTER_DIR --out DIR ...``: :mod:`core.ml.export` with the same options."""
     try:
-        from core.ml import export
-        from core.ml.runio import run_main
+        from core.ml.tasks import export
+        from core.ml.formats.runio import run_main
     except ImportError as e:  # pragma: no cover - a laptop install without the ml extra
         raise InvalidInput(f"export of a drafter needs torch ({e})",
                            hint="install the ml extra: pip install 'specdeck[ml]'") from None
@@ -50,14 +50,14 @@ def cmd_export_drafter(args) -> int:
 
 
 def cmd_parity(args) -> int:
-    """``parity PLAN ITEM ITEM...``: :func:`core.ml.parity.parity` over the items' latest
+    """``parity PLAN ITEM ITEM...``: :func:`core.ml.measure.parity.parity` over the items' latest
     results (read from their hosts), every pair the same drafter or not, equal or not, round by
     round, and why. Each side is labelled ``ITEM (harness)``, so two items measured through one
     harness never share a column. Exit 0, or 4 (``exit_codes.DIFFERENT_DRAFTERS``) when some
     pair measured different drafters: the report is printed all the same."""
     from console.cli import exit_codes
     from console.cli.output import err, load_plan, run_with
-    from core.ml.parity import different_drafters_line, name_of, parity
+    from core.ml.measure.parity import different_drafters_line, name_of, parity
 
     if len(args.items) < 2:
         raise InvalidInput(f"parity compares results pairwise: got {len(args.items)} item, give at least two",

@@ -10,7 +10,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Static
 
-from core.adopt_spec import AdoptSpec, spec_from_text
+from core.plans.adopt_spec import AdoptSpec, spec_from_text
 
 
 class AdoptModal(ModalScreen["AdoptSpec | None"]):

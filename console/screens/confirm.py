@@ -10,7 +10,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
-from core.records import Run
+from core.state.records import Run
 
 
 class ConfirmModal(ModalScreen[bool]):
@@ -57,7 +57,7 @@ def stop_text(run: "Run", grace_s: float) -> str:
                 f"specdeck (pid {run.pid or '?'})?\n\nIts work is cancelled now and "
                 "its ssh clients killed; a relay keeps its .part file, so running the item "
                 "again resumes it. The item becomes failed (stopped).")
-    if run.adopt:  # started outside specdeck, adopted (core.adopt)
+    if run.adopt:  # started outside specdeck, adopted (core.runs.adopt)
         what = run.adopt["what"]
         return (f"Stop run {run.id} of item {run.item_id} on host {run.host}: the "
                 f"adopted {what}?\n\nSIGTERM to its process tree (scancel for a Slurm job, "

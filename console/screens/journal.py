@@ -12,7 +12,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
 from console.widgets.vim import table_keys
-from core.records import Event, RunChange
+from core.state.records import Event, RunChange
 from core.text import sanitize
 
 KIND_STYLE = {"run_succeeded": "green", "run_failed": "bold red", "run_lost": "bold red",

@@ -18,9 +18,9 @@ from textual.widgets import Static
 from console.screens.confirm import plain
 from console.widgets.plan_list import GLYPHS, PRIORITY, STATUS_STYLE, status_text
 from console.widgets.vim import scroll_keys
-from core.plan import Item, Plan, params_summary
+from core.plans.plan import Item, Plan, params_summary
 from core.actions.watch_eval.status import describe as describe_watcher
-from core.records import WatcherStatus
+from core.state.records import WatcherStatus
 from core.text import sanitize
 
 RUN_STYLE = {"succeeded": "green", "failed": "bold red", "stopped": "magenta", "lost": "red",

@@ -8,7 +8,7 @@ The title line says which run this is and how its stream is doing: ``following``
 ``reconnecting…`` (the host dropped and the follower retries), ``host unreachable``,
 ``lost`` (the run's process vanished) or how it ended.
 
-JSON records are shown as the CLI says them (one formatter, :mod:`core.progress`: a progress
+JSON records are shown as the CLI says them (one formatter, :mod:`core.capsules.progress`: a progress
 record as ``codemodel: 58/300 steps, 11,700 tokens/s, ETA 0m21s``), their other fields as
 ``key value`` pairs (nested records flattened to ``layers[0].type full``: never a Python
 repr), wrapped to the pane's width (:func:`pretty_json`); other lines are shown as written,
@@ -33,8 +33,8 @@ from textual.containers import Vertical
 from textual.widgets import Input, Log, Static
 
 from console.widgets.vim import scroll_keys
-from core.progress import record_text
-from core.records import Run
+from core.capsules.progress import record_text
+from core.state.records import Run
 from core.text import sanitize
 
 MAX_LINES = 5000
@@ -62,7 +62,7 @@ def wrap_line(line: str, width: int) -> list[str]:
 
 
 def pretty_json(line: str, width: int) -> list[str] | None:
-    """A JSON object line as a person reads it (:func:`core.progress.record_text`: the
+    """A JSON object line as a person reads it (:func:`core.capsules.progress.record_text`: the
     summary the CLI prints, ``codemodel: 58/300 steps, 11,700 tokens/s, ETA 0m21s``, then
     the other fields, ``· loss 2.341``) wrapped to ``width`` (continuations indented); None
     when the line is not a JSON object."""

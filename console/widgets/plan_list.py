@@ -26,12 +26,11 @@ from textual.message import Message
 from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import Option
 
+from console.glyphs import GLYPHS
 from console.widgets.vim import option_list_keys
 from core.text import sanitize
-from core.plan import Item, Plan
+from core.plans.plan import Item, Plan
 
-GLYPHS = {"pending": "○", "in_progress": "◐", "done": "●", "failed": "✗",
-          "stopped": "□", "skipped": "⊘"}
 MARKS = {"✎": ("magenta", "manual item: you do it, then mark it done (d)"),
          "▶": ("bold yellow", "a run of this item is live"),
          "⌖": ("cyan", "its curves are pinned on the chart (p)"),

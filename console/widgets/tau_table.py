@@ -1,6 +1,6 @@
 """The tau comparison pane: prompt x drafter vs baseline, sortable, and per-position bars.
 
-The app sets a :class:`core.compare.Comparison` (:meth:`TauPane.set_comparison`). The table
+The app sets a :class:`core.tau.table.Comparison` (:meth:`TauPane.set_comparison`). The table
 lists each drafter's overall figures (``Σ macro``, ``Σ pooled``) first, then one row per
 prompt x drafter: tau, delta and % of its baseline. Entries whose settings differ from their
 baseline's are flagged (⚠ and the differing keys) on every row, never blended.
@@ -35,8 +35,8 @@ from textual.widgets import DataTable, Static
 
 from console.widgets.acceptance_bars import AcceptanceBars
 from console.widgets.vim import table_keys
-from core.compare import Comparison, family_tag, fmt_ci, fmt_delta, fmt_pct, fmt_tau, mismatch_note, sampling_note
-from core.stats import BETTER, NONE, WORSE
+from core.tau.table import Comparison, family_tag, fmt_ci, fmt_delta, fmt_pct, fmt_tau, mismatch_note, sampling_note
+from core.tau.stats import BETTER, NONE, WORSE
 from core.text import sanitize
 
 COLUMNS = {"prompt": 8, "drafter": 13, "tau": 5, "Δ": 6, "% base": 6, "note": 8, "95% CI": 10}

@@ -3,7 +3,7 @@
 Two shapes of action exist:
 
 * **detached** (``detached = True``, the default): the work is a command that runs on the
-  host inside a run capsule (``core.jobs``) and outlives specdeck. The runner calls
+  host inside a run capsule (``core.capsules.jobs``) and outlives specdeck. The runner calls
   :meth:`Action.prepare` (uploads, preflight), launches :meth:`Action.command` detached,
   follows its log into the store, and calls :meth:`Action.finish` with the outcome. After a
   crash, reconcile calls ``finish`` alone on the run it finds ended, so ``finish`` must
@@ -27,14 +27,14 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Literal
 
-from core import jobs
+from core.capsules import jobs
 from core.errors import ActionFailed
-from core.jobs import Launch, Outcome
+from core.capsules.jobs import Launch, Outcome
 
 if TYPE_CHECKING:
     from core.hosts.base import Host
-    from core.plan import Item, Plan
-    from core.records import Artefact, EvalRow, Event, Run, TauWatcher, WatchEntry
+    from core.plans.plan import Item, Plan
+    from core.state.records import Artefact, EvalRow, Event, Run, TauWatcher, WatchEntry
 
 __all__ = ["Action", "ActionContext", "CheckResult", "Launch", "Outcome"]
 
@@ -160,7 +160,7 @@ class ActionContext(ABC):
     @abstractmethod
     async def follow_log(self, host: "Host", run: "Run", on_lines=None, *, regex=None,
                          inspector=None, log_path: str | None = None) -> jobs.CapsuleState:
-        """Copy a run's log into the store until the run ends (:func:`core.jobs.follow`)."""
+        """Copy a run's log into the store until the run ends (:func:`core.capsules.jobs.follow`)."""
 
     @abstractmethod
     async def skip_earlier_metrics(self, spec: Any) -> None:
@@ -232,7 +232,7 @@ class Action(ABC):
     for every call, and specdeck may restart between any two hooks of a run: ``follow``,
     ``inspect``, ``stop`` and ``finish`` often run on an instance (and in a process) where
     ``prepare`` never ran. So no hook reads what another hook set on ``self``: each works
-    from its params, its :class:`ActionContext`, the :class:`~core.records.Run` (what the
+    from its params, its :class:`ActionContext`, the :class:`~core.state.records.Run` (what the
     runner stored: capsule, pid, job id, config) and what the command left on the host.
     What ``prepare`` finds that ``command`` needs is recorded with the run
     (:meth:`ActionContext.record_config`), never kept on the instance.
@@ -314,12 +314,12 @@ class Action(ABC):
 
     def metrics_regex(self) -> Any:
         """How log lines become metrics: a regex with named groups (``step`` among them), a
-        parser with ``parse(line)`` (:mod:`core.metrics_sources`), or None (JSON lines).
+        parser with ``parse(line)`` (:mod:`core.capsules.metrics_sources`), or None (JSON lines).
         A pure function of the params (asked on whatever instance follows the log)."""
         return None
 
     def metrics_spec(self) -> Any:
-        """The action's ``metrics:`` params (:class:`core.metrics_sources.MetricsParams`),
+        """The action's ``metrics:`` params (:class:`core.capsules.metrics_sources.MetricsParams`),
         read for metric files (TensorBoard) alongside the log; None for none. A pure
         function of the params."""
         return None
@@ -327,7 +327,7 @@ class Action(ABC):
     async def launch(self, ctx: ActionContext, host: "Host", run_id: str,
                      launch: Launch) -> jobs.Launched:
         """Start ``launch`` (what ``command`` returned) detached; returns what
-        :func:`core.jobs.start` returns (capsule, pid, pstart; job_id for Slurm), which the
+        :func:`core.capsules.jobs.start` returns (capsule, pid, pstart; job_id for Slurm), which the
         runner stores on the run: everything the later hooks need to find the run again is
         in that record or in the capsule, never on ``self``."""
         return await jobs.start(host, run_id, launch)

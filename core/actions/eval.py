@@ -21,17 +21,19 @@ from core.actions.mlbase import (drafter_command, host_python, launch_inputs, ml
                                  prompts_on_host, py_module, read_json, record_launch,
                                  resolve_checkpoint, resolve_ref, validate_prompts, validate_ref)
 from core.errors import ActionFailed
-from core.ml import bounds, resultfile, sampling, tau
-from core.ml.runio import parse_bytes
-from core.params import counts, problems, to_plain
-from core.records import EvalRow
+from core.ml.formats import bounds, resultfile
+from core.ml.models import sampling
+from core.ml.measure import tau
+from core.ml.formats.runio import parse_bytes
+from core.plans.params import counts, problems, to_plain
+from core.state.records import EvalRow
 
 
 @dataclass(frozen=True)
 class EvalParams:
     drafter: str
     """A drafter dir, a training checkpoint (.pt, stripped first) or item:<train>@latest|@best|@step:N
-    (any trainer's layout, core.ml.layouts: a speculators epoch dir is evaluated as it is)."""
+    (any trainer's layout, core.ml.formats.layouts: a speculators epoch dir is evaluated as it is)."""
     target: str
     """The target model dir on the host."""
     baseline: str | None = None
@@ -62,7 +64,7 @@ class EvalParams:
     """Refuse before loading when the eval needs more (e.g. 60G); default: what the host has free."""
     cpu_matmul: Literal["auto", "torch"] = "auto"
     """auto: on a CPU without bf16/fp16 matrix instructions, linears of 8+ rows (verify, prefill)
-    run in float32 tiles (core.ml.cpu_rows; a 16-row linear 2-3x faster, a round about 2x
+    run in float32 tiles (core.ml.models.cpu_rows; a 16-row linear 2-3x faster, a round about 2x
     cheaper, bench/eval_speed.py); torch: torch's own kernels, bit-identical to results made before."""
     temperature: float = 0.0
     """0: greedy; > 0: sampled speculative decoding, lossless (chain only: no tree_budget, online)."""
@@ -72,10 +74,10 @@ class EvalParams:
     samples: int = 1
     """Sampled: generations per prompt, each with its own seed (compare averages them per prompt)."""
     engine_rule: Literal["vllm", "sglang", "llama.cpp"] | None = None
-    """Run the drafter in process under this engine's attention rule (core.ml.engine_rule): tau as
+    """Run the drafter in process under this engine's attention rule (core.ml.engines.served): tau as
     that engine would serve it, beside an ``engine`` eval of the same drafter (``specdeck parity``)."""
     engine: Literal["llama.cpp"] | None = None
-    """Measure through this engine instead of in process (core.ml.engine_llama: a llama-server on
+    """Measure through this engine instead of in process (core.ml.engines.llama: a llama-server on
     the eval host, loopback only, ended with the run); the rows are labelled with the engine."""
     engine_bin: str | None = None
     """The llama-server binary on the host (default: the newest build of scripts/build-llama-server)."""
@@ -233,7 +235,7 @@ class Eval(Action):
         if self.params.baseline:
             lines.append(self._eval_cmd(ctx, found, h.path(self.params.baseline),
                                         "baseline/result.json", self.params.baseline_label))
-        from core import jobs
+        from core.capsules import jobs
 
         return Launch("\n".join(lines), cwd=jobs.capsule_path(h, ctx.run_id))
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from core.actions.base import Action, CheckResult, Launch
 from core.actions.mlbase import host_python, ml_failure, py_module
 from core.errors import ActionFailed
-from core.params import problems
+from core.plans.params import problems
 
 
 @dataclass(frozen=True)

@@ -14,18 +14,18 @@ from core.actions.base import Action, CheckResult, Launch
 from core.actions.mlbase import (host_python, launch_inputs, ml_failure, prompts_on_host,
                                  py_module, read_json, record_launch, validate_prompts)
 from core.errors import ActionFailed, InvalidFile
-from core.ml import bounds
-from core.params import counts, problems
+from core.ml.formats import bounds
+from core.plans.params import counts, problems
 
 
 async def target_hidden_size(host, path: str) -> int:
     """The hidden size the target's config.json on ``host`` states (0 when it states none),
-    its fields checked as every reader checks them (:func:`core.ml.drafter_config.check_fields`).
+    its fields checked as every reader checks them (:func:`core.ml.formats.drafter_config.check_fields`).
 
     Raises:
         ActionFailed: the file is missing, or holds a value no reader may take (named by key).
     """
-    from core.ml.drafter_config import TARGET_FIELDS, TARGET_HINT, check_fields
+    from core.ml.formats.drafter_config import TARGET_FIELDS, TARGET_HINT, check_fields
     from core.text import loads_untrusted
 
     raw = await host.read_from(path, 0, 1 << 24)

@@ -15,8 +15,8 @@ from core.actions.base import Action, CheckResult, Launch
 from core.actions.mlbase import (drafter_command, host_python, launch_inputs, ml_failure,
                                  record_launch, resolve_checkpoint, resolve_ref, validate_ref)
 from core.errors import ActionFailed
-from core.ml import strictjson
-from core.params import problems
+from core.ml.formats import strictjson
+from core.plans.params import problems
 
 RECORD = ".specdeck-strip.json"
 
@@ -24,8 +24,8 @@ RECORD = ".specdeck-strip.json"
 async def safetensors_header(host, path: str) -> dict | None:
     """Tensor name -> shape from a safetensors file's header on ``host``; None when the file
     is missing or not whole (cut short, empty, not safetensors: the header is checked against
-    the file's size as every loader checks it, :mod:`core.ml.safetensors_header`)."""
-    from core.ml.safetensors_header import header_from, header_length
+    the file's size as every loader checks it, :mod:`core.ml.formats.safetensors_header`)."""
+    from core.ml.formats.safetensors_header import header_from, header_length
 
     st = await host.stat(path)
     if st is None:
@@ -43,7 +43,7 @@ async def safetensors_header(host, path: str) -> dict | None:
 class ExtractWeightsParams:
     checkpoint: str
     """A path on the host, or ``item:<train id>@latest|@best|@step:N`` (any trainer's layout,
-    core.ml.layouts: a speculators epoch dir is rewritten in the z-lab layout, not stripped)."""
+    core.ml.formats.layouts: a speculators epoch dir is rewritten in the z-lab layout, not stripped)."""
     out: str
     """The drafter directory to write (config.json + model.safetensors)."""
     trust_pickle: bool = False

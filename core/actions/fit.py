@@ -10,7 +10,7 @@
   unless the item says so (``block_size: N`` evaluates both at N; or
   ``allow_block_size_mismatch: true``): tau ranges over 1..B, so different B do not compare.
 
-Pure Python (``core.ml.train.config`` and ``core.ml.drafter_config`` load neither torch nor
+Pure Python (``core.ml.train.config`` and ``core.ml.formats.drafter_config`` load neither torch nor
 transformers). Every message names both sides and the fix.
 """
 
@@ -163,7 +163,7 @@ def trainer_config_problems(plan: Any, item: Any, params: Any, doc: dict[str, An
 def top_k_beyond_vocab(plan: Any, item: Any, params: Any) -> str | None:
     """A ``top_k`` past the vocabulary of a target on a local host (its config.json; a remote
     target: ``core.ml.eval`` refuses the same there, exit 2, before loading it)."""
-    from core.ml.sampling import top_k_problem
+    from core.ml.models.sampling import top_k_problem
 
     if not params.top_k:
         return None

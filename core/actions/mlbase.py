@@ -11,12 +11,12 @@ Prompt sets: ``prompts: coding`` names a set shipped under ``plans/prompts/`` (o
 ``prompts/`` folder beside the plan); ``prompts: my.jsonl`` is a file beside the plan,
 uploaded to the host (content-addressed under ``.specdeck/prompts/``); ``prompts: host:PATH``
 is a file already on the host; ``prompts: zlab:NAME`` (or ``zlab:NAME:PATH``, PATH local and
-relative to the plan) is one of the z-lab reference's benchmark sets (``core.ml.zlab``), built
+relative to the plan) is one of the z-lab reference's benchmark sets (``core.ml.measure.zlab``), built
 here into a prompts file and uploaded like a file beside the plan.
 
 Artefact references: ``item:<train item>@latest``, ``@best`` or ``@step:<N>`` (``@step_<N>``
 too) name a checkpoint recorded by a train item's runs, in whichever trainer's layout it was
-written (:mod:`core.ml.layouts`): ``@best`` is the trainer's own best pointer (SpecForge's
+written (:mod:`core.ml.formats.layouts`): ``@best`` is the trainer's own best pointer (SpecForge's
 ``{run_id}-best``, speculators' ``checkpoint_best``) as the newest run that had one left it.
 """
 
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.errors import ActionFailed
-from core.ml import zlab
-from core.ml.runio import UsageError
+from core.ml.measure import zlab
+from core.ml.formats.runio import UsageError
 
 SHIPPED_PROMPTS = Path(__file__).resolve().parent.parent.parent / "plans" / "prompts"
 REF = re.compile(r"^item:([A-Za-z0-9][A-Za-z0-9_.-]*)@(latest|best|step[_:](\d+))$")
@@ -211,7 +211,7 @@ class Listing:
     """An output dir on a host as one ``find`` saw it (:func:`host_entries`)."""
 
     entries: list
-    """Its checkpoints (:class:`core.ml.layouts.Entry`), oldest step first."""
+    """Its checkpoints (:class:`core.ml.formats.layouts.Entry`), oldest step first."""
     best: int | None
     """The step the run's best pointer names (None: none)."""
     files: frozenset[str]
@@ -221,9 +221,9 @@ class Listing:
 
 async def host_entries(host, outdir: str, trainer: str | None) -> Listing:
     """The checkpoints in ``outdir`` on ``host`` with what their files show now
-    (:func:`core.ml.layouts.entries`; one ``find``, and specdeck's ``latest`` read when it is
+    (:func:`core.ml.formats.layouts.entries`; one ``find``, and specdeck's ``latest`` read when it is
     there). An output dir that cannot be listed lists nothing."""
-    from core.ml import layouts
+    from core.ml.formats import layouts
 
     res = await host.run(layouts.find_command(outdir), timeout=LISTING_S)
     rows = layouts.parse_find(res.stdout)
@@ -242,12 +242,12 @@ async def host_entries(host, outdir: str, trainer: str | None) -> Listing:
 
 async def host_content_problem(host, entry) -> str | None:
     """Why the checkpoint ``entry`` on ``host`` cannot be read, from its files' bytes, as
-    :func:`core.ml.layouts.content_problem` says it of a local one: a speculators epoch dir's
+    :func:`core.ml.formats.layouts.content_problem` says it of a local one: a speculators epoch dir's
     ``config.json`` that is no JSON object, a weights file whose safetensors header does not
     match the file's size (cut short, or lying). None: nothing seen before a load."""
     from core.errors import InvalidFile
-    from core.ml import layouts
-    from core.ml.safetensors_header import header_from, header_length
+    from core.ml.formats import layouts
+    from core.ml.formats.safetensors_header import header_from, header_length
 
     if entry.problem or entry.checkpoint.layout != "speculators":
         return entry.problem

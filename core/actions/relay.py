@@ -57,7 +57,7 @@ from typing import Any
 from core.actions.base import Action, CheckResult
 from core.errors import ActionFailed, HostUnreachable
 from core.hosts import bulk
-from core.ml import strictjson
+from core.ml.formats import strictjson
 from core.text import human
 
 CHUNK = 1 << 20

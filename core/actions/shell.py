@@ -11,7 +11,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from core.actions.base import Action, CheckResult, Launch
-from core.metrics_sources import MetricsParams, line_metrics
+from core.capsules.metrics_sources import MetricsParams, line_metrics
 
 
 @dataclass(frozen=True)

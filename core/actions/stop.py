@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.actions.base import Action, CheckResult
-from core.ml import bounds
-from core.params import problems
+from core.ml.formats import bounds
+from core.plans.params import problems
 
 
 @dataclass(frozen=True)

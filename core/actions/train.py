@@ -1,6 +1,6 @@
 """``train``: a training run on a host, detached, with one of three launchers.
 
-* ``process`` (default): a run capsule on the host (``core.jobs``).
+* ``process`` (default): a run capsule on the host (``core.capsules.jobs``).
 * ``torchrun``: ``python -m torch.distributed.run`` with ``nproc_per_node`` workers; with
   ``nodes`` (more plan hosts) one capsule per node, the rendezvous on the first. specdeck
   starts, watches and stops them; torchrun does the distributed part.
@@ -22,7 +22,7 @@ The trainer is ``core.ml.train`` with a YAML ``config`` (uploaded into the run c
 ``trainer: speculators`` runs theirs (:mod:`core.actions.trainers`). Metrics come from JSON
 lines with a ``step`` (or ``metrics_regex`` for trainers that print text);
 ``{"event": "checkpoint"}`` lines and the checkpoints found in the output dir, in any of the
-trainers' layouts (:mod:`core.ml.layouts`), become artefacts that eval items name as
+trainers' layouts (:mod:`core.ml.formats.layouts`), become artefacts that eval items name as
 ``item:<this id>@latest``, ``@best`` (the trainer's own best pointer) or ``@step:N``. The
 resolved trainer config is stored with the run, for ``specdeck diff``.
 """
@@ -40,20 +40,20 @@ from typing import Any, Literal
 
 import yaml
 
-from core import jobs
+from core.capsules import jobs
 from core.actions.base import Action, CheckResult, Launch
 from core.actions import fit, trainers
 from core.actions.fit import deep_set
 from core.errors import HostUnreachable
 from core.faults import describe_fault
 from core.actions.mlbase import host_content_problem, host_entries, host_python, ml_failure
-from core.metrics_sources import MetricsParams, line_metrics
-from core.ml import bounds, layouts
+from core.capsules.metrics_sources import MetricsParams, line_metrics
+from core.ml.formats import bounds, layouts
 from core.actions.watch_eval import detached as watch_detached
 from core.actions.watch_eval.params import WatchEvalParams, validate_watch
-from core.actions.watch_eval.watcher import Watcher
-from core.params import problems
-from core.records import Run
+from core.actions.watch_eval.on_console import Watcher
+from core.plans.params import problems
+from core.state.records import Run
 from core.text import load_yaml, loads_untrusted
 
 
@@ -98,7 +98,7 @@ class TrainParams:
     """For text logs: a regex with named groups, ``step`` among them."""
     metrics: MetricsParams | None = None
     """More metric sources: regexes, HF dict lines, TensorBoard event files (see
-    core.metrics_sources and plans/README.md)."""
+    core.capsules.metrics_sources and plans/README.md)."""
     resume: bool | Literal["always"] = True
     """A new attempt after a failed or stopped one resumes from its newest checkpoint; after
     a succeeded one it starts fresh at step 0 in its own output dir (``always``: resumes then
@@ -397,7 +397,7 @@ class Train(Action):
     async def _launch(self, ctx, host, run_id: str, launch: Launch) -> jobs.Launched:
         p = self.params
         if p.launcher == "slurm":
-            from core import slurm
+            from core.capsules import slurm
 
             return await slurm.submit(host, run_id, launch, p.slurm)
         if p.launcher == "torchrun" and p.nodes:
@@ -437,7 +437,7 @@ class Train(Action):
 
     async def inspect(self, ctx, host, run: Run) -> jobs.CapsuleState:
         if self.params.launcher == "slurm":
-            from core import slurm
+            from core.capsules import slurm
 
             return await slurm.inspect(host, run)
         st = await super().inspect(ctx, host, run)
@@ -489,7 +489,7 @@ class Train(Action):
     async def _scan_checkpoints(self, ctx, host, run: Run, ended: asyncio.Event) -> None:
         """Record the checkpoints of a SpecForge / speculators run as they land, for the console's
         watcher (which evaluates recorded checkpoints): while it trains, a checkpoint counts once
-        it is whole (core.ml.layouts: its trainer marked it complete, or nothing in it changed
+        it is whole (core.ml.formats.layouts: its trainer marked it complete, or nothing in it changed
         for ``watch_eval.settle_s`` by this process's clock, no host clock needed) and its files
         show no problem (a safetensors header that says the file is longer: a save still
         going, or stalled); once the run has ended, one last listing records every one with no
@@ -559,7 +559,7 @@ class Train(Action):
     async def stop(self, ctx, host, run: Run, grace_s: float) -> jobs.CapsuleState:
         grace_s = self.stop_grace(grace_s)
         if self.params.launcher == "slurm":
-            from core import slurm
+            from core.capsules import slurm
 
             return await slurm.cancel(host, run, grace_s=grace_s)
 

@@ -20,8 +20,8 @@ from typing import Literal
 
 from core.actions.base import Action, CheckResult, Launch
 from core.errors import ActionFailed
-from core.ml import strictjson
-from core.params import problems
+from core.ml.formats import strictjson
+from core.plans.params import problems
 from core.versions import normalize, parse_requirement, satisfies
 
 _PROBE = r"""
@@ -183,7 +183,7 @@ class Venv(Action):
     @staticmethod
     def _wheel(ctx) -> str:
         """Where ``prepare`` uploads this specdeck's wheel: in the run's capsule."""
-        from core import jobs
+        from core.capsules import jobs
         from core.selfwheel import wheel_name
 
         return f"{jobs.capsule_path(ctx.host, ctx.run_id)}/{wheel_name()}"
@@ -238,7 +238,7 @@ class Venv(Action):
         lines.append(f"{py} -c {shlex.quote(_PROBE)} {shlex.quote(names)} > versions.json.tmp "
                      "&& mv versions.json.tmp versions.json && cat versions.json")
         cwd = None
-        from core import jobs
+        from core.capsules import jobs
 
         cwd = jobs.capsule_path(host, ctx.run_id)
         return Launch("\n".join(lines), cwd=cwd)

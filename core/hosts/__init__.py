@@ -18,7 +18,7 @@ __all__ = ["CommandResult", "FileStat", "Host", "HostState", "HostStatus", "Loca
 
 
 def make_host(name: str, spec, base_dir=None) -> Host:
-    """Build the Host for a plan's host spec (``core.plan.HostSpec``).
+    """Build the Host for a plan's host spec (``core.plans.plan.HostSpec``).
 
     A local host's relative workdir is taken relative to ``base_dir`` (the plan's folder).
     """

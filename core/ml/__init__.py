@@ -1,19 +1,30 @@
 """specdeck's ML core: the code that runs on the hosts as ``python -m core.ml.<task>``.
 
-Importing this package is cheap: it loads neither torch nor transformers. The pure-Python
-modules (:mod:`core.ml.tau`, :mod:`core.ml.compare`, :mod:`core.ml.runio`, :mod:`core.ml.bounds`,
-:mod:`core.ml.strictjson`, :mod:`core.ml.resultfile`) can be used on a laptop without torch; everything else (drafter, features, target, generate, offline, extract,
-eval, strip, tiny) imports torch and transformers and is meant for the GPU/CPU hosts.
+This folder's own modules are the commands a host runs, one thin entry each (its body is in a
+wing): ``eval`` ``extract`` ``strip`` ``export`` ``watcher`` ``engine_clients`` (in ``tasks``),
+``compare`` ``parity`` (in ``measure``), ``gguf_convert`` (in ``engines``), ``tiny``
+``codemodel`` (in ``demo``), and the ``train`` package (``python -m core.ml.train``).
 
-Entry points:
+The wings, each importing only the ones before it:
 
-* ``python -m core.ml.extract``  target greedy continuations + tapped features -> safetensors
-* ``python -m core.ml.eval``     online chain / DDTree or offline tau -> result.json
-* ``python -m core.ml.strip``    training checkpoint -> drafter config.json + model.safetensors
-* ``python -m core.ml.compare``  two result.json files -> per-prompt and overall tau deltas
-* ``python -m core.ml.tiny``     tiny random target + drafter directories for demos and tests
+* ``formats``   files and numbers at a task's edge (config, layouts, safetensors, result.json)
+* ``measure``   how tau is counted and compared (pure Python)
+* ``models``    the drafter, the target during decoding, masks, features, the sampling rule
+* ``decoding``  speculative decoding with them: online chain/DDTree, offline from features
+* ``engines``   what vLLM, SGLang and llama.cpp do with a drafter; the llama.cpp leg of an eval
+* ``demo``      the demo's tiny models
+* ``tasks``     the commands' bodies
+* ``train``     the reference DFlash trainer
 
-From the rest of ``core`` this package imports only the two leaf modules :mod:`core.errors` and
-:mod:`core.text` (the standard library and each other only; they ship in the same wheel as this package), so what
-runs on a host needs neither the store, the runner nor asyncssh (tests/test_import_graph.py).
+Importing this package is cheap: it loads neither torch nor transformers (``formats`` and
+``measure`` never do; the rest is for the hosts). From the rest of ``core`` this package imports
+only the leaf modules :mod:`core.errors`, :mod:`core.text` and :mod:`core.moved` (the standard
+library only; they ship in the same wheel), so what runs on a host needs neither the store, the
+runner nor asyncssh (tests/test_import_graph.py).
 """
+
+
+def __getattr__(name: str):
+    from core import moved
+
+    return moved.refuse(__name__, name)

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from core.store import Store
+from core.state.store import Store
 from tests.cli.conftest import PLAN, SPECDECK, spawn, specdeck, wait_for_line
 from tests.unit.test_compare import _campaign
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from core.store import Store
+from core.state.store import Store
 from tests.cli.conftest import SPECDECK, specdeck
 from tests.fault.conftest import wait_for
 

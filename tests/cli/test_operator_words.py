@@ -194,8 +194,8 @@ def _out_dir(tmp_path, attempt: int) -> str:
 def test_again_on_a_succeeded_train_item_trains_from_step_0_in_a_new_dir(
         tmp_path, tmp_path_factory, monkeypatch):
     pytest.importorskip("torch")
-    from core.ml import tiny
-    from tests.ml.test_train import workspace
+    from core.ml.demo import tiny
+    from tests.ml.train.test_train import workspace
 
     ws = workspace(tmp_path_factory, tiny, tiny.build_tiny_target("qwen3", seed=0))
     plan = ws / "tr.yaml"

@@ -1,13 +1,13 @@
 """``specdeck parity PLAN ITEM ITEM...``: the items' latest results read from their host, every
 pair equal or not and why (issue 32 §3); bad input exits 2 with nothing written. The results
 are eval's result.json shape; the four-way measurement through a real llama-server is
-tests/ml/test_engine_llama.py."""
+tests/ml/engines/test_engine_llama.py."""
 
 from __future__ import annotations
 
 import json
 
-from core.store import Store
+from core.state.store import Store
 from tests.conftest import run_cli
 
 

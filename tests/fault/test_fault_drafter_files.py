@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 
 from core.errors import InvalidFile
-from core.ml.drafter_config import DFlashConfig, check_fields, read_target_config
-from core.ml.safetensors_header import read_header
+from core.ml.formats.drafter_config import DFlashConfig, check_fields, read_target_config
+from core.ml.formats.safetensors_header import read_header
 from core.text import read_json_file
 from tests.conftest import ROOT
 from tests.fault.conftest import no_traceback
@@ -49,8 +49,8 @@ def run(*argv, timeout=120):
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     """A valid tiny target and drafter, a prompts file and a training checkpoint of the drafter."""
-    from core.ml import tiny
-    from core.ml.drafter import load_drafter
+    from core.ml.demo import tiny
+    from core.ml.models.drafter import load_drafter
 
     root = tmp_path_factory.mktemp("pair")
     target, drafter = tiny.make_tiny_pair(root, "qwen3", seed=0, block_size=8, num_layers=2, sliding_window=4)
@@ -302,7 +302,7 @@ def test_strip_refuses_a_checkpoint_that_is_not_whole(pair, tmp_path, case):
 def test_strip_refuses_a_hostile_config_inside_the_checkpoint(pair, tmp_path, value, words):
     """The drafter config a trainer pickled into its checkpoint is checked as a file is, named
     by the checkpoint and its entry."""
-    from core.ml.drafter import load_drafter
+    from core.ml.models.drafter import load_drafter
 
     d = load_drafter(pair["drafter"])
     cfg = d.config.to_dict()
@@ -322,7 +322,7 @@ def test_what_a_save_writes_holds_no_nan_nor_an_out_of_range_number(pair, tmp_pa
     """A config changed in code after it was read (a knob set to NaN, a block size past any
     engine's) is refused by save_drafter before a byte is written; a sound one is written as
     strict JSON (no NaN token), which the strict reader takes back."""
-    from core.ml.drafter import load_drafter, save_drafter
+    from core.ml.models.drafter import load_drafter, save_drafter
 
     d = load_drafter(pair["drafter"])
     for name, value, words in (("output_multiplier", float("nan"), "nan is not a finite number"),

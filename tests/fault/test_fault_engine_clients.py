@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from core.ml import engine_clients as ec
-from core.ml.runio import run_main
+from core.ml.engines.rules import clients as ec
+from core.ml.formats.runio import run_main
 from tests.conftest import ROOT
 from tests.fault.conftest import no_traceback
 from tests.unit.engine_servers import Engine, Served

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from core.ml.engine_llama import find_binary, server_processes  # noqa: E402
+from core.ml.engines.llama import find_binary, server_processes  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 from tests.fault.conftest import wait_for  # noqa: E402
 
@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.ml, pytest.mark.slow, pytest.mark.
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    from core.ml import tiny
+    from core.ml.demo import tiny
 
     root = tmp_path_factory.mktemp("engine-fault")
     target, drafter = tiny.make_tiny_pair(root, "qwen3", seed=0, block_size=8)

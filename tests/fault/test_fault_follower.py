@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core import metrics_sources
-from core.planfile import parse_plan
-from core.runner import Runner
-from core.store import Store
+from core.capsules import metrics_sources
+from core.plans.planfile import parse_plan
+from core.runs.runner import Runner
+from core.state.store import Store
 from tests.fault.conftest import cli, digest, local_plan, rows
 
 
@@ -120,12 +120,12 @@ async def test_points_that_fail_to_store_never_cost_their_lines(tmp_path, monkey
 
 
 async def test_a_display_fault_never_ends_the_follower(tmp_path, monkeypatch):
-    import core.runner
+    import core.runs.runner
 
     def describe(line):
         raise KeyError("injected display fault")
 
-    monkeypatch.setattr(core.runner, "describe", describe)
+    monkeypatch.setattr(core.runs.runner, "describe", describe)
     store, run, got = await _run_with_fault(tmp_path)
     assert (got, run.state, run.log_lines) == ("done", "succeeded", 6)
     assert [p.step for p in store.metric_rows(run.id)] == [1, 3, 5]
@@ -214,7 +214,7 @@ _line = st.one_of(
 @given(st.lists(_line, min_size=1, max_size=25))
 def test_fuzz_the_follower_stores_every_line_of_hostile_metric_output(tmp_path_factory, lines):
     from core.hosts.local import LocalHost
-    from core.jobs import CapsuleState, follow
+    from core.capsules.jobs import CapsuleState, follow
 
     d = tmp_path_factory.mktemp("f")
     log = d / "log"

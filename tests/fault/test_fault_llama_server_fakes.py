@@ -1,7 +1,7 @@
 """The llama.cpp engine leg against servers that are not what it needs (issue 42 §7, engine side).
 
 No real llama-server here: each "binary" is a script the test writes, started by
-:class:`core.ml.engine_llama.LlamaServer` exactly as llama-server is (real processes, a real
+:class:`core.ml.engines.llama.LlamaServer` exactly as llama-server is (real processes, a real
 HTTP server on a loopback port):
 
 * a server answering garbage (bytes that are not UTF-8, an HTML page, text where its JSON has a
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from core.ml.engine_llama import LlamaServer
-from core.ml.runio import TaskError
+from core.ml.engines.llama import LlamaServer
+from core.ml.formats.runio import TaskError
 from tests.conftest import ROOT
 from tests.fault.conftest import no_traceback, pid_alive, wait_for
 
@@ -192,7 +192,7 @@ def test_fault_a_binary_that_never_opens_its_port_says_so_while_waiting_and_time
 def _eval(fake, binary: Path, *extra: str) -> subprocess.Popen:
     """``python -m core.ml.eval --engine llama.cpp`` on a tiny target and drafter (never loaded:
     the engine is given .gguf files), through ``binary``."""
-    from core.ml import tiny
+    from core.ml.demo import tiny
 
     root = fake["root"]
     target = tiny.save_tiny_target(root / "target", "qwen3")

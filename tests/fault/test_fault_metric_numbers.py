@@ -14,12 +14,12 @@ import sqlite3
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core import stats
-from core.compare import build_comparison
-from core.metrics_sources import LineMetrics, parse_metrics, regex_metrics, scalars
-from core.progress import describe, record_text
-from core.records import EvalRow
-from core.store import Store
+from core.tau import stats
+from core.tau.table import build_comparison
+from core.capsules.metrics_sources import LineMetrics, parse_metrics, regex_metrics, scalars
+from core.capsules.progress import describe, record_text
+from core.state.records import EvalRow
+from core.state.store import Store
 from tests.fault.conftest import cli, digest, local_plan, rows
 
 BIG = "9" * 400
@@ -260,7 +260,7 @@ def test_fuzz_metric_lines_with_hostile_numbers_never_raise_and_store(tmp_path_f
     record_text(line)  # the log pane's text of it
     store = Store()
     store.claim_run("r", "m", "shell", "here", owner="t")
-    from core.jobs import parse_artefact
+    from core.capsules.jobs import parse_artefact
 
     art = parse_artefact(line.encode())
     assert store.append_log("r", 0, line.encode() + b"\n", got, [art] if art else [])

@@ -12,7 +12,7 @@ import time
 import pytest
 import yaml
 
-from core.store import Store
+from core.state.store import Store
 from tests.fault.conftest import cli, digest, local_plan, rows
 
 ITEM = """  - id: a

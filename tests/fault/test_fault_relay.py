@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from core.store import Store
+from core.state.store import Store
 from tests.conftest import run_cli
 from tests.fault.conftest import tmpfs
 from tests.integration.conftest import sshd_available, sshd_factory, ssh_home  # noqa: F401
@@ -90,8 +90,8 @@ def test_fault_same_size_rewrite_is_copied_again_and_unchanged_is_not_rehashed(
     import asyncio
 
     from core.hosts.local import LocalHost
-    from core.planfile import parse_plan
-    from core.runner import Runner
+    from core.plans.planfile import parse_plan
+    from core.runs.runner import Runner
 
     make_file(tmp_path / "A" / "step.pt", 3 * MB)
     plan_path = plan_file(tmp_path, "step.pt", "step.pt")

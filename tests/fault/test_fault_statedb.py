@@ -296,7 +296,7 @@ def test_a_write_the_state_disk_refuses_is_one_error_and_stores_nothing(tmp_path
     and log as they were, no transaction left open), and the same piece is stored once
     there is space; any other SQLite error stays itself."""
     from core.errors import StateDiskFull
-    from core.store import Store
+    from core.state.store import Store
 
     with tmpfs(tmp_path / "state", "1m") as disk:
         store = Store(disk / "s.db")

@@ -8,7 +8,7 @@ import multiprocessing as mp
 import sqlite3
 import traceback
 
-from core.store import Store, migrations
+from core.state.store import Store, migrations
 
 PROCS = 16
 ROUNDS = 20

@@ -14,10 +14,10 @@ import sys
 
 import pytest
 
-from core.ml import strictjson
-from core.ml.resultfile import problem
-from core.records import EvalRow
-from core.store import Store
+from core.ml.formats import strictjson
+from core.ml.formats.resultfile import problem
+from core.state.records import EvalRow
+from core.state.store import Store
 from tests.cli.test_parity_cli import _seeded
 from tests.conftest import ROOT
 from tests.fault.conftest import cli, no_traceback
@@ -52,14 +52,14 @@ def test_dumps_checks_what_default_converts():
 
 WRITERS_THAT_ARE_NOT_JSON = {
     # the file and how many json.dumps calls in it make no JSON document anyone reads as one
-    "core/compare.py": 3,  # equality keys of settings, compared in memory
+    "core/tau/table.py": 3,  # equality keys of settings, compared in memory
     "core/actions/eval.py": 1,  # the settings key: a hash input
-    "core/ml/extract.py": 1,  # the target fingerprint: a hash input
-    "core/ml/drafter_config.py": 1,  # the drafter fingerprint: a hash input
-    "core/planfile.py": 1,  # a plan var's text as the shell sees it
-    "core/shellvars.py": 1,  # the same, for the run's environment
+    "core/ml/tasks/extract.py": 1,  # the target fingerprint: a hash input
+    "core/ml/formats/drafter_config.py": 1,  # the drafter fingerprint: a hash input
+    "core/plans/planfile.py": 1,  # a plan var's text as the shell sees it
+    "core/plans/shellvars.py": 1,  # the same, for the run's environment
     "console/cli/results.py": 1,  # a config value shown in `diff`'s table
-    "core/progress.py": 1,  # a value shown in a progress line or the log pane
+    "core/capsules/progress.py": 1,  # a value shown in a progress line or the log pane
 }
 
 
@@ -76,7 +76,7 @@ def test_every_json_writer_goes_through_strictjson():
     found = {}
     for path in sorted((ROOT / "core").rglob("*.py")) + sorted((ROOT / "console").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel == "core/ml/strictjson.py":
+        if rel == "core/ml/formats/strictjson.py":
             continue
         calls = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)
                  and isinstance(n.func, ast.Attribute) and n.func.attr in ("dump", "dumps")

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.hosts.local import LocalHost
-from core.metrics_sources import TB_READ, TensorBoardSource, frame
-from core.store import Store
+from core.capsules.metrics_sources import TB_READ, TensorBoardSource, frame
+from core.state.store import Store
 from tests.fault.conftest import cli, digest, local_plan, rows
 
 

@@ -13,11 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.errors import InvalidInput, PlanError
-from core.jobs import parse_artefact
-from core.metrics_sources import parse_metrics
-from core.planfile import parse_plan
-from core.todos import todos_to_plan_yaml
-from core.progress import describe, record_text
+from core.capsules.jobs import parse_artefact
+from core.capsules.metrics_sources import parse_metrics
+from core.plans.planfile import parse_plan
+from core.plans.todos import todos_to_plan_yaml
+from core.capsules.progress import describe, record_text
 from tests.fault.conftest import cli, digest, local_plan, rows, write_plan
 
 HEAD = "name: f\nhosts:\n  here: {local: true, workdir: /tmp/none}\n"

@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.actions.watch_eval import detached as watch_detached
-from core.planfile import parse_plan
-from core.runner import Runner, _Context
-from core.store import Store
+from core.plans.planfile import parse_plan
+from core.runs.runner import Runner, _Context
+from core.state.store import Store
 from tests.fault.conftest import cli, rows
 
 WATCH = {"target": "models/target", "cache": "feats", "max_prompts": 1}

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from core import adopt as adopt_mod
-from core.adopt import from_plan
-from core.adopt_spec import AdoptSpec
+from core.runs import adopt as adopt_mod
+from core.runs.adopt import from_plan
+from core.plans.adopt_spec import AdoptSpec
 from core.errors import InvalidInput
-from core.planfile import parse_plan
-from core.runner import Runner
-from core.store import Store
+from core.plans.planfile import parse_plan
+from core.runs.runner import Runner
+from core.state.store import Store
 from tests.conftest import ROOT, run_cli
 
 pytestmark = pytest.mark.integration

@@ -10,11 +10,11 @@ import subprocess
 
 import pytest
 
-from core.adopt_spec import AdoptSpec
+from core.plans.adopt_spec import AdoptSpec
 from core.errors import InvalidInput
-from core.planfile import parse_plan
-from core.runner import Runner
-from core.store import Store
+from core.plans.planfile import parse_plan
+from core.runs.runner import Runner
+from core.state.store import Store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 

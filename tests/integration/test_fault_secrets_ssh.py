@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from core import jobs
+from core.capsules import jobs
 from core.actions.base import Launch
 
 pytestmark = pytest.mark.integration

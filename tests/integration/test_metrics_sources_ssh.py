@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from core.store import Store
+from core.state.store import Store
 from tests.conftest import ROOT, cli_until, run_cli
 
 pytestmark = pytest.mark.integration

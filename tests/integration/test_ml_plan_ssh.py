@@ -72,7 +72,7 @@ def test_extract_train_strip_relay_eval_compare_diff(sshd_factory, tiny_models, 
     text = json.dumps(comp)
     assert "v5" in text and "baseline" in text
     # checkpoints are artefacts; metrics were recorded from the JSON lines
-    from core.store import Store
+    from core.state.store import Store
 
     s = Store(tmp_path / "s.db")
     steps = [a.step for a in s.artefacts("train-v5", "checkpoint")]

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from core.errors import HostUnreachable
-from core.planfile import parse_plan
-from core.runner import Runner
-from core.store import Store
+from core.plans.planfile import parse_plan
+from core.runs.runner import Runner
+from core.state.store import Store
 from tests.conftest import ROOT, run_cli
 
 pytestmark = pytest.mark.integration

@@ -2,7 +2,7 @@
 (a fresh store connection, runner, action and context) before every hook, ends with the same
 result, log and artefacts as the same run driven on one instance.
 
-The hooks are called in the order :meth:`core.runner.Runner.run_item` calls them (check,
+The hooks are called in the order :meth:`core.runs.runner.Runner.run_item` calls them (check,
 prepare, command, launch, inspect, follow, finish) on a real local host, each kind's real
 command (the tiny models for the ML kinds). ``train`` is driven the same way in its own
 tests; a kind is added here by adding its plan item to ``KINDS``.
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from core import jobs
-from core.planfile import load_plan
-from core.runner import Runner, _Context
-from core.store import Store
+from core.capsules import jobs
+from core.plans.planfile import load_plan
+from core.runs.runner import Runner, _Context
+from core.state.store import Store
 
 pytestmark = [pytest.mark.integration]
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from core.events import HostStateChanged, RunEnded
-from core.planfile import parse_plan
-from core.runner import Runner
-from core.store import Store
+from core.runs.events import HostStateChanged, RunEnded
+from core.plans.planfile import parse_plan
+from core.runs.runner import Runner
+from core.state.store import Store
 from tests.conftest import ROOT, cli_until, run_cli
 
 pytestmark = pytest.mark.integration

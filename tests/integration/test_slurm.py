@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from core.planfile import parse_plan
-from core.runner import Runner
-from core.store import Store
+from core.plans.planfile import parse_plan
+from core.runs.runner import Runner
+from core.state.store import Store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 

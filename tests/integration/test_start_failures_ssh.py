@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from core import jobs
-from core.planfile import parse_plan
-from core.runner import Runner
-from core.store import Store
+from core.capsules import jobs
+from core.plans.planfile import parse_plan
+from core.runs.runner import Runner
+from core.state.store import Store
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from core.store import Store
+from core.state.store import Store
 from tests.conftest import ROOT, run_cli
 
 pytestmark = [pytest.mark.ml, pytest.mark.slow]

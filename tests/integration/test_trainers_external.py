@@ -1,5 +1,5 @@
 """SpecForge and speculators runs as specdeck sees them, their checkpoints written by THEIR
-savers (tests/ml/trainer_savers.py, SpecForge 0.2.0 and speculators 0.9.0 as installed by
+savers (tests/ml/train/trainer_savers.py, SpecForge 0.2.0 and speculators 0.9.0 as installed by
 scripts/bootstrap --test) on a tiny drafter, on a real local host:
 
 * a detached watch_eval over such a run gets tau at every checkpoint, each once, while the
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from core.store import Store
+from core.state.store import Store
 from tests.conftest import ROOT, run_cli
 from tests.integration.mlplan import extract_item
 from tests.integration.test_watch_detached import capsules, kill_when, spawn, wait_exit
@@ -31,7 +31,7 @@ pytest.importorskip("specforge", reason="needs specforge==0.2.0 (scripts/bootstr
 pytest.importorskip("speculators", reason="needs speculators==0.9.0 (scripts/bootstrap --test)")
 torch = pytest.importorskip("torch")
 
-SAVER = ROOT / "tests/ml/trainer_savers.py"
+SAVER = ROOT / "tests/ml/train/trainer_savers.py"
 STEPS = {"specforge": [10, 20, 30], "speculators": [1, 2, 3]}
 """The steps each writes (speculators numbers its checkpoints by epoch)."""
 

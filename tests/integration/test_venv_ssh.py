@@ -38,7 +38,7 @@ def test_venv_with_uv_and_a_small_package_set(sshd, tmp_path):
     py = tmp_path / "remote" / ".venv" / "bin" / "python"
     out = subprocess.run([py, "-c", "import six; print(six.__version__)"], capture_output=True,
                          text=True, check=True).stdout
-    from core.store import Store
+    from core.state.store import Store
 
     result = Store(tmp_path / "s.db").latest_run("venv").result
     assert result["versions"]["six"] == out.strip()

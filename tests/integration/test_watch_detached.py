@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from core.store import Store
+from core.state.store import Store
 from tests.conftest import ROOT, run_cli
 from tests.integration.mlplan import extract_item, ssh_host
 
@@ -271,9 +271,9 @@ def test_a_killed_watcher_is_started_again_and_carries_on(sshd_factory, tiny_mod
 async def test_an_adopted_run_gets_its_watcher(tiny_models, tmp_path):
     """A run started by hand and adopted: its watcher starts at the adoption and records each
     checkpoint (these are not torch files: each eval fails, is recorded, the next follows)."""
-    from core.adopt_spec import AdoptSpec
-    from core.planfile import parse_plan
-    from core.runner import Runner
+    from core.plans.adopt_spec import AdoptSpec
+    from core.plans.planfile import parse_plan
+    from core.runs.runner import Runner
 
     wd = tmp_path / "wd"
     (wd / "models").mkdir(parents=True)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from core.store import Store
+from core.state.store import Store
 from tests.conftest import ROOT, run_cli
 from tests.integration.mlplan import extract_item, ssh_host
 

@@ -46,7 +46,7 @@ def test_eval_on_zlab_mt_bench_over_ssh(sshd_factory, tiny_models, tmp_path):
     order = list(range(len(QUESTIONS)))
     random.Random(42).shuffle(order)
     want = {f"mt-bench/{i}#{k}" for i in order[:2] for k in (1, 2)}
-    from core.store import Store
+    from core.state.store import Store
 
     store = Store(tmp_path / "s.db")
     assert {r.prompt_id for r in store.eval_results("eval")} == want

@@ -64,7 +64,7 @@ def tiny():
     """The ``core.ml.tiny`` module (imports torch and transformers)."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from core.ml import tiny as mod
+    from core.ml.demo import tiny as mod
 
     return mod
 
@@ -100,7 +100,7 @@ def _fit(tiny, target):
 def _fitted_once(tiny, target, name: str, tmp_path_factory):
     """``_fit`` once per test run (the first xdist worker to ask fits and saves it, float32,
     exactly; every other worker loads that folder): the fit is the costliest fixture here."""
-    from core.ml.drafter import load_drafter, save_drafter
+    from core.ml.models.drafter import load_drafter, save_drafter
 
     folder = build_once(tmp_path_factory, f"fitted-drafter-{name}",
                         lambda out: save_drafter(_fit(tiny, target), out))
@@ -125,7 +125,7 @@ def tiny_dirs(tiny, tmp_path_factory, qwen3_target, fitted_drafter):
     two text prompts and two input_ids prompts (FIT_SEEDS[:2], where tau > 1)."""
     import json
 
-    from core.ml.drafter import save_drafter
+    from core.ml.models.drafter import save_drafter
 
     root = tmp_path_factory.mktemp("tiny")
     qwen3_target.save_pretrained(root / "target")

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from console.app import make_app
-from core.planfile import load_plan
-from core.records import EvalRow
-from core.store import Store
+from core.plans.planfile import load_plan
+from core.state.records import EvalRow
+from core.state.store import Store
 
 
 

@@ -11,8 +11,8 @@ from console import messages as m
 from console.screens.adopt import AdoptModal
 from console.screens.confirm import ConfirmModal
 from console.widgets.item_detail import ItemDetail
-from core.planfile import load_plan
-from core.store import Store
+from core.plans.planfile import load_plan
+from core.state.store import Store
 from tests.ui.conftest import process_alive, running, settle, wait_for
 
 PLAN = """\

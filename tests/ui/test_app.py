@@ -16,8 +16,8 @@ from console.widgets.log_pane import LogPane
 from console.widgets.metrics_pane import MetricsPane
 from console.widgets.plan_list import PlanPane
 from console.widgets.tau_table import TauPane
-from core import jobs
-from core.records import Run
+from core.capsules import jobs
+from core.state.records import Run
 from tests.ui.conftest import add_tau_watch, build, process_alive, running, settle, wait_for
 
 
@@ -296,7 +296,7 @@ async def test_hosts_bar_and_stream_states(campaign):
 
 async def test_recovery_tells_what_happened_meanwhile(live_plan):
     plan, store = live_plan
-    from core.runner import Runner
+    from core.runs.runner import Runner
 
     # an earlier console session closed; then a run ended (CLI), and a run whose console
     # crashed kept going on its host and ended while nobody watched

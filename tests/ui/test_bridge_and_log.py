@@ -8,8 +8,8 @@ from console import messages as m
 from console.bridge import EventBridge
 from console.widgets.log_pane import MAX_LINES, LogPane
 from console.widgets.plan_list import PlanPane
-from core import events as ev
-from core.records import Run
+from core.runs import events as ev
+from core.state.records import Run
 from tests.ui.conftest import running, settle
 
 
@@ -144,10 +144,10 @@ def test_gpu_parsing_and_badge():
 
 
 async def test_log_pane_says_a_progress_record_as_the_cli_does(campaign, capsys):
-    """A progress record (core.ml.runio's emitter, as codemodel prints it) reads in the log
+    """A progress record (core.ml.formats.runio's emitter, as codemodel prints it) reads in the log
     pane as the CLI's progress line says it, then its loss: no ``tokens_per_s 1.17e+04``."""
-    from core.ml.runio import emit
-    from core.progress import describe
+    from core.ml.formats.runio import emit
+    from core.capsules.progress import describe
 
     emit("progress", task="codemodel", done=58, total=300, unit="steps", tokens_per_s=11703.2,
          eta_s=21.2, loss=2.3412)

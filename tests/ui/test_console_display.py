@@ -11,8 +11,8 @@ import pytest
 
 from console.widgets.plan_list import GLYPHS, PlanPane
 from core.demo import open_workspace
-from core.planfile import load_plan
-from core.store import Store
+from core.plans.planfile import load_plan
+from core.state.store import Store
 from tests.ui.conftest import add_run, build, pick, running, settle, T0
 
 

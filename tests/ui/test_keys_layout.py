@@ -17,10 +17,10 @@ from console.widgets.item_detail import ItemDetail
 from console.widgets.log_pane import LogPane, pretty_json
 from console.widgets.metrics_pane import MetricsPane, ema, families
 from console.widgets.plan_list import PlanPane
-from core.plan import params_summary
-from core.planfile import load_plan
-from core.records import Run
-from core.store import Store
+from core.plans.plan import params_summary
+from core.plans.planfile import load_plan
+from core.state.records import Run
+from core.state.store import Store
 from tests.ui.conftest import ROOT, build, pick, process_alive, running, settle, wait_for
 
 TRAIN = """\
@@ -318,7 +318,7 @@ async def test_manual_done_detail_and_unambiguous_dates(live_plan, utc):
 def test_json_lines_pretty_and_curves_helpers():
     lines = pretty_json('{"step": 20, "loss": 3.14159, "acc": [0.61, 0.4], "lr": 0.0006, '
                         '"eta_s": 31.5}', 30)
-    # the summary the CLI prints (core.progress), then the record's other fields
+    # the summary the CLI prints (core.capsules.progress), then the record's other fields
     assert lines[0].startswith("step 20, loss 3.1416") and all(len(x) <= 30 for x in lines)
     assert lines[1].startswith("    ") and "ETA 0m31s · acc 0.61 0.4 · lr 0.0006" in " ".join(
         x.strip() for x in lines)
@@ -422,8 +422,8 @@ CHILD = r"""
 import sys
 sys.path.insert(0, sys.argv[3])
 from console.app import make_app
-from core.planfile import load_plan
-from core.store import Store
+from core.plans.planfile import load_plan
+from core.state.store import Store
 plan = load_plan(sys.argv[1])
 store = Store(sys.argv[2])
 make_app(plan, store, gpu_every=0, autorun=True).run(headless=True, size=(100, 30))

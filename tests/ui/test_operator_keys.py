@@ -10,8 +10,8 @@ from pathlib import Path
 from console import messages as m
 from console.screens.confirm import ConfirmModal
 from console.widgets.plan_list import PlanPane, item_prompt
-from core.planfile import load_plan
-from core.store import Store
+from core.plans.planfile import load_plan
+from core.state.store import Store
 from tests.conftest import procs_under
 from tests.ui.conftest import build, pick, process_alive, running, settle, wait_for
 

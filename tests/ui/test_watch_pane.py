@@ -6,7 +6,7 @@ from __future__ import annotations
 from console import messages as m
 from console.screens.journal import meanwhile_summary
 from console.widgets.item_detail import ItemDetail
-from core.records import Event
+from core.state.records import Event
 from tests.ui.conftest import running, settle
 
 

@@ -4,7 +4,7 @@ Files live in a dict. A run capsule's command "runs" when its wrapper is started
 command (the last line of ``cmd.sh``) is looked up in ``programs`` for the log it writes
 and its exit status, and the capsule gets the ``pid``, ``log`` and ``exit`` files the real
 wrapper writes; a command in ``held`` keeps running until :meth:`FakeHost.end`. The capsule
-scripts of :mod:`core.jobs` are answered from those files (inspect), or do nothing (the
+scripts of :mod:`core.capsules.jobs` are answered from those files (inspect), or do nothing (the
 process-tree scripts: nothing but capsules runs here). Real hosts are the integration tests'.
 """
 
@@ -80,9 +80,9 @@ class FakeHost(Host):
         cmd = to_command(command)
         self.commands.append(cmd)
         out = ""
-        if cmd.startswith("touch ") and "wrapper.sh" in cmd:  # core.jobs.start
+        if cmd.startswith("touch ") and "wrapper.sh" in cmd:  # core.capsules.jobs.start
             self._start(posixpath.dirname(shlex.split(cmd)[1]))
-        elif cmd.startswith("D=") and "ended $(cat" in cmd:  # core.jobs.inspect
+        elif cmd.startswith("D=") and "ended $(cat" in cmd:  # core.capsules.jobs.inspect
             out = self._inspect(shlex.split(cmd.split("\n", 1)[0][2:])[0])
         res = CommandResult(self.name, cmd, 0, out, "")
         return res.check() if check else res

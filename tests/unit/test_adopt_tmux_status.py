@@ -1,4 +1,4 @@
-"""How an adopted tmux session's end is read from its panes (core.adopt._inspect_tmux).
+"""How an adopted tmux session's end is read from its panes (core.runs.adopt._inspect_tmux).
 
 tmux prints ``#{pane_dead} #{pane_dead_status} #{pane_dead_signal}`` with empty fields kept:
 a pane killed by a signal has no exit status ("1  9"), and a pane whose pty closed before
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from core import adopt
+from core.runs import adopt
 
 
 class Panes:

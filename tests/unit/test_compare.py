@@ -1,4 +1,4 @@
-"""core.compare on hand-computed numbers.
+"""core.tau.table on hand-computed numbers.
 
 Block size 4 throughout (3 draft positions). A round's acceptance length t gives the streak
 t - 1; per-position acceptance p_k = #{rounds with streak >= k} / #rounds.
@@ -23,8 +23,8 @@ import json
 
 import pytest
 
-from core.compare import build_comparison, to_csv, to_json, to_markdown
-from core.records import EvalRow
+from core.tau.table import build_comparison, to_csv, to_json, to_markdown
+from core.state.records import EvalRow
 
 S = {"mode": "online", "block_size": 4, "tree_budget": None, "target": "qwen3-8b",
      "prompts": "mt-bench-v1", "definition": "tau = accepted + 1"}

@@ -4,7 +4,7 @@ is named by ``compare``, without making a DFlash-2 drafter incomparable with a D
 from __future__ import annotations
 
 from core.actions.eval import eval_rows
-from core.compare import COMPARED_SETTINGS, build_comparison, summary_markdown, to_dict
+from core.tau.table import COMPARED_SETTINGS, build_comparison, summary_markdown, to_dict
 
 
 def result(family: str | None, taus: list[int]) -> dict:

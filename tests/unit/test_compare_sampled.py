@@ -11,10 +11,10 @@ import random
 
 import pytest
 
-from core import stats
+from core.tau import stats
 from core.actions.eval import eval_rows
-from core.compare import COMPARED_SETTINGS, build_comparison, sampling_note, to_markdown
-from core.records import EvalRow
+from core.tau.table import COMPARED_SETTINGS, build_comparison, sampling_note, to_markdown
+from core.state.records import EvalRow
 
 S = {"mode": "online", "block_size": 8, "tree_budget": None, "target": "t", "prompts": "coding",
      "temperature": 0.7, "top_p": 0.95, "top_k": 0, "seed": 0, "samples": 5}
@@ -110,7 +110,7 @@ def test_eval_rows_of_a_sampled_result_nest_in_compare():
 
 
 def test_two_sampled_result_files_compare_per_prompt_with_seeds_averaged():
-    from core.ml.compare import compare_results
+    from core.ml.measure.compare import compare_results
 
     def result(taus_by_prompt, temperature=0.7):
         rows = [{"id": pid, "sample": k, "tau": float(t), "rounds": [t, t]}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from core.ml.drafter_config import INERT_KEYS, KNOBS, DFlashConfig
+from core.ml.formats.drafter_config import INERT_KEYS, KNOBS, DFlashConfig
 
 FIXTURES = Path("/work/shared/fixtures/published-configs")
 FIXTURES = FIXTURES if FIXTURES.is_dir() else Path(__file__).resolve().parents[3] / "shared/fixtures/published-configs"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from core.ml import engine_clients as ec
-from core.ml.runio import run_main
+from core.ml.engines.rules import clients as ec
+from core.ml.formats.runio import run_main
 from tests.conftest import ROOT
 from tests.unit.engine_servers import Engine, Script, Served
 
@@ -139,7 +139,7 @@ def test_later_turns_of_a_conversation_are_refused(served, tmp_path, capsys):
 
 def test_the_result_compares_with_an_eval_result(served, tmp_path):
     """core.ml.compare reads the client's result.json as it reads core.ml.eval's."""
-    from core.ml.compare import compare_results
+    from core.ml.measure.compare import compare_results
 
     assert run(served, tmp_path)[0] == 0
     res = json.loads((tmp_path / "out" / "result.json").read_text())

@@ -1,7 +1,7 @@
 """How each engine will read a drafter (issue 32 §2): the rule tables over every published config.
 
-``core.ml.engines`` restates what vLLM, SGLang and llama.cpp (0c1e570) read from a drafter's
-config.json; ``core.ml.engine_lint`` compares each reading with specdeck's own (docs/drafter.md
+``core.ml.engines.rules`` restates what vLLM, SGLang and llama.cpp (0c1e570) read from a drafter's
+config.json; ``core.ml.engines.lint`` compares each reading with specdeck's own (docs/drafter.md
 §5). Every published config in the shared fixtures is read by all three; the all-full-attention
 ones are served as specdeck measures them, and the campaign's baseline (4 sliding + 1 full, no
 causal key) must show llama.cpp's non-causal sliding layers and what vLLM reads. Variants of the
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from core.ml.engine_lint import lint, render
+from core.ml.engines.lint import lint, render
 from tests.conftest import run_cli
 
 CONFIGS = Path("/work/shared/fixtures/published-configs")

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from core.actions.eval import Eval, EvalParams
-from core.params import parse_params, to_plain
+from core.plans.params import parse_params, to_plain
 from tests.unit.evalcmd import eval_words
 
 

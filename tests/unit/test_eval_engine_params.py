@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from core.actions.eval import EvalParams, eval_rows
-from core.params import parse_params
+from core.plans.params import parse_params
 from tests.unit.evalcmd import eval_words
 
 

@@ -69,7 +69,7 @@ def test_interruptions_exit_as_shells_report_signals():
     ({"unreachable": [], "failed": [], "waiting": [], "unrecorded": ["d"]}, False, 1),
     ({"unreachable": ["a"], "failed": [], "waiting": [], "unrecorded": ["d"]}, False, 3)])
 def test_run_summary_status(summary, named, status):
-    from core.records import RunSummary
+    from core.state.records import RunSummary
 
     summary = RunSummary(**{k: tuple(v) for k, v in summary.items()})
     assert exit_codes.for_run(summary, named=named) == status

@@ -123,9 +123,9 @@ def test_an_eval_of_a_train_item_whose_own_params_are_invalid_reports_those(ws):
 async def test_eval_preflight_on_the_host_refuses_what_validate_could_not_see(ws):
     """The baseline appears on the host only after the plan was validated: the item's preflight
     (check, on the host) refuses it and launches nothing."""
-    from core.planfile import load_plan
-    from core.runner import Runner
-    from core.store import Store
+    from core.plans.planfile import load_plan
+    from core.runs.runner import Runner
+    from core.state.store import Store
 
     plan = load_plan(write_plan(ws, [train_item(), eval_item("d16", "later")]))  # validated: no baseline yet
     (ws / "later").mkdir()

@@ -1,4 +1,4 @@
-"""Run capsules (core.jobs) against a host in memory (tests/unit/fakehost.py): what a start
+"""Run capsules (core.capsules.jobs) against a host in memory (tests/unit/fakehost.py): what a start
 writes and returns, how a capsule's files read as a state and an outcome, and how a log is
 followed into a real SQLite store (whole lines only, exactly once). The wrapper's own shell
 is exercised on real hosts (tests/integration)."""
@@ -10,10 +10,10 @@ import shlex
 
 import pytest
 
-from core import jobs
+from core.capsules import jobs
 from core.errors import HostUnreachable
-from core.jobs import CapsuleState, Launch, Launched
-from core.store import Store
+from core.capsules.jobs import CapsuleState, Launch, Launched
+from core.state.store import Store
 from tests.unit.fakehost import PID, FakeHost
 
 

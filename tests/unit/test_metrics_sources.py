@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from core.metrics_sources import (EventFileError, LineMetrics, MetricsParams, read_records,
+from core.capsules.metrics_sources import (EventFileError, LineMetrics, MetricsParams, read_records,
                                   scalars)
-from core.params import parse_params
-from core.records import MetricPoint
-from core.store import Store
+from core.plans.params import parse_params
+from core.state.records import MetricPoint
+from core.state.store import Store
 
 
 def _write_events(d, points):
@@ -203,7 +203,7 @@ def test_reading_events_imports_no_torch_nor_tensorboard(tmp_path):
     from tests.conftest import ROOT
 
     f = _write_events(tmp_path / "tb", [(1, "loss", 0.5)])
-    code = ("import sys\nfrom core.metrics_sources import read_records, scalars\n"
+    code = ("import sys\nfrom core.capsules.metrics_sources import read_records, scalars\n"
             f"recs, _ = read_records(open({str(f)!r}, 'rb').read())\n"
             "print([x[:3] for r in recs for x in scalars(r)])\n"
             "print(sorted(m for m in ('torch', 'tensorboardX', 'tensorboard', 'tensorflow')"
@@ -229,13 +229,13 @@ def test_step_progress_records_are_curves_at_their_done_step(tmp_path):
     ``codemodel: 3/3 steps, ...``; a progress record in prompts is no curve."""
     import sys
 
-    from core.metrics_sources import parse_metrics
+    from core.capsules.metrics_sources import parse_metrics
     from tests.conftest import ROOT, run_cli
 
     wd = tmp_path / "w"
     script = tmp_path / "target.py"
     script.write_text(  # codemodel's own emit call, field for field
-        f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom core.ml.runio import emit\n"
+        f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom core.ml.formats.runio import emit\n"
         "emit('progress', task='eval', done=1, total=8, unit='prompts', tokens_per_s=9.0)\n"
         "for s, loss in ((1, 6.25), (2, 5.5), (3, 4.75)):\n"
         "    emit('progress', task='codemodel', done=s, total=3, unit='steps',\n"

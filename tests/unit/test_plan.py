@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.errors import PlanError
-from core.plan import params_summary
-from core.planfile import load_plan, parse_plan
+from core.plans.plan import params_summary
+from core.plans.planfile import load_plan, parse_plan
 from tests.conftest import DATA
 
 PLANS = DATA / "plans"
@@ -75,7 +75,7 @@ def test_valid_plan_summary(cli):
 def test_vars_are_quoted_in_shell_fields_only():
     plan = load_plan(PLANS / "valid_local.yaml")
     cmd = plan.item("first").action.params.command
-    # shell text references the value in the environment (core.shellvars), never splices it
+    # shell text references the value in the environment (core.plans.shellvars), never splices it
     assert cmd == 'echo "${SPECDECK_VAR_msg}"', cmd
     text = """
 name: q

@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from core.records import Artefact, EvalRow, Run
-from core.store import Store
+from core.state.records import Artefact, EvalRow, Run
+from core.state.store import Store
 
 
 def test_runs_are_frozen_records_with_json_decoded():

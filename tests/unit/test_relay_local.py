@@ -160,9 +160,9 @@ async def test_source_changed_during_copy_is_caught_and_nothing_renamed(tmp_path
 async def test_stop_run_cancels_an_in_process_relay_and_the_rerun_resumes(tmp_path, monkeypatch):
     """The console's stop (x) on a relay it runs: cancelled at once, state stopped, the .part
     kept, and the progress lines were the run's log."""
-    from core.planfile import parse_plan
-    from core.runner import Runner
-    from core.store import Store
+    from core.plans.planfile import parse_plan
+    from core.runs.runner import Runner
+    from core.state.store import Store
 
     monkeypatch.setenv("SPECDECK_RELAY_PATH", "bulk")
     size = 24 * MB
@@ -223,9 +223,9 @@ async def test_plan_sha256_is_the_reference_for_a_fresh_copy(tmp_path, monkeypat
 
 
 async def test_stopping_an_in_process_run_whose_specdeck_died_ends_it(tmp_path):
-    from core.planfile import parse_plan
-    from core.runner import Runner
-    from core.store import Store
+    from core.plans.planfile import parse_plan
+    from core.runs.runner import Runner
+    from core.state.store import Store
 
     plan = parse_plan(f"""
 name: orphan

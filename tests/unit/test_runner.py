@@ -9,13 +9,13 @@ import json
 
 import pytest
 
-from core.adopt_spec import AdoptSpec
+from core.plans.adopt_spec import AdoptSpec
 from core.errors import InvalidInput
 from core.hosts.base import HostState
-from core.planfile import parse_plan
-from core.records import RunChange, RunSummary
-from core.runner import Runner
-from core.store import Store
+from core.plans.planfile import parse_plan
+from core.state.records import RunChange, RunSummary
+from core.runs.runner import Runner
+from core.state.store import Store
 from tests.unit.fakehost import FakeHost
 
 

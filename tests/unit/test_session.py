@@ -12,10 +12,10 @@ import textwrap
 import pytest
 
 from core.errors import InvalidInput, SpecdeckError
-from core.planfile import load_plan
-from core.records import EvalRow
+from core.plans.planfile import load_plan
+from core.state.records import EvalRow
 from core.session import Session, at_step
-from core.store import Store
+from core.state.store import Store
 
 PLAN = """\
 name: sess
@@ -166,16 +166,16 @@ def test_read_builds_no_runner_nor_host(tmp_path):
         """))
     code = textwrap.dedent(f"""\
         import asyncio, sys
-        from core.planfile import load_plan
+        from core.plans.planfile import load_plan
         from core.session import Session
 
         async def main():
             async with Session.read(load_plan({str(plan)!r}), state={str(tmp_path / 's.db')!r}) as s:
                 assert await s.refresh() == [] and s.statuses() == {{"t": "pending"}}
                 s.overview(); s.eval_rows()
-                assert "core.runner" not in sys.modules and "asyncssh" not in sys.modules
+                assert "core.runs.runner" not in sys.modules and "asyncssh" not in sys.modules
                 assert s.runner.hosts["gpu"].name == "gpu"  # built on first use
-                assert "core.runner" in sys.modules
+                assert "core.runs.runner" in sys.modules
 
         asyncio.run(main())
         """)

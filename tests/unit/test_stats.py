@@ -1,4 +1,4 @@
-"""core.stats against synthetic evals whose truth is known.
+"""core.tau.stats against synthetic evals whose truth is known.
 
 A prompt has a per-position acceptance probability ``a``; a round accepts draft positions
 one by one with probability ``a`` until the first rejection (block 16: at most 15), so its
@@ -18,7 +18,7 @@ import statistics
 
 import pytest
 
-from core import stats
+from core.tau import stats
 
 BLOCK = 16
 POP = [0.35 + 0.5 * i / 39 for i in range(40)]  # per-prompt acceptance rates

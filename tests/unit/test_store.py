@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import sqlite3
 
-from core.store import Store
+from core.state.store import Store
 
 
 def test_append_log_is_exactly_once():

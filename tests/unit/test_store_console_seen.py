@@ -1,7 +1,7 @@
 """The console's mark in the store: how far a console has seen the journal, and when."""
 
-from core.records import SeenMark
-from core.store import Store
+from core.state.records import SeenMark
+from core.state.store import Store
 
 
 def test_mark_seen_moves_forward_only_and_survives_reopen(tmp_path):

@@ -13,13 +13,13 @@ import sys
 import pytest
 import yaml
 
-from core import jobs
+from core.capsules import jobs
 from core.actions.train import TrainParams
-from core.metrics_sources import MetricsParams
-from core.params import parse_params
-from core.planfile import parse_plan
-from core.runner import Runner, _Context
-from core.store import Store
+from core.capsules.metrics_sources import MetricsParams
+from core.plans.params import parse_params
+from core.plans.planfile import parse_plan
+from core.runs.runner import Runner, _Context
+from core.state.store import Store
 from tests.conftest import ROOT
 
 SHIPPED = ROOT / "plans/train/specforge-qwen3.6-27b-dflash.yaml"
@@ -153,7 +153,7 @@ def test_tensorboard_tags_they_write_are_stored_under_the_curves_names(tmp_path)
     tracking = pytest.importorskip("specforge.training.tracking")
     from core.actions.trainers import METRIC_NAMES
     from core.hosts.local import LocalHost
-    from core.metrics_sources import TensorBoardSource
+    from core.capsules.metrics_sources import TensorBoardSource
 
     w = tbx.SummaryWriter(str(tmp_path / "runs"))
     for step in (50, 100):
@@ -182,7 +182,7 @@ def test_references_latest_best_and_step_name_their_checkpoints():
 
     from core.actions.mlbase import REF, drafter_command, resolve_checkpoint, validate_ref
     from core.errors import ActionFailed
-    from core.records import Artefact, Run
+    from core.state.records import Artefact, Run
 
     sf = {"layout": "specforge", "drafter_config": "/w/d/config.json"}
     arts = [Artefact("r1", "t", "checkpoint", f"/o/x-step{s}/training_state.pt", s, data=sf, id=i)

@@ -14,10 +14,10 @@ import posixpath
 import stat
 from pathlib import Path
 
-from core import jobs
-from core.planfile import parse_plan
-from core.runner import Runner, _Context
-from core.store import Store
+from core.capsules import jobs
+from core.plans.planfile import parse_plan
+from core.runs.runner import Runner, _Context
+from core.state.store import Store
 from tests.conftest import ROOT
 
 FAKE_PY = """#!/bin/sh

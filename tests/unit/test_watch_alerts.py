@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from core.actions.watch_eval.watcher import Watcher
-from core.runner import _Context
-from core.store import Store
+from core.actions.watch_eval.on_console import Watcher
+from core.runs.runner import _Context
+from core.state.store import Store
 
 RUN = "train-v5-0101-01"
 PROMPTS = [f"q{i}" for i in range(8)]

@@ -3,7 +3,7 @@
 halves with a pause, a link loop, a FIFO, a safetensors header that claims more bytes than the
 file has.
 
-* :mod:`core.ml.layouts` names each bad entry by its file, and lists a host's output dir with
+* :mod:`core.ml.formats.layouts` names each bad entry by its file, and lists a host's output dir with
   ``find`` exactly as it lists a local one;
 * the train action records another trainer's checkpoint only once it is whole (the console's
   scan) and ``finish`` records the good ones, names the bad ones and does not fail the run;
@@ -20,10 +20,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from core.actions.watch_eval.watcher import Watcher
-from core.jobs import Outcome
-from core.ml import layouts
-from core.runner import Runner, _Context
+from core.actions.watch_eval.on_console import Watcher
+from core.capsules.jobs import Outcome
+from core.ml.formats import layouts
+from core.runs.runner import Runner, _Context
 from tests.unit.test_train_external import train_runner
 
 RUN = "r1"

@@ -7,11 +7,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from core.records import EvalRow
+from core.state.records import EvalRow
 from core.actions.watch_eval.params import parse_watch
-from core.actions.watch_eval.watcher import Watcher
-from core.runner import _Context
-from core.store import Store
+from core.actions.watch_eval.on_console import Watcher
+from core.runs.runner import _Context
+from core.state.store import Store
 from tests.conftest import run_cli
 
 
@@ -119,7 +119,7 @@ def _local_ev(tmp_path):
 def test_the_console_watchers_evals_carry_the_sampling_flags(tmp_path):
     import asyncio
 
-    from core.ml import eval as ml_eval
+    from core.ml.tasks import eval as ml_eval
 
     ev = _local_ev(tmp_path)
     for spec, want in ((SAMPLED, (0.7, 0.9, 5, 3, 4)),
@@ -137,7 +137,7 @@ def test_the_detached_watchers_command_carries_the_sampling_flags(tmp_path):
     import shlex
 
     from core.actions.watch_eval import detached
-    from core.ml import watcher as ml_watcher
+    from core.ml.tasks import watcher as ml_watcher
 
     ev = _local_ev(tmp_path)
     ctx = _ctx(Store(":memory:"))
@@ -154,8 +154,8 @@ def test_the_detached_watcher_waits_settle_s_for_a_checkpoint_no_trainer_marks_c
     import shlex
 
     from core.actions.watch_eval import detached
-    from core.ml import layouts
-    from core.ml import watcher as ml_watcher
+    from core.ml.formats import layouts
+    from core.ml.tasks import watcher as ml_watcher
 
     ev = _local_ev(tmp_path)
     run = SimpleNamespace(id="r1", host="gpu", capsule=None)

@@ -17,9 +17,9 @@ import pytest
 from core.actions.mlbase import prompts_on_host, validate_prompts
 from core.errors import ActionFailed
 from core.hosts.local import LocalHost
-from core.ml import zlab
-from core.ml.prompts import describe, prompt_set, read_prompts
-from core.ml.runio import UsageError
+from core.ml.measure import zlab
+from core.ml.measure.prompts import describe, prompt_set, read_prompts
+from core.ml.formats.runio import UsageError
 
 FIELD_ROWS = {  # a tiny split of each set, with the reference's own column names
     "gsm8k": lambda i: {"question": f"Tom has {i} apples. How many?", "answer": f"#### {i}"},

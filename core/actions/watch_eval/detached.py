@@ -6,7 +6,7 @@ in a run capsule ``<train run id>-watch`` on that host. It evaluates every check
 lands and writes one result file per step into the capsule, whether or not a specdeck runs.
 
 specdeck ingests those files (:func:`ingest`) on start, attach and reconcile and while it
-follows the run: each step is stored once (:meth:`core.store.Store.watch_ingest`, one
+follows the run: each step is stored once (:meth:`core.state.store.Store.watch_ingest`, one
 transaction per step, so two specdecks or a kill -9 between looks cannot store a step twice
 or lose one), in the shapes the console-driven :class:`.watcher.Watcher` uses (metrics
 ``tau``... and eval rows ``<item>@<step>``), alerts are evaluated at each new step over the
@@ -29,12 +29,12 @@ import shlex
 import time
 from typing import TYPE_CHECKING, Any
 
-from core import jobs
+from core.capsules import jobs
 from core.actions.watch_eval.params import WatchEvalParams, parse_watch
-from core.actions.watch_eval.watcher import Watcher
+from core.actions.watch_eval.on_console import Watcher
 from core.errors import HostUnreachable
 from core.hosts.base import HostState
-from core.records import Run, TauWatcher
+from core.state.records import Run, TauWatcher
 from core.text import MAX_JSON_DEPTH, short, too_deep
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ async def command(ctx: "ActionContext", spec: WatchEvalParams, run: Run, ckpt_di
                   host: "Host") -> "jobs.Launch":
     from core.actions.base import Launch
     from core.actions.mlbase import host_python, prompts_on_host, py_module
-    from core.ml import sampling
+    from core.ml.models import sampling
 
     py = await host_python(host)
     args = ["--ckpt-dir", ckpt_dir, "--target", host.path(spec.target), "--mode", spec.mode,
@@ -80,11 +80,11 @@ async def command(ctx: "ActionContext", spec: WatchEvalParams, run: Run, ckpt_di
     launched = getattr(run, "config", None)
     launched = launched if isinstance(launched, dict) else {}
     trainer = launched.get("trainer") or item_trainer(ctx.item)
-    if trainer in ("specforge", "speculators"):  # their layout (core.ml.layouts), adopted too
+    if trainer in ("specforge", "speculators"):  # their layout (core.ml.formats.layouts), adopted too
         args += ["--trainer", trainer]
         if launched.get("drafter_config"):  # SpecForge's checkpoints carry none
             args += ["--drafter-config", launched["drafter_config"]]
-    from core.ml.layouts import out_dir_of
+    from core.ml.formats.layouts import out_dir_of
 
     earlier = [a.step for a in ctx.artefacts(kind="checkpoint")
                if a.run_id != run.id and a.step is not None

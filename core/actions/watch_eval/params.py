@@ -34,7 +34,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from core.ml.layouts import SETTLE_S
+from core.ml.formats.layouts import SETTLE_S
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -98,12 +98,12 @@ class WatchEvalParams:
     with no pointer to it, a ``step_N.pt`` no ``latest`` names) must stay unchanged, its files,
     their sizes and mtimes, before it is read; and seconds a checkpoint whose read failed must
     stay unchanged before that failure is recorded (one that changes is read again once whole).
-    Longer than the training host's disk may pause inside one save (:mod:`core.ml.layouts`)."""
+    Longer than the training host's disk may pause inside one save (:mod:`core.ml.formats.layouts`)."""
     alerts: WatchAlerts = field(default_factory=WatchAlerts)
 
     def validate(self):
         from core.actions.eval import sampling_problems
-        from core.params import counts
+        from core.plans.params import counts
 
         out = sampling_problems(self, offline_field="temperature")
         out += counts(self, max_prompts=1, block_size=1, max_new_tokens=1)
@@ -113,7 +113,7 @@ class WatchEvalParams:
             out.append((("cache",), "offline mode needs cache: the extract_hidden dir on the "
                                     "host the evals run on"))
         if self.max_memory is not None:
-            from core.ml.runio import parse_bytes
+            from core.ml.formats.runio import parse_bytes
 
             try:
                 parse_bytes(self.max_memory)
@@ -132,7 +132,7 @@ class WatchEvalParams:
         if self.backfill and on != "console":
             out.append((("backfill",), "backfill is for on: console (a detached watcher "
                                        "evaluates every checkpoint anyway)"))
-        from core.ml import bounds
+        from core.ml.formats import bounds
 
         why = bounds.seconds(self.settle_s)
         if why:
@@ -161,10 +161,10 @@ class WatchEvalParams:
 
 def parse_watch(spec: Any) -> WatchEvalParams:
     """Plain ``watch_eval`` values (or params already) -> :class:`WatchEvalParams`; raises
-    ``ExceptionGroup`` of :class:`core.params.ParamError` (see ``parse_params``)."""
+    ``ExceptionGroup`` of :class:`core.plans.params.ParamError` (see ``parse_params``)."""
     if isinstance(spec, WatchEvalParams):
         return spec
-    from core.params import parse_params
+    from core.plans.params import parse_params
 
     return parse_params(WatchEvalParams, spec)
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from core.records import WatcherStatus
+from core.state.records import WatcherStatus
 
 if TYPE_CHECKING:
-    from core.store import Store
+    from core.state.store import Store
 
 
 def status_of(store: "Store", run_id: str | None) -> WatcherStatus | None:

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.ml import bounds, strictjson
+from core.ml.formats import bounds, strictjson
 
 FC_LAYERS = ("taps", "taps_and_final")
 NOISE_TARGETS = ("fc_input", "all_features")
@@ -444,10 +444,10 @@ def read_target_config(target: str | Path) -> dict[str, Any]:
 
     Raises:
         ConfigError: no readable config.json, or a value specdeck reads of the wrong type or out
-            of range, NaN, deep nesting (:func:`core.ml.drafter_config.read_target_config`
+            of range, NaN, deep nesting (:func:`core.ml.formats.drafter_config.read_target_config`
             names the file and the key).
     """
-    from core.ml.drafter_config import read_target_config as read_checked
+    from core.ml.formats.drafter_config import read_target_config as read_checked
 
     try:
         return read_checked(Path(target) / "config.json")
@@ -467,7 +467,7 @@ def refuse_dflash2_init(where: str, init: str | None, init_config: dict[str, Any
     Raises:
         ConfigError: naming the key, the directory and what to do instead.
     """
-    from core.ml.drafter_config import DFLASH2_ARCH, DFLASH2_KEYS
+    from core.ml.formats.drafter_config import DFLASH2_ARCH, DFLASH2_KEYS
 
     inner = init_config.get("dflash_config") or {}
     if DFLASH2_ARCH in (init_config.get("architectures") or []) or \
@@ -493,7 +493,7 @@ def resolve(cfg: TrainConfig, where: str, target_cfg: dict[str, Any] | None, mas
     Raises:
         ConfigError: an inconsistency with the target or drafter.init (names both sides).
     """
-    from core.ml.drafter_config import DFlashConfig, build_target_layer_ids
+    from core.ml.formats.drafter_config import DFlashConfig, build_target_layer_ids
 
     cfg = dataclasses.replace(cfg, drafter=dataclasses.replace(cfg.drafter), loss=dataclasses.replace(cfg.loss))
     d = cfg.drafter
@@ -597,7 +597,7 @@ def drafter_config_dict(cfg: TrainConfig, target_cfg: dict[str, Any] | None = No
     ``target_layer_ids`` end with the final layer N-1, so fc is (K+1)*H wide and inference taps
     the final layer too.
     """
-    from core.ml.drafter_config import DFlashConfig
+    from core.ml.formats.drafter_config import DFlashConfig
 
     d = cfg.drafter
     if d.init is not None:

@@ -3,7 +3,7 @@
 Two sources give :class:`Sample` s (token ids, a loss mask over the response, and features):
 
 * :class:`FeatureCache`: an extract cache (``python -m core.ml.extract``; layout in
-  :mod:`core.ml.featstore`): the target's own greedy continuations and their features, read
+  :mod:`core.ml.formats.featstore`): the target's own greedy continuations and their features, read
   one file per sample. Extract the drafter's ``target_layer_ids`` *plus the final layer N-1*
   (``--layers 1,9,17,25,33,35`` for a 36-layer target); fc sees only the taps and the final
   layer gives the target logits (the labels, and the teacher of the v4 soft KL). A cache of the
@@ -12,7 +12,7 @@ Two sources give :class:`Sample` s (token ids, a loss mask over the response, an
 * :class:`JsonlSource`: a JSONL file; the target runs on the fly (:func:`featurize`).
 
 "Final layer" means ``hidden_states[N]`` of the target, which transformers 5 returns *after*
-the final norm, so ``lm_head(final)`` are exactly the target's logits (:class:`~core.ml.features.FeatureTap`
+the final norm, so ``lm_head(final)`` are exactly the target's logits (:class:`~core.ml.models.features.FeatureTap`
 hooks the final norm for id N-1).
 
 The v4/v5 noise difference lives in :func:`model_inputs`: the extracted tensor is
@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from core.ml.runio import UsageError
+from core.ml.formats.runio import UsageError
 
 
 @dataclass
@@ -82,7 +82,7 @@ class FeatureCache:
 
     def __init__(self, root: str | Path, taps: Sequence[int], final_id: int, target_fingerprint: str,
                  max_length: int, hidden_size: int) -> None:
-        from core.ml import featstore
+        from core.ml.formats import featstore
 
         self.root = Path(root)
         manifest = featstore.load_manifest(self.root)
@@ -117,7 +117,7 @@ class FeatureCache:
         return max(0, min(int(e["num_tokens"]), self.max_length) - int(e["prompt_len"]))
 
     def load(self, i: int) -> Sample:
-        from core.ml import featstore
+        from core.ml.formats import featstore
 
         pid = self.ids[i]
         seq = featstore.read_entry(self.root, pid, self.entries[pid])
@@ -147,7 +147,7 @@ class JsonlSource:
 
     def __init__(self, path: str | Path, tokenizer: Any | None, vocab_size: int, max_length: int,
                  max_new_tokens: int, chat_template: bool = True) -> None:
-        from core.ml.prompts import Prompt, encode
+        from core.ml.measure.prompts import Prompt, encode
 
         self.path = Path(path)
         if not self.path.is_file():
@@ -235,7 +235,7 @@ class JsonlSource:
         else:
             if response is None:
                 if i not in self._generated:
-                    from core.ml.generate import greedy_generate
+                    from core.ml.decoding.generate import greedy_generate
 
                     if self.model is None:
                         raise RuntimeError("JsonlSource.bind(target) first: rows without a response are generated")
@@ -249,7 +249,7 @@ class JsonlSource:
 @torch.no_grad()
 def featurize(model: Any, sample: Sample, taps: Sequence[int], final_id: int) -> Sample:
     """Fill ``taps`` and ``final`` of an on-the-fly sample with one target forward."""
-    from core.ml.features import target_features
+    from core.ml.models.features import target_features
 
     device = next(model.parameters()).device
     ids = sample.input_ids.to(device)[None]

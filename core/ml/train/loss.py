@@ -177,7 +177,7 @@ class TrainForward(torch.nn.Module):
     stay outside.
 
     Args:
-        drafter: the :class:`~core.ml.drafter.DFlashDrafter` being trained.
+        drafter: the :class:`~core.ml.models.drafter.DFlashDrafter` being trained.
         attention: ``dense`` (one SDPA per layer with the docs/training.md §2 block mask) or
             ``blockwise`` (the same attention computed block by block).
     """
@@ -190,7 +190,7 @@ class TrainForward(torch.nn.Module):
     def forward(self, fc_in: Tensor, block_emb: Tensor, anchors: Tensor, positions: Tensor,
                 doc: Tensor | None) -> Tensor:
         """fc_in [1, S, F], block_emb [1, A*B, H], anchors [1, A], positions/doc [1, S] -> [1, A*B, H]."""
-        from core.ml.drafter import multi_anchor_forward
+        from core.ml.models.drafter import multi_anchor_forward
 
         return multi_anchor_forward(self.drafter, fc_in, block_emb, anchors, ctx_positions=positions, doc_ids=doc,
                                     anchor_positions=torch.gather(positions, 1, anchors), impl=self.attention)
@@ -206,7 +206,7 @@ def batch_loss(forward: torch.nn.Module, embed: torch.nn.Module, head: torch.nn.
         batch: a :class:`~core.ml.train.data.Batch` on the training device.
         cfg: the resolved :class:`~core.ml.train.config.TrainConfig`.
         gen: the step's noise generator; None for validation (no noise).
-        drafter_config: the drafter's :class:`~core.ml.drafter_config.DFlashConfig`: its forward
+        drafter_config: the drafter's :class:`~core.ml.formats.drafter_config.DFlashConfig`: its forward
             knobs (embedding scale, logit multiplier and soft-cap) apply in training as in eval.
 
     Returns:
@@ -214,7 +214,7 @@ def batch_loss(forward: torch.nn.Module, embed: torch.nn.Module, head: torch.nn.
         ``a + k - 1`` computed from the final layer returned by
         :func:`~core.ml.train.data.model_inputs`).
     """
-    from core.ml.drafter import block_embeddings, block_token_ids, draft_logits
+    from core.ml.models.drafter import block_embeddings, block_token_ids, draft_logits
     from core.ml.train.data import model_inputs
 
     B, lc = cfg.drafter.block_size, cfg.loss

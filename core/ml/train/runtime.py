@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from core.ml import strictjson
-from core.ml.runio import UsageError, atomic_write_text, say
+from core.ml.formats import strictjson
+from core.ml.formats.runio import UsageError, atomic_write_text, say
 
 LATEST = "latest"
 CKPT_RE = re.compile(r"^step_(\d+)\.pt$")
@@ -147,7 +147,7 @@ def save_checkpoint(out: Path, step: int, drafter: Any, opt: Any, sched: Any, cf
     """Write ``step_{step}.pt`` atomically, then ``latest``; prune old ones when ``keep`` is set."""
     import torch
 
-    from core.ml.runio import atomic_target
+    from core.ml.formats.runio import atomic_target
 
     path = out / f"step_{step}.pt"
     state = {"model": {k: v.detach().cpu() for k, v in drafter.state_dict().items()},

@@ -13,7 +13,7 @@ What one step does (defaults = the v5 trainer):
 3. Noise ``U(-std, std)`` on fc's input only (training split; validation is never noised).
 4. ONE multi-anchor forward: context ``hidden_norm(fc(taps))`` for every position, A blocks
    ``[x_a, MASK * (B-1)]`` at positions ``a..a+B-1``, block mask with the strict ``t < a``
-   context rule (:func:`core.ml.drafter.multi_anchor_forward`); logits through the target's
+   context rule (:func:`core.ml.models.drafter.multi_anchor_forward`); logits through the target's
    frozen LM head.
 5. Labels: the target's greedy token at ``a+k`` = argmax of the target logits at ``a+k-1``,
    from the final layer (reserved for this: fc never sees it). Hard CE with
@@ -101,9 +101,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from core.ml import bounds, strictjson
-from core.ml.drafter_config import read_config_file
-from core.ml.runio import (TaskError, UsageError, atomic_write_json, atomic_write_text, fixed_mmap_threshold, provenance,
+from core.ml.formats import bounds, strictjson
+from core.ml.formats.drafter_config import read_config_file
+from core.ml.formats.runio import (TaskError, UsageError, atomic_write_json, atomic_write_text, fixed_mmap_threshold, provenance,
                           say)
 from core.ml.train.config import ConfigError
 from core.ml.train.runtime import (
@@ -162,7 +162,7 @@ def load_resolved(args: argparse.Namespace) -> tuple[Any, dict[str, Any], Any]:
     if args.print_config and not (Path(cfg.target) / "config.json").is_file():
         target_cfg, tokenizer = None, None
     else:
-        from core.ml.target import load_tokenizer
+        from core.ml.models.target import load_tokenizer
 
         target_cfg = tc.read_target_config(cfg.target)
         # --print-config needs the tokenizer only for a null mask_token_id
@@ -198,7 +198,7 @@ def preflight(cfg: Any) -> None:
     Raises:
         UsageError: each problem, naming both sides and the fix.
     """
-    from core.ml.extract import target_fingerprint
+    from core.ml.tasks.extract import target_fingerprint
     from core.ml.train.config import cache_problems, drafter_config_dict
 
     problems = []
@@ -224,8 +224,8 @@ def new_drafter(config_dict: dict[str, Any], init_std: float, seed: int) -> Any:
     """A fresh drafter: linear weights ~ N(0, init_std), norm weights 1 (seeded)."""
     import torch
 
-    from core.ml.drafter import DFlashDrafter
-    from core.ml.drafter_config import DFlashConfig
+    from core.ml.models.drafter import DFlashDrafter
+    from core.ml.formats.drafter_config import DFlashConfig
 
     torch.manual_seed(seed)
     model = DFlashDrafter(DFlashConfig.from_dict(config_dict))
@@ -240,7 +240,7 @@ def new_drafter(config_dict: dict[str, Any], init_std: float, seed: int) -> Any:
 
 def build_source(cfg: Any, target_cfg: dict[str, Any], tokenizer: Any) -> Any:
     """The data source named by the config (extract cache or JSONL)."""
-    from core.ml.extract import target_fingerprint
+    from core.ml.tasks.extract import target_fingerprint
     from core.ml.train.data import FeatureCache, JsonlSource
 
     final_id = int(target_cfg["num_hidden_layers"]) - 1
@@ -315,7 +315,7 @@ class Trainer:
         import torch
 
         from core.ml.train import config as tc
-        from core.ml.target import load_target, resolve_device, stop_token_ids
+        from core.ml.models.target import load_target, resolve_device, stop_token_ids
         from core.ml.train.data import JsonlSource
         from core.ml.train.loss import TrainForward
 
@@ -342,7 +342,7 @@ class Trainer:
             self.say(f"loading target {cfg.target} on {device}")
             self.target = load_target(cfg.target, device, target_dtype).requires_grad_(False)
         else:  # cached features: the loss needs only the embedding and the LM head, by name, memory-mapped
-            from core.ml.weights import gb, load_embed_head
+            from core.ml.formats.weights import gb, load_embed_head
 
             self.target = load_embed_head(cfg.target, device, target_dtype)
             part = sum(p.numel() * p.element_size() for p in self.target.parameters())
@@ -375,7 +375,7 @@ class Trainer:
         self.drafter_cfg = tc.drafter_config_dict(cfg, self.target_cfg)
 
         if cfg.drafter.init is not None:
-            from core.ml.drafter import load_drafter
+            from core.ml.models.drafter import load_drafter
 
             drafter = load_drafter(cfg.drafter.init, device="cpu", dtype=torch.float32)
         else:

@@ -1,0 +1,4 @@
+"""Tau at the decision: the comparison table of drafters against a baseline (``table``) and
+its statistics (``stats``: bootstrap intervals, paired tests, verdicts). Reads ``core.state``
+records and ``core.ml``'s pure formats; no host, no runner.
+"""
