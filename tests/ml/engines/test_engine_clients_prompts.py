@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from core.ml.engines.rules import clients as ec
+from core.ml.tasks import engine_clients as ec
 from core.ml.formats.runio import run_main
 from tests.unit.engine_servers import Engine, Script, Served
 
