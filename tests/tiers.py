@@ -31,7 +31,7 @@ import pytest
 DURATIONS = Path(__file__).resolve().parent / "durations.json"
 QUICK_MAX_S = 2.0
 """A test that took longer than this in the recorded serial run is ``slow``."""
-EXTERNAL = ("integration", "slurm", "engine", "reference", "speculators", "gpu")
+EXTERNAL = ("integration", "slurm", "engine", "reference", "speculators", "gpu", "browser")
 """Markers of tests that need a real external part: never in the quick tier."""
 SHARED_SCOPES = ("module", "class", "package")
 """Fixture scopes that tie a test to the worker running the rest of its module."""
