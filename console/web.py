@@ -18,6 +18,7 @@ Loaded by ``specdeck serve`` only (:mod:`console.cli.ui`): it imports aiohttp an
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import logging
@@ -69,6 +70,8 @@ class ConsoleServer(Server):
         self.cookie = f"specdeck_serve_{port}"
         """Cookies are not kept apart by port: two servers on one machine need two names."""
         self.console = Console(stderr=True)  # its log on stderr; stdout holds the URL only
+        self._tabs: set[asyncio.Task] = set()
+        """The requests serving an open tab's websocket (each drives one console)."""
 
     @property
     def url(self) -> str:
@@ -87,6 +90,12 @@ class ConsoleServer(Server):
 
     async def on_startup(self, app: web.Application) -> None:
         """No banner: ``specdeck serve`` printed the URL before the server started."""
+
+    async def on_shutdown(self, app: web.Application) -> None:
+        """Stopping: end each open tab's session now, so its console quits (runs keep
+        going on their hosts) instead of the server waiting for the tab to close."""
+        for task in list(self._tabs):
+            task.cancel()  # textual-serve's handler then closes the socket, stops the console
 
     def _matches(self, value: str | None) -> bool:
         return value is not None and hmac.compare_digest(value.encode(), self.token.encode())
@@ -108,6 +117,13 @@ class ConsoleServer(Server):
             moved.set_cookie(self.cookie, self.token, httponly=True, samesite="Lax", path="/")
             moved.headers["Referrer-Policy"] = "no-referrer"
             raise moved
+        if request.path == "/ws":
+            task = asyncio.current_task()
+            self._tabs.add(task)
+            try:
+                return await handler(request)
+            finally:
+                self._tabs.discard(task)
         response = await handler(request)
         if not response.prepared:  # a websocket or a download is under way: headers are sent
             response.headers["Referrer-Policy"] = "no-referrer"

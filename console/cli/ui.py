@@ -16,7 +16,7 @@ import time
 
 from console.cli import exit_codes
 from console.cli.output import Printer, err, load_plan
-from core.errors import InvalidInput
+from core.errors import InvalidInput, SpecdeckError
 
 
 def open_console(plan, *, state: str | None = None, autorun: bool = False) -> int:
@@ -37,7 +37,12 @@ def cmd_serve(args) -> int:
     from pathlib import Path
 
     plan = load_plan(args.plan)  # a bad plan: exit 2 here, before anything listens
-    from console.web import ConsoleServer, is_loopback, new_token
+    try:
+        from console.web import ConsoleServer, is_loopback, new_token
+    except ImportError as e:  # a venv installed before serve came
+        raise SpecdeckError(f"serve needs textual-serve: {e}",
+                            hint="pip install 'textual-serve>=1.1.3,<1.2' (or pip install -e . "
+                                 "again)") from None
 
     bind, local = args.bind, is_loopback(args.bind)
     if not local and not args.allow_remote:
@@ -65,6 +70,7 @@ def cmd_serve(args) -> int:
         err(f"  from another machine: ssh -N -L {port}:127.0.0.1:{port} {socket.gethostname()}"
             ", then open the URL there")
     server.serve()
+    err("specdeck serve: stopped (the consoles it opened have quit; runs keep going)")
     return 0
 
 

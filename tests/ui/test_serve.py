@@ -221,6 +221,7 @@ def test_the_console_in_headless_chromium(served, chromium, tmp_path):
     rows = _wait_for(chromium, lambda r: _item_pane(r).startswith("beta-item"),
                      "the cursor on beta-item after j")
     assert "pending" in _item_pane(rows)
+    moved = time.monotonic() - t0 - shown
 
     shot = tmp_path / "serve-console.png"
     assert chromium.save_screenshot(str(shot))
@@ -240,15 +241,19 @@ def test_the_console_in_headless_chromium(served, chromium, tmp_path):
                 assert served.token.encode() not in Path(f"/proc/{pid}/{part}").read_bytes()
             except FileNotFoundError:  # ended meanwhile
                 pass
-    print(f"served console: plan shown {shown:.1f} s after the page was asked for, "
-          f"j moved the cursor {time.monotonic() - t0 - shown:.1f} s later")
 
-
-def test_ctrl_c_stops_the_server_which_printed_its_token_once(served):
+    # Ctrl-C with the tab still open: the server ends, and the console it opened quits
+    t1 = time.monotonic()
     code, out, err = served.stop()
+    print(f"served console: plan shown {shown:.1f} s after the page was asked for, j moved "
+          f"the cursor {moved:.1f} s later, Ctrl-C ended serve in {time.monotonic() - t1:.1f} s")
     assert code == 0, err
     assert served.token not in out and served.token not in err  # the URL line was the one
-    assert "ssh -N -L" in err and "127.0.0.1" in err
+    assert "ssh -N -L" in err and "stopped" in err
+    deadline = time.monotonic() + 20
+    while any(Path(f"/proc/{p}").exists() for p in consoles) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in consoles if Path(f"/proc/{p}").exists()], "a console outlived serve"
 
 
 def test_any_other_address_needs_allow_remote_and_still_the_token(tmp_path, cli):
