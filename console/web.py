@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import ipaddress
 import logging
 import secrets
 from urllib.parse import urlencode
@@ -36,17 +35,6 @@ TOKEN_PARAM = "token"
 def new_token() -> str:
     """A fresh token: 32 random bytes, URL-safe."""
     return secrets.token_urlsafe(32)
-
-
-def is_loopback(address: str) -> bool:
-    """Whether ``address`` (an IP address or ``localhost``) is reachable from this machine
-    only; any other name counts as reachable from elsewhere."""
-    if address == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 class ConsoleServer(Server):

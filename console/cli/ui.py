@@ -37,13 +37,6 @@ def cmd_serve(args) -> int:
     from pathlib import Path
 
     plan = load_plan(args.plan)  # a bad plan: exit 2 here, before anything listens
-    try:
-        from console.web import ConsoleServer, is_loopback, new_token
-    except ImportError as e:  # a venv installed before serve came
-        raise SpecdeckError(f"serve needs textual-serve: {e}",
-                            hint="pip install 'textual-serve>=1.1.3,<1.2' (or pip install -e . "
-                                 "again)") from None
-
     bind, local = args.bind, is_loopback(args.bind)
     if not local and not args.allow_remote:
         raise InvalidInput(f"--bind {bind}: not a loopback address; serving the console "
@@ -56,6 +49,12 @@ def cmd_serve(args) -> int:
     if args.public_url and not args.public_url.startswith(("http://", "https://")):
         raise InvalidInput(f"--public-url {args.public_url}: not an http:// or https:// URL")
     port = _free_port(bind, args.port)
+    try:
+        from console.web import ConsoleServer, new_token
+    except ImportError as e:  # a venv installed before serve came
+        raise SpecdeckError(f"serve needs textual-serve: {e}",
+                            hint="pip install 'textual-serve>=1.1.3,<1.2' (or pip install -e . "
+                                 "again)") from None
     command = [sys.executable, "-m", "console.cli", "ui", str(Path(args.plan).resolve())]
     if args.state:
         command += ["--state", str(Path(args.state).resolve())]
@@ -72,6 +71,19 @@ def cmd_serve(args) -> int:
     server.serve()
     err("specdeck serve: stopped (the consoles it opened have quit; runs keep going)")
     return 0
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``address`` (an IP address or ``localhost``) is reachable from this machine
+    only; any other name counts as reachable from elsewhere."""
+    import ipaddress
+
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _free_port(bind: str, port: int) -> int:
