@@ -22,7 +22,7 @@ import asyncio
 import hmac
 import logging
 import secrets
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 from aiohttp import web
 from rich.console import Console
@@ -97,7 +97,8 @@ class ConsoleServer(Server):
             raise web.HTTPForbidden(text="specdeck serve: this URL needs the token that "
                                          "`specdeck serve` printed when it started\n")
         origin = request.headers.get("Origin")
-        if request.path == "/ws" and origin is not None and origin != f"{request.scheme}://{request.host}":
+        if request.path == "/ws" and origin is not None and \
+                urlsplit(origin).netloc not in (request.host, urlsplit(self.public_url).netloc):
             raise web.HTTPForbidden(text="specdeck serve: a websocket from another site\n")
         if given is not None:  # the first page: the token moves into the cookie
             rest = [(k, v) for k, v in request.query.items() if k != TOKEN_PARAM]
