@@ -134,8 +134,8 @@ def served(tmp_path_factory):
     pytest.importorskip("textual_serve", reason="needs textual-serve (pip install -e '.[test]')")
     s = serve(tmp_path_factory.mktemp("serve"))
     yield s
-    if s.proc.poll() is None:
-        s.proc.kill()
+    if s.proc.poll() is None:  # a test failed before stopping it: it and the consoles it opened
+        os.killpg(s.proc.pid, signal.SIGKILL)
         s.proc.wait()
 
 
