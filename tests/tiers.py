@@ -4,7 +4,7 @@ What it does, from measured figures (tests/durations.json, one number per test: 
 setup + call + teardown in a serial run; tests/README.md says how to refresh it):
 
 * **Tiers.** A test is ``slow`` when it needs a real external part (sshd, Slurm, llama-server,
-  the reference packages) or took more than :data:`QUICK_MAX_S` in the recorded run, or is
+  the reference packages, Chromium) or took more than :data:`QUICK_MAX_S` in the recorded run, or is
   marked slow by hand. ``pytest -m "not slow"`` is the quick tier; the whole suite is the
   full tier. A test missing from the file (new) counts as quick until the file is refreshed.
 * **Groups.** Under ``pytest-xdist`` with ``--dist loadgroup`` a test that uses a module-,
@@ -31,7 +31,7 @@ import pytest
 DURATIONS = Path(__file__).resolve().parent / "durations.json"
 QUICK_MAX_S = 2.0
 """A test that took longer than this in the recorded serial run is ``slow``."""
-EXTERNAL = ("integration", "slurm", "engine", "reference", "speculators", "gpu")
+EXTERNAL = ("integration", "slurm", "engine", "reference", "speculators", "gpu", "browser")
 """Markers of tests that need a real external part: never in the quick tier."""
 SHARED_SCOPES = ("module", "class", "package")
 """Fixture scopes that tie a test to the worker running the rest of its module."""

@@ -36,6 +36,7 @@ EXAMPLES = {
               "  specdeck export drafters/v5 --out serve/v5 --format speculators --target models/Qwen3-8B",
     "import": "specdeck import todos.json -o plans/campaign.yaml",
     "ui": "specdeck ui plans/v5.yaml",
+    "serve": "specdeck serve plans/v5.yaml --port 8000   # on a GPU host: then ssh -N -L 8000:127.0.0.1:8000 HOST",
     "demo": "specdeck demo --headless --quick",
     "kinds": "specdeck kinds",
     "compare": "specdeck compare plans/v5.yaml --step 3000",
@@ -65,6 +66,7 @@ EXAMPLE_VALUES = {"plan": "plans/v5.yaml", "item": "train-v5", "items": "train-v
 
 STATE_USE = {
     "run": "creates", "adopt": "creates", "mark": "creates", "ui": "creates", "demo": "creates",
+    "serve": "creates",
     "status": "reads", "attach": "reads", "logs": "reads", "stop": "reads", "export": "reads",
     "compare": "reads", "diff": "reads", "metrics": "reads", "parity": "reads",
     "validate": None, "import": None, "kinds": None, "completion": None, "engines": None,

@@ -227,6 +227,7 @@ USAGE = {
     "diff": (["diff", "{plan}", "train", "hello"], "item 'train' has no run with a recorded"),
     "metrics": (["metrics", "{plan}", "train"], "item 'train' has no runs yet"),
     "ui": (["ui"], "the following arguments are required: plan"),
+    "serve": (["serve", "{plan}", "--bind", "0.0.0.0"], "needs --allow-remote"),
     "demo": (["demo", "--fast"], "unrecognized arguments: --fast"),
     "completion": (["completion", "tcsh"], "invalid choice: 'tcsh'"),
 }
@@ -257,6 +258,7 @@ HAPPY = {"validate": "test_validate", "kinds": "test_kinds_and_version",
          "stop": "test_stop_ends_a_live_run", "adopt": "test_adopt_makes_a_process_the_items_run",
          "compare": "test_compare", "diff": "test_diff", "metrics": "test_metrics",
          "completion": "test_completion", "ui": "test_ui_opens_the_console_and_quits",
+         "serve": "tests.ui.test_serve.test_the_console_in_headless_chromium",
          "demo": "tests.cli.test_demo.test_demo_headless_quick_then_reuse",
          "engines": "tests.unit.test_engine_lint.test_cli_engines_json_and_bad_input",
          "parity": "tests.cli.test_parity_cli.test_parity_of_three_items_names_the_rule_as_the_cause"}

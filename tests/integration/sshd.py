@@ -83,7 +83,7 @@ def _supports_option(line: str) -> bool:
     return "Bad configuration option" not in res.stderr and "Unsupported option" not in res.stderr
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     """PIDs below ``pid`` in the process tree (read from /proc), children before grandchildren."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
@@ -238,7 +238,7 @@ class SshdServer:
 
     def _signal_tree(self, sig: signal.Signals) -> None:
         assert self._proc is not None, "not running"
-        for pid in [self._proc.pid] + _descendants(self._proc.pid):
+        for pid in [self._proc.pid] + descendants(self._proc.pid):
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
@@ -258,7 +258,7 @@ class SshdServer:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        pids = [proc.pid] + _descendants(proc.pid)
+        pids = [proc.pid] + descendants(proc.pid)
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
