@@ -129,3 +129,23 @@ def test_a_prompts_file_s_domains_are_recorded_and_a_bad_one_is_refused(tmp_path
     path.write_text('{"id": "a", "prompt": "x", "domain": 3}\n')
     with pytest.raises(UsageError, match=r"p.jsonl:1: domain must be a non-empty string"):
         read_prompts(path)
+
+
+def test_two_result_files_compared_name_how_each_was_measured():
+    """core.ml.compare (two result.json files): each side's harness, decoding and digest, and the
+    token-weighted tau beside the per-request mean and pooled."""
+    from core.ml.measure.compare import compare_results
+
+    def res(**kw):
+        return {"mode": "online", "block_size": 4, "accounting": "dflash-0.1.0", "prompts": {"sha256": SHA},
+                "per_prompt": [{"id": "p1", "tau": 4.0, "rounds": [4, 4]}, {"id": "p2", "tau": 1.0, "rounds": [1] * 4}],
+                **kw}
+
+    cmp = compare_results(res(), res(engine={"name": "llama.cpp", "version": "b6500", "binary_sha256": "x"}),
+                          allow_mismatch=True)
+    assert cmp["measured"]["ours"] == {"harness": "in-process online", "decoding": "greedy", "block_size": 4,
+                                       "prompt_set": None, "prompt_digest": "3f9a2c1b7e00"}
+    assert cmp["measured"]["baseline"]["harness"] == "engine llama.cpp b6500"
+    assert cmp["overall"]["ours"]["tau_token_weighted"] == pytest.approx(3.0)
+    assert cmp["overall"]["ours"]["tau"] == pytest.approx(2.5) and cmp["overall"]["ours"]["tau_pooled"] == pytest.approx(2.0)
+    assert cmp["aggregations"]["tau_token_weighted"] == "token-weighted"
