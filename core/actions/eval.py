@@ -352,6 +352,9 @@ def eval_rows(run_id: str, item_id: str, res: dict, label: str, role: str,
                 "temperature": res.get("temperature", 0), "top_p": res.get("top_p", 1.0),
                 "top_k": res.get("top_k", 0), "seed": res.get("seed"), "samples": res.get("samples", 1),
                 "harness": harness.of_result(res), "prompt_set": _set_name(res)}
+    seq = res.get("sequential")
+    if isinstance(seq, dict) and isinstance(seq.get("text"), str):  # stop: settled: compare says its verdict
+        settings["sequential"] = seq["text"][:500]
     rule = (res.get("drafter") or {}).get("engine_rule")
     if isinstance(rule, dict):  # in process under an engine's rule: named, so never merged with specdeck's own rule
         settings["engine_rule"] = f"{rule.get('engine')}@{rule.get('revision')}"

@@ -776,9 +776,13 @@ VERDICT_MARK = {stats.BETTER: "▲ better", stats.WORSE: "▼ worse", stats.NONE
 
 
 def verdict_lines(c: Comparison) -> list[str]:
-    """Each drafter against its baseline, then each named pair, in words."""
+    """Each drafter against its baseline, then each named pair, in words; then each settled stop's
+    own verdict (an eval with ``stop: settled``, docs/evaluation.md §7), which is the one that holds
+    for it: the fixed-n test above ran on prompts a stopping rule chose."""
+    settled = list(dict.fromkeys(f"{d.settings['sequential']} (settled stop, anytime-valid)" for d in c.drafters
+                                 if isinstance((d.settings or {}).get("sequential"), str)))
     return ([o.verdict_text for o in c.overall if o.verdict_text]
-            + [p.verdict_text for p in c.pairs])
+            + [p.verdict_text for p in c.pairs] + settled)
 
 
 def method_note(c: Comparison) -> str:

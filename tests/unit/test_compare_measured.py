@@ -149,3 +149,14 @@ def test_two_result_files_compared_name_how_each_was_measured():
     assert cmp["overall"]["ours"]["tau_token_weighted"] == pytest.approx(3.0)
     assert cmp["overall"]["ours"]["tau"] == pytest.approx(2.5) and cmp["overall"]["ours"]["tau_pooled"] == pytest.approx(2.0)
     assert cmp["aggregations"]["tau_token_weighted"] == "token-weighted"
+
+
+def test_a_settled_stop_s_own_verdict_reaches_compare():
+    from core.tau.table import verdict_lines
+
+    seq = {"text": "v5 is better than v4: settled after 17 of 200 prompts", "verdict": "better"}
+    res = {"mode": "online", "block_size": 4, "accounting": "dflash-0.1.0", "prompts": {"sha256": SHA},
+           "sequential": seq, "per_prompt": [{"id": "p1", "tau": 3.0, "rounds": [3, 3]}]}
+    rows = eval_rows("r1", "eval", res, "v5", "drafter", None) + eval_rows("r1", "eval", res, "v4", "baseline", None)
+    lines = verdict_lines(build_comparison(rows))
+    assert lines.count("v5 is better than v4: settled after 17 of 200 prompts (settled stop, anytime-valid)") == 1
