@@ -23,7 +23,7 @@ from core.actions.mlbase import (drafter_command, host_python, launch_inputs, ml
 from core.errors import ActionFailed
 from core.ml.formats import bounds, resultfile
 from core.ml.models import sampling
-from core.ml.measure import tau
+from core.ml.measure import harness, tau
 from core.ml.formats.runio import parse_bytes
 from core.plans.params import counts, problems, to_plain
 from core.state.records import EvalRow
@@ -89,11 +89,20 @@ class EvalParams:
     """llama-server's CPU threads (default 2)."""
     engine_context: int = 4096
     """llama-server's context length (prompt + max_new_tokens + block size must fit)."""
+    stop: Literal["settled"] | None = None
+    """settled: the drafter and the baseline run prompt by prompt and the eval stops as soon as the
+    verdict is settled (better, worse, or no difference as large as ``min_difference``), ``limit``
+    being the cap (docs/evaluation.md §7); the result says how many prompts it took."""
+    min_difference: float | None = None
+    """With ``stop: settled``: the smallest tau difference that matters (e.g. 0.25)."""
+    alpha: float = 0.05
+    """With ``stop: settled``: each verdict's error rate."""
 
     def validate(self):
         out = []
         out += sampling_problems(self)
         out += engine_problems(self)
+        out += settled_problems(self)
         if self.max_memory is not None:
             try:
                 parse_bytes(self.max_memory)
@@ -104,6 +113,33 @@ class EvalParams:
              if self.mode == "offline" and not self.cache else None),
             ("step", bounds.count(self.step, 0, bounds.INT64_MAX) if self.step is not None else None),
         )
+
+
+def settled_problems(p) -> list:
+    """``stop: settled``'s problems (``core.ml.eval --stop settled`` refuses the same, exit 2)."""
+    if p.stop is None:
+        return problems(("min_difference", "set stop: settled to use it" if p.min_difference is not None else None))
+    d = p.min_difference
+    return problems(
+        ("baseline", "stop: settled decides a drafter against its baseline: set baseline" if not p.baseline else None),
+        ("min_difference", "give the smallest tau difference that matters, a number > 0 (e.g. 0.25)"
+         if d is None or isinstance(d, bool) or not (0 < d < bounds.COUNT_MAX) else None),
+        ("alpha", "an error rate between 0 and 1 (e.g. 0.05)" if not 0 < p.alpha < 1 else None),
+        ("mode", "the settled stop pairs online chains" if p.mode != "online" else None),
+        ("tree_budget", "the settled stop pairs chains: drop tree_budget" if p.tree_budget is not None else None),
+        ("samples", "the settled stop pairs one sample per prompt" if p.samples > 1 else None),
+        ("engine", "the settled stop runs in process" if p.engine is not None else None),
+        ("engine_rule", "the settled stop runs both drafters under specdeck's rule" if p.engine_rule else None),
+    )
+
+
+def settled_flags(h, p) -> list:
+    """``core.ml.eval``'s flags for ``stop: settled``: the baseline paired in the same run."""
+    if p.stop != "settled":
+        return []
+    return ["--baseline-drafter", h.path(p.baseline), "--baseline-out", "baseline/result.json",
+            "--baseline-label", p.baseline_label, "--stop", "settled", "--min-difference", p.min_difference,
+            "--alpha", p.alpha]
 
 
 def engine_problems(p) -> list:
@@ -160,7 +196,7 @@ class Eval(Action):
 
     #: Params added after results were first keyed: they count in the key only when set off
     #: their default, so an upgrade leaves the evals already measured measured.
-    KEYED_WHEN_SET = {"cpu_matmul": "auto"}
+    KEYED_WHEN_SET = {"cpu_matmul": "auto", "stop": None, "min_difference": None, "alpha": 0.05}
 
     def settings_key(self) -> str:
         plain = to_plain(self.params)
@@ -217,6 +253,7 @@ class Eval(Action):
                          *(["--cpu-matmul", p.cpu_matmul] if p.cpu_matmul != "auto" else []),
                          *sampling.cli_flags(p),
                          *engine_flags(h, p),
+                         *settled_flags(h, p),  # only the drafter runs in settled mode: it pairs the baseline
                          None if p.chat_template else "--no-chat-template")
 
     def command(self, ctx) -> Launch:
@@ -232,7 +269,7 @@ class Eval(Action):
             lines.append(strip)
         lines.append(self._eval_cmd(ctx, found, drafter, "result-drafter.json",
                                     self.params.label or ctx.item.id))
-        if self.params.baseline:
+        if self.params.baseline and self.params.stop is None:  # settled: the drafter's run paired it
             lines.append(self._eval_cmd(ctx, found, h.path(self.params.baseline),
                                         "baseline/result.json", self.params.baseline_label))
         from core.capsules import jobs
@@ -268,6 +305,9 @@ class Eval(Action):
             out["ddtree_tau"] = mine["ddtree"].get("tau")
         if base is not None:
             out["baseline_tau"] = base.get("tau")
+        if isinstance(mine.get("sequential"), dict):  # stop: settled: the verdict and the prompts it took
+            out["sequential"] = {k: mine["sequential"].get(k) for k in
+                                 ("verdict", "prompts", "fixed_prompts", "prompts_saved", "confidence_sequence", "text")}
         return out
 
 
@@ -290,6 +330,12 @@ def _display(ctx, ref: str) -> str:
         return ref
 
 
+def _set_name(res: dict) -> str | None:
+    """A described prompt set's name (``zlab:gsm8k``), shown beside the prompts' digest."""
+    name = ((res.get("prompts") or {}).get("set") or {}).get("name")
+    return name[:200] if isinstance(name, str) else None
+
+
 def eval_rows(run_id: str, item_id: str, res: dict, label: str, role: str,
               step: int | None) -> list[EvalRow]:
     """The rows a result.json records: one per prompt (and per method: chain, and DDTree
@@ -304,7 +350,11 @@ def eval_rows(run_id: str, item_id: str, res: dict, label: str, role: str,
                 "method": "chain", "tree_budget": None,
                 "family": (res.get("drafter") or {}).get("family") or "dflash",  # shown, not compared
                 "temperature": res.get("temperature", 0), "top_p": res.get("top_p", 1.0),
-                "top_k": res.get("top_k", 0), "seed": res.get("seed"), "samples": res.get("samples", 1)}
+                "top_k": res.get("top_k", 0), "seed": res.get("seed"), "samples": res.get("samples", 1),
+                "harness": harness.of_result(res), "prompt_set": _set_name(res)}
+    seq = res.get("sequential")
+    if isinstance(seq, dict) and isinstance(seq.get("text"), str):  # stop: settled: compare says its verdict
+        settings["sequential"] = seq["text"][:500]
     rule = (res.get("drafter") or {}).get("engine_rule")
     if isinstance(rule, dict):  # in process under an engine's rule: named, so never merged with specdeck's own rule
         settings["engine_rule"] = f"{rule.get('engine')}@{rule.get('revision')}"
@@ -319,6 +369,8 @@ def eval_rows(run_id: str, item_id: str, res: dict, label: str, role: str,
         budget = res["ddtree"].get("budget")
         sections.append((f"{label} ddtree-{budget}",
                          {**settings, "method": "ddtree", "tree_budget": budget}, res["ddtree"]))
+    domains = (res.get("prompts") or {}).get("domains")
+    domains = domains if isinstance(domains, dict) else {}
     for name, st, sec in sections:
         for pp in sec.get("per_prompt", []):
             row_tau, rounds, row_st = pp.get("tau"), pp.get("rounds"), st
@@ -329,6 +381,9 @@ def eval_rows(run_id: str, item_id: str, res: dict, label: str, role: str,
             per_position = None if row_st is not st else pp.get("per_position_acceptance")
             if pp.get("sample"):  # a sampled prompt's later samples (compare nests them in the prompt)
                 row_st = {**row_st, "sample": pp["sample"]}
+            domain = domains.get(str(pp.get("id")))
+            if isinstance(domain, str) and domain:  # compare splits tau by it, one interval per domain
+                row_st = {**row_st, "domain": domain[:200]}
             out.append(EvalRow(run_id, item_id, name, role, str(pp.get("id")), row_tau,
                                rounds, per_position, row_st, step))
     return out

@@ -62,16 +62,19 @@ from typing import Iterable, Mapping, Sequence
 
 from core.tau import stats
 from core.ml.formats import strictjson
+from core.ml.measure import harness
 from core.state.points import eval_row_problem
 from core.state.records import EvalRow
 
 COMPARED_SETTINGS = ("mode", "block_size", "tree_budget", "target", "prompts", "dtype", "accounting", "template",
-                     "temperature", "top_p", "top_k")
+                     "temperature", "top_p", "top_k", "harness")
 """Settings that must be equal for two rows' figures to be comparable. ``accounting`` is how
 rounds were counted (``dflash-0.1.0``, the reference's, or ``legacy`` for results of older
 specdeck versions that could not be recounted, :func:`core.actions.eval.eval_rows`);
 ``template`` whether the chat template ran, with thinking on or off; ``temperature``,
-``top_p``, ``top_k`` how tokens were drawn (temperature 0: greedy)."""
+``top_p``, ``top_k`` how tokens were drawn (temperature 0: greedy); ``harness`` what measured it
+(:mod:`core.ml.measure.harness`: in-process online, offline trajectory, an engine, a client of a
+server; rows stored before it was recorded: derived from ``mode`` and ``engine``)."""
 
 SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0.0}
 """What rows stored before the sampling settings were recorded were measured at (greedy), so
@@ -100,6 +103,9 @@ class Drafter:
     """``{key: [this entry's value, the baseline's value]}`` for each key in ``mismatch``."""
     per_position: tuple[float, ...] = ()
     """Acceptance rate per draft position (k = 1..), pooled over rounds."""
+    measured: dict = field(default_factory=dict)
+    """How its figures were measured (:func:`measured`): harness, decoding, block size, prompt
+    set and its digest."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +166,8 @@ class Overall:
     """About how many prompts would detect :data:`core.tau.stats.DETECT` (no difference found)."""
     samples: int = 1
     """The most samples (seeds) any of its prompts averages (1: one measurement per prompt)."""
+    token_weighted: float | None = None
+    """Token-weighted tau over the same prompts as ``macro`` (:func:`token_weighted`)."""
 
 
 @dataclass(frozen=True)
@@ -210,6 +218,8 @@ class Comparison:
     left_out: tuple[str, ...] = ()
     """Rows whose figures are not finite numbers (a NaN or infinite tau...), each named with
     why: left out of every figure (also listed in ``warnings``)."""
+    by_domain: tuple[DomainFigures, ...] = ()
+    """Each entry's figures per domain, for entries whose prompts name one (else empty)."""
 
     def drafter(self, label: str) -> Drafter:
         for d in self.drafters:
@@ -241,7 +251,9 @@ class Comparison:
 
 # -- building ----------------------------------------------------------------------------
 def _setting(s: Mapping, key: str):
-    """A compared setting's value, as compared (:data:`SAMPLING_DEFAULTS`)."""
+    """A compared setting's value, as compared (:data:`SAMPLING_DEFAULTS`; a harness derived)."""
+    if key == "harness":
+        return harness.of_settings(s)
     v = s.get(key)
     if key not in SAMPLING_DEFAULTS:
         return v
@@ -261,8 +273,56 @@ def sample_of(row: EvalRow) -> int:
     return k if isinstance(k, int) and not isinstance(k, bool) else 0
 
 
-PER_ROW_SETTINGS = ("sample",)
-"""Row settings that tell a prompt's rows apart rather than describe the entry."""
+PER_ROW_SETTINGS = ("sample", "domain")
+"""Row settings that tell a prompt's rows apart rather than describe the entry (``domain``: the
+prompt's, which splits the table by domain, :class:`DomainFigures`)."""
+
+
+def measured(settings: Mapping | None) -> dict:
+    """How an entry was measured, as every output names it: ``harness``, ``decoding`` (greedy or
+    T, top-p, top-k), ``block_size``, ``prompt_set`` (a described set's name) and ``prompt_digest``
+    (the prompts file's sha256, first 12 hex digits)."""
+    s = settings or {}
+    return {"harness": harness.of_settings(s), "decoding": harness.decoding(s), "block_size": s.get("block_size"),
+            "prompt_set": s.get("prompt_set"), "prompt_digest": harness.digest(s.get("prompts"))}
+
+
+def measured_note(d: "Drafter") -> str:
+    """``in-process online, greedy, B 16, prompts 3f9a2c1b7e00`` (the prompt set's name first when known)."""
+    m = d.measured or measured(d.settings)
+    where = f"{m['prompt_set']} " if m.get("prompt_set") else ""
+    return f"{m['harness']}, {m['decoding']}, B {m['block_size']}, prompts {where}{m['prompt_digest']}"
+
+
+def token_weighted(rows: Sequence[EvalRow]) -> float | None:
+    """Token-weighted tau: each prompt's tau weighted by the tokens its rounds committed
+    (``sum(tokens_i * tau_i) / sum(tokens_i)``); None when a row has no rounds."""
+    num = den = 0.0
+    for r in rows:
+        if r.rounds is None:
+            return None
+        tokens = float(sum(int(x) for x in r.rounds))
+        t = _prompt_tau(r)
+        if t is None:
+            continue
+        num += tokens * t
+        den += tokens
+    return num / den if den else None
+
+
+@dataclass(frozen=True)
+class DomainFigures:
+    """One entry's figures on the prompts of one domain (a prompt set's ``domain`` or source)."""
+
+    drafter: str
+    domain: str
+    prompts: int
+    macro: float | None
+    """Per-request mean tau over the domain's prompts."""
+    macro_ci95: tuple[float, float] | None
+    token_weighted: float | None
+    pooled: float | None
+    rounds: int | None
 
 
 def sampling_note(d: "Drafter") -> str:
@@ -440,11 +500,12 @@ def build_comparison(rows: Iterable[EvalRow],
     overall: list[Overall] = []
     for e in entries.values():
         base, mismatch = _pick_baseline(e, baselines, warnings)
-        mvalues = {k: [e.settings.get(k), base.settings.get(k)] for k in mismatch} if base else {}
+        mvalues = {k: [_shown(e.settings, k), _shown(base.settings, k)] for k in mismatch} if base else {}
         drafters.append(Drafter(
             label=e.label, name=e.name, role=e.role, step=e.step, settings=e.settings,
             run_ids=tuple(e.run_ids), baseline=base.label if base else None, mismatch=mismatch,
-            mismatch_values=mvalues, per_position=_per_position(e.rows.values())))
+            mismatch_values=mvalues, per_position=_per_position(e.rows.values()),
+            measured=measured(e.settings)))
         for pid in prompts:
             row = e.rows.get(pid)
             if row is None:
@@ -460,7 +521,23 @@ def build_comparison(rows: Iterable[EvalRow],
     done = [_pair(by_label[a], by_label[b], seed, detect)
             for a, b in _resolve_pairs(pairs, list(by_label))]
     return Comparison(tuple(drafters), tuple(cells), tuple(overall), tuple(prompts),
-                      tuple(left_out + warnings), tuple(done), tuple(left_out))
+                      tuple(left_out + warnings), tuple(done), tuple(left_out),
+                      tuple(f for e in entries.values() for f in _domains(e, seed)))
+
+
+def _domains(e: _Entry, seed: int) -> list[DomainFigures]:
+    """The entry's figures per domain (its rows' ``domain``), each with its own interval; none
+    when no prompt names a domain."""
+    groups: dict[str, list[EvalRow]] = {}
+    for pid, by_sample in e.samples.items():
+        dom = (next(iter(by_sample.values())).settings or {}).get("domain")
+        if isinstance(dom, str) and dom:
+            groups.setdefault(dom, []).append(e.rows[pid])
+    out = []
+    for dom, rows in groups.items():
+        macro, pooled, mci, _, rounds = _figures(f"{e.label}|{dom}", rows, seed)
+        out.append(DomainFigures(e.label, dom, len(rows), macro, mci, token_weighted(rows), pooled, rounds))
+    return out
 
 
 def _resolve_pairs(pairs: Sequence[tuple[str, str]], labels: list[str]) -> list[tuple[str, str]]:
@@ -541,9 +618,25 @@ def _compare(a: _Entry, b: _Entry, shared: Sequence[str], mismatch: tuple[str, .
                        seed=seed, detect=detect)
     text = res.text(a.label, b.label, seeds=max(a.nsamples(shared), b.nsamples(shared)))
     if mismatch:
-        diff = ", ".join(f"{k} {a.settings.get(k)}≠{b.settings.get(k)}" for k in mismatch)
-        text = f"⚠ settings differ ({diff}), not comparable: {text}"
+        diff = ", ".join(f"{k} {_shown(a.settings, k)}≠{_shown(b.settings, k)}" for k in mismatch)
+        across = list(dict.fromkeys(ACROSS[k] for k in mismatch if k in ACROSS))
+        text = (f"⚠ settings differ ({diff}), not comparable"
+                + (f": a verdict across {' and '.join(across)}" if across else "") + f": {text}")
     return res, text
+
+
+ACROSS = {"harness": "harnesses", "temperature": "decodings", "top_p": "decodings", "top_k": "decodings",
+          "prompts": "prompt sets"}
+"""The compared settings a verdict line names in words when a pair differs in them."""
+
+
+def _shown(s: Mapping, key: str):
+    """A setting as a mismatch shows it: a harness in words, a prompt set by its digest."""
+    if key == "harness":
+        return harness.of_settings(s)
+    if key == "prompts":
+        return harness.digest(s.get(key))
+    return s.get(key)
 
 
 def _overall(e: _Entry, base: _Entry | None, mismatch: tuple[str, ...], seed: int,
@@ -552,7 +645,8 @@ def _overall(e: _Entry, base: _Entry | None, mismatch: tuple[str, ...], seed: in
         rows = list(e.rows.values())
         macro, pooled, mci, pci, rounds = _figures(e.label, rows, seed)
         return Overall(e.label, e.role, len(rows), macro, pooled, mismatch=mismatch,
-                       macro_ci95=mci, pooled_ci95=pci, rounds=rounds, samples=e.nsamples())
+                       macro_ci95=mci, pooled_ci95=pci, rounds=rounds, samples=e.nsamples(),
+                       token_weighted=token_weighted(rows))
     shared = [p for p in e.rows if p in base.rows]
     unmatched = tuple(p for p in e.rows if p not in base.rows)
     macro, pooled, mci, pci, rounds = _figures(e.label, [e.rows[p] for p in shared], seed)
@@ -564,7 +658,8 @@ def _overall(e: _Entry, base: _Entry | None, mismatch: tuple[str, ...], seed: in
     res, text = _compare(e, base, shared, mismatch, seed, detect)
     return Overall(e.label, e.role, len(shared), macro, pooled, bmacro, bpooled, dm, pm, dp, pp,
                    mismatch, unmatched, mci, pci, rounds, res.ci95, res.p_value, res.test,
-                   res.verdict, text, res.prompts_needed, e.nsamples(shared))
+                   res.verdict, text, res.prompts_needed, e.nsamples(shared),
+                   token_weighted([e.rows[p] for p in shared]))
 
 
 def _pair(a: _Entry, b: _Entry, seed: int, detect: float) -> Pair:
@@ -578,7 +673,7 @@ def _pair(a: _Entry, b: _Entry, seed: int, detect: float) -> Pair:
     dp, _ = _ratio(fa[1], fb[1])
     return Pair(a.label, b.label, len(shared), *fa, *fb, res.delta, res.ci95, dp, res.p_value,
                 res.test, res.verdict, text, res.prompts_needed, mismatch,
-                {k: [a.settings.get(k), b.settings.get(k)] for k in mismatch}, unmatched)
+                {k: [_shown(a.settings, k), _shown(b.settings, k)] for k in mismatch}, unmatched)
 
 
 # -- rendering ---------------------------------------------------------------------------
@@ -587,6 +682,7 @@ def to_dict(c: Comparison) -> dict:
     return {"compared_settings": list(COMPARED_SETTINGS), "prompts": list(c.prompts),
             "drafters": [asdict(d) for d in c.drafters], "cells": [asdict(x) for x in c.cells],
             "overall": [asdict(o) for o in c.overall], "pairs": [asdict(p) for p in c.pairs],
+            "by_domain": [asdict(f) for f in c.by_domain], "aggregations": dict(harness.AGGREGATIONS),
             "warnings": list(c.warnings), "left_out": list(c.left_out)}
 
 
@@ -601,13 +697,19 @@ def _num(x: float | None, digits: int = 4) -> str:
 def to_csv(c: Comparison) -> str:
     """One row per prompt x drafter (``scope`` = ``prompt``), then two per drafter for the
     overall figures (``scope`` = ``macro`` and ``pooled``), then one per named pair
-    (``scope`` = ``pair``: ``drafter`` vs ``against``). The intervals, the paired test and
-    the verdict fill the columns after ``mismatch`` on the overall and pair rows."""
+    (``scope`` = ``pair``: ``drafter`` vs ``against``), then one per drafter and domain
+    (``scope`` = ``domain``, ``prompt_id`` the domain). The intervals, the paired test and
+    the verdict fill the columns after ``mismatch`` on the overall and pair rows. The last
+    columns say how the row's tau was measured and aggregated: ``harness``, ``decoding``,
+    ``block_size``, ``prompt_set``, ``prompt_digest``, ``aggregation`` (per-request mean,
+    token-weighted, pooled; empty on a prompt's own row)."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["scope", "prompt_id", "drafter", "role", "tau", "baseline_tau", "delta",
                 "pct_of_baseline", "rounds", "mismatch", "ci95_lo", "ci95_hi", "delta_ci95_lo",
-                "delta_ci95_hi", "p_value", "test", "verdict", "verdict_text", "against"])
+                "delta_ci95_hi", "p_value", "test", "verdict", "verdict_text", "against",
+                *MEASURED_COLUMNS, "aggregation"])
+    how = {d.label: [d.measured.get(k, "") for k in MEASURED_COLUMNS] for d in c.drafters}
 
     def ci(x):
         return ["", ""] if x is None else [_num(x[0]), _num(x[1])]
@@ -618,24 +720,33 @@ def to_csv(c: Comparison) -> str:
     for x in c.cells:
         w.writerow(["prompt", x.prompt_id, x.drafter, x.role, _num(x.tau), _num(x.baseline_tau),
                     _num(x.delta), _num(x.pct_of_baseline, 2), rounds(x.rounds),
-                    ";".join(x.mismatch)] + [""] * 9)
+                    ";".join(x.mismatch)] + [""] * 9 + how[x.drafter] + [""])
     for o in c.overall:
         miss = ";".join(o.mismatch)
         test = [*ci(o.delta_macro_ci95), _num(o.p_value), o.test or "", o.verdict or "",
                 o.verdict_text or "", c.drafter(o.drafter).baseline or ""]
         w.writerow(["macro", "", o.drafter, o.role, _num(o.macro), _num(o.baseline_macro),
                     _num(o.delta_macro), _num(o.pct_macro, 2), rounds(o.rounds), miss,
-                    *ci(o.macro_ci95), *test])
+                    *ci(o.macro_ci95), *test, *how[o.drafter], "per-request mean"])
         w.writerow(["pooled", "", o.drafter, o.role, _num(o.pooled), _num(o.baseline_pooled),
                     _num(o.delta_pooled), _num(o.pct_pooled, 2), rounds(o.rounds), miss,
-                    *ci(o.pooled_ci95)] + [""] * 7)
+                    *ci(o.pooled_ci95)] + [""] * 7 + how[o.drafter] + ["pooled"])
+        w.writerow(["token_weighted", "", o.drafter, o.role, _num(o.token_weighted), "", "", "",
+                    rounds(o.rounds), miss] + [""] * 9 + how[o.drafter] + ["token-weighted"])
     for pr in c.pairs:
         pct = 100.0 * pr.macro / pr.b_macro if pr.macro is not None and pr.b_macro else None
         w.writerow(["pair", "", pr.a, "", _num(pr.macro), _num(pr.b_macro), _num(pr.delta_macro),
                     _num(pct, 2), rounds(pr.rounds), ";".join(pr.mismatch), *ci(pr.macro_ci95),
                     *ci(pr.delta_macro_ci95), _num(pr.p_value), pr.test, pr.verdict,
-                    pr.verdict_text, pr.b])
+                    pr.verdict_text, pr.b, *how[pr.a], "per-request mean"])
+    for f in c.by_domain:
+        w.writerow(["domain", f.domain, f.drafter, "", _num(f.macro), "", "", "", rounds(f.rounds), "",
+                    *ci(f.macro_ci95)] + [""] * 7 + how[f.drafter] + ["per-request mean"])
     return buf.getvalue()
+
+
+MEASURED_COLUMNS = ("harness", "decoding", "block_size", "prompt_set", "prompt_digest")
+"""The CSV's columns saying how a row's tau was measured (:func:`measured`)."""
 
 
 def fmt_tau(x: float | None) -> str:
@@ -665,14 +776,20 @@ VERDICT_MARK = {stats.BETTER: "▲ better", stats.WORSE: "▼ worse", stats.NONE
 
 
 def verdict_lines(c: Comparison) -> list[str]:
-    """Each drafter against its baseline, then each named pair, in words."""
+    """Each drafter against its baseline, then each named pair, in words; then each settled stop's
+    own verdict (an eval with ``stop: settled``, docs/evaluation.md §7), which is the one that holds
+    for it: the fixed-n test above ran on prompts a stopping rule chose."""
+    settled = list(dict.fromkeys(f"{d.settings['sequential']} (settled stop, anytime-valid)" for d in c.drafters
+                                 if isinstance((d.settings or {}).get("sequential"), str)))
     return ([o.verdict_text for o in c.overall if o.verdict_text]
-            + [p.verdict_text for p in c.pairs])
+            + [p.verdict_text for p in c.pairs] + settled)
 
 
 def method_note(c: Comparison) -> str:
     nested = any(o.samples > 1 for o in c.overall)
-    return (f"95 % intervals of tau: bootstrap over prompts, seeded (pooled: prompts, then rounds "
+    return ("tau aggregations: macro = per-request mean (over prompts), token-weighted (by the tokens "
+            "each prompt's rounds committed), pooled (all tokens over all rounds); "
+            f"95 % intervals of tau: bootstrap over prompts, seeded (pooled: prompts, then rounds "
             f"within them); test: {stats.TEST} on per-prompt tau, p < 0.05; the Δ interval: the "
             "differences that test does not reject, so it excludes 0 exactly when p < 0.05; "
             "prompts needed: for 80 % power"
@@ -722,12 +839,13 @@ def to_pivot_markdown(c: Comparison) -> str:
         cell = {d.label: c.cell(pid, d.label) for d in cols}
         line(pid, lambda d: fmt_tau(cell[d.label].tau) if cell[d.label] else "",
              lambda d: fmt_delta(cell[d.label].delta) if cell[d.label] else "")
-    line("**macro**", lambda d: fmt_tau(overall[d.label].macro),
+    line("**macro** (per-request mean)", lambda d: fmt_tau(overall[d.label].macro),
          lambda d: fmt_delta(overall[d.label].delta_macro))
     line("95 % CI", lambda d: fmt_ci(overall[d.label].macro_ci95),
          lambda d: fmt_ci(overall[d.label].delta_macro_ci95, signed=True))
     line("**pooled**", lambda d: fmt_tau(overall[d.label].pooled),
          lambda d: fmt_delta(overall[d.label].delta_pooled))
+    line("**token-weighted**", lambda d: fmt_tau(overall[d.label].token_weighted), lambda d: "")
     line("rounds", lambda d: str(overall[d.label].rounds or "–"), lambda d: "")
     line("verdict", lambda d: "baseline" if d.role == "baseline" else "",
          lambda d: VERDICT_MARK.get(overall[d.label].verdict, "–"))
@@ -767,19 +885,31 @@ def pk_chart(c: Comparison, height: int = 3) -> str:
     return "\n".join(out) + "\n"
 
 
-SUMMARY_HEADERS = ("drafter", "verdict", "macro tau", "Δ", "% of baseline", "Δ macro 95 % CI",
+SUMMARY_HEADERS = ("drafter", "verdict", "macro tau (per-request mean)", "Δ", "% of baseline", "Δ macro 95 % CI",
                    "p", "prompts", "pooled tau", "Δ", "% of baseline", "macro 95 % CI",
-                   "pooled 95 % CI", "rounds", "note")
+                   "pooled 95 % CI", "token-weighted tau", "rounds", "note")
 """The summary table's columns, most important first (a narrow terminal drops the last)."""
 
 
 def verdicts_markdown(c: Comparison) -> str:
     """The verdicts in words and how they were reached ("" when there are none)."""
     lines = verdict_lines(c)
+    how = measured_lines(c)
     if not lines:
-        return ""
-    return "\n".join(["Verdicts:"] + [f"- {x}" for x in lines] + ["", f"({method_note(c)})"]) \
-        + "\n"
+        return "\n".join(how) + "\n" if how else ""
+    return "\n".join(["Verdicts:"] + [f"- {x}" for x in lines] + ["", f"({method_note(c)})"]
+                     + ([""] + how if how else [])) + "\n"
+
+
+def measured_lines(c: Comparison) -> list[str]:
+    """How each entry was measured (harness, decoding, block size, prompt set and digest): one
+    line when every entry was measured alike, else one per entry."""
+    notes = {d.label: measured_note(d) for d in c.drafters}
+    if not notes:
+        return []
+    if len(set(notes.values())) == 1:
+        return [f"Measured: {next(iter(notes.values()))}"]
+    return ["Measured:"] + [f"- {label}: {note}" for label, note in notes.items()]
 
 
 def family_tag(d: Drafter) -> str:
@@ -792,7 +922,7 @@ def summary_markdown(c: Comparison) -> str:
     then pooled tau, the intervals, the rounds and what makes a row incomparable."""
     by_label = {d.label: d for d in c.drafters}
     out = ["| " + " | ".join(SUMMARY_HEADERS) + " |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for o in c.overall:
         name = o.drafter + family_tag(by_label[o.drafter]) + (" (baseline)" if o.role == "baseline" else "")
         note = mismatch_note(by_label[o.drafter])
@@ -803,7 +933,8 @@ def summary_markdown(c: Comparison) -> str:
                    f"{fmt_delta(o.delta_macro)} | {fmt_pct(o.pct_macro)} | "
                    f"{fmt_ci(o.delta_macro_ci95, signed=True)} | {p} | {o.prompts} | "
                    f"{fmt_tau(o.pooled)} | {fmt_delta(o.delta_pooled)} | {fmt_pct(o.pct_pooled)} | "
-                   f"{fmt_ci(o.macro_ci95)} | {fmt_ci(o.pooled_ci95)} | {o.rounds or '–'} | "
+                   f"{fmt_ci(o.macro_ci95)} | {fmt_ci(o.pooled_ci95)} | {fmt_tau(o.token_weighted)} | "
+                   f"{o.rounds or '–'} | "
                    f"{note} |")
     return "\n".join(out) + "\n"
 
@@ -829,8 +960,20 @@ def details_markdown(c: Comparison, *, pivot: bool = False) -> str:
             vals = [f"{p:.3f}" for p in d.per_position] + [""] * (width - len(d.per_position))
             out.append(f"| {d.label} | " + " | ".join(vals) + " |")
         out += ["", "```", pk_chart(c).rstrip("\n"), "```"]
+    if c.by_domain:
+        out += ["", *domain_markdown(c).rstrip("\n").split("\n")]
     if c.warnings:
         out += [""] + [f"- {w}" for w in c.warnings]
+    return "\n".join(out) + "\n"
+
+
+def domain_markdown(c: Comparison) -> str:
+    """tau by domain: one row per entry and domain, each with its own 95 % interval."""
+    out = ["| drafter | domain | prompts | macro tau (per-request mean) | 95 % CI | token-weighted tau | "
+           "pooled tau | rounds |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for f in c.by_domain:
+        out.append(f"| {f.drafter} | {f.domain} | {f.prompts} | {fmt_tau(f.macro)} | {fmt_ci(f.macro_ci95)} | "
+                   f"{fmt_tau(f.token_weighted)} | {fmt_tau(f.pooled)} | {f.rounds or '–'} |")
     return "\n".join(out) + "\n"
 
 
@@ -843,7 +986,8 @@ def to_markdown(c: Comparison, *, pivot: bool = False, verdicts: bool = True) ->
 
 
 __all__ = ["COMPARED_SETTINGS", "SAMPLING_DEFAULTS", "sampling_note", "sample_of", "Comparison", "Drafter", "Cell", "Overall", "Pair", "family_tag",
-           "build_comparison", "to_dict", "to_json", "to_csv", "to_markdown", "to_pivot_markdown",
+           "build_comparison", "DomainFigures", "domain_markdown", "measured", "measured_note",
+           "measured_lines", "token_weighted", "MEASURED_COLUMNS", "to_dict", "to_json", "to_csv", "to_markdown", "to_pivot_markdown",
            "verdicts_markdown", "summary_markdown", "details_markdown", "SUMMARY_HEADERS",
            "pk_chart", "bars", "verdict_lines", "mismatch_note", "fmt_tau", "fmt_delta", "fmt_pct",
            "fmt_ci", "VERDICT_MARK"]

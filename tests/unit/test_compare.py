@@ -91,8 +91,10 @@ def test_mismatched_settings_are_flagged_not_averaged():
     assert wide_d.mismatch == ("block_size",) and wide_d.mismatch_values == {"block_size": [8, 4]}
     assert c.cell("p1", "ours [block_size=8]").mismatch == ("block_size",)
     assert c.overall_of("ours [block_size=8]").macro == 5.0
-    assert c.drafter("other").mismatch == ("mode", "target")
-    assert c.flagged == {"ours [block_size=8]": ("block_size",), "other": ("mode", "target")}
+    # offline is another harness (an offline trajectory), derived for rows stored before it was recorded
+    assert c.drafter("other").mismatch == ("mode", "target", "harness")
+    assert c.drafter("other").mismatch_values["harness"] == ["offline trajectory", "in-process online"]
+    assert c.flagged == {"ours [block_size=8]": ("block_size",), "other": ("mode", "target", "harness")}
     assert c.drafter("ours").mismatch == ()
 
 
@@ -142,7 +144,8 @@ def test_renderers():
                                             settings={**S, "block_size": 8})])
     data = json.loads(to_json(c))
     assert data["compared_settings"] == ["mode", "block_size", "tree_budget", "target", "prompts",
-                                        "dtype", "accounting", "template", "temperature", "top_p", "top_k"]
+                                        "dtype", "accounting", "template", "temperature", "top_p", "top_k",
+                                        "harness"]
     ours = [o for o in data["overall"] if o["drafter"] == "ours"][0]
     assert ours["pooled"] == pytest.approx(2.75) and ours["pct_pooled"] == pytest.approx(137.5)
 

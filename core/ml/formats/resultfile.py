@@ -73,10 +73,10 @@ def _settings(res: dict[str, Any]) -> str | None:
     for key, check in checks.items():
         if res.get(key) is not None and check(res[key]):
             return f"'{key}' {check(res[key])}"
-    for key in ("mode", "definition", "accounting", "dtype", "method", "kind"):
+    for key in ("mode", "definition", "accounting", "dtype", "method", "kind", "harness"):
         if res.get(key) is not None and not isinstance(res[key], str):
             return f"'{key}' is {bounds.show(res[key])}, not text"
-    for key in ("target", "prompts", "drafter", "engine", "template"):
+    for key in ("target", "prompts", "drafter", "engine", "template", "sequential"):
         if res.get(key) is not None and not isinstance(res[key], dict):
             return f"'{key}' is {_kind(res[key])}, not an object"
     stops = res.get("stop_token_ids")

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from core.ml.formats import resultfile
+from core.ml.measure import harness
 from core.ml.measure import tau as taulib
 from core.ml.formats.runio import UsageError, atomic_write_json, emit, read_json, run_main, say
 
@@ -216,9 +217,14 @@ def compare_results(
                   "rounds_compared": sum(r["rounds_equal"] is not None for r in per_prompt)}
         parity["equal"] = (len(per_prompt) > 0 and parity["tokens_equal"] == len(per_prompt)
                            and parity["rounds_equal"] == parity["rounds_compared"])
+    overall["ours"]["tau_token_weighted"] = _token_weighted([r for i in common for r in rows_o[i]])
+    overall["baseline"]["tau_token_weighted"] = _token_weighted([r for i in common for r in rows_b[i]])
     return {
         "ok": not mismatches,
         "sides": {"ours": side_name(ours), "baseline": side_name(baseline)},
+        "measured": {"ours": measured(ours, section), "baseline": measured(baseline, section)},
+        "aggregations": {"tau": "per-request mean", "tau_pooled": "pooled",
+                         "tau_token_weighted": "token-weighted"},
         **({"parity": parity} if parity else {}),
         "section": section,
         "mismatches": mismatches,
@@ -229,6 +235,23 @@ def compare_results(
         "only_in_baseline": only_b,
         "definition": "delta = ours - baseline; ratio = ours / baseline; " + taulib.DEFINITION,
     }
+
+
+def measured(result: dict[str, Any], section: str = "chain") -> dict[str, Any]:
+    """How a result was measured (docs/evaluation.md §1): harness, decoding, block size, prompt set, digest."""
+    prompts = result.get("prompts") or {}
+    return {"harness": harness.of_result(result, section if section == "all_anchor" else None),
+            "decoding": harness.decoding(result), "block_size": result.get("block_size"),
+            "prompt_set": (prompts.get("set") or {}).get("name"), "prompt_digest": harness.digest(prompts.get("sha256"))}
+
+
+def _token_weighted(rows: list[dict[str, Any]]) -> float | None:
+    """Token-weighted tau of generation rows: each row's tau weighted by the tokens its rounds committed."""
+    pairs = [(sum(r["rounds"]), _row_tau(r)) for r in rows if isinstance(r.get("rounds"), list)]
+    if len(pairs) != len(rows):
+        return None
+    den = sum(c for c, t in pairs if t is not None)
+    return sum(c * t for c, t in pairs if t is not None) / den if den else None
 
 
 def _first_difference(a: list[int], b: list[int]) -> int | None:
@@ -313,9 +336,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     o = cmp["overall"]
     emit("metric", task="compare", id="overall", ours=o["ours"]["tau"], baseline=o["baseline"]["tau"],
          delta=o["delta"], ratio=o["ratio"], ok=cmp["ok"], ours_side=cmp["sides"]["ours"],
-         baseline_side=cmp["sides"]["baseline"], **({"parity": cmp["parity"]} if "parity" in cmp else {}))
+         baseline_side=cmp["sides"]["baseline"], ours_measured=cmp["measured"]["ours"],
+         baseline_measured=cmp["measured"]["baseline"], **({"parity": cmp["parity"]} if "parity" in cmp else {}))
     for m in cmp["mismatches"]:
         say(f"warning: {m['field']} differs: ours={m['ours']!r} baseline={m['baseline']!r}")
+    mo, mb = cmp["measured"]["ours"], cmp["measured"]["baseline"]
+    across = [what for key, what in (("harness", "harnesses"), ("decoding", "decodings"),
+                                     ("prompt_digest", "prompt sets")) if mo[key] != mb[key]]
+    if across:  # the figures above pair them anyway: said, never silently
+        say(f"warning: a comparison across {' and '.join(across)}: ours {mo['harness']}, {mo['decoding']}, prompts "
+            f"{mo['prompt_digest']}; baseline {mb['harness']}, {mb['decoding']}, prompts {mb['prompt_digest']}")
     for w in cmp["warnings"]:
         say(f"warning: {w}")
     if args.out:  # written atomically, then named

@@ -38,6 +38,8 @@ class Prompt:
     """The conversation's previous turn (multi-turn lines)."""
     answer: list[int] | None = None
     """The target's generated ids for this turn (set by the eval; the next turn needs them)."""
+    domain: str | None = None
+    """The line's ``domain`` (math, code, prose...): ``compare`` splits tau by it."""
 
     def conversation(self) -> list["Prompt"]:
         """This turn and the ones before it, first turn first."""
@@ -101,6 +103,9 @@ def read_prompts(path: str | Path, limit: int | None = None) -> list[Prompt]:
             raise UsageError(f"{path}:{n}: give exactly one of \"prompt\" (text), \"input_ids\" "
                              "or \"turns\" (a list of texts)")
         pid = str(row["id"])
+        domain = row.get("domain")
+        if domain is not None and not (isinstance(domain, str) and domain):
+            raise UsageError(f"{path}:{n}: domain must be a non-empty string")
         if pid in seen:
             raise UsageError(f"{path}:{n}: duplicate id {pid!r}")
         seen.add(pid)
@@ -108,19 +113,19 @@ def read_prompts(path: str | Path, limit: int | None = None) -> list[Prompt]:
             ids = row["input_ids"]
             if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and i >= 0 for i in ids):
                 raise UsageError(f"{path}:{n}: input_ids must be a non-empty list of non-negative ints")
-            prompts.append(Prompt(pid, input_ids=list(ids)))
+            prompts.append(Prompt(pid, input_ids=list(ids), domain=domain))
         elif kinds[0] == "turns":
             turns = row["turns"]
             if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t for t in turns):
                 raise UsageError(f"{path}:{n}: turns must be a non-empty list of non-empty strings")
             prev = None
             for k, text in enumerate(turns, 1):
-                prev = Prompt(f"{pid}#{k}", text=text, prev=prev)
+                prev = Prompt(f"{pid}#{k}", text=text, prev=prev, domain=domain)
                 prompts.append(prev)
         else:
             if not isinstance(row["prompt"], str) or not row["prompt"]:
                 raise UsageError(f"{path}:{n}: prompt must be a non-empty string")
-            prompts.append(Prompt(pid, text=row["prompt"]))
+            prompts.append(Prompt(pid, text=row["prompt"], domain=domain))
         lines += 1
         if limit is not None and lines >= limit:
             break
@@ -164,7 +169,18 @@ def describe(spec: str | Path, prompts: list[Prompt]) -> dict[str, Any]:
     head = prompt_set(spec, data)
     if head is not None:
         out["set"] = {**head, "subset": len({p.conversation()[0].id for p in prompts})}
+    domains = {p.id: domain_of(p, head is not None) for p in prompts}
+    if any(domains.values()):
+        out["domains"] = {k: v for k, v in domains.items() if v}
     return out
+
+
+def domain_of(p: Prompt, described_set: bool) -> str | None:
+    """A prompt's domain: its line's ``domain``, else for a described set (``zlab:``, ids
+    ``gsm8k/17``) the set's name before the ``/``; None when neither says."""
+    if p.domain:
+        return p.domain
+    return p.id.split("/", 1)[0] if described_set and "/" in p.id else None
 
 
 def file_sha256(path: str | Path) -> str:

@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from core.ml.formats import bounds, strictjson
+from core.ml.measure import harness
 from core.ml.measure import tau as taulib
 from core.ml.formats.drafter_config import read_target_config
 from core.ml.formats.runio import Progress, TaskError, UsageError, check_flags, emit, provenance, run_main, say, write_result
@@ -683,6 +684,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "engine": engine, "prompts": describe(args.prompts, prompts),
         **figures, "per_prompt": rows,
     }
+    result["harness"] = harness.of_result(result)
     emit("metric", task="engine_eval", engine=args.engine, tau=result["tau"], tau_pooled=result["tau_pooled"],
          engine_tau_pooled=engine["engine_tau_pooled"], num_rounds=result["num_rounds"])
     prov = provenance(["python -m core.ml.engine_clients", *argv], task="engine_eval", extra={"engine": engine})

@@ -5,6 +5,8 @@
         [--max-new-tokens N] [--device auto|cpu|cuda] [--dtype auto|float32|bfloat16|float16]
         [--limit N] [--ignore-eos] [--speedup] [--rows-per-pass R] [--seed S]
         [--temperature T [--top-p P] [--top-k K] [--samples N]] [--engine-rule ENGINE]
+        [--baseline-drafter DIR --baseline-out PATH [--baseline-label L]
+         --stop settled --min-difference D [--alpha A]]
         [--engine llama.cpp [--engine-bin PATH] [--engine-target GGUF|DIR] [--engine-drafter GGUF|DIR]
                             [--engine-threads N] [--engine-context N] [--engine-start-timeout S]]
 
@@ -17,6 +19,10 @@ prompt id and the sample index, recorded in each per-prompt row); DDTree and off
 offline: tau from an extract cache (``--cache``, from ``core.ml.extract``), batched over all
 anchors of a sequence (docs/evaluation.md §1): trajectory (top-level figures, comparable with online) and
 all-anchor (``all_anchor``); with ``--tree-budget`` also DDTree offline (``ddtree``).
+``--stop settled`` with ``--baseline-drafter``: a paired online eval, the drafter and the baseline
+prompt by prompt, stopped as soon as the verdict is settled (:mod:`core.ml.measure.sequential`,
+docs/evaluation.md §7) or at ``--limit`` prompts; both result.json files hold ``sequential``: the
+verdict, the prompts it took and the prompts the fixed-size eval would have run.
 ``--engine llama.cpp``: the online chain measured through a real ``llama-server`` instead
 (:mod:`core.ml.engines.llama`), in the same result.json shape, with ``engine`` (name, revision,
 binary sha256, both EOS sets) and the engine's raw figures per prompt; ``compare`` pairs it
@@ -35,6 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from core.ml.measure import harness
 from core.ml.measure import tau as taulib
 from core.ml.formats import bounds
 from core.ml.formats.runio import (Progress, UsageError, add_generation_args, check_flags, check_generation_args, emit,
@@ -66,6 +73,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-chat-template", action="store_true")
     p.add_argument("--enable-thinking", action="store_true")
     add_sampling_arguments(p)
+    s = p.add_argument_group("settled stop", "a paired eval that stops when its verdict is settled "
+                             "(docs/evaluation.md §7)")
+    s.add_argument("--baseline-drafter", help="the drafter to pair with, prompt by prompt (online chain)")
+    s.add_argument("--baseline-out", help="its result.json path")
+    s.add_argument("--baseline-label", default="baseline", help="its name in the progress lines and the verdict")
+    s.add_argument("--stop", choices=["settled"], help="settled: stop when better, worse or no difference as large "
+                   "as --min-difference is settled (--limit is the cap)")
+    s.add_argument("--min-difference", type=float, help="the smallest tau difference that matters (> 0)")
+    s.add_argument("--alpha", type=float, default=0.05, help="each verdict's error rate (default 0.05)")
     p.add_argument("--engine-rule", metavar="ENGINE", help="run the drafter under this engine's attention rule "
                    "(vllm, sglang, llama.cpp; core.ml.engines.rules), to measure tau as that engine serves it")
     e = p.add_argument_group("engine leg", "measure through a real engine instead of in process "
@@ -147,6 +163,7 @@ def validate(args: argparse.Namespace) -> None:
                 rows_per_pass=bounds.count)
     if args.engine:
         validate_engine(args)
+    validate_settled(args)
     if args.max_memory is not None:
         from core.ml.formats.weights import parse_bytes
 
@@ -156,6 +173,32 @@ def validate(args: argparse.Namespace) -> None:
             raise UsageError(f"--max-memory {exc}") from None
     # the files last: the flags above are the cheaper checks, and each names its own flag
     check_drafter_dir(args.drafter, args.target)  # every field and header; taps within the target's layers
+
+
+def validate_settled(args: argparse.Namespace) -> None:
+    """What a settled stop needs: a baseline to pair with, where its result goes, a smallest
+    difference that matters; an online greedy or single-sample chain, in process."""
+    paired = [f for f in ("baseline_drafter", "baseline_out") if getattr(args, f)]
+    if args.stop is None:
+        if paired or args.min_difference is not None:
+            flag = f"--{paired[0].replace('_', '-')}" if paired else "--min-difference"
+            raise UsageError(f"{flag}: only with --stop settled (a paired eval that stops when settled)")
+        return
+    if len(paired) < 2:
+        raise UsageError("--stop settled: give --baseline-drafter DIR and --baseline-out PATH (the pair it decides)")
+    if not (Path(args.baseline_drafter) / "config.json").is_file():
+        raise UsageError(f"--baseline-drafter {args.baseline_drafter}: no config.json there")
+    if args.min_difference is None or not (0 < args.min_difference < bounds.COUNT_MAX):
+        raise UsageError(f"--min-difference {args.min_difference}: give the smallest tau difference that matters, "
+                         "a number > 0 (e.g. 0.25)")
+    if not 0 < args.alpha < 1:
+        raise UsageError(f"--alpha {args.alpha}: an error rate between 0 and 1 (e.g. 0.05)")
+    for flag, bad in (("--mode offline", args.mode != "online"), ("--tree-budget", args.tree_budget is not None),
+                      ("--samples", args.samples > 1), ("--engine", bool(args.engine)), ("--speedup", args.speedup),
+                      ("--engine-rule", bool(args.engine_rule))):
+        if bad:
+            raise UsageError(f"--stop settled with {flag}: the settled stop pairs one online chain per prompt "
+                             "(in process, one sample); drop one of them")
 
 
 def validate_engine(args: argparse.Namespace) -> None:
@@ -557,6 +600,7 @@ def _main_engine(args: argparse.Namespace, prompts: list[Any]) -> int:
         **_summary(rows, block_size), "per_prompt": rows, "timing": _timing(rows),
         "engine": figures["engine"],
     }
+    result["harness"] = harness.of_result(result)
     if result["drafter"]["engine_rule"].get("attention"):  # what ran: the engine's reading of the config
         result["drafter"]["attention"] = result["drafter"]["engine_rule"]["attention"]
     emit("metric", task="eval", **named(args), method="chain", mode=args.mode, engine=args.engine, tau=result["tau"],
@@ -625,6 +669,9 @@ def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
         if tiled:
             say(f"{tiled} {str(dtype).removeprefix('torch.')} linears compute 8+ rows in float32 tiles (this CPU has "
                 f"no {str(dtype).removeprefix('torch.')} matrix instructions; --cpu-matmul torch keeps torch's kernels)")
+        if args.stop == "settled":
+            return _main_settled(args, target, tokenizer, drafter, prompts, block_size, block_note, last_blocks,
+                                 engine_rule, memory, tiled, device, dtype)
         if args.mode == "online":
             figures = run_online(args, target, tokenizer, drafter, prompts, block_size, last_blocks)
         else:
@@ -640,6 +687,9 @@ def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
         "cpu_matmul": {"mode": args.cpu_matmul, "float32_tiled_linears": tiled},
         **figures,
     }
+    result["harness"] = harness.of_result(result)
+    if "all_anchor" in result:
+        result["all_anchor"]["harness"] = harness.of_result(result, "all_anchor")
     emit("metric", task="eval", **named(args), method="chain", mode=args.mode, tau=result["tau"],
          tau_pooled=result["tau_pooled"], num_rounds=result["num_rounds"])
     if "ddtree" in result:
@@ -651,6 +701,54 @@ def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
     out = write_result(args.out, result, provenance(seed=args.seed, task="eval",
                                                     extra={"drafter_attention": cfg.attention_summary()}))
     emit("result", task="eval", path=str(out.resolve()))
+    return 0
+
+
+def _main_settled(args, target, tokenizer, drafter, prompts, block_size, block_note, last_blocks, engine_rule,
+                  memory, tiled, device, dtype) -> int:
+    """The paired eval of ``--stop settled``: the drafter, then the baseline, prompt by prompt, until
+    the confidence sequence settles the verdict or ``--limit`` (all prompts without it) is reached;
+    both results are written as an ordinary eval writes them, each with ``sequential``."""
+    from core.ml.measure.sequential import Sequential
+    from core.ml.models.drafter import load_drafter
+
+    base_args = argparse.Namespace(**{**vars(args), "drafter": args.baseline_drafter, "out": args.baseline_out,
+                                      "label": args.baseline_label})
+    try:
+        base = load_drafter(args.baseline_drafter, device=device, dtype=dtype)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--baseline-drafter {args.baseline_drafter}: {exc}") from exc
+    base_block = args.block_size if args.block_size is not None else base.config.block_size
+    seq = Sequential(args.min_difference, len(prompts), args.alpha)
+    rows: tuple[list, list] = ([], [])
+    done: list[Any] = []
+    for p in prompts:
+        mine = run_online(args, target, tokenizer, drafter, [p], block_size, last_blocks)["per_prompt"][0]
+        theirs = run_online(base_args, target, tokenizer, base, [p], base_block, last_blocks)["per_prompt"][0]
+        rows[0].append(mine)
+        rows[1].append(theirs)
+        done.append(p)
+        if mine["tau"] is not None and theirs["tau"] is not None and seq.add(mine["tau"], theirs["tau"]):
+            break
+    report = seq.report(args.label or "drafter", args.baseline_label)
+    say(f"settled stop: {report['text']}")
+    emit("metric", task="eval", **named(args), method="chain", sequential=report["verdict"],
+         prompts=report["prompts"], fixed_prompts=report["fixed_prompts"])
+    tcfg = target.config.get_text_config()
+    for a, d, bs, note, rs in ((args, drafter, block_size, block_note, rows[0]),
+                               (base_args, base, base_block, None, rows[1])):
+        result = {
+            **record(a, d.config, done, block_size=bs, block_note=note, stops=stop_ids(a, target, tokenizer),
+                     tokenizer=tokenizer, model_type=target.config.model_type, num_layers=tcfg.num_hidden_layers,
+                     engine_rule=engine_rule if a is args else None, last_blocks=last_blocks),
+            "device": str(device), "dtype": str(dtype).removeprefix("torch."), "memory": memory,
+            "cpu_matmul": {"mode": a.cpu_matmul, "float32_tiled_linears": tiled},
+            **_summary(rs, bs), "per_prompt": rs, "timing": _timing(rs), "sequential": report,
+        }
+        result["harness"] = harness.of_result(result)
+        out = write_result(a.out, result, provenance(seed=a.seed, task="eval",
+                                                     extra={"drafter_attention": d.config.attention_summary()}))
+        emit("result", task="eval", **named(a), path=str(out.resolve()))
     return 0
 
 
