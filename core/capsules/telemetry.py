@@ -400,6 +400,28 @@ async def watch_while(work, host, store, run, settings: TelemetrySettings, *,
             pass
 
 
+def describe(sample: dict) -> str:
+    """One line for a stored sample (:func:`latest_json`'s values): ``4 GPUs 90 % (0 91 % ·
+    1 93 % ...), memory 241.9/318.6 GiB; disk 40.1 GiB free of 100.0 GiB (/data)``."""
+    gpus = sample.get("gpus") or []
+    if not gpus:
+        head = f"no GPU telemetry ({sample.get('no_gpus') or 'no GPU answered'})"
+    else:
+        utils = [g["util"] for g in gpus if g.get("util") is not None]
+        used = sum(g.get("mem_used") or 0 for g in gpus) / 1024
+        total = sum(g.get("mem_total") or 0 for g in gpus) / 1024
+        each = " · ".join(f"{g['index']} " + ("n/a" if g.get("util") is None else
+                                             f"{g['util']:.0f} %") for g in gpus)
+        head = (f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''} "
+                + (f"{sum(utils) / len(utils):.0f} % " if utils else "")
+                + f"({each}), memory {used:.1f}/{total:.1f} GiB")
+    disks = sample.get("disks") or []
+    if disks:
+        d = min(disks, key=lambda x: x["free"])
+        head += f"; disk {gib(d['free'])} free of {gib(d['total'])} ({d.get('mount') or d['path']})"
+    return head
+
+
 def latest_json(store, hosts) -> dict:
     """Each host's latest stored sample (``status --json``'s ``hosts``): GPUs, disks, when,
     and why there are no GPUs; a host never sampled is absent."""
@@ -412,5 +434,5 @@ def latest_json(store, hosts) -> dict:
 
 
 __all__ = ["Alert", "Disk", "Gpu", "GpuProcess", "HostSample", "TelemetrySettings",
-           "alerts_for", "latest_json", "on_alert", "parse_sample", "raise_alert",
+           "alerts_for", "describe", "latest_json", "on_alert", "parse_sample", "raise_alert",
            "sample_for_run", "sample_host", "sample_script", "watch_while"]

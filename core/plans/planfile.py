@@ -315,7 +315,7 @@ def _parse_telemetry(v: _Validator, raw: Any) -> TelemetrySettings:
         return parse_params(TelemetrySettings, raw)
     except ExceptionGroup as eg:
         for e in eg.exceptions:
-            v.error(("telemetry",) + e.path, f"telemetry: {e.message}",
+            v.error(("telemetry",) + e.path, e.message,
                     field_path=("telemetry",) + e.path, key="unknown field" in e.message)
         return TelemetrySettings()
 
