@@ -374,10 +374,12 @@ async def watch_while(work, host, store, run, settings: TelemetrySettings, *,
         return await work
     import asyncio  # here, not at the top: reading a plan (its settings) needs none of it
 
+    stop = asyncio.Event()
+
     async def loop():
         from core.errors import SpecdeckError
 
-        while True:
+        while not stop.is_set():
             try:
                 fresh = store.run(run.id)
                 if fresh is None or not fresh.live:
@@ -387,12 +389,18 @@ async def watch_while(work, host, store, run, settings: TelemetrySettings, *,
                     on_alert_raised(a)
             except (SpecdeckError, TimeoutError, OSError):
                 pass  # the follower reports the host; the next sample tries again
-            await asyncio.sleep(settings.every)
+            try:  # the stop event, not only the cancel: a cancel that lands as a command
+                # ends can be lost inside asyncio.wait_for (Python 3.11), so the loop also
+                # wakes when the run is followed to its end
+                await asyncio.wait_for(stop.wait(), settings.every)
+            except TimeoutError:
+                pass
 
     task = asyncio.create_task(loop())
     try:
         return await work
     finally:
+        stop.set()
         task.cancel()
         try:
             await task
