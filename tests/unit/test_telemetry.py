@@ -181,3 +181,31 @@ async def test_a_gpu_idle_past_the_threshold_raises_exactly_one_stall_alert(gpus
     assert latest["run"] == run.id and len(latest["gpus"]) == 4
     assert json.loads(json.dumps(latest)) == latest
     store.close()
+
+
+def test_memory_near_full_and_a_disk_short_of_the_next_checkpoint_raise_their_alerts():
+    from core.state.records import Run
+
+    store = Store(":memory:")
+    run = Run("r1", "train", kind="train", host="gpu1", state="running", started_at=100.0)
+    settings = TelemetrySettings(mem_full_pct=95)
+    gpus = parse_gpus("0, H100, 99, 80000, 81559, 700.0, 80, GPU-a\n"
+                      "1, H100, 98, 40000, 81559, 690.0, 79, GPU-b\n")
+    disk = telemetry.Disk("/data/ckpts", 10 << 30, 1 << 40, "/data")
+    sample = telemetry.HostSample("gpu1", 200.0, tuple(gpus), disks=(disk,),
+                                  checkpoint_bytes=17 << 30)
+    store.add_telemetry(sample, run_id="r1")
+    got = {a.kind: a for a in telemetry.alerts_for(store, run, sample, settings)}
+    assert set(got) == {"gpu_memory", "disk_low"}  # busy: no stall
+    assert "GPU 0 78.1/79.6 GiB" in got["gpu_memory"].text and "GPU 1" not in got["gpu_memory"].text
+    assert got["disk_low"].text == (
+        "disk low: train (run r1) on gpu1: /data/ckpts has 10.0 GiB free, the last checkpoint "
+        "took 17.0 GiB: the next one will not fit (free space on /data)")
+    roomy = telemetry.HostSample("gpu1", 201.0, tuple(gpus[1:]), disks=(
+        telemetry.Disk("/data/ckpts", 40 << 30, 1 << 40, "/data"),), checkpoint_bytes=17 << 30)
+    assert telemetry.alerts_for(store, run, roomy, settings) == []
+    off = TelemetrySettings(mem_full_pct=100, disk_alert=False)
+    assert telemetry.alerts_for(store, run, sample, off) == []
+    assert [telemetry.raise_alert(store, a) for a in got.values()] == [True, True]
+    assert [telemetry.raise_alert(store, a) for a in got.values()] == [False, False]
+    store.close()
