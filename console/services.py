@@ -144,7 +144,7 @@ class Services:
                     self.post(m.NoticePosted(a.item, a.text, "warning"))
             else:
                 sample = await telemetry.sample_host(host, ["."], timeout=10)
-                self.store.add_telemetry(sample)
+                telemetry.record(self.store, sample)
         except (HostUnreachable, asyncio.TimeoutError, OSError):
             self.post(m.GpuSampled(name, None))
             return

@@ -98,7 +98,8 @@ def cmd_status(args) -> int:
         if watchers.get(it.id):
             print(sanitize(f"  tau watch {it.id}: {describe_watcher(watchers[it.id])}"))
     for name, sample in seen.hosts.items():
-        print(sanitize(f"  host {name}: {telemetry_line(sample)}"))
+        when = time.strftime("%m-%d %H:%M:%S", time.localtime(sample["at"]))
+        print(sanitize(f"  host {name}: {telemetry_line(sample)} (sampled {when})"))
     for a in alerts[-5:]:
         print(sanitize(f"  ALERT {time.strftime('%m-%d %H:%M', time.localtime(a.at))} "
                        f"{a.item_id}: {a.message}"))

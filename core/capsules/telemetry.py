@@ -361,9 +361,22 @@ async def sample_for_run(host, store, run, settings: TelemetrySettings,
     if last:
         dirs.append(posixpath.dirname(host.path(last)) or "/")
     sample = await sample_host(host, dirs, last, timeout=timeout)
-    store.add_telemetry(sample, run_id=run.id)
+    if not record(store, sample, run.id):
+        return sample, []  # a full state disk: shown, not stored, nothing raised
     raised = [a for a in alerts_for(store, run, sample, settings) if raise_alert(store, a)]
     return sample, raised
+
+
+def record(store, sample: HostSample, run_id: str | None = None) -> bool:
+    """Store ``sample``; False when the state disk took no more writes (the run's own
+    writes report that; a sample is not worth failing anything for)."""
+    from core.errors import StateDiskFull
+
+    try:
+        store.add_telemetry(sample, run_id=run_id)
+    except StateDiskFull:
+        return False
+    return True
 
 
 async def watch_while(work, host, store, run, settings: TelemetrySettings, *,
@@ -442,5 +455,5 @@ def latest_json(store, hosts) -> dict:
 
 
 __all__ = ["Alert", "Disk", "Gpu", "GpuProcess", "HostSample", "TelemetrySettings",
-           "alerts_for", "describe", "latest_json", "on_alert", "parse_sample", "raise_alert",
+           "alerts_for", "describe", "latest_json", "on_alert", "parse_sample", "raise_alert", "record",
            "sample_for_run", "sample_host", "sample_script", "watch_while"]

@@ -747,7 +747,7 @@ class Store:
             self.db["watchers"].update(run_id, fields)
 
     # -- host telemetry (core.capsules.telemetry) ------------------------------------------
-    TELEMETRY_KEEP_S = 7 * 86400.0
+    TELEMETRY_KEEP_S = 86400.0
     """Samples taken with no run (the console's look at an idle host) are kept this long;
     a run's are kept with it, as its metrics are."""
 

@@ -28,8 +28,8 @@ hosts:
 telemetry: {{every: 0.2, idle_minutes: 0.01}}
 items:
   - id: train
-    content: A trainer that runs a few seconds
-    action: {{kind: train, host: box, params: {{command: "sleep 4", out: out}}}}
+    content: A trainer that runs until the test lets it end
+    action: {{kind: train, host: box, params: {{command: "until [ -e {root}/go ]; do sleep 0.1; done", out: out}}}}
 """
 
 
@@ -41,6 +41,7 @@ def gpu_plan(tmp_path):
     store = Store(tmp_path / "state.db")
     yield load_plan(path), store
     store.close()
+    (tmp_path / "go").touch()  # a failed test leaves no trainer waiting on the host
 
 
 def _failed_workers(seen) -> list[str]:
@@ -76,6 +77,8 @@ async def test_four_gpus_in_the_pane_and_one_stall_alert(gpu_plan, tmp_path, mon
         notice = await wait_for(seen, m.NoticePosted, lambda x: "stall" in x.message,
                                 timeout=30, pilot=pilot)
         assert "GPU 2" in notice.message and notice.level == "warning"
+        await pilot.pause(1.0)  # a few more samples of the idle GPU: raised once all the same
+        (tmp_path / "go").touch()
         await wait_for(seen, m.RunEnded, lambda x: x.item_id == "train", timeout=30, pilot=pilot)
         await settle(pilot)
         await wait_for(seen, m.GpuSampled, lambda x: x.history.get(2) and x.history[2][-1] == 0,

@@ -145,8 +145,8 @@ hosts:
 telemetry: {{every: 0.2, idle_minutes: 0.01, idle_util: 5}}
 items:
   - id: train
-    content: A trainer that runs a few seconds
-    action: {{kind: train, host: box, params: {{command: "sleep 2.5", out: out}}}}
+    content: A trainer that runs until the test lets it end
+    action: {{kind: train, host: box, params: {{command: "until [ -e {wd}/go ]; do sleep 0.1; done", out: out}}}}
 """
 
 
@@ -160,9 +160,17 @@ async def test_a_gpu_idle_past_the_threshold_raises_exactly_one_stall_alert(gpus
     heard: list[Alert] = []
     off = telemetry.on_alert(heard.append)
     runner = Runner(plan, store, emit=seen.append, poll=0.05)
+    running = asyncio.create_task(runner.run_items(["train"]))
     try:
-        await asyncio.wait_for(runner.run_items(["train"]), 60)
+        for _ in range(600):  # until the stall is raised (at most 60 s), then a few more samples
+            if store.events(kinds=["alert"]) or running.done():
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)
+        (wd / "go").touch()
+        await asyncio.wait_for(running, 60)
     finally:
+        (wd / "go").touch()
         off()
         await runner.close()
     run = store.latest_run("train")
