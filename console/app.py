@@ -44,6 +44,7 @@ from console.screens.confirm import ConfirmModal, run_text, stop_text
 from console.screens.help import HelpScreen, glyph_sections
 from console.screens.journal import JournalScreen, meanwhile_summary
 from console.services import Services
+from console.widgets.gpu_pane import GpuPane
 from console.widgets.hosts_bar import HostsBar
 from console.widgets.item_detail import ItemDetail
 from console.widgets.keys_footer import KeysFooter
@@ -84,14 +85,17 @@ def _until_closed(handler):
 
     return wrapper
 PANES = {"plan": "#plan-options", "log": "#log", "metrics": "#metrics",
-         "tau": "#tau-table", "detail": "#detail"}
-"""Each pane's focus target, in the order of the number keys 1-5."""
+         "tau": "#tau-table", "detail": "#detail", "gpus": "#gpus"}
+"""Each pane's focus target, in the order of the number keys 1-6."""
 BOXES = {"plan": "#plan", "detail": "#detail", "log": "#logpane", "metrics": "#metrics",
-         "tau": "#tau"}
+         "tau": "#tau", "gpus": "#gpus"}
 """Each pane's outer box (what is shown, hidden, sized or zoomed)."""
-CYCLE = ("plan", "detail", "log", "metrics", "tau")
+CYCLE = ("plan", "detail", "log", "metrics", "tau", "gpus")
 """The focus cycle (tab / shift+tab): left to right, top to bottom."""
-TAB_LABELS = {"plan": "plan", "log": "log", "metrics": "curves", "tau": "tau", "detail": "item"}
+TAB_LABELS = {"plan": "plan", "log": "log", "metrics": "curves", "tau": "tau", "detail": "item",
+              "gpus": "gpus"}
+RIGHT = ("log", "metrics", "tau", "gpus")
+"""The panes of the right-hand column (on a small terminal, the one beside the plan)."""
 WIDE = (110, 32)
 """The smallest terminal (columns, rows) that shows every pane at once; below it the plan
 shares the screen with one pane at a time, chosen by focus (tabs on top say which)."""
@@ -192,6 +196,7 @@ class SpecdeckApp(App[int]):
                 yield LogPane(id="logpane")
                 yield MetricsPane(id="metrics")
                 yield TauPane(id="tau")
+                yield GpuPane(id="gpus")
         yield KeysFooter()
 
     def on_mount(self) -> None:
@@ -199,7 +204,8 @@ class SpecdeckApp(App[int]):
         self._leave_on_signals()
         self.bridge.bind(self.post_message)
         for pane, title in (("#plan", "1 plan"), ("#detail", "5 item"), ("#logpane", "2 log"),
-                            ("#metrics", "3 curves"), ("#tau", "4 tau vs baseline")):
+                            ("#metrics", "3 curves"), ("#tau", "4 tau vs baseline"),
+                            ("#gpus", "6 gpus")):
             self.query_one(pane).border_title = title
         live = self.session.live_runs()
         for run in live:  # ▶, and no u (undo) while its run lives
@@ -233,7 +239,7 @@ class SpecdeckApp(App[int]):
 
     def _set_current(self, pane: str) -> None:
         self.current = pane
-        if pane in ("log", "metrics", "tau"):
+        if pane in RIGHT:
             self.beside = pane
 
     def _shows(self, name: str) -> bool:
@@ -243,7 +249,14 @@ class SpecdeckApp(App[int]):
         if name == "tau":
             c = self.query_one(TauPane).comparison
             return bool(c is not None and c.drafters)
+        if name == "gpus":  # asked for (6, tab): shown, saying what it has (no nvidia-smi...)
+            return self.query_one(GpuPane).has_gpus or self.current == "gpus"
         return True
+
+    def _gpus_tabbed(self) -> bool:
+        """The GPUs pane has a tab and a place in the focus cycle once a host was sampled
+        (with GPU polling off it has nothing to say; 6 still shows it)."""
+        return bool(self.query_one(GpuPane).samples) or self.current == "gpus"
 
     def _apply_layout(self) -> None:
         """Share the screen among the panes by the terminal's size and what they hold.
@@ -262,10 +275,12 @@ class SpecdeckApp(App[int]):
         elif self.compact:
             shown = {"detail" if self.current == "detail" else "plan", self.beside}
         else:
-            shown = {"plan", "detail", "log"} | {p for p in ("metrics", "tau") if self._shows(p)}
+            shown = {"plan", "detail", "log"} | {p for p in ("metrics", "tau", "gpus")
+                                                 if self._shows(p)}
         pane = self.query_one(TauPane)
         tau_need = 4 + max(len(pane.ordered_rows) + 1, pane.query_one("#tau-bars").rows_needed)
-        key = (w, h, frozenset(shown), self.current, self.zoomed, tau_need)
+        gpus_need = 2 + self.query_one(GpuPane).rows_needed
+        key = (w, h, frozenset(shown), self.current, self.zoomed, tau_need, gpus_need)
         if key == self._layout_key:  # nothing moved: no style change, no layout pass
             return
         self._layout_key = key
@@ -274,7 +289,7 @@ class SpecdeckApp(App[int]):
             box.display = name in shown
         left, right = self.query_one("#left"), self.query_one("#right")
         left.display = bool(shown & {"plan", "detail"})
-        right.display = bool(shown & {"log", "metrics", "tau"})
+        right.display = bool(shown & set(RIGHT))
         if self.zoomed or not (left.display and right.display):
             left.styles.width = "1fr"
         else:
@@ -288,10 +303,15 @@ class SpecdeckApp(App[int]):
             detail.styles.max_height = None
         metrics, tau = self.query_one("#metrics"), self.query_one("#tau")
         metrics.styles.height = "1fr"
-        if "tau" in shown and len(shown & {"log", "metrics", "tau"}) > 1:
+        if "tau" in shown and len(shown & set(RIGHT)) > 1:
             tau.styles.height = max(8, min(tau_need, int((h - 2) * 0.4)))
         else:
             tau.styles.height = "1fr"
+        gpus = self.query_one("#gpus")
+        if "gpus" in shown and len(shown & set(RIGHT)) > 1:
+            gpus.styles.height = max(4, min(gpus_need, int((h - 2) * 0.35)))
+        else:
+            gpus.styles.height = "1fr"
         self.screen.set_class(self.compact and not self.zoomed, "-compact")
         footer = self.query_one(KeysFooter)
         footer.compact = self.compact  # more keys fit on a narrow footer
@@ -302,6 +322,8 @@ class SpecdeckApp(App[int]):
         if tabs.display:
             t = Text(no_wrap=True, overflow="ellipsis")
             for i, name in enumerate(PANES, 1):
+                if name == "gpus" and not self._gpus_tabbed():
+                    continue
                 style = ("reverse bold" if name == self.current else
                          "bold" if name in shown else "bright_black")
                 t.append(f" {i} {TAB_LABELS[name]} ", style=style)
@@ -310,7 +332,7 @@ class SpecdeckApp(App[int]):
 
     def _show_pane(self, name: str) -> None:
         """Make pane ``name`` visible (on a small terminal, beside the plan), then focus it."""
-        if not (self.compact or self.zoomed or self._shows(name)):
+        if not (self.compact or self.zoomed or self._shows(name) or name == "gpus"):
             self.notify({"metrics": "no curves: this item's runs logged no metrics (p pins "
                                     "another run's curves)",
                          "tau": "no eval results yet"}.get(name, f"{name} is empty"),
@@ -604,6 +626,10 @@ class SpecdeckApp(App[int]):
     @_until_closed
     def _gpu_sampled(self, msg: m.GpuSampled) -> None:
         self.query_one(HostsBar).set_gpus(msg.host, msg.gpus)
+        pane = self.query_one(GpuPane)
+        pane.idle_util = self.plan.telemetry.idle_util
+        pane.set_sample(msg.host, msg.sample, msg.history)
+        self._apply_layout()
 
     @on(m.JournalLoaded)
     @_until_closed
@@ -766,6 +792,8 @@ class SpecdeckApp(App[int]):
         i = CYCLE.index(self.current) if self.current in CYCLE else 0
         for k in range(1, len(CYCLE) + 1):
             name = CYCLE[(i + step * k) % len(CYCLE)]
+            if name == "gpus" and not self._gpus_tabbed():
+                continue
             if self.compact or self.zoomed or self._shows(name):
                 self._show_pane(name)
                 return

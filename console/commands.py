@@ -76,6 +76,9 @@ COMMANDS: tuple[Command, ...] = (
     Command("Focus metrics", "move focus to the curves", "focus_pane('metrics')", "3"),
     Command("Focus tau", "move focus to the tau table", "focus_pane('tau')", "4"),
     Command("Focus detail", "move focus to the item detail", "focus_pane('detail')", "5"),
+    Command("Focus GPUs", "each host's GPUs (utilisation and its recent history, memory, "
+            "power, temperature, processes) and free disk; a host without nvidia-smi says so",
+            "focus_pane('gpus')", "6"),
     Command("Help", "every key binding", "help", "?"),
     Command("Quit", "leave the console; runs on hosts keep going", "quit", "q / ctrl+q"),
 )

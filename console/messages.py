@@ -152,7 +152,13 @@ class TauLoaded(Message):
 class GpuSampled(Message):
     host: str
     gpus: list[dict] | None
-    """``[{index, util, mem_used, mem_total}]`` (MiB), or None when nvidia-smi did not answer."""
+    """``[{index, name, util, mem_used, mem_total, power, temp, processes}]`` (MiB, W, °C;
+    None for a value nvidia-smi gave as [N/A]), or None when no GPU answered."""
+    sample: dict | None = None
+    """The whole sample (:class:`core.capsules.telemetry.HostSample` as JSON: disks, why no
+    GPU answered), or None when the host did not answer."""
+    history: dict[int, list] = field(default_factory=dict)
+    """GPU index -> its recent utilisation %, oldest first."""
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, GpuSampled) and message.host == self.host

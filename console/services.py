@@ -33,23 +33,8 @@ OVERLAY_RUNS = 4
 """Attempts of the selected item drawn together on the metrics chart."""
 JOURNAL_LIMIT = 500
 RUN_END_KINDS = ("run_succeeded", "run_failed", "run_lost", "run_stopped", "run_interrupted")
-GPU_QUERY = ["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory.total",
-             "--format=csv,noheader,nounits"]
-
-
-def parse_gpus(text: str) -> list[dict]:
-    """nvidia-smi's CSV (``index, util, mem used, mem total``) -> one dict per GPU."""
-    out = []
-    for line in text.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 4:
-            continue
-        try:
-            idx, util, used, total = (int(float(p)) for p in parts)
-        except ValueError:
-            continue
-        out.append({"index": idx, "util": util, "mem_used": used, "mem_total": total})
-    return out
+GPU_HISTORY = 24
+"""Samples of each GPU's utilisation sent with a sample (the GPUs pane's sparkline)."""
 
 
 class Services:
@@ -141,16 +126,33 @@ class Services:
             await self.sample_gpu(name)
 
     async def sample_gpu(self, name: str) -> None:
+        """Sample a connected host's GPUs and disk (:mod:`core.capsules.telemetry`), store
+        it (with the live train run on that host, whose alerts it may raise, once), and post
+        it with each GPU's recent utilisation."""
+        from core.capsules import telemetry
+
         host = self.runner.hosts[name]
         if host.status.state.value != "connected":
             return
+        run = next((r for r in self.session.live_runs() if r.host == name and r.kind == "train"),
+                   None)
         try:
-            res = await host.run(GPU_QUERY, timeout=5)
+            if run is not None and self.plan.telemetry.every:
+                sample, raised = await telemetry.sample_for_run(host, self.store, run,
+                                                                self.plan.telemetry, timeout=10)
+                for a in raised:
+                    self.post(m.NoticePosted(a.item, a.text, "warning"))
+            else:
+                sample = await telemetry.sample_host(host, ["."], timeout=10)
+                telemetry.record(self.store, sample)
         except (HostUnreachable, asyncio.TimeoutError, OSError):
             self.post(m.GpuSampled(name, None))
             return
-        gpus = parse_gpus(res.stdout) if res.ok else []
-        self.post(m.GpuSampled(name, gpus or None))
+        data = sample.to_json()
+        history = {g.index: [u for _, u, _ in self.store.gpu_history(name, g.index,
+                                                                      limit=GPU_HISTORY)]
+                   for g in sample.gpus}
+        self.post(m.GpuSampled(name, data["gpus"] or None, data, history))
 
     # -- quick reads (short store queries on the loop's thread; no worker needed) ---------
     def item(self, item_id: str) -> Item:

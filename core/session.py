@@ -24,7 +24,7 @@ filter (:func:`at_step`).
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Awaitable, Callable, Iterable, TypeVar
 
@@ -84,6 +84,8 @@ class Overview:
     """The journal's alerts, oldest first."""
     watchers: dict[str, WatcherStatus]
     """Item id -> the tau watcher of its latest run (:meth:`Session.watcher_status`)."""
+    hosts: dict[str, dict] = field(default_factory=dict)
+    """Host name -> its latest telemetry sample (GPUs, disks; hosts never sampled absent)."""
 
 
 @dataclass(frozen=True)
@@ -202,7 +204,10 @@ class Session:
         """Statuses, latest runs, alerts and tau watchers, read in one go (``status``)."""
         latest = self.store.latest_runs()
         watchers = {i: w for i, r in latest.items() if (w := self.watcher_status(r.id))}
-        return Overview(self.statuses(), latest, self.store.events(kinds=["alert"]), watchers)
+        from core.capsules.telemetry import latest_json
+
+        return Overview(self.statuses(), latest, self.store.events(kinds=["alert"]), watchers,
+                        latest_json(self.store, self.plan.hosts))
 
     def eval_rows(self, item_id: str | None = None, *, step: int | None = None
                   ) -> list[EvalRow]:
@@ -265,6 +270,24 @@ class Session:
             return []
         self.runner.watch = False
         return await self.runner.reconcile()
+
+    async def sample_hosts(self, *, timeout_s: float = 20.0) -> int:
+        """Sample the host of each live train run once (GPUs, disks: stored, alerts raised
+        once per run; the plan's ``telemetry:``), as ``status`` does. A host that does not
+        answer is left out. Returns how many runs' hosts answered."""
+        from core.capsules.telemetry import sample_for_run
+
+        settings, done = self.plan.telemetry, 0
+        for run in self.store.live_runs():
+            if run.kind != "train" or not run.host or not settings.every:
+                continue
+            try:
+                host = await self.runner.host(run.host)
+                await sample_for_run(host, self.store, run, settings, timeout=timeout_s)
+            except (HostUnreachable, TimeoutError, OSError):
+                continue
+            done += 1
+        return done
 
     async def catch_up_log(self, run: Run, *, timeout_s: float) -> tuple[Run, str | None]:
         """A live run's newest log lines into the store (its state refreshed first, as

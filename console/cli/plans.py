@@ -41,12 +41,15 @@ def cmd_validate(args) -> int:
 
 def cmd_status(args) -> int:
     from core.actions.watch_eval.status import describe as describe_watcher
+    from core.capsules.telemetry import describe as telemetry_line
     from core.plans.plan import params_summary
 
     plan = load_plan(args.plan)
 
     async def go(session):
         changes = [] if args.no_reconcile else await session.refresh()
+        if not args.no_reconcile:
+            await session.sample_hosts()
         return changes, session.overview()
 
     changes, seen = run_with(plan, args, go, show_events=False, read=True)
@@ -61,7 +64,8 @@ def cmd_status(args) -> int:
             **({"watcher": dataclasses.asdict(watchers[it.id])} if watchers.get(it.id)
                else {})} for it in plan.items],
             "alerts": [{"item": a.item_id, "run": a.run_id, "at": a.at,
-                        "message": a.message} for a in alerts]}
+                        "message": a.message} for a in alerts],
+            "hosts": seen.hosts}
         print(strictjson.dumps(out, indent=2))
         return 0
     for c in changes:
@@ -93,6 +97,9 @@ def cmd_status(args) -> int:
     for it in plan.items:
         if watchers.get(it.id):
             print(sanitize(f"  tau watch {it.id}: {describe_watcher(watchers[it.id])}"))
+    for name, sample in seen.hosts.items():
+        when = time.strftime("%m-%d %H:%M:%S", time.localtime(sample["at"]))
+        print(sanitize(f"  host {name}: {telemetry_line(sample)} (sampled {when})"))
     for a in alerts[-5:]:
         print(sanitize(f"  ALERT {time.strftime('%m-%d %H:%M', time.localtime(a.at))} "
                        f"{a.item_id}: {a.message}"))

@@ -16,12 +16,15 @@ STATE = {"unknown": ("◌", "bright_black"), "connected": ("●", "green"),
 
 def gpu_text(gpus: list[dict]) -> Text:
     """``gpu 45% 10.0/80G`` for one GPU, ``4 gpus 61% 200/320G`` for several (mean util)."""
-    util = sum(g["util"] for g in gpus) / len(gpus)
-    used = sum(g["mem_used"] for g in gpus) / 1024
-    total = sum(g["mem_total"] for g in gpus) / 1024
+    utils = [g["util"] for g in gpus if g.get("util") is not None]  # None: [N/A]
+    used = sum(g.get("mem_used") or 0 for g in gpus) / 1024
+    total = sum(g.get("mem_total") or 0 for g in gpus) / 1024
     head = "gpu" if len(gpus) == 1 else f"{len(gpus)} gpus"
-    style = "bold red" if util >= 90 else ("yellow" if util >= 50 else "green")
-    return Text.assemble((f" {head} ", "bright_black"), (f"{util:.0f}%", style),
+    util = sum(utils) / len(utils) if utils else None
+    style = ("bright_black" if util is None else "bold red" if util >= 90 else
+             ("yellow" if util >= 50 else "green"))
+    return Text.assemble((f" {head} ", "bright_black"),
+                         ("n/a" if util is None else f"{util:.0f}%", style),
                          (f" {used:.1f}/{total:.0f}G", "bright_black"))
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from core.capsules.telemetry import TelemetrySettings
 from core.plans.adopt_spec import AdoptSpec
 from core.errors import InvalidInput
 from core.text import did_you_mean
@@ -108,6 +109,9 @@ class Plan:
     state: str | None = None
     """The state database this plan's runs are recorded in (``state:`` in the YAML, relative
     to the plan file); every command finds it without ``--state``."""
+    telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
+    """How train runs' hosts are sampled and when their GPUs or disk raise an alert
+    (``telemetry:``; :mod:`core.capsules.telemetry`)."""
 
     def item(self, item_id: str) -> Item:
         for it in self.items:

@@ -22,6 +22,7 @@ import yaml
 
 from core.actions import registry
 from core.plans.adopt_spec import parse_spec
+from core.capsules.telemetry import TelemetrySettings
 from core.errors import InvalidInput, PlanError
 from core.plans.params import ParamError, parse_params, shell_fields
 from core.plans.plan import (ENV_NAME, PRIORITIES, SECRET_NAME, SLUG, STATUSES, VAR_REF, ActionSpec,
@@ -275,8 +276,9 @@ def _plan_of(loc: _Located, path: Path | None) -> Plan:
     if not isinstance(data, dict):
         v.error((), "a plan is a mapping with name, hosts, vars and items")
         raise PlanError(v.issues)
-    _check_keys(v, data, (), ("name", "hosts", "vars", "items", "state"))
+    _check_keys(v, data, (), ("name", "hosts", "vars", "items", "state", "telemetry"))
     state = _parse_state(v, data.get("state"))
+    telemetry = _parse_telemetry(v, data.get("telemetry"))
     name = _parse_name(v, data.get("name"))
     variables = _parse_vars(v, data.get("vars") or {})
     raw_hosts = data.get("hosts") or {}
@@ -291,7 +293,7 @@ def _plan_of(loc: _Located, path: Path | None) -> Plan:
 
     if state is not None:
         state = str(((path.parent if path else Path.cwd()) / Path(state).expanduser()).resolve())
-    plan = Plan(name, path, hosts, dict(variables), tuple(items), state)
+    plan = Plan(name, path, hosts, dict(variables), tuple(items), state, telemetry)
     _check_kind_rules(v, plan)
     if v.issues:
         raise PlanError(v.issues)
@@ -305,6 +307,17 @@ def _parse_state(v: _Validator, state: Any) -> str | None:
                 field_path=("state",))
         return None
     return state
+
+
+def _parse_telemetry(v: _Validator, raw: Any) -> TelemetrySettings:
+    """``telemetry:``, the sampling of train runs' hosts and its alerts (defaults if absent)."""
+    try:
+        return parse_params(TelemetrySettings, raw)
+    except ExceptionGroup as eg:
+        for e in eg.exceptions:
+            v.error(("telemetry",) + e.path, e.message,
+                    field_path=("telemetry",) + e.path, key="unknown field" in e.message)
+        return TelemetrySettings()
 
 
 def _parse_name(v: _Validator, name: Any) -> str:

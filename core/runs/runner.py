@@ -796,8 +796,22 @@ class Runner:
         from core.capsules.metrics_sources import alongside, tensorboard_source
 
         src = tensorboard_source(action.metrics_spec(), host, self.store, run_id)
+        work = self._sampled(item, host, run_id, work)  # host telemetry (issue 44 §2)
         return await alongside(src, work, every=max(self.poll * 10, 0.5),
                                on_error=lambda m: self.emit(Notice(item.id, m, "warning")))
+
+    # -- host telemetry (issue 44 §2): begin ---------------------------------------------
+    def _sampled(self, item: Item, host: Host, run_id: str, work):
+        """``work`` (following a train run) while its host's GPUs and disks are sampled and
+        stored, each alert raised once (:func:`core.capsules.telemetry.watch_while`; the
+        plan's ``telemetry:``); an alert reaches the console as a warning notice."""
+        if item.action is None or item.action.kind != "train":
+            return work
+        from core.capsules.telemetry import watch_while
+
+        return watch_while(work, host, self.store, self.store.run(run_id), self.plan.telemetry,
+                           on_alert_raised=lambda a: self.emit(Notice(item.id, a.text, "warning")))
+    # -- host telemetry: end ---------------------------------------------------------------
 
     async def _finish(self, item: Item, action: Action, host: Host, run_id: str,
                       st: jobs.CapsuleState) -> str:

@@ -137,6 +137,19 @@ def m006_watchers(db: Database) -> None:
                           pk="run_id")
 
 
+@migrations()
+def m007_telemetry(db: Database) -> None:
+    """Host telemetry (core.capsules.telemetry): one row per look at a host (its disks and
+    GPU processes as JSON, or why it has no GPUs), one per GPU in it (the history)."""
+    db["host_samples"].create({"id": int, "host": str, "at": float, "run_id": str,
+                               "no_gpus": str, "data": str}, pk="id")
+    db["host_samples"].create_index(["host", "at"])
+    db["gpu_samples"].create({"sample_id": int, "host": str, "gpu": int, "at": float,
+                              "util": float, "mem_used": float, "mem_total": float,
+                              "power": float, "temp": float}, pk=("sample_id", "gpu"))
+    db["gpu_samples"].create_index(["host", "gpu", "at"])
+
+
 def default_state_path(plan_name: str) -> Path:
     """``$SPECDECK_STATE``, else ``$XDG_STATE_HOME/specdeck/<plan>.db``."""
     env = os.environ.get("SPECDECK_STATE")
@@ -732,3 +745,67 @@ class Store:
             fields["queue"] = strictjson.dumps(fields["queue"])
         with self._immediate():
             self.db["watchers"].update(run_id, fields)
+
+    # -- host telemetry (core.capsules.telemetry) ------------------------------------------
+    TELEMETRY_KEEP_S = 86400.0
+    """Samples taken with no run (the console's look at an idle host) are kept this long;
+    a run's are kept with it, as its metrics are."""
+
+    def add_telemetry(self, sample, *, run_id: str | None = None) -> int:
+        """Store one :class:`core.capsules.telemetry.HostSample` (of ``run_id``'s host)."""
+        from dataclasses import asdict
+
+        data = asdict(sample)
+        gpus = data.pop("gpus")
+        for g in gpus:  # the processes stay with the sample; the numbers get their rows
+            g.pop("uuid", None)
+        with self._immediate():
+            self.db.execute("DELETE FROM gpu_samples WHERE sample_id IN (SELECT id FROM "
+                            "host_samples WHERE run_id IS NULL AND at < ?)",
+                            [time.time() - self.TELEMETRY_KEEP_S])
+            self.db.execute("DELETE FROM host_samples WHERE run_id IS NULL AND at < ?",
+                            [time.time() - self.TELEMETRY_KEEP_S])
+            sid = self.db["host_samples"].insert({
+                "host": sample.host, "at": sample.at, "run_id": run_id,
+                "no_gpus": sample.no_gpus,
+                "data": strictjson.dumps({**data, "gpus": gpus})}).last_pk
+            self.db.conn.executemany(
+                "INSERT INTO gpu_samples (sample_id, host, gpu, at, util, mem_used, mem_total, "
+                "power, temp) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(sid, sample.host, g["index"], sample.at, points.value_of(g["util"]),
+                  points.value_of(g["mem_used"]), points.value_of(g["mem_total"]),
+                  points.value_of(g["power"]), points.value_of(g["temp"])) for g in gpus])
+        return sid
+
+    def gpu_history(self, host: str, gpu: int, *, since: float = 0.0,
+                    limit: int | None = None) -> list[tuple[float, float | None, float | None]]:
+        """``(at, utilisation %, memory used MiB)`` of one GPU of ``host`` from ``since``,
+        oldest first (``limit``: the newest that many)."""
+        rows = self.db.execute(
+            "SELECT at, util, mem_used FROM gpu_samples WHERE host = ? AND gpu = ? AND at >= ? "
+            "ORDER BY at DESC" + (f" LIMIT {int(limit)}" if limit else ""),
+            [host, gpu, since]).fetchall()
+        return [tuple(r) for r in reversed(rows)]
+
+    def latest_telemetry(self, host: str) -> dict | None:
+        """The newest sample of ``host`` as stored (``HostSample`` fields, JSON), with the
+        run it was taken for; None when it was never sampled."""
+        row = self.db.execute("SELECT data, run_id FROM host_samples WHERE host = ? "
+                              "ORDER BY at DESC, id DESC LIMIT 1", [host]).fetchone()
+        if row is None:
+            return None
+        import json
+
+        return {**json.loads(row[0]), "run": row[1]}
+
+    def alert_once(self, kind: str, message: str, *, item_id: str | None = None,
+                   run_id: str | None = None, host: str | None = None) -> bool:
+        """Journal an ``alert`` of ``kind`` for ``run_id`` unless that run has one of this kind
+        already (raised by this process or another). True when journaled now."""
+        data = strictjson.dumps({"alert": kind})
+        with self._immediate():
+            if self.db.execute("SELECT 1 FROM events WHERE kind = 'alert' AND run_id IS ? AND "
+                               "data = ?", [run_id, data]).fetchone():
+                return False
+            self._event("alert", item_id, run_id, host, message, {"alert": kind})
+        return True

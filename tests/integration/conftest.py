@@ -51,10 +51,12 @@ def ssh_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SshClientHome:
 @pytest.fixture
 def sshd_factory(sshd_available, ssh_home: SshClientHome, tmp_path: Path
                  ) -> Callable[..., list[SshdServer]]:
-    """``make(n=1, *, trust=True)``: start n more sshd servers, each with a config alias."""
+    """``make(n=1, *, trust=True, path_first=None)``: start n more sshd servers, each with a
+    config alias (``path_first``: a directory first on their sessions' PATH)."""
     servers: list[SshdServer] = []
 
-    def make(n: int = 1, *, trust: bool = True) -> list[SshdServer]:
+    def make(n: int = 1, *, trust: bool = True, path_first: Path | None = None
+             ) -> list[SshdServer]:
         out = []
         for _ in range(n):
             i = len(servers)
@@ -62,7 +64,7 @@ def sshd_factory(sshd_available, ssh_home: SshClientHome, tmp_path: Path
             alias = f"sshd{i}"
             server = SshdServer(address=address, port=free_port(address),
                                 root=tmp_path / f"sshd-{i}", alias=alias,
-                                authorized_key=ssh_home.public_key)
+                                authorized_key=ssh_home.public_key, path_first=path_first)
             servers.append(server)
             server.start()
             ssh_home.add_alias(alias, hostname=address, port=server.port, user=server.user)

@@ -35,6 +35,8 @@ SSHD = "/usr/sbin/sshd"
 SSH_KEYGEN = shutil.which("ssh-keygen") or "/usr/bin/ssh-keygen"
 SSH_AGENT = shutil.which("ssh-agent") or "/usr/bin/ssh-agent"
 SSH_ADD = shutil.which("ssh-add") or "/usr/bin/ssh-add"
+STD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+"""The PATH after a ``path_first`` directory (sshd's own default, root's included)."""
 
 
 def missing_tools() -> str | None:
@@ -116,6 +118,9 @@ class SshdServer:
         alias: The ``Host`` alias a client config uses for it.
         authorized_key: The client's public key line.
         user: The login user (the one running the tests).
+        path_first: A directory put first on the sessions' PATH (a fake tool the host
+            should seem to have, such as tests/fakegpu.py's ``nvidia-smi``); None: sshd's
+            own PATH.
     """
 
     address: str
@@ -124,6 +129,7 @@ class SshdServer:
     alias: str
     authorized_key: str
     user: str = field(default_factory=getpass.getuser)
+    path_first: Path | None = None
     _proc: subprocess.Popen | None = field(default=None, repr=False)
     _log_lines: list[str] = field(default_factory=list, repr=False)
 
@@ -179,7 +185,8 @@ class SshdServer:
             # The session's $HOME is a fresh directory, so the remote shell never sources the
             # real user's ~/.bashrc (slow or blocking login scripts such as `pyenv init`), and
             # `~` on the "remote host" stays inside the test's temporary directory.
-            f"SetEnv HOME={self.remote_home}",
+            f"SetEnv HOME={self.remote_home}"
+            + (f" PATH={self.path_first}:{STD_PATH}" if self.path_first else ""),
         ]
         # OpenSSH >= 9.8 throttles sources that fail often; tests fail on purpose.
         if _supports_option("PerSourcePenalties no"):

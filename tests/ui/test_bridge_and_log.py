@@ -131,16 +131,25 @@ async def test_selecting_a_streaming_run_shows_each_line_once(campaign):
 
 
 def test_gpu_parsing_and_badge():
-    from console.services import parse_gpus
+    """nvidia-smi's CSV (core.capsules.telemetry's query: index, name, utilisation, memory,
+    power, temperature, uuid) read into GPUs, and the hosts bar's badge of them."""
+    import dataclasses
+
+    from core.capsules.telemetry import parse_gpus
     from console.widgets.hosts_bar import gpu_text
 
-    out = "0, 45, 10240, 81559\n1, 95, 70000, 81559\nN/A, [Not Supported], 1, 2\n"
-    gpus = parse_gpus(out)
-    assert gpus == [{"index": 0, "util": 45, "mem_used": 10240, "mem_total": 81559},
-                    {"index": 1, "util": 95, "mem_used": 70000, "mem_total": 81559}]
+    out = ("0, NVIDIA H100 80GB HBM3, 45, 10240, 81559, 301.20, 51, GPU-a\n"
+           "1, NVIDIA H100 80GB HBM3, 95, 70000, 81559, [N/A], 60, GPU-b\n"
+           "N/A, [Not Supported], 1, 2\n")
+    gpus = [dataclasses.asdict(g) for g in parse_gpus(out)]
+    assert [{k: g[k] for k in ("index", "util", "mem_used", "mem_total")} for g in gpus] == [
+        {"index": 0, "util": 45, "mem_used": 10240, "mem_total": 81559},
+        {"index": 1, "util": 95, "mem_used": 70000, "mem_total": 81559}]
     assert gpu_text(gpus[:1]).plain == " gpu 45% 10.0/80G"
     assert gpu_text(gpus).plain == " 2 gpus 70% 78.4/159G"
     assert parse_gpus("") == [] and parse_gpus("bash: nvidia-smi: command not found") == []
+    gpus[0]["util"] = gpus[1]["util"] = None  # [N/A] utilisation: said, not counted as 0
+    assert gpu_text(gpus).plain == " 2 gpus n/a 78.4/159G"
 
 
 async def test_log_pane_says_a_progress_record_as_the_cli_does(campaign, capsys):
