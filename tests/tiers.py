@@ -59,7 +59,7 @@ def _recorded() -> dict[str, float]:
 def pytest_addoption(parser):
     parser.addoption("--store-durations", action="store_true", default=False,
                      help="write this run's per-test durations to tests/durations.json "
-                          "(run the whole suite serially: -p no:xdist)")
+                          "(serially, -p no:xdist: all of them; in parallel: only tests it lacks)")
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)  # before xdist's answer; none without xdist
@@ -105,8 +105,12 @@ def _shares_fixtures(item) -> bool:
 
 
 class _Recorder:
-    def __init__(self) -> None:
+    """Serially, every test's seconds replace the file. In parallel (``-n``) a test's seconds are
+    inflated by its neighbours, so only tests the file does not know yet are added."""
+
+    def __init__(self, parallel: bool = False) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
+        self.parallel = parallel
 
     def pytest_runtest_logreport(self, report):
         nodeid = report.nodeid
@@ -117,6 +121,9 @@ class _Recorder:
     def pytest_sessionfinish(self, session):
         if self.seconds:
             data = {k: round(v, 2) for k, v in sorted(self.seconds.items())}
+            if self.parallel and DURATIONS.exists():
+                data = {**data, **json.loads(DURATIONS.read_text())}
+                data = dict(sorted(data.items()))
             DURATIONS.write_text(json.dumps(data, indent=0, sort_keys=True) + "\n")
 
 
@@ -130,4 +137,5 @@ def pytest_configure(config):
     if hasattr(config.option, "loadscopereorder"):  # keep the longest-first order above
         config.option.loadscopereorder = False
     if config.getoption("--store-durations") and not hasattr(config, "workerinput"):
-        config.pluginmanager.register(_Recorder(), "specdeck-durations")
+        parallel = bool(getattr(config.option, "numprocesses", None))
+        config.pluginmanager.register(_Recorder(parallel), "specdeck-durations")
