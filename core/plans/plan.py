@@ -108,6 +108,10 @@ class Plan:
     state: str | None = None
     """The state database this plan's runs are recorded in (``state:`` in the YAML, relative
     to the plan file); every command finds it without ``--state``."""
+    notify: tuple[str, ...] = ()
+    """The events a notification is sent for (``notify:`` in the YAML: ``failed``, ``lost``,
+    ``tau_drop``...; core.ml.tasks.notify.EVENTS); where to is the user's, never the plan's
+    (core.runs.notify)."""
 
     def item(self, item_id: str) -> Item:
         for it in self.items:

@@ -26,6 +26,7 @@ ended while nobody watched. It runs on start, before status, and after every rec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import secrets
@@ -34,7 +35,7 @@ import time
 from functools import partial
 from typing import Any, Callable, Iterable
 
-from core.runs import adopt
+from core.runs import adopt, notify
 from core.capsules import jobs
 from core.plans import shellvars
 from core.actions import registry
@@ -644,6 +645,9 @@ class Runner:
             # those its command uses.
             launch = dataclasses.replace(launch, env={
                 **shellvars.plan_env(self.plan.vars, launch.command), **dict(launch.env)})
+            if host is not None and launch.launcher == "process":
+                await notify.arm(self.store, host, jobs.capsule_path(host, run_id), self.plan,
+                                 item, run_id)
             launched = await action.launch(ctx, host, run_id, launch)
         except HostUnreachable as e:
             # The run ends here (never left `starting`); the item counts as unreachable. Its
@@ -815,10 +819,16 @@ class Runner:
         except Exception as e:  # noqa: BLE001 - ActionFailed, or a fault reading the results
             state = outcome.state if outcome.state != "succeeded" else "failed"
             msg = str(e) if isinstance(e, ActionFailed) else describe_fault(e)
-            return self._end(item, run_id, state, error=msg, exit_code=outcome.exit_code,
-                             signal=outcome.signal)
-        return self._end(item, run_id, outcome.state, result=result, exit_code=outcome.exit_code,
-                         signal=outcome.signal, error=left)
+            status = self._end(item, run_id, state, error=msg, exit_code=outcome.exit_code,
+                               signal=outcome.signal)
+        else:
+            status = self._end(item, run_id, outcome.state, result=result,
+                               exit_code=outcome.exit_code, signal=outcome.signal, error=left)
+        if self.plan.notify:  # after the end is recorded: a target never delays nor fails it
+            ended = self.store.run(run_id)
+            await notify.after_run(self.store, self.plan, item, run_id, ended.state, host,
+                                   ended.capsule)
+        return status
 
     async def _leftovers(self, run: "Run") -> str | None:
         """Processes a finished run left behind (a background or daemonised child), told."""
@@ -1138,6 +1148,9 @@ class Runner:
         host = await self.host(run.host)
         ctx = _Context(self, item, host, run_id)
         await self.action(item).stopping(ctx, run)  # the item's, for an adopted run too
+        if run.capsule and self.plan.notify:
+            with contextlib.suppress(Exception):  # the stop matters, not how it is told
+                await notify.mark_stopping(host, run.capsule)
         st = await action.stop(ctx, host, run, grace_s)
         if st.state == "running":
             raise SpecdeckError(f"run {run_id} on {run.host} did not stop after SIGKILL")
