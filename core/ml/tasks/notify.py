@@ -52,13 +52,17 @@ MAX_GAP_S = 300.0
 def describe_target(url: str) -> str:
     """``json://user:pw@127.0.0.1:8080/hook?x=1`` -> ``json://127.0.0.1:8080``: where a
     message goes, without its secret parts (credentials, path, query: a Slack or ntfy token
-    often sits there)."""
+    often sits there). Many Apprise schemes put a token where a host would be
+    (``slack://TokenA/...``, ``discord://WebhookID/...``, ``ntfy://topic``): a "host" that
+    is not a dotted name, an address or ``localhost`` is shown as ``…``."""
     try:
         parts = urlsplit(url.strip())
         host = parts.hostname or ""
         port = f":{parts.port}" if parts.port else ""
     except ValueError:
         return "(an unreadable URL)"
+    if not ("." in host or ":" in host or host == "localhost"):
+        host, port = "…", ""
     return f"{parts.scheme or '?'}://{host}{port}"
 
 

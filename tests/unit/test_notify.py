@@ -1,0 +1,278 @@
+"""Notifications (core.runs.notify, core.ml.notify): a run's end told from its capsule with no
+specdeck running, once, through a real JSON webhook on 127.0.0.1 (Apprise ``json://``); the
+URL in no argv, plan, database row or log."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import socket
+import sqlite3
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, run_cli
+
+
+class Webhook:
+    """A JSON webhook on 127.0.0.1: every POST's path and body, kept."""
+
+    def __init__(self, port: int = 0):
+        got = self.got = []
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                got.append((self.path, json.loads(body)))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), H)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+SECRET = "tok-5e3c7a1f9b"
+"""The URL's secret part: searched for everywhere it must not be."""
+
+
+def write_plan(tmp_path: Path, command: str, events: str = "[failed, succeeded]") -> Path:
+    plan = tmp_path / "p.yaml"
+    plan.write_text(textwrap.dedent(f"""\
+        name: nplan
+        notify: {events}
+        hosts:
+          here:
+            local: true
+            workdir: {tmp_path}/here
+            python: {sys.executable}
+            env: {{PYTHONPATH: "{ROOT}"}}
+        items:
+          - id: train
+            content: a run that fails
+            action: {{kind: shell, host: here, params: {{command: "{command}"}}}}
+        """))
+    return plan
+
+
+def env_for(port: int, state: Path, **more) -> dict:
+    return {"SPECDECK_NOTIFY": f"json://127.0.0.1:{port}/hook/{SECRET}", "SPECDECK_STATE":
+            str(state), "SPECDECK_NOTIFY_BACKOFF": "0.2", **more}
+
+
+def cmdlines_with(secret: str) -> list[str]:
+    out = []
+    for p in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            raw = p.read_bytes()
+        except OSError:
+            continue
+        if secret.encode() in raw:
+            out.append(raw.replace(b"\0", b" ").decode(errors="replace"))
+    return out
+
+
+def wait_for(cond, timeout: float, what: str, every=None):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if every:
+            every()
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def capsule_of(tmp_path: Path) -> Path:
+    caps = list((tmp_path / "here" / ".specdeck" / "runs").iterdir())
+    assert len(caps) == 1
+    return caps[0]
+
+
+def no_secret_in_files(*roots: Path) -> None:
+    for root in roots:
+        for f in [root] if root.is_file() else root.rglob("*"):
+            if f.is_file() and f.name != "notify.url":
+                assert SECRET.encode() not in f.read_bytes(), f"the secret URL is in {f}"
+
+
+@pytest.mark.slow
+def test_a_failed_run_is_told_once_by_its_host_with_no_specdeck_running(tmp_path):
+    hook = Webhook()
+    try:
+        state = tmp_path / "state.db"
+        plan = write_plan(tmp_path, "sleep 1.5; echo boom; exit 3")
+        env = env_for(hook.port, state)
+        res = run_cli("run", plan, "train", "--detach", env=env, timeout=60)
+        assert res.returncode == 0, res.stderr
+        # specdeck has exited: the host alone tells the end. Meanwhile no process's argv
+        # (the command's, the wrapper's, the notifier's) carries the URL.
+        leaks: list[str] = []
+        ours: list[str] = []  # the scan sees the run's own processes (it can find a leak)
+
+        def scan():
+            leaks.extend(cmdlines_with(SECRET))
+            ours.extend(cmdlines_with(str(tmp_path / "here")))
+        wait_for(lambda: hook.got, 20, "the webhook's message", every=scan)
+        assert leaks == []
+        assert any("cmd.sh" in c for c in ours) and any("wrapper.sh" in c for c in ours)
+        time.sleep(1.0)  # a duplicate would come now
+        assert len(hook.got) == 1
+        path, msg = hook.got[0]
+        assert path == f"/hook/{SECRET}"
+        text = msg["title"] + " " + msg["message"]
+        for word in ("nplan", "train", "here", "exit 3", "failed"):
+            assert word in text, (word, text)
+
+        cap = capsule_of(tmp_path)
+        assert oct((cap / "notify.url").stat().st_mode & 0o777) == "0o600"
+        assert json.loads((cap / "notify.run_end").read_text())["state"] == "sent"
+
+        # Reattaching (twice: a second specdeck) records it and sends nothing again.
+        for _ in range(2):
+            res = run_cli("attach", plan, env=env, timeout=60)
+            assert res.returncode in (0, 1), res.stderr
+        time.sleep(0.5)
+        assert len(hook.got) == 1
+        db = sqlite3.connect(state)
+        run = db.execute("select state, exit_code from runs").fetchall()
+        assert run == [("failed", 3)]
+        rows = db.execute("select event, state, target, by from notifications").fetchall()
+        assert rows == [("run_end", "sent", f"json://127.0.0.1:{hook.port}", "here")]
+        journal = [m for (m,) in db.execute("select message from events where kind='notified'")]
+        assert len(journal) == 1 and f"json://127.0.0.1:{hook.port}" in journal[0]
+        db.close()
+        # The secret is in no plan, database byte, log or other capsule file.
+        no_secret_in_files(plan, tmp_path / "here", *tmp_path.glob("state.db*"))
+        assert SECRET not in res.stdout + res.stderr
+    finally:
+        hook.close()
+
+
+@pytest.mark.slow
+def test_a_webhook_down_for_a_while_delays_the_message_but_never_loses_or_doubles_it(tmp_path):
+    port = free_port()
+    state = tmp_path / "state.db"
+    plan = write_plan(tmp_path, "exit 5")
+    env = env_for(port, state)
+    res = run_cli("run", plan, "train", "--detach", env=env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    wait_for(lambda: (tmp_path / "here" / ".specdeck" / "runs").is_dir(), 10, "the capsule")
+    cap = capsule_of(tmp_path)
+
+    def tries() -> int:
+        try:
+            return json.loads((cap / "notify.run_end").read_text()).get("tries", 0)
+        except (OSError, ValueError):
+            return 0
+    wait_for(lambda: tries() >= 3, 20, "three refused tries")
+    assert (cap / "exit").read_text().split() == ["exit", "5"]  # recorded before any try
+    hook = Webhook(port)  # the target comes back
+    try:
+        wait_for(lambda: hook.got, 20, "the delayed message")
+        time.sleep(1.5)  # further retries would land now
+        assert len(hook.got) == 1
+        assert "exit 5" in hook.got[0][1]["message"]
+        rec = json.loads((cap / "notify.run_end").read_text())
+        assert rec["state"] == "sent" and rec["tries"] >= 4
+        res = run_cli("attach", plan, env=env, timeout=60)
+        db = sqlite3.connect(state)
+        assert db.execute("select state, exit_code from runs").fetchall() == [("failed", 5)]
+        db.close()
+        assert len(hook.got) == 1
+        no_secret_in_files(tmp_path / "here", *tmp_path.glob("state.db*"))
+    finally:
+        hook.close()
+
+
+@pytest.mark.slow
+def test_a_target_never_reached_is_recorded_not_sent_and_journaled(tmp_path):
+    state = tmp_path / "state.db"
+    plan = write_plan(tmp_path, "true")
+    env = env_for(free_port(), state, SPECDECK_NOTIFY_PATIENCE="1")
+    res = run_cli("run", plan, "train", "--detach", env=env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    wait_for(lambda: (tmp_path / "here" / ".specdeck" / "runs").is_dir(), 10, "the capsule")
+    cap = capsule_of(tmp_path)
+    wait_for(lambda: (cap / "notify.run_end").exists() and json.loads(
+        (cap / "notify.run_end").read_text())["state"] == "failed", 20, "giving up")
+    res = run_cli("attach", plan, env=env, timeout=60)
+    db = sqlite3.connect(state)
+    assert db.execute("select state, exit_code from runs").fetchall() == [("succeeded", 0)]
+    assert db.execute("select state from notifications").fetchall() == [("failed",)]
+    (msg,) = db.execute("select message from events where kind='notify_failed'").fetchone()
+    assert "NOT sent" in msg and "notify --test" in msg
+    db.close()
+    no_secret_in_files(tmp_path / "here", *tmp_path.glob("state.db*"))
+
+
+def test_notify_test_says_where_without_the_secret(tmp_path):
+    hook = Webhook()
+    try:
+        res = run_cli("notify", "--test", env={
+            "SPECDECK_NOTIFY": f"json://127.0.0.1:{hook.port}/hook/{SECRET}"})
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.strip() == (f"sent a test message to json://127.0.0.1:{hook.port} "
+                                      "(from $SPECDECK_NOTIFY)")
+        assert len(hook.got) == 1 and hook.got[0][0] == f"/hook/{SECRET}"
+    finally:
+        hook.close()
+
+
+def test_the_config_file_must_be_its_owners_alone(tmp_path):
+    conf = Path(os.environ["HOME"]) / ".config" / "specdeck" / "notify"
+    conf.parent.mkdir(parents=True)
+    conf.write_text(f"# mine\njson://127.0.0.1:9/hook/{SECRET}\n")
+    conf.chmod(0o644)
+    res = run_cli("notify", "--test", env={"SPECDECK_NOTIFY": ""})
+    assert res.returncode == 2
+    assert "chmod 600" in res.stderr and SECRET not in res.stderr + res.stdout
+    conf.chmod(0o600)
+    res = run_cli("notify", env={"SPECDECK_NOTIFY": ""})
+    assert res.returncode == 0
+    assert res.stdout.startswith(f"notifications go to json://127.0.0.1:9 (from {conf})")
+
+
+@pytest.mark.parametrize("text, want", [
+    ("notify: [failed, faild]", "p.yaml:2:18: field 'notify': notify: unknown event 'faild'"),
+    ("notify: json://127.0.0.1/x", "p.yaml:2:9: field 'notify': notify: names events, not a "
+                                   "target"),
+    ("notify: [ntfy://ntfy.sh/topic]", "p.yaml:2:10: field 'notify': notify: a notification "
+                                       "URL is a secret"),
+    ("notify: {failed: true}", "p.yaml:2:9: field 'notify': notify: a list of events"),
+])
+def test_bad_notify_fields_are_refused_by_file_line(text, want):
+    from core.errors import PlanError
+    from core.plans.planfile import parse_plan
+
+    with pytest.raises(PlanError) as e:
+        parse_plan(f"name: x\n{text}\nitems: []\n", "p.yaml")
+    assert str(e.value.issues[0]).startswith(want), str(e.value.issues[0])
+
+
+def test_the_target_is_described_without_its_secret_parts():
+    from core.runs.notify import describe
+
+    assert describe("json://user:pw@127.0.0.1:8080/hook?token=x") == "json://127.0.0.1:8080"
+    assert describe("ntfy://ntfy.sh/mytopic") == "ntfy://ntfy.sh"
+    # a token where a host would be is not shown
+    assert describe("slack://T1JJ3T3L2/A1BRTD4JD/TIiajkdnlazkcOXrIdevi7F") == "slack://…"
+    assert describe("discord://4174216298/JHMHI8qBe7bk2ZwO5U711o3dV") == "discord://…"
+    assert describe("ntfy://my-secret-topic") == "ntfy://…"
