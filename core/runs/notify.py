@@ -93,29 +93,36 @@ def _wanted_at_host(plan: "Plan") -> list[str]:
 
 
 async def arm(store: "Store", host: "Host", capsule: str, plan: "Plan", item: "Item",
-              run_id: str) -> bool:
-    """Make the capsule send its run's end itself (module doc); False when the plan asks for
-    no run end or no target is configured. Called before the command starts; never raises
-    (a run starts without its notification rather than not at all: journaled)."""
-    if not _wanted_at_host(plan):
+              run_id: str, events: tuple[str, ...] | None = None, *,
+              run_end: bool = True) -> bool:
+    """Make ``capsule`` on ``host`` send its events itself (module doc): its run's end
+    (``run_end``: a ``notify.sh`` its wrapper starts) or what its program raises (the detached
+    watcher's tau alerts: ``events``). False when the plan asks for none of them or no target
+    is configured. Called before the command starts; never raises (a run starts without its
+    notification rather than not at all: journaled)."""
+    wanted = [e for e in (_wanted_at_host(plan) if events is None else events)
+              if e in plan.notify]
+    if not wanted:
         return False
     try:
-        return await _arm(host, capsule, plan, item, run_id)
+        found = target()
+        if found is None:
+            return False
+        cfg = await _write_target(host, capsule, plan, item, run_id, wanted, found[0])
+        if run_end:
+            await _write_run_end(host, capsule, cfg)
+        return True
     except Exception as e:  # noqa: BLE001 - never a run's fault
         why = e.message if isinstance(e, InvalidInput) else type(e).__name__
-        store.journal("notify_failed", f"{item.id}: run {run_id}'s end will not be notified: "
-                      f"{why}", item_id=item.id, run_id=run_id, host=host.name)
+        store.journal("notify_failed", f"{item.id}: run {run_id}'s {', '.join(wanted)} will "
+                      f"not be notified: {why}", item_id=item.id, run_id=run_id,
+                      host=host.name)
         return False
 
 
-async def _arm(host: "Host", capsule: str, plan: "Plan", item: "Item", run_id: str) -> bool:
-    from core.actions.mlbase import host_python
-
-    events = _wanted_at_host(plan)
-    found = target()
-    if found is None:
-        return False
-    url, _ = found
+async def _write_target(host: "Host", capsule: str, plan: "Plan", item: "Item", run_id: str,
+                        events: list[str], url: str) -> dict:
+    """``notify.url`` (0600) and ``notify.json`` into ``capsule``; returns the latter."""
     backoff, patience = timing()
     cfg = {"plan": plan.name, "item": item.id, "host": host.name, "run": run_id,
            "events": events, "target": describe(url), "backoff_s": backoff,
@@ -125,13 +132,19 @@ async def _arm(host: "Host", capsule: str, plan: "Plan", item: "Item", run_id: s
     await host.run(f"umask 077 && mkdir -p {q} && cat >{q}/notify.url.tmp && "
                    f"mv {q}/notify.url.tmp {q}/notify.url", input=url.encode(), check=True)
     await host.write_file(f"{capsule}/notify.json", strictjson.dumps(cfg).encode())
-    exports = "".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in host.env.items())
+    return cfg
+
+
+async def _write_run_end(host: "Host", capsule: str, cfg: dict) -> None:
+    from core.actions.mlbase import host_python
+
+    q = shlex.quote(capsule)
     python = await host_python(host)
+    exports = "".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in host.env.items())
     script = ("#!/usr/bin/env bash\n# specdeck: the run's end, told (core.runs.notify)\n"
               f"{exports}cd {q} || exit 97\n"
               f"exec {shlex.join([python, '-u', '-m', 'core.ml.notify', 'run-end', capsule])}\n")
     await host.write_file(f"{capsule}/notify.sh", script.encode(), mode=0o700)
-    return True
 
 
 async def mark_stopping(host: "Host", capsule: str) -> None:

@@ -191,6 +191,12 @@ class _Context(ActionContext):
                 data: dict | None = None) -> None:
         self._store.journal(kind, message, item_id=self.item.id, run_id=self.run_id,
                             host=host, data=data)
+        if kind == "alert" and data and data.get("alert") in self._runner.plan.notify:
+            self._runner.notify_alert(self.item, self.run_id, data, message)
+
+    async def arm_notify(self, host: Host, capsule: str, events: tuple[str, ...]) -> bool:
+        return await notify.arm(self._store, host, capsule, self._runner.plan, self.item,
+                                self._this_run(), events, run_end=False)
 
     def for_run(self, run_id: str) -> "_Context":
         if not any(r.id == run_id for r in self.runs()):
@@ -280,6 +286,8 @@ class Runner:
         self.owner = owner_token()
         self._connect_locks: dict[str, asyncio.Lock] = {}
         self._stopping: set[str] = set()
+        self._notifying: set[asyncio.Task] = set()
+        """Notifications this specdeck is sending (core.runs.notify): awaited at close."""
         self._in_process: dict[str, asyncio.Future] = {}
         """run id -> the task running an in-process action (a relay...) in this process."""
         self._host_states: dict[str, HostState] = {}
@@ -330,8 +338,23 @@ class Runner:
                 await h.connect()
         return h
 
+    def notify_alert(self, item: Item, run_id: str | None, data: dict, message: str) -> None:
+        """Send an alert this specdeck raised (a tau drop...), in the background, once across
+        every specdeck (core.runs.notify)."""
+        if data.get("sent_by_host"):
+            return  # its host told it already (a detached watcher)
+        key = f"alert:{run_id}:{data['alert']}@{data.get('step')}"
+        title = f"specdeck: {self.plan.name}/{item.id} {data['alert'].replace('_', ' ')}"
+        task = asyncio.get_running_loop().create_task(notify.send_from_console(
+            self.store, key, title, f"plan {self.plan.name}, item {item.id}, run {run_id}: "
+            f"{message}", run_id=run_id, item_id=item.id, event=data["alert"]))
+        self._notifying.add(task)
+        task.add_done_callback(self._notifying.discard)
+
     async def close(self) -> None:
         """End the reconciles a reconnect started, then close every contacted host."""
+        if self._notifying:  # bounded: notify.CONSOLE_TRIES_S
+            await asyncio.gather(*list(self._notifying), return_exceptions=True)
         for task in list(self._reconciles):
             task.cancel()
         await asyncio.gather(*self._reconciles, return_exceptions=True)

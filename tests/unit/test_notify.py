@@ -4,51 +4,18 @@ URL in no argv, plan, database row or log."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
-import socket
 import sqlite3
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT, run_cli
-
-
-class Webhook:
-    """A JSON webhook on 127.0.0.1: every POST's path and body, kept."""
-
-    def __init__(self, port: int = 0):
-        got = self.got = []
-
-        class H(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                got.append((self.path, json.loads(body)))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *a):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), H)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.webhook import Webhook, free_port, wait_for
 
 
 SECRET = "tok-5e3c7a1f9b"
@@ -89,15 +56,6 @@ def cmdlines_with(secret: str) -> list[str]:
         if secret.encode() in raw:
             out.append(raw.replace(b"\0", b" ").decode(errors="replace"))
     return out
-
-
-def wait_for(cond, timeout: float, what: str, every=None):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if every:
-            every()
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def capsule_of(tmp_path: Path) -> Path:
@@ -276,3 +234,38 @@ def test_the_target_is_described_without_its_secret_parts():
     assert describe("slack://T1JJ3T3L2/A1BRTD4JD/TIiajkdnlazkcOXrIdevi7F") == "slack://…"
     assert describe("discord://4174216298/JHMHI8qBe7bk2ZwO5U711o3dV") == "discord://…"
     assert describe("ntfy://my-secret-topic") == "ntfy://…"
+
+
+async def test_an_alert_the_console_raises_is_sent_once_across_specdecks(tmp_path, monkeypatch):
+    """A tau alert journaled by an ``on: console`` watcher is sent by the specdeck that raised
+    it, once: a second specdeck raising the same one (step) sends nothing; an alert its host
+    told itself (a detached watcher's drop) is not sent from here."""
+    from core.plans.planfile import load_plan
+    from core.runs.runner import Runner, _Context
+    from core.state.store import Store
+
+    hook = Webhook()
+    monkeypatch.setenv("SPECDECK_NOTIFY", f"json://127.0.0.1:{hook.port}/a/{SECRET}")
+    try:
+        plan = load_plan(write_plan(tmp_path, "true", "[tau_drop, tau_flat]"))
+        state = tmp_path / "state.db"
+        item = plan.item("train")
+        for _ in range(2):  # two specdecks on one state
+            store = Store(state)
+            runner = Runner(plan, store)
+            ctx = _Context(runner, item, None, "run-1")
+            ctx.journal("alert", "tau 2.0 at step 60 is 33% below the best", data={
+                "alert": "tau_drop", "step": 60})
+            ctx.journal("alert", "tau 2.0 at step 80 is 33% below the best", data={
+                "alert": "tau_drop", "step": 80, "sent_by_host": True})
+            await runner.close()  # waits for what it is sending
+            store.close()
+        assert len(hook.got) == 1
+        assert "train" in hook.got[0][1]["title"] and "step 60" in hook.got[0][1]["message"]
+        db = sqlite3.connect(state)
+        assert db.execute("select key, state, by from notifications").fetchall() == [
+            ("alert:run-1:tau_drop@60", "sent", "console")]
+        db.close()
+        no_secret_in_files(*tmp_path.glob("state.db*"))
+    finally:
+        hook.close()
