@@ -191,7 +191,7 @@ class _Context(ActionContext):
                 data: dict | None = None) -> None:
         self._store.journal(kind, message, item_id=self.item.id, run_id=self.run_id,
                             host=host, data=data)
-        if kind == "alert" and data and data.get("alert") in self._runner.plan.notify:
+        if kind == "alert" and data and data.get("alert") in getattr(self._runner.plan, "notify", ()):
             self._runner.notify_alert(self.item, self.run_id, data, message)
 
     async def arm_notify(self, host: Host, capsule: str, events: tuple[str, ...]) -> bool:

@@ -77,7 +77,7 @@ async def command(ctx: "ActionContext", spec: WatchEvalParams, run: Run, ckpt_di
         if val is not None:
             args += [flag, val]
     args += sampling.cli_flags(spec)  # every eval it runs samples so (core.ml.watcher)
-    if "tau_drop" in ctx.plan.notify:
+    if "tau_drop" in getattr(ctx.plan, "notify", ()):
         args += ["--drop-pct", spec.alerts.drop_pct]
     launched = getattr(run, "config", None)
     launched = launched if isinstance(launched, dict) else {}
@@ -160,7 +160,7 @@ async def ensure_started(ctx: "ActionContext", run: Run, spec, ckpt_dir: str | N
     if st.state in ("missing", "nopid"):
         try:
             launch = await command(ctx, spec, run, row.ckpt_dir, host)
-            if "tau_drop" in ctx.plan.notify:  # its drops are told from the host (core.ml.notify)
+            if "tau_drop" in getattr(ctx.plan, "notify", ()):  # told from the host itself
                 await ctx.arm_notify(host, row.capsule, ("tau_drop",))
             info = await jobs.start(host, capsule_id(run.id), launch)
         except Exception as e:  # noqa: BLE001 - a full disk, an unwritable capsule...
