@@ -271,47 +271,50 @@ async def test_an_alert_the_console_raises_is_sent_once_across_specdecks(tmp_pat
         hook.close()
 
 
-@pytest.mark.slow
-def test_a_stopped_run_is_told_as_stopped(tmp_path):
-    hook = Webhook()
-    try:
-        state = tmp_path / "state.db"
-        plan = write_plan(tmp_path, "sleep 60", "[stopped, lost, failed]")
-        env = env_for(hook.port, state)
-        assert run_cli("run", plan, "train", "--detach", env=env, timeout=60).returncode == 0
-        res = run_cli("stop", plan, "train", "--yes", "--grace", "5", env=env, timeout=60)
-        assert res.returncode == 0, res.stderr
-        wait_for(lambda: hook.got, 20, "the stop's message")
-        time.sleep(0.5)
-        assert len(hook.got) == 1
-        assert "stopped" in hook.got[0][1]["title"] and "failed" not in hook.got[0][1]["title"]
-    finally:
-        hook.close()
+@pytest.fixture
+def hook():
+    h = Webhook()
+    yield h
+    h.close()
+
+
+def sleeping_run(tmp_path: Path, hook: Webhook) -> tuple[Path, dict, Path]:
+    """A detached run of ``sleep 60`` whose plan notifies its stop, loss or failure: (plan,
+    env, state)."""
+    state = tmp_path / "state.db"
+    plan = write_plan(tmp_path, "sleep 60", "[stopped, lost, failed]")
+    env = env_for(hook.port, state)
+    assert run_cli("run", plan, "train", "--detach", env=env, timeout=60).returncode == 0
+    return plan, env, state
 
 
 @pytest.mark.slow
-def test_a_lost_run_is_told_once_by_the_specdeck_that_finds_it(tmp_path):
-    hook = Webhook()
-    try:
-        state = tmp_path / "state.db"
-        plan = write_plan(tmp_path, "sleep 60", "[stopped, lost, failed]")
-        env = env_for(hook.port, state)
-        # its wrapper and command killed: no exit status; the next look finds it lost
-        assert run_cli("run", plan, "train", "--detach", env=env, timeout=60).returncode == 0
-        cap = capsule_of(tmp_path)
-        wait_for(lambda: (cap / "pid").exists(), 10, "the run's pid")
-        pid, _, _, wpid, _ = (cap / "pid").read_text().split()
-        for p in (wpid, pid):
-            os.kill(int(p), 9)
-        for _ in range(2):
-            run_cli("attach", plan, env=env, timeout=60)
-        time.sleep(0.5)
-        assert len(hook.got) == 1, hook.got
-        assert "lost" in hook.got[0][1]["title"] and "train" in hook.got[0][1]["message"]
-        db = sqlite3.connect(state)
-        assert ("lost",) in db.execute("select state from runs").fetchall()
-        assert db.execute("select count(*) from notifications where by='console' and "
-                          "state='sent'").fetchone() == (1,)
-        db.close()
-    finally:
-        hook.close()
+def test_a_stopped_run_is_told_as_stopped(tmp_path, hook):
+    plan, env, _ = sleeping_run(tmp_path, hook)
+    res = run_cli("stop", plan, "train", "--yes", "--grace", "5", env=env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    wait_for(lambda: hook.got, 20, "the stop's message")
+    time.sleep(0.5)
+    assert len(hook.got) == 1
+    assert "stopped" in hook.got[0][1]["title"] and "failed" not in hook.got[0][1]["title"]
+
+
+@pytest.mark.slow
+def test_a_lost_run_is_told_once_by_the_specdeck_that_finds_it(tmp_path, hook):
+    # its wrapper and command killed: no exit status; the next look finds it lost
+    plan, env, state = sleeping_run(tmp_path, hook)
+    cap = capsule_of(tmp_path)
+    wait_for(lambda: (cap / "pid").exists(), 10, "the run's pid")
+    pid, _, _, wpid, _ = (cap / "pid").read_text().split()
+    for p in (wpid, pid):
+        os.kill(int(p), 9)
+    for _ in range(2):
+        run_cli("attach", plan, env=env, timeout=60)
+    time.sleep(0.5)
+    assert len(hook.got) == 1, hook.got
+    assert "lost" in hook.got[0][1]["title"] and "train" in hook.got[0][1]["message"]
+    db = sqlite3.connect(state)
+    assert ("lost",) in db.execute("select state from runs").fetchall()
+    assert db.execute("select count(*) from notifications where by='console' and "
+                      "state='sent'").fetchone() == (1,)
+    db.close()
