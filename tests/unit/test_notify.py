@@ -76,7 +76,8 @@ def test_a_failed_run_is_told_once_by_its_host_with_no_specdeck_running(tmp_path
     hook = Webhook()
     try:
         state = tmp_path / "state.db"
-        plan = write_plan(tmp_path, "sleep 1.5; echo boom; exit 3")
+        # the command keeps its environment: the URL must not be in it (nor in its log)
+        plan = write_plan(tmp_path, "env >seen_env; env; sleep 1.5; echo boom; exit 3")
         env = env_for(hook.port, state)
         res = run_cli("run", plan, "train", "--detach", env=env, timeout=60)
         assert res.returncode == 0, res.stderr
@@ -117,7 +118,9 @@ def test_a_failed_run_is_told_once_by_its_host_with_no_specdeck_running(tmp_path
         journal = [m for (m,) in db.execute("select message from events where kind='notified'")]
         assert len(journal) == 1 and f"json://127.0.0.1:{hook.port}" in journal[0]
         db.close()
-        # The secret is in no plan, database byte, log or other capsule file.
+        # The secret is in no plan, database byte, log, the command's environment or other
+        # capsule file.
+        assert "SPECDECK_STATE" in (tmp_path / "here" / "seen_env").read_text()
         no_secret_in_files(plan, tmp_path / "here", *tmp_path.glob("state.db*"))
         assert SECRET not in res.stdout + res.stderr
     finally:
