@@ -30,6 +30,7 @@ import asyncio
 import json
 import os
 import shlex
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,6 +43,7 @@ from core.ml.tasks.notify import (BACKOFF_S, PATIENCE_S, deliver, describe_targe
 if TYPE_CHECKING:
     from core.hosts.base import Host
     from core.plans.plan import Item, Plan
+    from core.state.records import Run
     from core.state.store import Store
 
 ENV = "SPECDECK_NOTIFY"
@@ -170,10 +172,35 @@ async def after_run(store: "Store", plan: "Plan", item: "Item", run_id: str, sta
                       f"{type(e).__name__}", item_id=item.id, run_id=run_id)
 
 
+LOOK_BACK_S = 2 * 86400.0
+"""How long after a run's end specdeck still looks for what its host sent (a target down for
+hours is retried there for ``$SPECDECK_NOTIFY_PATIENCE``)."""
+
+
+async def catch_up(store: "Store", plan: "Plan", ended: list[tuple["Item", "Run", "Host"]]
+                   ) -> None:
+    """Journal what hosts sent for runs that ended recently (their sender was still trying
+    when the run's end was recorded): each run once, then never looked at again."""
+    if not _wanted_at_host(plan):
+        return
+    told = {r["run_id"] for r in store.notifications()}
+    now = time.time()
+    for item, run, host in ended:
+        if run.id in told or not run.capsule or now - (run.ended_at or 0) > LOOK_BACK_S:
+            continue
+        try:
+            await _host_record(store, item, run.id, host, run.capsule)
+        except Exception:  # noqa: BLE001 - looked at again next time
+            continue
+
+
 async def _host_record(store: "Store", item: "Item", run_id: str, host: "Host",
                        capsule: str) -> None:
     raw = await host.read_from(f"{capsule}/notify.run_end", 0, 65536)
     if not raw.strip():
+        if await host.stat(f"{capsule}/notify.json") is None:  # never armed: never look again
+            store.claim_notification(f"run:{run_id}:end", run_id=run_id, item_id=item.id,
+                                     event="run_end", state="off", by=host.name)
         return
     rec = json.loads(raw.decode())
     st = rec.get("state")

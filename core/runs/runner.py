@@ -959,6 +959,14 @@ class Runner:
                                  f"{after.state} while specdeck was away"))
         await self._reconciling(follow=False, hosts=hosts)  # what outlives ended runs
         await self.catch_up_logs(hosts=hosts)
+        if self.plan.notify:  # what hosts sent since (a local host, or one connected already)
+            await notify.catch_up(self.store, self.plan, [
+                (self.plan.item(item_id), run, self.hosts[run.host])
+                for item_id, run in self.store.latest_runs().items()
+                if not run.live and run.host in self.hosts and any(
+                    it.id == item_id for it in self.plan.items)
+                and (self.hosts[run.host].status.state is HostState.CONNECTED
+                     or self.plan.hosts[run.host].local)])
         return changes
 
     async def _reconciling(self, *, follow: bool, ids: Iterable[str] | None = None,

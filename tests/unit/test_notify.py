@@ -145,6 +145,11 @@ def test_a_webhook_down_for_a_while_delays_the_message_but_never_loses_or_double
             return 0
     wait_for(lambda: tries() >= 3, 20, "three refused tries")
     assert (cap / "exit").read_text().split() == ["exit", "5"]  # recorded before any try
+    res = run_cli("attach", plan, env=env, timeout=60)  # its end is recorded meanwhile
+    db = sqlite3.connect(state)
+    assert db.execute("select state, exit_code from runs").fetchall() == [("failed", 5)]
+    assert db.execute("select count(*) from notifications").fetchone() == (0,)  # trying
+    db.close()
     hook = Webhook(port)  # the target comes back
     try:
         wait_for(lambda: hook.got, 20, "the delayed message")
@@ -153,9 +158,10 @@ def test_a_webhook_down_for_a_while_delays_the_message_but_never_loses_or_double
         assert "exit 5" in hook.got[0][1]["message"]
         rec = json.loads((cap / "notify.run_end").read_text())
         assert rec["state"] == "sent" and rec["tries"] >= 4
-        res = run_cli("attach", plan, env=env, timeout=60)
+        res = run_cli("attach", plan, env=env, timeout=60)  # a later look journals it
         db = sqlite3.connect(state)
-        assert db.execute("select state, exit_code from runs").fetchall() == [("failed", 5)]
+        assert db.execute("select state, by from notifications").fetchall() == [("sent", "here")]
+        assert len(db.execute("select id from events where kind='notified'").fetchall()) == 1
         db.close()
         assert len(hook.got) == 1
         no_secret_in_files(tmp_path / "here", *tmp_path.glob("state.db*"))
