@@ -329,6 +329,10 @@ def _parse_notify(v: _Validator, notify: Any) -> tuple[str, ...]:
         if isinstance(ev, str) and "://" in ev:
             v.error(("notify", i), f"notify: a notification URL is a secret and never goes "
                     f"in a plan; put it in {where}", field_path=("notify",))
+        elif ev in ("stall", "disk"):
+            v.error(("notify", i), f"notify: {ev} alerts come with host telemetry (GPUs and "
+                    "disks, issue 44 §2), which this specdeck does not sample yet; drop it "
+                    "for now", field_path=("notify",))
         elif ev not in EVENTS:
             v.error(("notify", i), f"notify: unknown event {ev!r}; one of {', '.join(EVENTS)}"
                     + did_you_mean(str(ev), EVENTS), field_path=("notify",))

@@ -224,6 +224,8 @@ def test_the_config_file_must_be_its_owners_alone(tmp_path):
     ("notify: [ntfy://ntfy.sh/topic]", "p.yaml:2:10: field 'notify': notify: a notification "
                                        "URL is a secret"),
     ("notify: {failed: true}", "p.yaml:2:9: field 'notify': notify: a list of events"),
+    ("notify: [lost, stall]", "p.yaml:2:16: field 'notify': notify: stall alerts come with "
+                              "host telemetry"),
 ])
 def test_bad_notify_fields_are_refused_by_file_line(text, want):
     from core.errors import PlanError
