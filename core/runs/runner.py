@@ -191,7 +191,8 @@ class _Context(ActionContext):
                 data: dict | None = None) -> None:
         self._store.journal(kind, message, item_id=self.item.id, run_id=self.run_id,
                             host=host, data=data)
-        if kind == "alert" and data and data.get("alert") in getattr(self._runner.plan, "notify", ()):
+        wanted = getattr(self._runner.plan, "notify", ())  # (a test's fake runner has no plan)
+        if kind == "alert" and data and data.get("alert") in wanted:
             self._runner.notify_alert(self.item, self.run_id, data, message)
 
     async def arm_notify(self, host: Host, capsule: str, events: tuple[str, ...]) -> bool:
@@ -959,15 +960,26 @@ class Runner:
                                  f"{after.state} while specdeck was away"))
         await self._reconciling(follow=False, hosts=hosts)  # what outlives ended runs
         await self.catch_up_logs(hosts=hosts)
-        if self.plan.notify:  # what hosts sent since (a local host, or one connected already)
-            await notify.catch_up(self.store, self.plan, [
-                (self.plan.item(item_id), run, self.hosts[run.host])
-                for item_id, run in self.store.latest_runs().items()
-                if not run.live and run.host in self.hosts and any(
-                    it.id == item_id for it in self.plan.items)
-                and (self.hosts[run.host].status.state is HostState.CONNECTED
-                     or self.plan.hosts[run.host].local)])
+        if self.plan.notify:
+            await self._notifications_since()
         return changes
+
+    async def _notifications_since(self) -> None:
+        """What hosts sent after their runs' ends were recorded (core.runs.notify.catch_up),
+        looked up on the local host and on hosts connected already (no login for it)."""
+        ids = {it.id for it in self.plan.items}
+        ended = []
+        for item_id, run in self.store.latest_runs().items():
+            if run.live or item_id not in ids or run.host not in self.hosts:
+                continue
+            if self.plan.hosts[run.host].local:
+                host = await self.host(run.host)
+            elif self.hosts[run.host].status.state is HostState.CONNECTED:
+                host = self.hosts[run.host]
+            else:
+                continue
+            ended.append((self.plan.item(item_id), run, host))
+        await notify.catch_up(self.store, self.plan, ended)
 
     async def _reconciling(self, *, follow: bool, ids: Iterable[str] | None = None,
                            hosts: Iterable[str] | None = None) -> None:

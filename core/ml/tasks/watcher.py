@@ -384,8 +384,9 @@ class Watch:
                 f"{tau:.3f} at step {step} is {100 * (1 - tau / best):.0f}% below the best "
                 f"so far ({best:.3f} at step {best_step})")
         with open(self.out / "notify.log", "ab") as log:
-            subprocess.Popen([sys.executable, "-m", "core.ml.notify", "event", str(self.out.resolve()),
-                              f"tau_drop@{step}", "--title", title, "--body", body],
+            subprocess.Popen([sys.executable, "-m", "core.ml.notify", "event",
+                              str(self.out.resolve()), f"tau_drop@{step}", "--title", title,
+                              "--body", body],
                              stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                              start_new_session=True)
         emit("alert", kind="tau_drop", step=step, tau=tau, best=best, best_step=best_step)
