@@ -18,8 +18,10 @@ from pathlib import Path
 import core
 
 PACKAGES = ("core", "console")
-HOST_REQUIRES = ("pyyaml>=6", "transformers>=5.0", "safetensors>=0.4", "tokenizers>=0.20")
-"""What ``python -m core.ml.*`` needs on a host besides torch (installed by the venv action)."""
+HOST_REQUIRES = ("pyyaml>=6", "transformers>=5.0", "safetensors>=0.4", "tokenizers>=0.20",
+                 "apprise>=2.2")
+"""What ``python -m core.ml.*`` needs on a host besides torch (installed by the venv action);
+apprise: a run capsule and the detached watcher notify from the host (core.ml.notify)."""
 
 
 def _files() -> list[tuple[str, Path]]:

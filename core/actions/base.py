@@ -180,6 +180,11 @@ class ActionContext(ABC):
     def live_tau_watchers(self) -> "list[TauWatcher]":
         """This item's detached tau watchers that have not ended (of any of its runs)."""
 
+    async def arm_notify(self, host: "Host", capsule: str, events: tuple[str, ...]) -> bool:
+        """Make the program in ``capsule`` send ``events`` (those the plan's ``notify:``
+        names) itself, from the host (core.runs.notify): True when armed."""
+        return False
+
     @abstractmethod
     def claim_tau_watcher(self, host: str, capsule: str, ckpt_dir: str) -> bool:
         """Record this run's detached watcher once, ``starting``; False when it is known

@@ -57,6 +57,17 @@ if [ "$rc" -gt 128 ] && [ "$rc" -lt 193 ]; then r="signal $((rc - 128))"; else r
 echo "$r" >"$D/exit.tmp" && mv "$D/exit.tmp" "$D/exit"
 """
 
+
+def notify_step() -> str:
+    """The wrapper's last step: once the exit status is recorded, the capsule's ``notify.sh``
+    (written only when the run's plan asks for notifications: ``core.runs.notify``) is
+    started detached, so that a target slow or down never delays the run's end."""
+    return ('if [ -f "$D/notify.sh" ]; then setsid bash "$D/notify.sh" </dev/null '
+            '>>"$D/notify.log" 2>&1 & fi\n')
+
+
+_WRAPPER += notify_step()
+
 _INSPECT = r"""D={d}
 ticks() {{ sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f20; }}
 if [ -f "$D/exit" ]; then echo "ended $(cat "$D/exit")"; exit 0; fi

@@ -14,6 +14,10 @@ from core.hosts.bulk import BulkStream, FileBulk, ProcessBulk
 from core.hosts.base import AsyncWriter, CommandResult, FileStat, Host, HostState, to_command
 
 
+NOT_INHERITED = ("SPECDECK_NOTIFY",)
+"""This specdeck's environment that its commands on the local host never get: the
+notification URL is a secret (core.runs.notify), which a run's command could print to its log."""
+
 class _LocalWriter(AsyncWriter):
     def __init__(self, f):
         self._f = f
@@ -51,7 +55,8 @@ class LocalHost(Host):
         cmd = to_command(command)
         wd = self.path(cwd or ".")
         os.makedirs(wd, exist_ok=True)
-        full_env = {**os.environ, **self.env, **(env or {})}
+        full_env = {**{k: v for k, v in os.environ.items() if k not in NOT_INHERITED},
+                    **self.env, **(env or {})}
         proc = await asyncio.create_subprocess_exec(
             "bash", "-c", cmd, cwd=wd, env=full_env,
             stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,

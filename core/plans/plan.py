@@ -112,6 +112,10 @@ class Plan:
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
     """How train runs' hosts are sampled and when their GPUs or disk raise an alert
     (``telemetry:``; :mod:`core.capsules.telemetry`)."""
+    notify: tuple[str, ...] = ()
+    """The events a notification is sent for (``notify:`` in the YAML: ``failed``, ``lost``,
+    ``tau_drop``...; core.ml.tasks.notify.EVENTS); where to is the user's, never the plan's
+    (core.runs.notify)."""
 
     def item(self, item_id: str) -> Item:
         for it in self.items:

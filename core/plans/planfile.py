@@ -27,7 +27,7 @@ from core.errors import InvalidInput, PlanError
 from core.plans.params import ParamError, parse_params, shell_fields
 from core.plans.plan import (ENV_NAME, PRIORITIES, SECRET_NAME, SLUG, STATUSES, VAR_REF, ActionSpec,
                        HostSpec, Item, Plan, PlanIssue)
-from core.text import short
+from core.text import did_you_mean, short
 
 # -- YAML with positions ------------------------------------------------------------------
 MAX_PLAN_CHARS = 16 << 20
@@ -276,9 +276,10 @@ def _plan_of(loc: _Located, path: Path | None) -> Plan:
     if not isinstance(data, dict):
         v.error((), "a plan is a mapping with name, hosts, vars and items")
         raise PlanError(v.issues)
-    _check_keys(v, data, (), ("name", "hosts", "vars", "items", "state", "telemetry"))
+    _check_keys(v, data, (), ("name", "hosts", "vars", "items", "state", "telemetry", "notify"))
     state = _parse_state(v, data.get("state"))
     telemetry = _parse_telemetry(v, data.get("telemetry"))
+    notify = _parse_notify(v, data.get("notify"))
     name = _parse_name(v, data.get("name"))
     variables = _parse_vars(v, data.get("vars") or {})
     raw_hosts = data.get("hosts") or {}
@@ -293,7 +294,7 @@ def _plan_of(loc: _Located, path: Path | None) -> Plan:
 
     if state is not None:
         state = str(((path.parent if path else Path.cwd()) / Path(state).expanduser()).resolve())
-    plan = Plan(name, path, hosts, dict(variables), tuple(items), state, telemetry)
+    plan = Plan(name, path, hosts, dict(variables), tuple(items), state, telemetry, notify)
     _check_kind_rules(v, plan)
     if v.issues:
         raise PlanError(v.issues)
@@ -318,6 +319,35 @@ def _parse_telemetry(v: _Validator, raw: Any) -> TelemetrySettings:
             v.error(("telemetry",) + e.path, e.message,
                     field_path=("telemetry",) + e.path, key="unknown field" in e.message)
         return TelemetrySettings()
+
+
+def _parse_notify(v: _Validator, notify: Any) -> tuple[str, ...]:
+    """``notify:``, the events a notification is sent for (where to: the user's config,
+    never the plan: :mod:`core.runs.notify`)."""
+    from core.ml.tasks.notify import EVENTS
+
+    if notify is None:
+        return ()
+    where = ("~/.config/specdeck/notify (mode 0600) or $SPECDECK_NOTIFY")
+    if isinstance(notify, str) and "://" in notify:
+        v.error(("notify",), f"notify: names events, not a target: a notification URL is a "
+                f"secret and never goes in a plan; put it in {where}", field_path=("notify",))
+        return ()
+    if not isinstance(notify, list):
+        v.error(("notify",), f"notify: a list of events, some of {', '.join(EVENTS)}",
+                field_path=("notify",))
+        return ()
+    out: list[str] = []
+    for i, ev in enumerate(notify):
+        if isinstance(ev, str) and "://" in ev:
+            v.error(("notify", i), f"notify: a notification URL is a secret and never goes "
+                    f"in a plan; put it in {where}", field_path=("notify",))
+        elif ev not in EVENTS:
+            v.error(("notify", i), f"notify: unknown event {ev!r}; one of {', '.join(EVENTS)}"
+                    + did_you_mean(str(ev), EVENTS), field_path=("notify",))
+        elif ev not in out:
+            out.append(ev)
+    return tuple(out)
 
 
 def _parse_name(v: _Validator, name: Any) -> str:

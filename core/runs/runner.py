@@ -26,6 +26,7 @@ ended while nobody watched. It runs on start, before status, and after every rec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import secrets
@@ -34,7 +35,7 @@ import time
 from functools import partial
 from typing import Any, Callable, Iterable
 
-from core.runs import adopt
+from core.runs import adopt, notify
 from core.capsules import jobs
 from core.plans import shellvars
 from core.actions import registry
@@ -55,6 +56,8 @@ from core.state.records import (Artefact, EvalRow, Event as StoreEvent, Run, Run
 from core.state.store import Store
 from core.text import collapse_cr
 
+TELEMETRY_EVENTS = {"gpu_idle": "stall", "disk_low": "disk", "gpu_memory": "gpu_memory"}
+"""A telemetry alert's kind -> the event a plan's ``notify:`` names for it."""
 RUN_TO_ITEM = {"succeeded": "done", "failed": "failed", "stopped": "stopped", "lost": "failed",
                "interrupted": "failed"}
 
@@ -190,6 +193,13 @@ class _Context(ActionContext):
                 data: dict | None = None) -> None:
         self._store.journal(kind, message, item_id=self.item.id, run_id=self.run_id,
                             host=host, data=data)
+        wanted = getattr(self._runner.plan, "notify", ())  # (a test's fake runner has no plan)
+        if kind == "alert" and data and data.get("alert") in wanted:
+            self._runner.notify_alert(self.item, self.run_id, data, message)
+
+    async def arm_notify(self, host: Host, capsule: str, events: tuple[str, ...]) -> bool:
+        return await notify.arm(self._store, host, capsule, self._runner.plan, self.item,
+                                self._this_run(), events, run_end=False)
 
     def for_run(self, run_id: str) -> "_Context":
         if not any(r.id == run_id for r in self.runs()):
@@ -279,6 +289,8 @@ class Runner:
         self.owner = owner_token()
         self._connect_locks: dict[str, asyncio.Lock] = {}
         self._stopping: set[str] = set()
+        self._notifying: set[asyncio.Task] = set()
+        """Notifications this specdeck is sending (core.runs.notify): awaited at close."""
         self._in_process: dict[str, asyncio.Future] = {}
         """run id -> the task running an in-process action (a relay...) in this process."""
         self._host_states: dict[str, HostState] = {}
@@ -329,8 +341,23 @@ class Runner:
                 await h.connect()
         return h
 
+    def notify_alert(self, item: Item, run_id: str | None, data: dict, message: str) -> None:
+        """Send an alert this specdeck raised (a tau drop...), in the background, once across
+        every specdeck (core.runs.notify)."""
+        if data.get("sent_by_host"):
+            return  # its host told it already (a detached watcher)
+        key = f"alert:{run_id}:{data['alert']}@{data.get('step')}"
+        title = f"specdeck: {self.plan.name}/{item.id} {data['alert'].replace('_', ' ')}"
+        task = asyncio.get_running_loop().create_task(notify.send_from_console(
+            self.store, key, title, f"plan {self.plan.name}, item {item.id}, run {run_id}: "
+            f"{message}", run_id=run_id, item_id=item.id, event=data["alert"]))
+        self._notifying.add(task)
+        task.add_done_callback(self._notifying.discard)
+
     async def close(self) -> None:
         """End the reconciles a reconnect started, then close every contacted host."""
+        if self._notifying:  # bounded: notify.CONSOLE_TRIES_S
+            await asyncio.gather(*list(self._notifying), return_exceptions=True)
         for task in list(self._reconciles):
             task.cancel()
         await asyncio.gather(*self._reconciles, return_exceptions=True)
@@ -644,6 +671,9 @@ class Runner:
             # those its command uses.
             launch = dataclasses.replace(launch, env={
                 **shellvars.plan_env(self.plan.vars, launch.command), **dict(launch.env)})
+            if host is not None and launch.launcher == "process":
+                await notify.arm(self.store, host, jobs.capsule_path(host, run_id), self.plan,
+                                 item, run_id)
             launched = await action.launch(ctx, host, run_id, launch)
         except HostUnreachable as e:
             # The run ends here (never left `starting`); the item counts as unreachable. Its
@@ -810,7 +840,15 @@ class Runner:
         from core.capsules.telemetry import watch_while
 
         return watch_while(work, host, self.store, self.store.run(run_id), self.plan.telemetry,
-                           on_alert_raised=lambda a: self.emit(Notice(item.id, a.text, "warning")))
+                           on_alert_raised=lambda a: self._telemetry_alert(item, a))
+
+    def _telemetry_alert(self, item: Item, alert) -> None:
+        """A telemetry alert: a warning notice, and a notification when the plan's ``notify:``
+        names its event (``stall`` for idle GPUs, ``disk``, ``gpu_memory``)."""
+        self.emit(Notice(item.id, alert.text, "warning"))
+        event = TELEMETRY_EVENTS.get(alert.kind)
+        if event in self.plan.notify:
+            self.notify_alert(item, alert.run, {"alert": event}, alert.text)
     # -- host telemetry: end ---------------------------------------------------------------
 
     async def _finish(self, item: Item, action: Action, host: Host, run_id: str,
@@ -829,10 +867,16 @@ class Runner:
         except Exception as e:  # noqa: BLE001 - ActionFailed, or a fault reading the results
             state = outcome.state if outcome.state != "succeeded" else "failed"
             msg = str(e) if isinstance(e, ActionFailed) else describe_fault(e)
-            return self._end(item, run_id, state, error=msg, exit_code=outcome.exit_code,
-                             signal=outcome.signal)
-        return self._end(item, run_id, outcome.state, result=result, exit_code=outcome.exit_code,
-                         signal=outcome.signal, error=left)
+            status = self._end(item, run_id, state, error=msg, exit_code=outcome.exit_code,
+                               signal=outcome.signal)
+        else:
+            status = self._end(item, run_id, outcome.state, result=result,
+                               exit_code=outcome.exit_code, signal=outcome.signal, error=left)
+        if self.plan.notify:  # after the end is recorded: a target never delays nor fails it
+            ended = self.store.run(run_id)
+            await notify.after_run(self.store, self.plan, item, run_id, ended.state, host,
+                                   ended.capsule)
+        return status
 
     async def _leftovers(self, run: "Run") -> str | None:
         """Processes a finished run left behind (a background or daemonised child), told."""
@@ -940,7 +984,26 @@ class Runner:
                                  f"{after.state} while specdeck was away"))
         await self._reconciling(follow=False, hosts=hosts)  # what outlives ended runs
         await self.catch_up_logs(hosts=hosts)
+        if self.plan.notify:
+            await self._notifications_since()
         return changes
+
+    async def _notifications_since(self) -> None:
+        """What hosts sent after their runs' ends were recorded (core.runs.notify.catch_up),
+        looked up on the local host and on hosts connected already (no login for it)."""
+        ids = {it.id for it in self.plan.items}
+        ended = []
+        for item_id, run in self.store.latest_runs().items():
+            if run.live or item_id not in ids or run.host not in self.hosts:
+                continue
+            if self.plan.hosts[run.host].local:
+                host = await self.host(run.host)
+            elif self.hosts[run.host].status.state is HostState.CONNECTED:
+                host = self.hosts[run.host]
+            else:
+                continue
+            ended.append((self.plan.item(item_id), run, host))
+        await notify.catch_up(self.store, self.plan, ended)
 
     async def _reconciling(self, *, follow: bool, ids: Iterable[str] | None = None,
                            hosts: Iterable[str] | None = None) -> None:
@@ -1152,6 +1215,9 @@ class Runner:
         host = await self.host(run.host)
         ctx = _Context(self, item, host, run_id)
         await self.action(item).stopping(ctx, run)  # the item's, for an adopted run too
+        if run.capsule and self.plan.notify:
+            with contextlib.suppress(Exception):  # the stop matters, not how it is told
+                await notify.mark_stopping(host, run.capsule)
         st = await action.stop(ctx, host, run, grace_s)
         if st.state == "running":
             raise SpecdeckError(f"run {run_id} on {run.host} did not stop after SIGKILL")

@@ -150,6 +150,15 @@ def m007_telemetry(db: Database) -> None:
     db["gpu_samples"].create_index(["host", "gpu", "at"])
 
 
+@migrations()
+def m008_notifications(db: Database) -> None:
+    """Notifications (core.runs.notify): one row per event, so it is sent once however many
+    specdecks see it. The target is described (scheme and host), never its URL."""
+    db["notifications"].create({"key": str, "run_id": str, "item_id": str, "event": str,
+                                "state": str, "target": str, "by": str, "error": str,
+                                "at": float}, pk="key")
+
+
 def default_state_path(plan_name: str) -> Path:
     """``$SPECDECK_STATE``, else ``$XDG_STATE_HOME/specdeck/<plan>.db``."""
     env = os.environ.get("SPECDECK_STATE")
@@ -477,6 +486,24 @@ class Store:
                 data: dict | None = None) -> int:
         with self._immediate():
             return self._event(kind, item_id, run_id, host, message, data)
+
+    # -- notifications (core.runs.notify) -------------------------------------------------
+    def claim_notification(self, key: str, **fields: Any) -> bool:
+        """Record the event ``key`` as being sent; False when a row for it exists already
+        (sent, or being sent, by another specdeck or reported by a host)."""
+        with self._immediate():
+            if self.db["notifications"].count_where("key = ?", [key]):
+                return False
+            self.db["notifications"].insert({"key": key, "at": time.time(), **fields})
+            return True
+
+    def set_notification(self, key: str, **fields: Any) -> None:
+        with self._immediate():
+            self.db["notifications"].update(key, {"at": time.time(), **fields})
+
+    def notifications(self, run_id: str | None = None) -> list[dict]:
+        where, args = ("run_id = ?", [run_id]) if run_id else (None, [])
+        return list(self.db["notifications"].rows_where(where, args, order_by="at"))
 
     def events(self, *, since_id: int = 0, limit: int | None = None,
                kinds: Iterable[str] | None = None, newest_first: bool = False) -> list[Event]:

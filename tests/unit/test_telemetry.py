@@ -21,6 +21,7 @@ from core.runs.events import Notice
 from core.runs.runner import Runner
 from core.state.store import Store
 from tests import fakegpu
+from tests.webhook import Webhook
 
 
 @pytest.fixture
@@ -143,6 +144,7 @@ name: tele
 hosts:
   box: {{local: true, workdir: {wd}, python: {py}}}
 telemetry: {{every: 0.2, idle_minutes: 0.01, idle_util: 5}}
+notify: [stall]
 items:
   - id: train
     content: A trainer that runs until the test lets it end
@@ -151,7 +153,11 @@ items:
 
 
 async def test_a_gpu_idle_past_the_threshold_raises_exactly_one_stall_alert(gpus_on_path,
-                                                                         tmp_path):
+                                                                         tmp_path, monkeypatch):
+    """... and, the plan's ``notify:`` naming ``stall``, exactly one notification at a JSON
+    webhook on loopback (issue 44: one stall alert and one notification)."""
+    hook = Webhook()
+    monkeypatch.setenv("SPECDECK_NOTIFY", f"json://127.0.0.1:{hook.port}/hook")
     wd = tmp_path / "wd"
     wd.mkdir()
     plan = parse_plan(TRAIN_PLAN.format(wd=wd, py=sys.executable))
@@ -172,8 +178,11 @@ async def test_a_gpu_idle_past_the_threshold_raises_exactly_one_stall_alert(gpus
     finally:
         (wd / "go").touch()
         off()
-        await runner.close()
+        await runner.close()  # waits for what it is sending
+        hook.close()
     run = store.latest_run("train")
+    assert len(hook.got) == 1, hook.got
+    assert "stall" in hook.got[0][1]["title"] and "GPU 2" in hook.got[0][1]["message"]
     assert run.state == "succeeded"
     alerts = store.events(kinds=["alert"])
     assert len(alerts) == 1, [a.message for a in alerts]

@@ -77,6 +77,8 @@ async def command(ctx: "ActionContext", spec: WatchEvalParams, run: Run, ckpt_di
         if val is not None:
             args += [flag, val]
     args += sampling.cli_flags(spec)  # every eval it runs samples so (core.ml.watcher)
+    if "tau_drop" in getattr(ctx.plan, "notify", ()):
+        args += ["--drop-pct", spec.alerts.drop_pct]
     launched = getattr(run, "config", None)
     launched = launched if isinstance(launched, dict) else {}
     trainer = launched.get("trainer") or item_trainer(ctx.item)
@@ -158,6 +160,8 @@ async def ensure_started(ctx: "ActionContext", run: Run, spec, ckpt_dir: str | N
     if st.state in ("missing", "nopid"):
         try:
             launch = await command(ctx, spec, run, row.ckpt_dir, host)
+            if "tau_drop" in getattr(ctx.plan, "notify", ()):  # told from the host itself
+                await ctx.arm_notify(host, row.capsule, ("tau_drop",))
             info = await jobs.start(host, capsule_id(run.id), launch)
         except Exception as e:  # noqa: BLE001 - a full disk, an unwritable capsule...
             if isinstance(e, HostUnreachable) and host.status.state is not HostState.CONNECTED:
@@ -326,6 +330,7 @@ async def ingest(ctx: "ActionContext", spec, *, away: bool = False) -> list[int]
                         f"step_N.json with N a step (a whole number up to {INT64})",
                         host=w.host, data={"name": name[:300]})
     watcher = Watcher(ctx, spec)
+    watcher.host_sends = ("tau_drop",)  # the host told its drops (tau_alert in core.ml.watcher)
     new: list[tuple[int, dict]] = []
     for step in sorted(s for s in steps if s not in have):
         name = steps[step]

@@ -61,6 +61,8 @@ class Watcher:
         self.failing: dict[int, tuple[str, tuple, float]] = {}
         """Failed evals not recorded yet: step -> (the error, the checkpoint's state when the
         read began, when it began)."""
+        self.host_sends: tuple[str, ...] = ()
+        """Alerts its host sends itself (a detached watcher's drops): not sent from here."""
         self.held: set[int] = set()
         """Pending steps whose checkpoint changed after a failed read: evaluated once steady."""
 
@@ -348,12 +350,14 @@ class Watcher:
         if best > 0 and cur < best * (1 - self.alerts["drop_pct"] / 100):
             pair = self._paired(step, best_step)
             if pair is None:
-                msgs.append(f"tau {cur:.3f} at step {step} is {100 * (1 - cur / best):.0f}% "
-                            f"below the best so far ({best:.3f} at step {best_step})")
+                msgs.append(("tau_drop", f"tau {cur:.3f} at step {step} is "
+                             f"{100 * (1 - cur / best):.0f}% below the best so far ({best:.3f} "
+                             f"at step {best_step})"))
             elif pair.verdict == stats.WORSE:
-                msgs.append(f"tau {cur:.3f} at step {step} is {100 * (1 - cur / best):.0f}% "
-                            f"below the best so far ({best:.3f} at step {best_step}): "
-                            + pair.text(f"step {step}", f"step {best_step}"))
+                msgs.append(("tau_drop", f"tau {cur:.3f} at step {step} is "
+                             f"{100 * (1 - cur / best):.0f}% below the best so far ({best:.3f} "
+                             f"at step {best_step}): "
+                             + pair.text(f"step {step}", f"step {best_step}")))
             else:
                 self.ctx.journal("watch_noise", f"tau {cur:.3f} at step {step} is below the "
                                  f"best ({best:.3f} at step {best_step}) but inside the noise: "
@@ -376,11 +380,13 @@ class Watcher:
                         and vals[-1] - vals[0] <= self.alerts["flat_eps"] * mean)
                 why = f"; last vs first {pair.delta:+.3f}, {pair.ci_text()}, {pair.prompts} prompts"
             if flat and loss_fell:
-                msgs.append(f"tau flat at {mean:.3f} over the last {k} evals (steps "
-                            f"{window[0][0]}-{window[-1][0]}{why}) while the loss fell "
-                            f"{l0:.3f} -> {l1:.3f}: the drafter may be learning the wrong thing")
-        for m in msgs:
-            self.ctx.journal("alert", m)
+                msgs.append(("tau_flat", f"tau flat at {mean:.3f} over the last {k} evals "
+                             f"(steps {window[0][0]}-{window[-1][0]}{why}) while the loss fell "
+                             f"{l0:.3f} -> {l1:.3f}: the drafter may be learning the wrong "
+                             "thing"))
+        for kind, m in msgs:
+            self.ctx.journal("alert", m, data={"alert": kind, "step": step,
+                                               "sent_by_host": kind in self.host_sends})
             self.ctx.notice(f"ALERT {self.item.id}: {m}", "warning")
 
 

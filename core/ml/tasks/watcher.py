@@ -50,6 +50,7 @@ import argparse
 import os
 import resource
 import signal
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -93,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train-capsule", help="the train run's capsule dir (its exit file ends the watch)")
     p.add_argument("--where", default="this host", help="the host's name, for messages")
     p.add_argument("--out", default=".", help="the watcher's own dir (results/, status.json, stop)")
+    p.add_argument("--drop-pct", type=float, help="tau more than this %% below the best so far: "
+                   "a tau_drop alert, sent from here when specdeck armed this dir (notify.json "
+                   "naming tau_drop, notify.url: core.ml.notify)")
     p.add_argument("--poll", type=float, default=5.0, help="seconds between looks for checkpoints")
     p.add_argument("--settle", type=float, default=layouts.SETTLE_S,
                    help="seconds a checkpoint its trainer does not mark complete must stay "
@@ -343,6 +347,49 @@ class Watch:
         import shutil
 
         shutil.rmtree(self.out / "work" / f"step_{step}", ignore_errors=True)
+        if rec["state"] == "done" and tau is not None:
+            self.tau_alert(step, float(tau))
+
+    def tau_alert(self, step: int, tau: float) -> None:
+        """A tau drop (``--drop-pct`` below the best earlier step) told from here, in a
+        process of its own (a target down never slows the evals), once (core.ml.notify)."""
+        cfg_path = self.out / "notify.json"
+        if self.args.drop_pct is None or not cfg_path.exists():
+            return
+        try:
+            cfg = read_json(cfg_path, "notify.json")
+        except UsageError:
+            return
+        if "tau_drop" not in cfg.get("events", ()):
+            return
+        earlier = []
+        for f in self.results.glob("step_*.json"):
+            try:
+                r = read_json(f)
+                s = int(f.stem.split("_")[1])
+            except (ValueError, OSError, UsageError):
+                continue
+            t = (r.get("result") or {}).get("tau") if r.get("state") == "done" else None
+            if s < step and isinstance(t, (int, float)):
+                earlier.append((float(t), s))
+        if not earlier:
+            return
+        best, best_step = max(earlier)
+        if not (best > 0 and tau < best * (1 - self.args.drop_pct / 100)):
+            return
+        import subprocess
+
+        title = f"specdeck: {cfg.get('plan')}/{cfg.get('item')} tau drop"
+        body = (f"plan {cfg.get('plan')}, item {cfg.get('item')}, host {self.args.where}: tau "
+                f"{tau:.3f} at step {step} is {100 * (1 - tau / best):.0f}% below the best "
+                f"so far ({best:.3f} at step {best_step})")
+        with open(self.out / "notify.log", "ab") as log:
+            subprocess.Popen([sys.executable, "-m", "core.ml.notify", "event",
+                              str(self.out.resolve()), f"tau_drop@{step}", "--title", title,
+                              "--body", body],
+                             stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                             start_new_session=True)
+        emit("alert", kind="tau_drop", step=step, tau=tau, best=best, best_step=best_step)
 
     # -- the loop ---------------------------------------------------------------------
     def run(self) -> int:
