@@ -74,10 +74,6 @@ class Trainer:
         its output dir ``out`` where the config names it."""
         return doc
 
-    def settings(self, rec: dict) -> dict:
-        """Its settings as launched: ``rec``'s config (argv flags win where it has them)."""
-        return rec.get("config") or {}
-
     # -- what the train action asks of it ----------------------------------------------
     def validate(self, params) -> list[tuple[str, str | None]]:
         """Its own rules on a train item's params (``(field, problem or None)`` checks)."""
@@ -130,16 +126,16 @@ class Trainer:
     def preflight_paths(self, rec: dict, base: str) -> list[tuple[str, str, str]]:
         """``(field, what, path)`` for every input its settings name as a path on the host
         (a Hugging Face id such as ``Qwen/Qwen3-8B`` is not a path: left to the trainer)."""
-        cfg = self.settings(rec)
         out = []
         for key, what in self.preflight_keys:
-            path = self.setting(rec, cfg, key)
+            path = self.setting(rec, key)
             if isinstance(path, str) and path and self.is_path(key, path):
                 out.append((key, what, posixpath.join(base, path)))
         return out
 
-    def setting(self, rec: dict, cfg: Any, key: str) -> Any:
-        return dotted(cfg, key)
+    def setting(self, rec: dict, key: str) -> Any:
+        """A setting as launched: ``rec``'s ``config`` (its ``argv`` too, where flags win)."""
+        return dotted(rec.get("config"), key)
 
     def is_path(self, key: str, value: str) -> bool:
         return value.startswith(("/", "./", "../", "~"))

@@ -51,7 +51,7 @@ class Speculators(Trainer):
     def module_words(self, out, recorded):
         return ["-m", "speculators", "train", "--config", "train.yaml", "--save-path", out]
 
-    def setting(self, rec, cfg, name):
+    def setting(self, rec, name):
         """A setting from its argv (``--save-path``) or its ``--config`` YAML."""
         argv = rec.get("argv") or {}
         for flag in (name.replace("_", "-"), name):
@@ -60,10 +60,10 @@ class Speculators(Trainer):
         return find_key(rec.get("config"), name)
 
     def tensorboard_dir(self, rec, out, base):
-        logger = self.setting(rec, None, "logger") or ""
+        logger = self.setting(rec, "logger") or ""
         if "tensorboard" in str(logger).split(","):
-            log_dir = self.setting(rec, None, "log_dir") or "./logs"
-            name = self.setting(rec, None, "run_name")
+            log_dir = self.setting(rec, "log_dir") or "./logs"
+            name = self.setting(rec, "run_name")
             if name:  # an unnamed run's dir is a generated name: not known before it runs
                 return posixpath.normpath(posixpath.join(base, str(log_dir), str(name)))
         return None
