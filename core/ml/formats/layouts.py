@@ -1,4 +1,7 @@
-"""The three trainers' checkpoint layouts: which entries of an output dir are checkpoints.
+"""The trainers' checkpoint layouts: which entries of an output dir are checkpoints.
+
+Each is a :class:`Layout` in :data:`LAYOUTS` (the three below built in; a trainer object of
+:mod:`core.actions.trainers` names its layout, and registers it here when it brings its own).
 
 Pure Python (no torch): the watcher on a host (:mod:`core.ml.watcher`) and specdeck's train,
 eval and extract_weights actions read an output dir with the same rules, so ``@latest``,
