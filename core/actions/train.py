@@ -387,8 +387,9 @@ class Train(Action):
     async def _scan_checkpoints(self, ctx, host, run: Run, ended: asyncio.Event) -> None:
         """Record the checkpoints of a run whose trainer prints no checkpoint lines (SpecForge,
         speculators) as they land, for the console's watcher (which evaluates recorded
-        checkpoints): while it trains, a checkpoint counts once it is whole (core.ml.formats.layouts: its trainer marked it complete, or nothing in it changed
-        for ``watch_eval.settle_s`` by this process's clock, no host clock needed) and its files
+        checkpoints): while it trains, a checkpoint counts once it is whole
+        (core.ml.formats.layouts: its trainer marked it complete, or nothing in it changed for
+        ``watch_eval.settle_s`` by this process's clock, no host clock needed) and its files
         show no problem (a safetensors header that says the file is longer: a save still
         going, or stalled); once the run has ended, one last listing records every one with no
         problem (``finish`` names the others)."""
@@ -397,7 +398,8 @@ class Train(Action):
             last = ended.is_set()
             outdir = self._ckpt_dir(host, run)
             try:
-                listing = await host_entries(host, outdir, self.trainer.layout.name) if outdir else None
+                listing = (await host_entries(host, outdir, self.trainer.layout.name)
+                           if outdir else None)
                 for e in listing.entries if listing else []:
                     ck = e.checkpoint
                     if ck.path in recorded or not (last or e.complete
@@ -498,8 +500,9 @@ class Train(Action):
         found, best = [], None
         try:
             listed = bool(outdir) and await host.stat(outdir) is not None
-            ckpts, best, bad, files = await host_checkpoints(host, outdir, self.trainer.layout.name) \
-                if listed else ([], None, [], frozenset())
+            ckpts, best, bad, files = (
+                await host_checkpoints(host, outdir, self.trainer.layout.name) if listed
+                else ([], None, [], frozenset()))
         except (OSError, asyncio.TimeoutError) as e:
             listed = False
             _name_bad(ctx, f"{outdir}: cannot be listed ({describe_fault(e)})")

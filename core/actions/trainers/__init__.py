@@ -12,4 +12,5 @@ from core.actions.trainers.registry import TRAINERS, Trainer, get, names, regist
 METRIC_NAMES = {name: t.metric_names for name, t in TRAINERS.items() if t.metric_names}
 """Their TensorBoard tags and log keys -> the curves' names, by trainer."""
 
-__all__ = ["specdeck", "specforge", "speculators", "TRAINERS", "Trainer", "get", "names", "register", "unknown", "METRIC_NAMES"]
+__all__ = ["specdeck", "specforge", "speculators", "TRAINERS", "Trainer", "get", "names",
+           "register", "unknown", "METRIC_NAMES"]

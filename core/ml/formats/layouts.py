@@ -50,7 +50,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 TRAINERS = ("specdeck", "specforge", "speculators")
-"""The built-in layouts (what ``core.ml.watcher --trainer`` takes); :data:`LAYOUTS` may hold more."""
+"""The built-in layouts (what ``core.ml.watcher --trainer`` takes); :data:`LAYOUTS` may hold
+more."""
 SPECDECK = re.compile(r"^step_(?P<step>\d{1,18})\.pt$")
 SPECFORGE = re.compile(r"^(.+)-step(?P<step>\d{1,18})$")
 SPECULATORS = re.compile(r"^(?P<step>\d{1,18})$")
@@ -140,7 +141,8 @@ def parse_entry(name: str, trainer: str | None = None) -> tuple[str, int, str] |
     for lay in LAYOUTS.values():
         m = lay.pattern.match(name) if trainer in (None, lay.name) else None
         if m:
-            return lay.name, int(m.group("step")), posixpath.join(name, lay.marker) if lay.marker else name
+            marker = posixpath.join(name, lay.marker) if lay.marker else name
+            return lay.name, int(m.group("step")), marker
     return None
 
 
@@ -426,7 +428,8 @@ def best_step(out_dir: str, trainer: str | None = None) -> int | None:
     return None
 
 
-__all__ = ["TRAINERS", "LAYOUTS", "Layout", "register_layout", "SETTLE_S", "KINDS", "Checkpoint", "Row", "Entry", "Steady",
+__all__ = ["TRAINERS", "LAYOUTS", "Layout", "register_layout", "SETTLE_S", "KINDS",
+           "Checkpoint", "Row", "Entry", "Steady",
            "parse_entry", "checkpoint_of", "is_best_pointer", "pointed_step", "list_local",
            "find_command", "parse_find", "entries", "local_entries", "content_problem",
            "scan_dir", "out_dir_of", "best_step", "SPECFORGE_STATE", "SPECULATORS_WEIGHTS",
