@@ -291,7 +291,10 @@ def drafter_command(python: str, src: str, out: str, art=None, *, convert: bool 
     """
     layout = checkpoint_layout(art)
     config = config or layout.get("drafter_config")
-    if layout.get("layout") == "speculators" or not src.endswith(TORCH_SUFFIXES):
+    from core.ml.formats.layouts import LAYOUTS
+
+    lay = LAYOUTS.get(layout.get("layout"))
+    if (lay is not None and lay.drafter_dir) or not src.endswith(TORCH_SUFFIXES):
         if not convert:
             return None
         return py_module(python, "core.ml.export", src, "--out", out, "--format", "zlab",

@@ -17,12 +17,13 @@ Every hook may run on a fresh instance (the runner builds one per call; after a 
 works out (the output dir, the python, a resume) is recorded with the run (its config) and
 read back from there, the rest is worked out again.
 
-The trainer is ``core.ml.train`` with a YAML ``config`` (uploaded into the run capsule,
-``overrides`` merged in), or the user's own ``command``; ``trainer: specforge`` or
-``trainer: speculators`` runs theirs (:mod:`core.actions.trainers`). Metrics come from JSON
-lines with a ``step`` (or ``metrics_regex`` for trainers that print text);
-``{"event": "checkpoint"}`` lines and the checkpoints found in the output dir, in any of the
-trainers' layouts (:mod:`core.ml.formats.layouts`), become artefacts that eval items name as
+The trainer (``trainer:``, default ``core.ml.train``) is one object of
+:mod:`core.actions.trainers`: its command on the uploaded ``config`` (or the user's own
+``command``), its checkpoint layout, metric names, stop grace, preflight and checkpoint
+reader; this action asks it and wraps the launcher around it. Metrics come from JSON lines
+with a ``step`` (or ``metrics_regex`` for trainers that print text);
+``{"event": "checkpoint"}`` lines and the checkpoints found in the output dir, in the
+trainer's layout (:mod:`core.ml.formats.layouts`), become artefacts that eval items name as
 ``item:<this id>@latest``, ``@best`` (the trainer's own best pointer) or ``@step:N``. The
 resolved trainer config is stored with the run, for ``specdeck diff``.
 """
@@ -42,7 +43,8 @@ import yaml
 
 from core.capsules import jobs
 from core.actions.base import Action, CheckResult, Launch
-from core.actions import fit, trainers
+from core.actions import trainers
+from core.actions.trainers.specdeck import StartChoice, start_choice
 from core.actions.fit import deep_set
 from core.errors import HostUnreachable
 from core.faults import describe_fault
@@ -55,11 +57,6 @@ from core.actions.watch_eval.on_console import Watcher
 from core.plans.params import problems
 from core.state.records import Run
 from core.text import load_yaml, loads_untrusted
-
-
-PATH_KEYS = ("target", "out_dir", "data.features", "data.file", "drafter.init")
-"""Paths in a core.ml.train config; made absolute on the host before upload (overrides are
-relative to the host's workdir; other relative paths, on a local host, to the config file)."""
 
 
 @dataclass(frozen=True)
@@ -105,28 +102,22 @@ class TrainParams:
     too; ``false``: never; ``specdeck run --again --resume`` asks once)."""
     watch_eval: WatchEvalParams | None = None
     """Evaluate each new checkpoint while it trains (core.actions.watch_eval, plans/README.md)."""
-    trainer: Literal["specdeck", "specforge", "speculators"] = "specdeck"
-    """Whose trainer runs: core.ml.train (``config`` is its YAML), SpecForge (``config`` is a
-    ``specforge train`` YAML) or speculators (``command``: its ``speculators train`` argv, or
-    ``config``: its run.yaml). See core.actions.trainers."""
+    trainer: str = "specdeck"
+    """Whose trainer runs, by name (core.actions.trainers): ``specdeck`` (core.ml.train:
+    ``config`` is its YAML), ``specforge`` (``config`` is a ``specforge train`` YAML) or
+    ``speculators`` (``command``: its ``speculators train`` argv, or ``config``: its run.yaml)."""
     stop_grace_s: float | None = None
     """Seconds a stop waits after SIGTERM before SIGKILL (default: the trainer's time to save
     a checkpoint, 300 s for SpecForge and speculators; a specdeck trainer: the stop's)."""
 
-    @property
-    def external(self) -> bool:
-        """SpecForge or speculators: their layout, their config, their resume rules."""
-        return self.trainer != "specdeck"
-
     def validate(self):
+        if trainers.unknown(self.trainer):
+            return problems(("trainer", trainers.unknown(self.trainer)))
+        t = trainers.get(self.trainer)
         return problems(
-            ("config", "give exactly one of config ("
-             f"{self.trainer if self.external else 'core.ml.train'} YAML) or command"
+            ("config", f"give exactly one of config ({t.config_what}) or command"
              if (self.config is None) == (self.command is None) else None),
-            ("out", f"set out: the {self.trainer} run's output dir on the host (its "
-                    f"{'output_dir' if self.trainer == 'specforge' else 'save_path'}; its "
-                    "attempts share it and resume from it)"
-             if self.external and not self.out else None),
+            *t.validate(self),
             ("stop_grace_s", "must be >= 0"
              if self.stop_grace_s is not None and self.stop_grace_s < 0 else
              bounds.seconds(self.stop_grace_s) if self.stop_grace_s is not None else None),
@@ -155,7 +146,7 @@ class Train(Action):
 
     @classmethod
     def validate_plan(cls, params, plan, item):
-        out = []
+        out, config_doc = [], None
         if params.config is not None:
             p = plan.dir / params.config
             if not p.is_file():
@@ -168,45 +159,34 @@ class Train(Action):
                 except (yaml.YAMLError, ValueError, AttributeError) as e:
                     out.append((("overrides",), str(e)))
                 else:  # the config itself, and its sizes against the target/cache where they are here
-                    from core.actions.fit import trainer_config_problems
-
-                    if params.external:
-                        doc = None  # their own schema: their trainer checks it (check() its paths)
-
-                    if doc is not None:
-                        out += [(("config",), m) for m in
-                                trainer_config_problems(plan, item, params, doc)]
+                    config_doc = doc
         for n in params.nodes:
             if n not in plan.hosts:
                 out.append((("nodes",), f"unknown host {n!r}"))
         if params.watch_eval is not None:
             out += [(("watch_eval",) + tuple(p), m) for p, m in
                     validate_watch(params.watch_eval, plan, item)]
-            if not params.external:
-                out += _watch_block_size(params.watch_eval, plan, item)
-        return out
+        return out + trainers.get(params.trainer).plan_problems(plan, item, params, config_doc)
+
+    @property
+    def trainer(self) -> trainers.Trainer:
+        """The trainer object ``trainer:`` names (core.actions.trainers)."""
+        return trainers.get(self.params.trainer)
 
     def launcher_name(self) -> str:
         return self.params.launcher
 
     def metrics_regex(self):
-        """The log-line metric parser (a regex string stays the simple case)."""
-        return line_metrics(self.params.metrics, self.params.metrics_regex) or \
-            self.params.metrics_regex
+        """The log-line metric parser (a regex string stays the simple case); the trainer's
+        metric names map its log keys to the curves'."""
+        p = self.params
+        return line_metrics(p.metrics, p.metrics_regex, self.trainer.metric_names) or \
+            p.metrics_regex
 
     def metrics_spec(self) -> MetricsParams | None:
-        """``metrics:``; for SpecForge and speculators, their TensorBoard dir (from ``out`` /
-        their argv) unless ``metrics.tensorboard`` names one, and their tags mapped to the
-        curves' names (core.actions.trainers.METRIC_NAMES)."""
-        p = self.params
-        if not p.external:
-            return p.metrics
-        spec = p.metrics or MetricsParams()
-        rec = {"argv": argv_settings(p.command)} if p.command else {}
-        tb = spec.tensorboard or trainers.tensorboard_dir(
-            p.trainer, {"config": {"tracking": {"report_to": "tensorboard"}}, **rec}, p.out, "")
-        return dataclasses.replace(spec, tensorboard=tb or None,
-                                   names={**trainers.METRIC_NAMES[p.trainer], **spec.names})
+        """``metrics:`` as the trainer completes it: its TensorBoard dir (from ``out`` / its
+        argv) unless ``metrics.tensorboard`` names one, its tags mapped to the curves' names."""
+        return self.trainer.metrics_spec(self.params)
 
     def _out(self, ctx, run_id: str) -> str:
         if self.params.out:
@@ -214,10 +194,9 @@ class Train(Action):
         return posixpath.join(jobs.capsule_path(ctx.host, run_id), "out")
 
     async def check(self, ctx) -> CheckResult:
-        if self.params.external:
-            missing = await self._preflight(ctx)
-            if missing:
-                return CheckResult.blocked(missing)
+        missing = await self.trainer.preflight(self, ctx)
+        if missing:
+            return CheckResult.blocked(missing)
         if self.params.launcher == "slurm":
             res = await ctx.host.run("command -v sbatch squeue scancel")
             if not res.ok:
@@ -229,84 +208,12 @@ class Train(Action):
                 return CheckResult.blocked(missing)
         return CheckResult.ready()
 
-    def _external_doc(self, ctx) -> dict:
-        """A SpecForge / speculators ``config`` with ``overrides``, its paths absolute on the
-        host (relative ones: to the host's workdir) and its output dir ``out``."""
-        p = self.params
-        doc = load_yaml((ctx.plan.dir / p.config).read_text()) or {}
-        for k, v in p.overrides.items():
-            deep_set(doc, k, v)
-        out = ctx.host.path(p.out)
-        if p.trainer == "specforge":
-            for key in trainers.SPECFORGE_PATHS:
-                val = trainers.dotted(doc, key)
-                if isinstance(val, str) and val and (key != "model.target_model_path"
-                                                     or val.startswith((".", "/", "~"))):
-                    deep_set(doc, key, ctx.host.path(val))
-            doc["output_dir"] = out
-        # speculators: its save_path is given as a flag (flags win over its --config YAML)
-        return doc
-
-    async def _external_record(self, ctx) -> dict:
-        """What a SpecForge / speculators run is launched with and where it writes: recorded
-        with the run (``specdeck diff``, the later hooks)."""
-        p, host = self.params, ctx.host
-        capsule = jobs.capsule_path(host, ctx.run_id)
-        if p.config:
-            rec = {"config": self._external_doc(ctx), "config_file": p.config}
-        else:
-            rec = await command_config(host, capsule, p.command)
-        base = host.path(".")
-        out = host.path(p.out)
-        return {**rec, "trainer": p.trainer, "python": await host_python(host), "out_dir": out,
-                "drafter_config": trainers.drafter_config(p.trainer, rec, base),
-                "tensorboard": (self.metrics_spec() or MetricsParams()).tensorboard}
-
-    async def _preflight(self, ctx) -> str | None:
-        """What a SpecForge / speculators run's config names that its host lacks (the
-        target, the data, the hidden-state cache, the draft config), before a GPU is
-        touched; None when all is there or the config says too little to tell."""
-        p, host = self.params, ctx.host
-        if p.config:
-            rec = {"config": self._external_doc(ctx)}
-        else:
-            rec = {"argv": argv_settings(p.command)}
-        for key, what, path in trainers.preflight_paths(p.trainer, rec, host.path(".")):
-            if await host.stat(host.path(path)) is None:
-                return (f"{ctx.item.id}: the {p.trainer} config's {key} names {what} {path}, "
-                        f"which {host.name} does not have: put it there (a relay or extract "
-                        "item) or fix the path")
-        return None
-
     async def prepare(self, ctx) -> None:
-        """Upload the trainer config into the run capsule and record with the run what the
-        later hooks read (:meth:`_choose_start`), or a command trainer's config."""
-        host = ctx.host
-        capsule = jobs.capsule_path(host, ctx.run_id)
-        if self.params.external:
-            rec = await self._external_record(ctx)
-            if self.params.config:
-                await host.write_file(f"{capsule}/train.yaml",
-                                      yaml.safe_dump(rec["config"], sort_keys=False).encode())
-            await ctx.skip_earlier_metrics(self.metrics_spec())
-            ctx.record_config(rec)
-            return
-        if self.params.config:
-            doc = load_yaml((ctx.plan.dir / self.params.config).read_text()) or {}
-            for k, v in self.params.overrides.items():
-                deep_set(doc, k, v)
-            # the uploaded file lives in the capsule: make its paths absolute on the host
-            local = ctx.plan.hosts[ctx.item.action.host].local
-            _absolute_paths(doc, host, (ctx.plan.dir / self.params.config).parent if local else None,
-                            set(self.params.overrides))
-            await host.write_file(f"{capsule}/train.yaml",
-                                  yaml.safe_dump(doc, sort_keys=False).encode())
-            await self._choose_start(ctx)
-        await ctx.skip_earlier_metrics(self.metrics_spec())
-        if self.params.command:
-            ctx.record_config(await command_config(host, capsule, self.params.command))
+        """The trainer uploads its config into the run capsule and records with the run what
+        the later hooks read (for core.ml.train, :meth:`choose_start`'s choice)."""
+        await self.trainer.prepare(self, ctx)
 
-    async def _choose_start(self, ctx) -> None:
+    async def choose_start(self, ctx) -> None:
         """Resume an earlier attempt (its dir, ``--resume auto``) or start fresh in this
         attempt's own dir (see :func:`start_choice`); the progress says which. Recorded with
         the run (``out_dir``, ``python``, ``resume``) until finish records the resolved
@@ -326,23 +233,14 @@ class Train(Action):
                            **({"resume": resume} if resume else {})})
 
     def start_note(self, runs, checkpoints, resume=None) -> str | None:
-        if not self.params.config or self.params.external:
-            return None  # a command trainer resumes (or not) as its command says
-        return start_choice(self.params, runs, checkpoints, resume).note or None
+        return self.trainer.start_note(self.params, runs, checkpoints, resume)
 
     def _trainer(self, ctx, run: Run, module_prefix: list[str]) -> str:
         if self.params.command:
             return self.params.command
-        if self.params.external:  # their CLI on the uploaded config, in the capsule
-            return shlex.join(module_prefix + trainers.module_words(
-                self.params.trainer, self._ckpt_dir(ctx.host, run)))
-        # the config beside the command, in the capsule the command runs in (on every node)
-        words = module_prefix + ["-m", "core.ml.train", "--config", "train.yaml",
-                                 "--out", self._ckpt_dir(ctx.host, run)]
-        resume = (run.config or {}).get("resume")
-        if resume:
-            words += ["--resume", resume]
-        return shlex.join(words)
+        # its CLI on the config beside the command, in the capsule it runs in (every node)
+        return shlex.join(module_prefix + self.trainer.module_words(
+            self._ckpt_dir(ctx.host, run), run.config or {}))
 
     def command(self, ctx, node_rank: int = 0, master: str | None = None) -> Launch:
         p = self.params
@@ -360,7 +258,7 @@ class Train(Action):
             cmd = self._trainer(ctx, run, prefix)
         else:
             cmd = self._trainer(ctx, run, [python, "-u"])
-        if p.external:
+        if self.trainer.execs:
             cmd = exec_form(cmd)
         return Launch(cmd, env={"PYTHONUNBUFFERED": "1"},
                       cwd=jobs.capsule_path(ctx.host, run.id), launcher=p.launcher,
@@ -467,10 +365,10 @@ class Train(Action):
         watcher = Watcher(ctx, spec, poll=max(ctx.poll, 0.2))
         done = asyncio.Event()
         wtask = asyncio.create_task(watcher.run(done))
-        # SpecForge and speculators print no checkpoint lines: their output dir is looked at
+        # a trainer that prints no checkpoint lines: its output dir is looked at
         ended = asyncio.Event()
         scan = (asyncio.create_task(self._scan_checkpoints(ctx, host, run, ended))
-                if self.params.trainer != "specdeck" else None)
+                if not self.trainer.prints_checkpoints else None)
         try:
             st = await follow_log
         finally:
@@ -487,10 +385,11 @@ class Train(Action):
     """How often a run of another trainer's output dir is listed for new checkpoints (console watcher)."""
 
     async def _scan_checkpoints(self, ctx, host, run: Run, ended: asyncio.Event) -> None:
-        """Record the checkpoints of a SpecForge / speculators run as they land, for the console's
-        watcher (which evaluates recorded checkpoints): while it trains, a checkpoint counts once
-        it is whole (core.ml.formats.layouts: its trainer marked it complete, or nothing in it changed
-        for ``watch_eval.settle_s`` by this process's clock, no host clock needed) and its files
+        """Record the checkpoints of a run whose trainer prints no checkpoint lines (SpecForge,
+        speculators) as they land, for the console's watcher (which evaluates recorded
+        checkpoints): while it trains, a checkpoint counts once it is whole
+        (core.ml.formats.layouts: its trainer marked it complete, or nothing in it changed for
+        ``watch_eval.settle_s`` by this process's clock, no host clock needed) and its files
         show no problem (a safetensors header that says the file is longer: a save still
         going, or stalled); once the run has ended, one last listing records every one with no
         problem (``finish`` names the others)."""
@@ -499,7 +398,8 @@ class Train(Action):
             last = ended.is_set()
             outdir = self._ckpt_dir(host, run)
             try:
-                listing = await host_entries(host, outdir, self.params.trainer) if outdir else None
+                listing = (await host_entries(host, outdir, self.trainer.layout.name)
+                           if outdir else None)
                 for e in listing.entries if listing else []:
                     ck = e.checkpoint
                     if ck.path in recorded or not (last or e.complete
@@ -551,10 +451,10 @@ class Train(Action):
 
     def stop_grace(self, grace_s: float) -> float:
         """The grace a stop gives the run: ``stop_grace_s``, else at least the trainer's time
-        to save on SIGTERM (core.actions.trainers.STOP_GRACE_S)."""
+        to save on SIGTERM (its ``stop_grace_s``)."""
         if self.params.stop_grace_s is not None:
             return self.params.stop_grace_s
-        return max(grace_s, trainers.STOP_GRACE_S[self.params.trainer] or 0.0)
+        return max(grace_s, self.trainer.stop_grace_s or 0.0)
 
     async def stop(self, ctx, host, run: Run, grace_s: float) -> jobs.CapsuleState:
         grace_s = self.stop_grace(grace_s)
@@ -600,8 +500,9 @@ class Train(Action):
         found, best = [], None
         try:
             listed = bool(outdir) and await host.stat(outdir) is not None
-            ckpts, best, bad, files = await host_checkpoints(host, outdir, self.params.trainer) \
-                if listed else ([], None, [], frozenset())
+            ckpts, best, bad, files = (
+                await host_checkpoints(host, outdir, self.trainer.layout.name) if listed
+                else ([], None, [], frozenset()))
         except (OSError, asyncio.TimeoutError) as e:
             listed = False
             _name_bad(ctx, f"{outdir}: cannot be listed ({describe_fault(e)})")
@@ -613,12 +514,13 @@ class Train(Action):
                 ck = e.checkpoint
                 record_checkpoint(ctx, run, ck)
                 found.append(ck.step)
-                metrics = posixpath.join(e.name, "val_metrics.json")  # its epoch's validation
-                if ck.layout == "speculators" and metrics in files:  # figures, stored once
+                named = self.trainer.checkpoint_metrics  # its figures (speculators' epoch's
+                metrics = posixpath.join(e.name, named or "")  # validation), stored once
+                if named and metrics in files:
                     path = posixpath.join(outdir, metrics)
                     try:
                         raw = await host.read_from(path, 0, 1 << 20)
-                        ctx.record_metrics(trainers.val_metrics_rows(
+                        ctx.record_metrics(self.trainer.checkpoint_metric_rows(
                             ck.step, loads_untrusted(raw, path, "validation metrics file")))
                     except (ValueError, OSError):
                         pass  # torn or unreadable: the curves go without that epoch's figures
@@ -637,7 +539,7 @@ class Train(Action):
         """The trainer's resolved config, as it wrote it beside its checkpoints
         (core.ml.train's ``resolved_config.yaml``, speculators' ``run.yaml``), for diff; read
         only when ``files`` (the output dir's listing) has it as a regular file."""
-        name = "run.yaml" if self.params.trainer == "speculators" else "resolved_config.yaml"
+        name = self.trainer.resolved_config
         if name not in files:
             return
         try:
@@ -651,9 +553,7 @@ class Train(Action):
             doc = load_yaml(raw)
         except yaml.YAMLError:
             return
-        if self.params.external:  # beside what it was launched with
-            doc = {**((run.config or {}) if run else {}), "resolved": doc}
-        ctx.record_config(doc)
+        ctx.record_config(self.trainer.resolved(doc, (run.config or {}) if run else {}))
 
     async def _find_out(self, ctx, outcome) -> str | None:
         run = _run_of(ctx)
@@ -665,46 +565,6 @@ class Train(Action):
         if arts:
             return posixpath.dirname(arts[-1].path)
         return posixpath.join(outcome.capsule or jobs.capsule_path(ctx.host, ctx.run_id), "out")
-
-
-@dataclass(frozen=True)
-class StartChoice:
-    """What a new attempt of a ``core.ml.train`` item does with the earlier ones."""
-
-    wanted: bool
-    """It resumes when it can (False: fresh at step 0 in its own output dir)."""
-    checkpoint: Any = None
-    """The earlier attempt's newest checkpoint (an Artefact) it resumes from, or None."""
-    note: str = ""
-
-
-def start_choice(params: TrainParams, runs: list[Run], checkpoints: list,
-                 asked: bool | None = None) -> StartChoice:
-    """Resume or start fresh, after the item's earlier ``runs`` (oldest first).
-
-    A failed, stopped or interrupted attempt resumes from the newest checkpoint an attempt
-    left (``resume: true``, the default); a succeeded one is done: running it again trains
-    again, from step 0, unless ``asked`` (``--resume``) or ``resume: always`` says resume.
-    """
-    ended = [r for r in runs if not r.live]
-    if not ended:
-        return StartChoice(bool(params.resume) if asked is None else asked)
-    last = ended[-1]
-    wanted = asked if asked is not None else (
-        params.resume == "always" or (params.resume is True and last.state != "succeeded"))
-    if wanted:
-        for r in reversed(ended):
-            mine = sorted((a for a in checkpoints if a.run_id == r.id), key=lambda a: a.step or 0)
-            if mine:
-                c = mine[-1]
-                return StartChoice(True, c, f"resumes attempt {r.attempt} ({r.state}) from its "
-                                   f"checkpoint {posixpath.basename(c.path)} (step {c.step})")
-        return StartChoice(True, None, f"starts at step 0: no earlier attempt left a checkpoint "
-                           "to resume")
-    why = ("resume: false" if params.resume is False else
-           f"attempt {last.attempt} succeeded; `--again --resume` or `resume: always` "
-           "continues from its last checkpoint instead")
-    return StartChoice(False, None, f"starts fresh at step 0 in its own output dir ({why})")
 
 
 def record_checkpoint(ctx, run: Run | None, ck: layouts.Checkpoint) -> bool:
@@ -768,106 +628,6 @@ def recorded_out(run: Run | None) -> str | None:
     cfg = run.config if run is not None else None
     out = cfg.get("out_dir") if isinstance(cfg, dict) else None
     return out if isinstance(out, str) and out else None
-
-
-def _watch_block_size(spec: Any, plan, item) -> list:
-    """watch_eval's baseline must share the trained drafter's block size unless it says so."""
-    from types import SimpleNamespace
-
-
-    if spec.baseline is None:
-        return []
-    watch = SimpleNamespace(drafter=f"item:{item.id} (block size from its config)", baseline=spec.baseline,
-                            block_size=spec.block_size,
-                            allow_block_size_mismatch=spec.allow_block_size_mismatch)
-    base = fit.drafter_block_size(fit.read_local_json(fit.local_path(
-        plan, spec.eval_host(item.action.host), fit.config_json_of(spec.baseline))))
-    err = fit.block_size_mismatch(watch, fit.train_item_block_size(plan, item.id), base)
-    return [(("watch_eval", "baseline"), err)] if err else []
-
-
-CONFIG_FLAGS = ("--config", "--config-file", "--config_file", "--cfg", "-c")
-
-
-def argv_settings(command: str) -> dict:
-    """``--lr 1e-4 --bf16 --data=x`` -> ``{"lr": "1e-4", "bf16": True, "data": "x"}``;
-    positional words under ``args``. A command shlex cannot split is kept whole only."""
-    try:
-        words = shlex.split(command, comments=True)
-    except ValueError:
-        return {}
-    out: dict[str, Any] = {}
-    args: list[str] = []
-    i = 0
-    while i < len(words):
-        w = words[i]
-        if w.startswith("-") and len(w) > 1 and not _is_number(w):
-            key, eq, val = w.lstrip("-").partition("=")
-            if eq:
-                out[key] = val
-            elif i + 1 < len(words) and not (words[i + 1].startswith("-")
-                                              and not _is_number(words[i + 1])):
-                out[key] = words[i + 1]
-                i += 1
-            else:
-                out[key] = True
-        else:
-            args.append(w)
-        i += 1
-    if args:
-        out["args"] = args
-    return out
-
-
-def _is_number(w: str) -> bool:
-    try:
-        float(w)
-        return True
-    except ValueError:
-        return False
-
-
-async def command_config(host, capsule: str, command: str) -> dict:
-    """What a ``command:`` trainer was launched with, for ``specdeck diff``: the command,
-    its argv as settings, and the config file it names (``--config F`` or a .yaml/.json
-    argument), read from the host (relative: to the run capsule, else the workdir)."""
-    argv = argv_settings(command)
-    rec: dict[str, Any] = {"command": command, "argv": argv}
-    named = next((argv[f.lstrip("-")] for f in CONFIG_FLAGS
-                  if isinstance(argv.get(f.lstrip("-")), str)), None)
-    if named is None:
-        named = next((a for a in argv.get("args", []) if a.endswith((".yaml", ".yml", ".json"))),
-                     None)
-    if named:
-        for path in ([named] if named.startswith("/") else
-                     [posixpath.join(capsule, named), host.path(named)]):
-            raw = await host.read_from(path, 0, 1 << 22)
-            if raw:
-                try:
-                    rec["config"] = load_yaml(raw)  # JSON is YAML too
-                except yaml.YAMLError as e:
-                    rec["config_error"] = f"{path}: not YAML/JSON: {e}"
-                rec["config_file"] = path
-                break
-    return rec
-
-
-def _absolute_paths(doc: dict, host, config_dir: Path | None, overridden: set[str]) -> None:
-    """Rewrite the config's PATH_KEYS as absolute host paths: values from ``overrides`` are
-    relative to the host's workdir; values written in the config file are relative to that
-    file when the host is local (``config_dir``), else to the host's workdir too."""
-    for key in PATH_KEYS:
-        *parents, leaf = key.split(".")
-        cur = doc
-        for part in parents:
-            cur = cur.get(part) if isinstance(cur, dict) else None
-        if not isinstance(cur, dict) or not isinstance(cur.get(leaf), str):
-            continue
-        val = cur[leaf]
-        if config_dir is not None and key not in overridden and not val.startswith(("/", "~")):
-            cur[leaf] = str((config_dir / val).resolve())
-        else:
-            cur[leaf] = host.path(val)
 
 
 __all__ = ["Train", "TrainParams", "StartChoice", "start_choice", "recorded_out", "Path"]

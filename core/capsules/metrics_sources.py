@@ -227,9 +227,11 @@ class LineMetrics:
     Each regex sees at most :data:`REGEX_PREFIX` characters of a line for at most
     :data:`REGEX_TIMEOUT_S`; a line it times out on gives no points from it, and after
     :data:`REGEX_STRIKES` timeouts it is no longer applied. ``notices`` collects
-    ``(source, message)`` pairs for the follower to journal (once per run and source)."""
+    ``(source, message)`` pairs for the follower to journal (once per run and source).
+    ``names`` maps a point's name (a trainer's log key) to the curves' name."""
 
-    def __init__(self, regexes=(), hf_dicts: bool = False):
+    def __init__(self, regexes=(), hf_dicts: bool = False, names: dict[str, str] | None = None):
+        self.names = dict(names or {})
         self.patterns = [compile_regex(r) for r in regexes]
         self.strikes = [0] * len(self.patterns)
         self.hf_dicts = hf_dicts
@@ -247,6 +249,12 @@ class LineMetrics:
                         self.hf_count += 1
 
     def parse(self, line: bytes) -> list[tuple[int, str, float]]:
+        got = self._parse(line)
+        if self.names:
+            got = [(st, self.names.get(name, name), *rest) for st, name, *rest in got]
+        return got
+
+    def _parse(self, line: bytes) -> list[tuple[int, str, float]]:
         if not self.patterns and not self.hf_dicts:
             return parse_metrics(line)  # JSON lines only, the common case: the line whole
         out: list[tuple[int, str, float]] = []
@@ -410,14 +418,15 @@ def regex_metrics(m) -> list[tuple]:
     return out
 
 
-def line_metrics(spec: MetricsParams | None, legacy_regex: str | None = None
-                 ) -> LineMetrics | None:
-    """The parser for an action's log lines (None: JSON lines only)."""
+def line_metrics(spec: MetricsParams | None, legacy_regex: str | None = None,
+                 names: dict[str, str] | None = None) -> LineMetrics | None:
+    """The parser for an action's log lines (None: JSON lines only, under their own names);
+    ``names``: a trainer's log keys -> the curves' names."""
     regexes = list(spec.regexes if spec else ()) + ([legacy_regex] if legacy_regex else [])
     hf = bool(spec and spec.hf_dicts)
-    if not regexes and not hf:
+    if not regexes and not hf and not names:
         return None
-    return LineMetrics(regexes, hf)
+    return LineMetrics(regexes, hf, names)
 
 
 # -- TensorBoard event files -------------------------------------------------------------

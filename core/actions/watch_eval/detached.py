@@ -81,12 +81,17 @@ async def command(ctx: "ActionContext", spec: WatchEvalParams, run: Run, ckpt_di
         args += ["--drop-pct", spec.alerts.drop_pct]
     launched = getattr(run, "config", None)
     launched = launched if isinstance(launched, dict) else {}
-    trainer = launched.get("trainer") or item_trainer(ctx.item)
-    if trainer in ("specforge", "speculators"):  # their layout (core.ml.formats.layouts), adopted too
-        args += ["--trainer", trainer]
+    from core.actions.trainers import TRAINERS
+    from core.ml.formats.layouts import TRAINERS as HOST_LAYOUTS, out_dir_of
+
+    trainer = TRAINERS.get(launched.get("trainer") or item_trainer(ctx.item))
+    # a trainer that prints no checkpoint lines: only its layout (adopted too), where the
+    # host's watcher knows it (core.ml.formats.layouts)
+    if trainer is not None and not trainer.prints_checkpoints \
+            and trainer.layout.name in HOST_LAYOUTS:
+        args += ["--trainer", trainer.layout.name]
         if launched.get("drafter_config"):  # SpecForge's checkpoints carry none
             args += ["--drafter-config", launched["drafter_config"]]
-    from core.ml.formats.layouts import out_dir_of
 
     earlier = [a.step for a in ctx.artefacts(kind="checkpoint")
                if a.run_id != run.id and a.step is not None

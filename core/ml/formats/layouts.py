@@ -1,4 +1,7 @@
-"""The three trainers' checkpoint layouts: which entries of an output dir are checkpoints.
+"""The trainers' checkpoint layouts: which entries of an output dir are checkpoints.
+
+Each is a :class:`Layout` in :data:`LAYOUTS` (the three below built in; a trainer object of
+:mod:`core.actions.trainers` names its layout, and registers it here when it brings its own).
 
 Pure Python (no torch): the watcher on a host (:mod:`core.ml.watcher`) and specdeck's train,
 eval and extract_weights actions read an output dir with the same rules, so ``@latest``,
@@ -47,9 +50,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 TRAINERS = ("specdeck", "specforge", "speculators")
-SPECDECK = re.compile(r"^step_(\d{1,18})\.pt$")
-SPECFORGE = re.compile(r"^(.+)-step(\d{1,18})$")
-SPECULATORS = re.compile(r"^(\d{1,18})$")
+"""The built-in layouts (what ``core.ml.watcher --trainer`` takes); :data:`LAYOUTS` may hold
+more."""
+SPECDECK = re.compile(r"^step_(?P<step>\d{1,18})\.pt$")
+SPECFORGE = re.compile(r"^(.+)-step(?P<step>\d{1,18})$")
+SPECULATORS = re.compile(r"^(?P<step>\d{1,18})$")
 SPECFORGE_STATE = "training_state.pt"
 SPECULATORS_WEIGHTS = "model.safetensors"
 SPECULATORS_INDEX = "model.safetensors.index.json"
@@ -58,6 +63,42 @@ SPECULATORS_BEST = "checkpoint_best"
 SPECULATORS_SAVED = re.compile(r"^epoch(\d{1,18})_(?:step\d{1,18}|end)$")
 """The pointer speculators' trainer makes to an epoch dir once its save is done."""
 SPECDECK_LATEST = "latest"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which top-level entries of an output dir are one trainer's checkpoints (module doc)."""
+
+    name: str
+    pattern: re.Pattern
+    """A top-level entry's name that is a checkpoint; its group ``step`` is the step."""
+    marker: str | None = None
+    """The file inside the entry's dir that is there once the checkpoint is whole (None: the
+    entry is a file, the checkpoint itself)."""
+    glob: str | None = None
+    """``find -name`` glob of the entry dirs (:func:`find_command` descends into them)."""
+    best: re.Pattern | None = None
+    """The name of its best pointer (a symlink to a checkpoint entry), if it has one."""
+    drafter_dir: bool = False
+    """The entry dir is a drafter dir eval loads as it is (no strip); else the marker file is
+    the torch checkpoint strip reads."""
+
+
+LAYOUTS: dict[str, Layout] = {}
+"""The layouts by name, in the order an entry's name is tried against them."""
+
+
+def register_layout(layout: Layout) -> Layout:
+    """Add ``layout`` to :data:`LAYOUTS` (a trainer's own, named by its trainer object)."""
+    LAYOUTS[layout.name] = layout
+    return layout
+
+
+register_layout(Layout("specdeck", SPECDECK))
+register_layout(Layout("specforge", SPECFORGE, SPECFORGE_STATE, "*-step[0-9]*",
+                       re.compile(r"^.+-best$")))
+register_layout(Layout("speculators", SPECULATORS, SPECULATORS_WEIGHTS, "[0-9]*",
+                       re.compile(rf"^{SPECULATORS_BEST}$"), drafter_dir=True))
 SETTLE_S = 30.0
 """Default seconds a checkpoint its trainer marks nowhere as complete must stay unchanged (its
 files, their sizes and mtimes) before it is read: longer than a slow or network disk pauses
@@ -81,28 +122,27 @@ class Checkpoint:
     @property
     def needs_strip(self) -> bool:
         """A torch checkpoint: strip it to a drafter dir first (speculators' is one already)."""
-        return self.layout != "speculators"
+        lay = LAYOUTS.get(self.layout)
+        return lay is None or not lay.drafter_dir
 
 
 def out_dir_of(path: str, layout: str = "specdeck") -> str:
     """The output dir a checkpoint's ``path`` (as :class:`Checkpoint` has it) lies in."""
     path = path.rstrip("/")
-    return posixpath.dirname(posixpath.dirname(path) if layout == "specforge" else path)
+    lay = LAYOUTS.get(layout)
+    inner = lay is not None and lay.marker is not None and not lay.drafter_dir
+    return posixpath.dirname(posixpath.dirname(path) if inner else path)
 
 
 def parse_entry(name: str, trainer: str | None = None) -> tuple[str, int, str] | None:
     """``(layout, step, marker)`` for a top-level entry of an output dir, or None when it
     names no checkpoint. ``marker`` is the entry's file that is there once the checkpoint is
     whole (relative to the output dir). ``trainer`` limits it to that trainer's layout."""
-    m = SPECDECK.match(name)
-    if m and trainer in (None, "specdeck"):
-        return "specdeck", int(m.group(1)), name
-    m = SPECFORGE.match(name)
-    if m and trainer in (None, "specforge"):
-        return "specforge", int(m.group(2)), posixpath.join(name, SPECFORGE_STATE)
-    m = SPECULATORS.match(name)
-    if m and trainer in (None, "speculators"):
-        return "speculators", int(m.group(1)), posixpath.join(name, SPECULATORS_WEIGHTS)
+    for lay in LAYOUTS.values():
+        m = lay.pattern.match(name) if trainer in (None, lay.name) else None
+        if m:
+            marker = posixpath.join(name, lay.marker) if lay.marker else name
+            return lay.name, int(m.group("step")), marker
     return None
 
 
@@ -113,18 +153,14 @@ def checkpoint_of(out_dir: str, name: str, trainer: str | None = None) -> Checkp
     if got is None:
         return None
     layout, step, marker = got
-    path = posixpath.join(out_dir, name if layout == "speculators" else marker)
+    path = posixpath.join(out_dir, name if LAYOUTS[layout].drafter_dir else marker)
     return Checkpoint(step, path, layout)
 
 
 def best_pointers(trainer: str | None = None) -> tuple[re.Pattern, ...]:
     """Entry names that point at a run's best checkpoint (symlinks to a step entry)."""
-    out = []
-    if trainer in (None, "specforge"):
-        out.append(re.compile(r"^.+-best$"))
-    if trainer in (None, "speculators"):
-        out.append(re.compile(rf"^{SPECULATORS_BEST}$"))
-    return tuple(out)
+    return tuple(lay.best for lay in LAYOUTS.values()
+                 if lay.best is not None and trainer in (None, lay.name))
 
 
 def is_best_pointer(name: str, trainer: str | None = None) -> bool:
@@ -184,7 +220,7 @@ def _descend(name: str, kind: str) -> bool:
     """Whether a top-level entry's files are listed too: a dir named as a SpecForge or
     speculators checkpoint (:func:`find_command` descends into the same, and a few more)."""
     got = parse_entry(name)
-    return kind == "d" and got is not None and got[0] != "specdeck"
+    return kind == "d" and got is not None and LAYOUTS[got[0]].marker is not None
 
 
 def list_local(out_dir: str) -> list[Row]:
@@ -226,9 +262,9 @@ _FORMAT = "'%y %s %T@ %P\\0%l\\0'"
 def find_command(out_dir: str) -> str:
     """The shell command that prints a host's output dir as :func:`parse_find` reads it (GNU
     find; links never followed; only the dirs named as checkpoints are descended into)."""
+    globs = " ".join(f"! -name {shlex.quote(lay.glob)}" for lay in LAYOUTS.values() if lay.glob)
     return (f"cd -- {shlex.quote(out_dir)} && find . -mindepth 1 -maxdepth 2 -printf {_FORMAT} "
-            "\\( ! -path './*/*' -type d ! -name '*-step[0-9]*' ! -name '[0-9]*' -prune \\) "
-            "2>/dev/null")
+            f"\\( ! -path './*/*' -type d {globs} -prune \\) 2>/dev/null")
 
 
 def parse_find(text: str) -> list[Row]:
@@ -283,16 +319,16 @@ def entries(out_dir: str, rows: Iterable[Row], trainer: str | None = None, *,
         problem = None
         if layout == "specdeck":
             complete = newest is not None and newest >= step
-        elif layout == "specforge":
-            complete = files[marker].kind == "f"
-        else:
+        elif layout == "speculators":
             complete = name in saved
             config = files.get(posixpath.join(name, SPECULATORS_CONFIG))
             if config is None:
                 problem = f"{posixpath.join(out_dir, name)}: no {SPECULATORS_CONFIG} beside its weights"
             elif config.kind != "f":
                 problem = _not_a_file(out_dir, config)
-        if layout != "specdeck" and top.kind != "d":
+        else:  # specforge's, and any layout whose marker file is written last
+            complete = files[marker].kind == "f"
+        if LAYOUTS[layout].marker is not None and top.kind != "d":
             problem = f"{posixpath.join(out_dir, name)}: is {KINDS[top.kind]}, not a checkpoint dir"
         elif files[marker].kind != "f":
             problem = _not_a_file(out_dir, files[marker])
@@ -392,7 +428,8 @@ def best_step(out_dir: str, trainer: str | None = None) -> int | None:
     return None
 
 
-__all__ = ["TRAINERS", "SETTLE_S", "KINDS", "Checkpoint", "Row", "Entry", "Steady",
+__all__ = ["TRAINERS", "LAYOUTS", "Layout", "register_layout", "SETTLE_S", "KINDS",
+           "Checkpoint", "Row", "Entry", "Steady",
            "parse_entry", "checkpoint_of", "is_best_pointer", "pointed_step", "list_local",
            "find_command", "parse_find", "entries", "local_entries", "content_problem",
            "scan_dir", "out_dir_of", "best_step", "SPECFORGE_STATE", "SPECULATORS_WEIGHTS",
