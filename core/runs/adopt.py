@@ -44,6 +44,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 from core.capsules import jobs
+from core.runs import life
 from core.actions.base import Action
 from core.plans.adopt_spec import JOB_ID, PID_MAX, AdoptSpec, adopt_hint, parse_pid
 from core.errors import ActionFailed, InvalidInput
@@ -408,12 +409,12 @@ class Adopted(Action):
         try:
             return await self.inner.finish(ctx, outcome)
         except ActionFailed as e:
-            if outcome.state == "lost":
+            if outcome.state == life.LOST:
                 raise ActionFailed(f"item {ctx.item.id!r}: {UNKNOWN_EXIT}",
                                    hint=f"check `specdeck logs PLAN {ctx.item.id}`; if it "
                                         f"finished well, `specdeck mark PLAN {ctx.item.id} done`"
                                    ) from e
-            if outcome.state == "stopped" and outcome.exit_code is None and not outcome.signal:
+            if outcome.state == life.STOPPED and outcome.exit_code is None and not outcome.signal:
                 raise ActionFailed(f"item {ctx.item.id!r}: the adopted {self.info['what']} "
                                    "was stopped (its exit status is unknown)") from e
             raise
