@@ -308,6 +308,16 @@ async def locate(host: "Host", spec: AdoptSpec, live_runs: Iterable["Run"]) -> d
     return info
 
 
+async def enter(host: "Host", spec: AdoptSpec, live_runs: Iterable["Run"], run_id: str
+                ) -> tuple[dict, str]:
+    """Find what ``spec`` names (:func:`locate`) and make run ``run_id``'s capsule for it:
+    (the adoption's record, the capsule). Bad input raises InvalidInput, nothing made."""
+    info = await locate(host, spec, live_runs)
+    capsule = jobs.capsule_path(host, run_id)
+    await make_capsule(host, info, capsule)
+    return info, capsule
+
+
 async def make_capsule(host: "Host", info: dict, capsule: str) -> None:
     """The adoption's capsule on its host: ``adopted.json`` (and, for tmux, the panes kept
     on exit, the pane's output piped into its log when no log was given)."""

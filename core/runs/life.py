@@ -73,6 +73,8 @@ STOP_REQUESTED = "stop requested"
 """The error a stop writes on a live run first: any process's follower then ends it stopped."""
 OWNER_GONE = "the specdeck process running it exited; run it again to resume"
 NOT_LAUNCHED = "specdeck stopped before the run was launched"
+NOT_AN_ACTION = "item is no longer an action"
+"""A live run whose item the plan no longer binds to an action: reconcile interrupts it."""
 
 
 def journal_kind(state: str) -> str:
@@ -171,23 +173,26 @@ def after_failed_finish(outcome: Outcome) -> str:
 KEEP, INTERRUPT, FOLLOW, FINISH = "keep", "interrupt", "follow", "finish"
 
 
-def reconcile_detached(run: Run, capsule_state: str, *, launcher_alive: bool | None,
-                       mine: bool) -> str:
-    """What a reconcile does with a live detached run whose capsule says ``capsule_state``
-    (``running``, ``ended``, ``lost``, ``nopid``, ``missing``): :data:`KEEP` it as it is
-    (another specdeck is launching it), :data:`INTERRUPT` it (never launched), :data:`FOLLOW`
-    it (still running), or :data:`FINISH` it (ended or lost while nobody watched)."""
-    if capsule_state in ("nopid", "missing") and run.state == STARTING:
-        return KEEP if launcher_alive is True and not mine else INTERRUPT
-    return FOLLOW if capsule_state == RUNNING else FINISH
+def reconcile(run: "Run", *, detached: bool, capsule: str | None,
+              owner_alive: bool | None, mine: bool, here: bool) -> tuple[str, str | None]:
+    """What a reconcile does with a live run the store holds, from what its host says, and
+    the error an interrupt records:
 
-
-def reconcile_in_process(*, owner_alive: bool | None, follow: bool, here: bool) -> str:
-    """The same for a run inside a specdeck process: a dead owner interrupted it; a live
-    one (another process, ``here`` False) is followed when asked."""
-    if owner_alive is False:
-        return INTERRUPT
-    return FOLLOW if follow and not here else KEEP
+    - in process (``detached`` False): a dead owner interrupted it; one alive in another
+      process (``here`` False) may be followed (:data:`FOLLOW`); else :data:`KEEP`;
+    - detached, its capsule saying ``capsule`` (``running``, ``ended``, ``lost``, ``nopid``,
+      ``missing``): a ``starting`` run with no pid was never launched, so it is interrupted
+      unless another live specdeck (``owner_alive`` True, not ``mine``) is launching it
+      (:data:`KEEP`); else it runs (:data:`FOLLOW`) or ended or was lost while nobody watched
+      (:data:`FINISH`: its log is drained and its end read).
+    """
+    if not detached:
+        if owner_alive is False:
+            return INTERRUPT, OWNER_GONE
+        return (KEEP if here else FOLLOW), None
+    if capsule in ("nopid", "missing") and run.state == STARTING:
+        return (KEEP, None) if owner_alive is True and not mine else (INTERRUPT, NOT_LAUNCHED)
+    return (FOLLOW if capsule == RUNNING else FINISH), None
 
 
 # -- stop grace ----------------------------------------------------------------------------

@@ -527,8 +527,12 @@ class Runner:
             self.emit(Notice(item.id, f"{item.id}: run {live.id} is live; attaching"))
             await self.attach_run(live)
             return self.statuses()[item.id]
-        if item.adopt is not None and adopt.from_plan(  # the plan says where its run is
-                item, self.statuses()[item.id], self.store.runs_for_item(item.id)):
+        statuses = self.statuses()
+        from_plan = item.adopt is not None and adopt.from_plan(  # the plan says where it runs
+            item, statuses[item.id], self.store.runs_for_item(item.id))
+        why = None if from_plan else adopt.unadopted(self.plan, item, statuses,
+                                                     self.store.live_run)
+        if from_plan:
             try:
                 return await self.adopt(item.id, item.adopt)
             except SpecdeckError as e:
@@ -536,7 +540,6 @@ class Runner:
                                  f"{e.message} (ended? `specdeck mark PLAN {item.id} done`, or "
                                  "`pending` to launch it anew)", "error"))
                 return "failed"
-        why = adopt.unadopted(self.plan, item, self.statuses(), self.store.live_run)
         if why:
             self.emit(Notice(item.id, why, "warning"))
             return self.statuses()[item.id]
@@ -617,13 +620,11 @@ class Runner:
         """
         item = self.plan.item(item_id)
         host_name = host_name or (item.action.host if item.action else None)
+        run_id = self._new_run_id(item)
         adopt.refuse(self.plan, item, self.action(item), host_name,
                      self.store.live_run(item.id))
         host = await self.host(host_name)
-        info = await adopt.locate(host, spec, self.store.live_runs())
-        run_id = self._new_run_id(item)
-        capsule = jobs.capsule_path(host, run_id)
-        await adopt.make_capsule(host, info, capsule)
+        info, capsule = await adopt.enter(host, spec, self.store.live_runs(), run_id)
         run = self.store.claim_run(run_id, item.id, item.action.kind, host_name,
                                    owner=self.owner, launcher=f"adopt:{info['how']}")
         if run is None:
@@ -737,9 +738,10 @@ class Runner:
         run = self.store.run(run_id)
         if not run.live:
             return self.statuses()[item.id]
+        left = await self._leftovers(run)
         stopped = run_id in self._stopping or life.stop_requested(run)
         outcome = life.outcome_of(st, stopped=stopped, capsule=run.capsule or "", run_id=run_id)
-        left = await self._leftovers(run)
+        unread = life.after_failed_finish(outcome)  # its end if its results cannot be read
         ctx = _Context(self, item, host, run_id)
         try:
             result = await action.finish(ctx, outcome)
@@ -747,7 +749,7 @@ class Runner:
             raise  # its end is recorded once there is space (the next reconcile)
         except Exception as e:  # noqa: BLE001 - ActionFailed, or a fault reading the results
             msg = str(e) if isinstance(e, ActionFailed) else describe_fault(e)
-            return self._end(item, run_id, life.after_failed_finish(outcome), error=msg, exit_code=outcome.exit_code,
+            return self._end(item, run_id, unread, error=msg, exit_code=outcome.exit_code,
                              signal=outcome.signal)
         return self._end(item, run_id, outcome.state, result=result, exit_code=outcome.exit_code,
                          signal=outcome.signal, error=left)
@@ -875,24 +877,22 @@ class Runner:
         item = self.plan.item(run.item_id)
         action = self.run_action(item, run)
         if action is None:
-            return self._end(item, run.id, life.INTERRUPTED, error="item is no longer an action")
-        if not action.detached:
-            do = life.reconcile_in_process(owner_alive=owner_alive(run.owner), follow=follow,
-                                           here=run.id in self._in_process)
-            if do == life.INTERRUPT:
-                return self._end(item, run.id, life.INTERRUPTED, error=life.OWNER_GONE)
-            if do == life.FOLLOW:
-                return await self._follow_owned(item, run)
-            return self.statuses()[item.id]
-        host = await self.host(run.host)
-        ctx = _Context(self, item, host, run.id)
-        st = await action.inspect(ctx, host, run)
-        do = life.reconcile_detached(run, st.state, launcher_alive=owner_alive(run.owner),
-                                     mine=run.owner == self.owner)
+            return self._end(item, run.id, life.INTERRUPTED, error=life.NOT_AN_ACTION)
+        detached = action.detached
+        host = ctx = st = None
+        if detached:
+            host = await self.host(run.host)
+            ctx = _Context(self, item, host, run.id)
+            st = await action.inspect(ctx, host, run)
+        do, why = life.reconcile(run, detached=detached, capsule=st.state if st else None,
+                                 owner_alive=owner_alive(run.owner), mine=run.owner == self.owner,
+                                 here=run.id in self._in_process)
         if do == life.INTERRUPT:
-            return self._end(item, run.id, life.INTERRUPTED, error=life.NOT_LAUNCHED)
-        if do == life.KEEP:
-            return self.statuses()[item.id]  # another specdeck is launching it right now
+            return self._end(item, run.id, life.INTERRUPTED, error=why)
+        if not detached and do == life.FOLLOW and follow:
+            return await self._follow_owned(item, run)
+        if not detached or do == life.KEEP:
+            return self.statuses()[item.id]
         if run.state == life.STARTING or not run.capsule:
             self.store.update_run(run.id, state=life.RUNNING, pid=st.pid,
                                   capsule=run.capsule or jobs.capsule_path(host, run.id))

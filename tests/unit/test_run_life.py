@@ -152,25 +152,30 @@ def test_what_holds_an_item_back():
 
 
 @pytest.mark.parametrize("state, capsule, alive, mine, decided", [
-    ("starting", "nopid", True, False, life.KEEP),  # another specdeck is launching it
-    ("starting", "nopid", True, True, life.INTERRUPT),
-    ("starting", "missing", False, False, life.INTERRUPT),
-    ("starting", "running", False, False, life.FOLLOW),
-    ("running", "running", None, False, life.FOLLOW),
-    ("running", "ended", None, False, life.FINISH),
-    ("running", "lost", None, False, life.FINISH),
-    ("running", "missing", True, False, life.FINISH),  # launched: its end is read (lost)
+    ("starting", "nopid", True, False, (life.KEEP, None)),  # another specdeck launches it
+    ("starting", "nopid", True, True, (life.INTERRUPT, life.NOT_LAUNCHED)),
+    ("starting", "missing", False, False, (life.INTERRUPT, life.NOT_LAUNCHED)),
+    ("starting", "running", False, False, (life.FOLLOW, None)),
+    ("running", "running", None, False, (life.FOLLOW, None)),
+    ("running", "ended", None, False, (life.FINISH, None)),
+    ("running", "lost", None, False, (life.FINISH, None)),
+    ("running", "missing", True, False, (life.FINISH, None)),  # launched: its end is read
 ])
 def test_what_reconcile_decides_for_a_detached_run(state, capsule, alive, mine, decided):
     run = Run("r", "it", state=state)
-    assert life.reconcile_detached(run, capsule, launcher_alive=alive, mine=mine) == decided
+    assert life.reconcile(run, detached=True, capsule=capsule, owner_alive=alive, mine=mine,
+                          here=False) == decided
 
 
-def test_what_reconcile_decides_for_an_in_process_run():
-    assert life.reconcile_in_process(owner_alive=False, follow=True, here=False) == life.INTERRUPT
-    assert life.reconcile_in_process(owner_alive=True, follow=True, here=False) == life.FOLLOW
-    assert life.reconcile_in_process(owner_alive=None, follow=False, here=False) == life.KEEP
-    assert life.reconcile_in_process(owner_alive=True, follow=True, here=True) == life.KEEP
+@pytest.mark.parametrize("alive, here, decided", [
+    (False, False, (life.INTERRUPT, life.OWNER_GONE)), (False, True, (life.INTERRUPT,
+                                                                      life.OWNER_GONE)),
+    (True, False, (life.FOLLOW, None)), (None, False, (life.FOLLOW, None)),
+    (True, True, (life.KEEP, None))])
+def test_what_reconcile_decides_for_an_in_process_run(alive, here, decided):
+    run = Run("r", "it", state="running")
+    assert life.reconcile(run, detached=False, capsule=None, owner_alive=alive, mine=False,
+                          here=here) == decided
 
 
 def test_stop_grace():
