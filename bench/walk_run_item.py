@@ -16,8 +16,8 @@ function visited once (its first visit), to ``--depth`` calls deep:
 
 Without ``--typed`` (the issue's rules) the store's methods, reached through ``self.store``, are
 not followed. Calls through values of unknown type (an action picked from the registry, a
-callback) never are. The walk's files, in the order it enters them (a run of calls within one file is one
-entry), are printed with two counts:
+callback) never are. The walk's files, in the order it enters them (a run of calls within one
+file is one entry), are printed with two counts:
 
 - ``climbs``: entries into a file the walk had already entered and left (runner -> store ->
   runner counts one);
@@ -216,19 +216,17 @@ class Project:
         def ctor(cls):
             return of_class(cls, "__init__")
 
+        def defined(mod, name):  # a function, or a class's constructor, of ``mod``
+            mod, name = self._follow(mod, name)
+            tm = self.mods[mod]
+            if name in tm.functions:
+                return mod, name, tm.functions[name]
+            return ctor((mod, name)) if name in tm.classes else None
+
         if isinstance(f, ast.Name):
-            if f.id in m.functions:
-                return m.name, f.id, m.functions[f.id]
-            if f.id in m.classes:
-                return ctor((m.name, f.id))
-            if f.id in m.names:
-                mod, name = self._follow(*m.names[f.id])
-                tm = self.mods[mod]
-                if name in tm.functions:
-                    return mod, name, tm.functions[name]
-                if name in tm.classes:
-                    return ctor((mod, name))
-            return None
+            if f.id in m.functions or f.id in m.classes:
+                return defined(m.name, f.id)
+            return defined(*m.names[f.id]) if f.id in m.names else None
         if not isinstance(f, ast.Attribute):
             return None
         v = f.value
@@ -239,13 +237,7 @@ class Project:
             if v.id in ("self", "cls") and k is not None:
                 return of_class((k.module, k.name), f.attr)
             if v.id in m.modules:
-                mod, name = self._follow(m.modules[v.id], f.attr)
-                tm = self.mods[mod]
-                if name in tm.functions:
-                    return mod, name, tm.functions[name]
-                if name in tm.classes:
-                    return ctor((mod, name))
-                return None
+                return defined(m.modules[v.id], f.attr)
             if local.get(v.id):
                 return of_class(local[v.id], f.attr)
             return None

@@ -60,11 +60,6 @@ RUN_TO_ITEM = {SUCCEEDED: "done", FAILED: "failed", STOPPED: "stopped", LOST: "f
 """What a run's end makes of its item's status (a live run's item is ``in_progress``)."""
 ITEM_WHILE_LIVE = "in_progress"
 
-LABELS = {STARTING: "starting", RUNNING: "running", SUCCEEDED: "succeeded", FAILED: "failed",
-          STOPPED: "stopped", LOST: "lost (no process, no exit status)",
-          INTERRUPTED: "interrupted (specdeck went away; it resumes)"}
-"""A state in words, for help texts."""
-
 FRESH_START = (SUCCEEDED, STOPPED)
 """Ends after which an item's failures are counted anew (:func:`failures`)."""
 COUNTED_FAILURES = (FAILED, LOST)

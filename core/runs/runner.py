@@ -4,14 +4,15 @@ It is the one service both faces use (the CLI and the console's workers). It own
 :class:`~core.hosts.base.Host` objects (one per plan host, connected on first use) and
 talks to the store; actions only see an :class:`~core.actions.base.ActionContext`.
 
-Item status follows runs: a run starting makes its item ``in_progress``; succeeded ->
-``done``; stopped (by an operator or a ``stop`` item) -> ``stopped``; failed, lost or
-interrupted -> ``failed``. What :meth:`Runner.run_items` launches without being asked
-(``run --all``, ``A``, a named item's needs): pending items, a failed item while its
-``retries:`` last, and one whose run specdeck itself interrupted (it resumes). A stopped item
-is launched again only by ``run ITEM --again`` (console ``r``), a failed one also by naming
-it; dependents wait meanwhile, and so does the dependent of a skipped item it ``needs`` (a
-skipped item only satisfies ``after:``, an order).
+Item status follows runs (:data:`core.runs.life.RUN_TO_ITEM`): a run starting makes its item
+``in_progress``; succeeded -> ``done``; stopped (by an operator or a ``stop`` item) ->
+``stopped``; failed, lost or interrupted -> ``failed``. What :meth:`Runner.run_items`
+launches without being asked (``run --all``, ``A``, a named item's needs): pending items, a
+failed item while its ``retries:`` last, and one whose run specdeck itself interrupted (it
+resumes). A stopped item is launched again only by ``run ITEM --again`` (console ``r``), a
+failed one also by naming it (:func:`core.runs.life.held`); dependents wait meanwhile, and
+so does the dependent of a skipped item it ``needs`` (a skipped item only satisfies
+``after:``, an order).
 
 A state disk that takes no more writes (:class:`~core.errors.StateDiskFull`) ends no run:
 the item stays as the store has it, its run goes on on its host and stays live in the
@@ -441,7 +442,7 @@ class Runner:
                                      f"{it.retries} (its plan's retries)", "warning"))
                     pending.insert(0, it)
                     continue
-                started = self.detach and state == "in_progress"
+                started = self.detach and state == life.ITEM_WHILE_LIVE
                 summary["done" if state == "done" else "started" if started else
                         "held" if state == "stopped" else "failed"].append(it.id)
         return RunSummary(**{k: tuple(v) for k, v in summary.items()})
@@ -568,7 +569,7 @@ class Runner:
                 await self.attach_run(live)
             return self.statuses()[item.id]
         ctx.run_id = run_id
-        self.set_status(item.id, "in_progress", f"run {run_id}", run_id)
+        self.set_status(item.id, life.ITEM_WHILE_LIVE, f"run {run_id}", run_id)
         if not action.detached:
             return await self._run_in_process(item, action, ctx, run_id)
         try:
@@ -637,7 +638,7 @@ class Runner:
                            run_id=run_id, host=host_name, data=info)
         where = (f"{info['log']} from byte {info['base']}" if info["log"]
                  else "the pane, from now on")
-        self.set_status(item.id, "in_progress", f"adopted {info['what']} as run {run_id}",
+        self.set_status(item.id, life.ITEM_WHILE_LIVE, f"adopted {info['what']} as run {run_id}",
                         run_id)
         self.emit(Notice(item.id, f"{item.id}: adopted {info['what']} on {host_name} as run "
                          f"{run_id}; log: {where}"))
@@ -1035,7 +1036,7 @@ class Runner:
                                host=run.host)
             self.emit(Notice(item.id, f"{item.id}: run {run.id}: {msg}"))
             latest = self.store.latest_run(item.id)
-            if (self.statuses()[item.id] == "in_progress" and latest.id == run.id):
+            if (self.statuses()[item.id] == life.ITEM_WHILE_LIVE and latest.id == run.id):
                 # its end was stored but not its item's (the same fault): say it now
                 self.set_status(item.id, life.RUN_TO_ITEM[after.state],
                                 life.ended_reason(run.id, after.state, None), run.id)
