@@ -55,6 +55,7 @@ from console.widgets.tau_table import TauPane
 from core.errors import SpecdeckError
 from core.hosts import bulk
 from core.plans.plan import Plan, params_summary
+from core.runs import life
 from core.state.records import Run
 from core.session import Session, open_store
 
@@ -526,12 +527,12 @@ class SpecdeckApp(App[int]):
         pane = self.query_one(LogPane)
         if pane.run_id == msg.run_id:
             pane.set_stream(msg.state)
-        if msg.state != "succeeded" and not self._opening:
+        if msg.state != life.SUCCEEDED and not self._opening:
             how = (f"signal {msg.signal}" if msg.signal else
                    f"exit {msg.exit_code}" if msg.exit_code is not None else "no exit status")
             self.notify(f"{msg.item_id}: run {msg.run_id} {msg.state} ({how})"
                         + (f"\n{msg.error}" if msg.error else ""), title="Run ended",
-                        severity="warning" if msg.state == "stopped" else "error")
+                        severity="warning" if msg.state == life.STOPPED else "error")
         self._load_tau()
         if msg.run_id in self._metrics_runs:
             self._metrics_dirty = True

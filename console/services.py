@@ -22,6 +22,7 @@ from console import messages as m
 from core.tau.table import build_comparison
 from core.errors import HostUnreachable, InvalidInput, SpecdeckError
 from core.plans.plan import Item
+from core.runs import life
 from core.state.records import Event, Run
 from core.session import Session, at_step
 
@@ -32,7 +33,8 @@ MAX_POINTS = 300
 OVERLAY_RUNS = 4
 """Attempts of the selected item drawn together on the metrics chart."""
 JOURNAL_LIMIT = 500
-RUN_END_KINDS = ("run_succeeded", "run_failed", "run_lost", "run_stopped", "run_interrupted")
+RUN_END_KINDS = tuple(life.END_JOURNAL)
+"""The journal entries of runs' ends (:data:`core.runs.life.END_JOURNAL`)."""
 GPU_HISTORY = 24
 """Samples of each GPU's utilisation sent with a sample (the GPUs pane's sparkline)."""
 

@@ -95,6 +95,13 @@ class RemoteCommandFailed(SpecdeckError):
         super().__init__(msg)
 
 
+class RunMoveRefused(SpecdeckError):
+    """A write would move a run between states its life (``core/runs/life.py``) does not
+    connect (an ended run back to running, say): a bug in the writer, refused whole."""
+
+    default_title = "Run state refused"
+
+
 class ActionFailed(SpecdeckError):
     """An action ran and did not succeed; the item becomes failed."""
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Awaitable, Callable, Iterable, TypeVar
 
 from core.errors import HostUnreachable, InvalidInput
+from core.runs import life
 from core.runs.events import Event
 from core.plans.plan import Plan
 from core.state.records import EvalRow, Run, RunChange, RunSummary, WatcherStatus
@@ -47,8 +48,10 @@ MARKS_REFUSED_WHILE_LIVE = ("done", "skipped", "pending")
 
 
 def open_store(plan: Plan, state: str | Path | None = None) -> Store:
-    """The plan's state database: ``state`` if given, else where :func:`state_path_for` says."""
-    return Store(state_path_for(plan, str(state) if state is not None else None))
+    """The plan's state database: ``state`` if given, else where :func:`state_path_for` says,
+    keeping what a run's life allows (:data:`core.runs.life.TRANSITIONS`)."""
+    return Store(state_path_for(plan, str(state) if state is not None else None),
+                 transitions=life.TRANSITIONS)
 
 
 def _drop(event: Event) -> None:
@@ -226,7 +229,7 @@ class Session:
         item = self.plan.item(item_id)
         if item.action is None or item.action.kind != "eval":
             raise InvalidInput(f"item {item_id!r} is not an eval item", hint="give eval items")
-        run = next((r for r in reversed(self.runs_of(item_id)) if r.state == "succeeded"), None)
+        run = next((r for r in reversed(self.runs_of(item_id)) if r.state == life.SUCCEEDED), None)
         path = (run.result or {}).get("result") if run is not None else None
         if not isinstance(path, str):
             raise InvalidInput(f"item {item_id!r} has no succeeded eval run with a result.json yet",

@@ -17,11 +17,14 @@ from __future__ import annotations
 import os
 import sys
 
+from core.runs import life
 from core.text import sanitize
 
 STATUS_STYLE = {"pending": "", "in_progress": "yellow", "done": "green", "failed": "red",
-                "skipped": "dim", "succeeded": "green", "running": "yellow", "stopped": "cyan",
-                "lost": "red", "interrupted": "red", "error": "red", "warning": "yellow"}
+                "skipped": "dim", life.SUCCEEDED: "green", life.RUNNING: "yellow",
+                life.STOPPED: "cyan", life.LOST: "red", life.INTERRUPTED: "red", "error": "red",
+                "warning": "yellow"}
+"""Item statuses, run states (:mod:`core.runs.life`) and notice levels."""
 _ANSI = {"red": "31", "green": "32", "yellow": "33", "cyan": "36", "dim": "2", "bold": "1"}
 
 

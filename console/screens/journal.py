@@ -12,11 +12,14 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
 from console.widgets.vim import table_keys
+from core.runs import life
 from core.state.records import Event, RunChange
 from core.text import sanitize
 
-KIND_STYLE = {"run_succeeded": "green", "run_failed": "bold red", "run_lost": "bold red",
-              "run_interrupted": "red", "run_stopped": "magenta", "stop_requested": "magenta",
+KIND_STYLE = {**{life.journal_kind(s): style for s, style in (
+                  (life.SUCCEEDED, "green"), (life.FAILED, "bold red"), (life.LOST, "bold red"),
+                  (life.INTERRUPTED, "red"), (life.STOPPED, "magenta"))},
+              "stop_requested": "magenta",
               "console_opened": "bright_black", "console_closed": "bright_black"}
 
 
@@ -27,10 +30,10 @@ def meanwhile_summary(changes: list[RunChange], meanwhile: list[Event]) -> tuple
     lines = [f"{c.item}: run {c.run} {c.was} → {c.now}" + (f" ({c.why})" if c.why else "")
              for c in changes]
     lines += [f"{e.item_id}: {e.message}  [{e.run_id}]" for e in meanwhile]
-    ends = [c.now for c in changes] + [e.kind.removeprefix("run_") for e in meanwhile
-                                          if e.kind.startswith("run_")]
+    ends = [c.now for c in changes] + [life.ended_by(e.kind) for e in meanwhile
+                                          if life.ended_by(e.kind)]
     counts = ", ".join(f"{ends.count(s)} {s}" for s in sorted(set(ends)))
-    return lines, f"While the console was closed: {counts}", all(s == "succeeded" for s in ends)
+    return lines, f"While the console was closed: {counts}", all(s == life.SUCCEEDED for s in ends)
 
 
 class JournalTable(DataTable):

@@ -20,11 +20,13 @@ from console.widgets.plan_list import GLYPHS, PRIORITY, STATUS_STYLE, status_tex
 from console.widgets.vim import scroll_keys
 from core.plans.plan import Item, Plan, params_summary
 from core.actions.watch_eval.status import describe as describe_watcher
+from core.runs import life
 from core.state.records import WatcherStatus
 from core.text import sanitize
 
-RUN_STYLE = {"succeeded": "green", "failed": "bold red", "stopped": "magenta", "lost": "red",
-             "interrupted": "red", "running": "bold yellow", "starting": "yellow"}
+RUN_STYLE = {life.SUCCEEDED: "green", life.FAILED: "bold red", life.STOPPED: "magenta",
+             life.LOST: "red", life.INTERRUPTED: "red", life.RUNNING: "bold yellow",
+             life.STARTING: "yellow"}
 CHECK_STYLE = {"done": ("●", "green"), "ready": ("✓", "cyan"), "blocked": ("⊘", "yellow"),
                "error": ("✗", "red"), "checking": ("…", "bright_black"),
                "manual": ("✎", "magenta")}
@@ -97,7 +99,7 @@ def run_line(run: dict) -> Text:
     dur = _duration(run)
     t.append((f" · {dur}" if dur else "") + f" · {when(run.started_at)}",
              style="bright_black")
-    if run.error and state != "succeeded":
+    if run.error and state != life.SUCCEEDED:
         t.append(f"\n   {sanitize(run.error, max_len=2000)}", style="red")
     return t
 

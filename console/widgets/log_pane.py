@@ -34,14 +34,16 @@ from textual.widgets import Input, Log, Static
 
 from console.widgets.vim import scroll_keys
 from core.capsules.progress import record_text
+from core.runs import life
 from core.state.records import Run
 from core.text import sanitize
 
 MAX_LINES = 5000
 STATE_STYLE = {"following": "green", "reconnecting": "bold yellow", "unreachable": "bold red",
-               "lost": "bold red", "succeeded": "green", "failed": "bold red",
-               "stopped": "magenta", "interrupted": "red", "ended": "bright_black",
-               "starting": "yellow", "running": "yellow"}
+               life.LOST: "bold red", life.SUCCEEDED: "green", life.FAILED: "bold red",
+               life.STOPPED: "magenta", life.INTERRUPTED: "red", "ended": "bright_black",
+               life.STARTING: "yellow", life.RUNNING: "yellow"}
+"""The log stream's states (following, reconnecting...) and a run's (:mod:`core.runs.life`)."""
 
 
 CONTINUATION = "    "
@@ -171,7 +173,7 @@ class LogPane(Vertical):
     def run_started(self, item_id: str, run_id: str, host: str | None) -> None:
         """A new run of the shown item: switch to it with an empty log."""
         if item_id == self.item_id and run_id != self.run_id:
-            self.show_run(item_id, Run(run_id, item_id, host=host, state="running"), [])
+            self.show_run(item_id, Run(run_id, item_id, host=host, state=life.RUNNING), [])
 
     def host_state(self, host: str, state: str) -> None:
         """The shown run's host changed state (reconnecting / unreachable / connected)."""

@@ -99,7 +99,7 @@ class Launch:
 
 @dataclass
 class Outcome:
-    """How a detached run ended."""
+    """How a detached run ended (``core.runs.life.outcome_of`` reads it from a capsule)."""
 
     state: Literal["succeeded", "failed", "stopped", "lost"]
     exit_code: int | None = None
@@ -512,12 +512,3 @@ def _guarded(store, run_id: str, fn, *args, source: str = "log parser") -> None:
     except Exception as e:  # noqa: BLE001 - a line's parse or display never ends the follower
         store.metric_notice(run_id, source, f"{source} failed ({type(e).__name__}: "
                             f"{str(e)[:200]}); the log is stored all the same")
-
-
-def outcome_of(state: CapsuleState, *, stopped: bool = False, capsule: str = "",
-               run_id: str = "") -> Outcome:
-    if state.state == "ended":
-        ok = state.exit_code == 0 and state.signal is None
-        st = "stopped" if stopped else ("succeeded" if ok else "failed")
-        return Outcome(st, state.exit_code, state.signal, capsule, run_id)
-    return Outcome("lost", None, None, capsule, run_id)

@@ -44,6 +44,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 from core.capsules import jobs
+from core.runs import life
 from core.actions.base import Action
 from core.plans.adopt_spec import JOB_ID, PID_MAX, AdoptSpec, adopt_hint, parse_pid
 from core.errors import ActionFailed, InvalidInput
@@ -307,6 +308,16 @@ async def locate(host: "Host", spec: AdoptSpec, live_runs: Iterable["Run"]) -> d
     return info
 
 
+async def enter(host: "Host", spec: AdoptSpec, live_runs: Iterable["Run"], run_id: str
+                ) -> tuple[dict, str]:
+    """Find what ``spec`` names (:func:`locate`) and make run ``run_id``'s capsule for it:
+    (the adoption's record, the capsule). Bad input raises InvalidInput, nothing made."""
+    info = await locate(host, spec, live_runs)
+    capsule = jobs.capsule_path(host, run_id)
+    await make_capsule(host, info, capsule)
+    return info, capsule
+
+
 async def make_capsule(host: "Host", info: dict, capsule: str) -> None:
     """The adoption's capsule on its host: ``adopted.json`` (and, for tmux, the panes kept
     on exit, the pane's output piped into its log when no log was given)."""
@@ -408,12 +419,12 @@ class Adopted(Action):
         try:
             return await self.inner.finish(ctx, outcome)
         except ActionFailed as e:
-            if outcome.state == "lost":
+            if outcome.state == life.LOST:
                 raise ActionFailed(f"item {ctx.item.id!r}: {UNKNOWN_EXIT}",
                                    hint=f"check `specdeck logs PLAN {ctx.item.id}`; if it "
                                         f"finished well, `specdeck mark PLAN {ctx.item.id} done`"
                                    ) from e
-            if outcome.state == "stopped" and outcome.exit_code is None and not outcome.signal:
+            if outcome.state == life.STOPPED and outcome.exit_code is None and not outcome.signal:
                 raise ActionFailed(f"item {ctx.item.id!r}: the adopted {self.info['what']} "
                                    "was stopped (its exit status is unknown)") from e
             raise

@@ -4,14 +4,15 @@ It is the one service both faces use (the CLI and the console's workers). It own
 :class:`~core.hosts.base.Host` objects (one per plan host, connected on first use) and
 talks to the store; actions only see an :class:`~core.actions.base.ActionContext`.
 
-Item status follows runs: a run starting makes its item ``in_progress``; succeeded ->
-``done``; stopped (by an operator or a ``stop`` item) -> ``stopped``; failed, lost or
-interrupted -> ``failed``. What :meth:`Runner.run_items` launches without being asked
-(``run --all``, ``A``, a named item's needs): pending items, a failed item while its
-``retries:`` last, and one whose run specdeck itself interrupted (it resumes). A stopped item
-is launched again only by ``run ITEM --again`` (console ``r``), a failed one also by naming
-it; dependents wait meanwhile, and so does the dependent of a skipped item it ``needs`` (a
-skipped item only satisfies ``after:``, an order).
+Item status follows runs (:data:`core.runs.life.RUN_TO_ITEM`): a run starting makes its item
+``in_progress``; succeeded -> ``done``; stopped (by an operator or a ``stop`` item) ->
+``stopped``; failed, lost or interrupted -> ``failed``. What :meth:`Runner.run_items`
+launches without being asked (``run --all``, ``A``, a named item's needs): pending items, a
+failed item while its ``retries:`` last, and one whose run specdeck itself interrupted (it
+resumes). A stopped item is launched again only by ``run ITEM --again`` (console ``r``), a
+failed one also by naming it (:func:`core.runs.life.held`); dependents wait meanwhile, and
+so does the dependent of a skipped item it ``needs`` (a skipped item only satisfies
+``after:``, an order).
 
 A state disk that takes no more writes (:class:`~core.errors.StateDiskFull`) ends no run:
 the item stays as the store has it, its run goes on on its host and stays live in the
@@ -30,12 +31,11 @@ import contextlib
 import dataclasses
 import os
 import secrets
-import socket
 import time
 from functools import partial
 from typing import Any, Callable, Iterable
 
-from core.runs import adopt, notify
+from core.runs import adopt, life, notify
 from core.capsules import jobs
 from core.plans import shellvars
 from core.actions import registry
@@ -58,34 +58,7 @@ from core.text import collapse_cr
 
 TELEMETRY_EVENTS = {"gpu_idle": "stall", "disk_low": "disk", "gpu_memory": "gpu_memory"}
 """A telemetry alert's kind -> the event a plan's ``notify:`` names for it."""
-RUN_TO_ITEM = {"succeeded": "done", "failed": "failed", "stopped": "stopped", "lost": "failed",
-               "interrupted": "failed"}
-
-
-def _proc_start(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except OSError:
-        return ""
-
-
-def owner_token() -> str:
-    """Who runs in-process work: ``host:pid:start`` of this specdeck process."""
-    return f"{socket.gethostname()}:{os.getpid()}:{_proc_start(os.getpid())}"
-
-
-def owner_alive(owner: str | None) -> bool | None:
-    """True/False for an owner on this machine; None when it is another machine's."""
-    if not owner:
-        return False
-    try:
-        hostname, pid, start = owner.rsplit(":", 2)
-    except ValueError:
-        return False
-    if hostname != socket.gethostname():
-        return None
-    return _proc_start(int(pid)) == start and start != ""
+owner_alive = life.owner_alive
 
 
 class _Context(ActionContext):
@@ -282,11 +255,13 @@ class Runner:
         self.plan = plan
         self.watch = watch
         self.store = store
+        if store.transitions is None:  # the store keeps what a run's life allows
+            store.transitions = life.TRANSITIONS
         self._emit = emit or (lambda e: None)
         self.hosts: dict[str, Host] = hosts or {n: make_host(n, s, plan.dir)
                                            for n, s in plan.hosts.items()}
         self.poll = poll
-        self.owner = owner_token()
+        self.owner = life.owner_token()
         self._connect_locks: dict[str, asyncio.Lock] = {}
         self._stopping: set[str] = set()
         self._notifying: set[asyncio.Task] = set()
@@ -489,11 +464,12 @@ class Runner:
                 except Exception as e:  # noqa: BLE001 - any fault ends the item, not the runner
                     state = self._item_failed(it, e)
                 if state == "failed" and it.retries and self.retries_left(it) > 0:
-                    self.emit(Notice(it.id, f"{it.id}: failed; retry {self.failures(it)} of "
+                    self.emit(Notice(it.id, f"{it.id}: failed; retry "
+                                     f"{life.failures(self.store.runs_for_item(it.id))} of "
                                      f"{it.retries} (its plan's retries)", "warning"))
                     pending.insert(0, it)
                     continue
-                started = self.detach and state == "in_progress"
+                started = self.detach and state == life.ITEM_WHILE_LIVE
                 summary["done" if state == "done" else "started" if started else
                         "held" if state == "stopped" else "failed"].append(it.id)
         return RunSummary(**{k: tuple(v) for k, v in summary.items()})
@@ -513,39 +489,15 @@ class Runner:
         return f"{dep} ({status})"
 
     def held(self, item: Item, status: str, *, asked: bool = False) -> str | None:
-        """Why ``run_items`` does not launch an item whose needs are met, or None.
-
-        A stopped item waits for ``--again`` (console ``r``), whoever asks; a failed one for
-        being named (``asked``) or its plan's ``retries:``. A run specdeck interrupted
-        (Ctrl-C, quitting during a relay) is no failure of the work: it resumes.
-        """
+        """Why ``run_items`` does not launch an item whose needs are met (:func:`life.held`),
+        or None; an item asked ``--again`` never waits."""
         if item.id in self.again:
             return None
-        plan = self.plan.path or self.plan.name
-        if status == "stopped":
-            return (f"{item.id}: stopped by the operator; launched again only when asked "
-                    f"(`specdeck run {plan} {item.id} --again`, or r in the console)")
-        latest = self.store.latest_run(item.id)
-        if (status == "failed" and not asked and self.retries_left(item) <= 0
-                and not (latest and latest.state == "interrupted")):
-            used = f", its {item.retries} retries used" if item.retries else ""
-            return (f"{item.id}: failed{used}; retried only when asked (`specdeck run {plan} "
-                    f"{item.id}`, or r in the console)")
-        return None
+        return life.held(item, status, self.store.runs_for_item(item.id), asked=asked,
+                         plan=self.plan.path or self.plan.name)
 
     def retries_left(self, item: Item) -> int:
-        """Launches left to a failed item without asking: its ``retries:`` less the
-        failures since its last success (or stop), the first one not counted."""
-        return item.retries - max(self.failures(item), 1) + 1
-
-    def failures(self, item: Item) -> int:
-        """The item's failed (or lost) runs since its last success or stop."""
-        n = 0
-        for r in reversed(self.store.runs_for_item(item.id)):
-            if r.state in ("succeeded", "stopped"):
-                break
-            n += r.state in ("failed", "lost")
-        return n
+        return life.retries_left(item.retries, self.store.runs_for_item(item.id))
 
     def _item_failed(self, item: Item, exc: Exception) -> str:
         """An unexpected fault before or around a run: the item fails with the message, and a
@@ -559,7 +511,7 @@ class Runner:
                     msg += (f" (specdeck stopped following it; its command may still run in "
                             f"{live.capsule} on {live.host})")
                     self._log_behind(live, msg)  # first: no end recorded without it
-                return self._end(item, live.id, "failed", error=msg)
+                return self._end(item, live.id, life.FAILED, error=msg)
             if live is None:
                 self.set_status(item.id, "failed", msg)
         except Exception:  # noqa: BLE001 - the store itself may be the fault (disk full)
@@ -575,29 +527,12 @@ class Runner:
         there (``status`` stores the rest once its command ended), exactly once, and records
         its end as its host says. A run claimed but not launched is reconciled as any run
         whose specdeck went away (interrupted: it resumes)."""
-        plan = self.plan.path or self.plan.name
-        follow = (f"`specdeck attach {plan} {item.id}` (or `specdeck logs {plan} {item.id} "
-                  "-f`)")
         try:
             live = self.store.live_run(item.id)  # a read: a full disk still answers it
         except Exception:  # noqa: BLE001 - a state file that cannot even be read
             live = None
-        space = f"free space on {exc.mount}, then"
-        again = f"{space} run it again (`specdeck run {plan} {item.id}`)"
-        if live is None:
-            what = f"nothing of it was started: {again}"
-        elif live.capsule:
-            what = (f"its run {live.id} goes on on {live.host} (in {live.capsule}); its log is "
-                    f"stored up to line {live.log_lines} and its end is not: {space} {follow} "
-                    "stores the rest and its end, as its host says")
-        elif live.state == "starting":
-            what = (f"its run {live.id} may have started on {live.host}: {space} `specdeck "
-                    f"status {plan}` finds out, and {follow} follows it")
-        elif live.owner == self.owner:
-            what = f"its run {live.id} ran inside this specdeck and ended with it: {again}"
-        else:
-            what = (f"its run {live.id} runs inside another specdeck ({live.owner}), which "
-                    "records it")
+        what = life.after_disk_full(live, plan=self.plan.path or self.plan.name,
+                                    item_id=item.id, mount=exc.mount, owner=self.owner)
         msg = f"{item.id}: {exc.message}; {what}"
         self.emit(Notice(item.id, msg, "error"))
         try:  # a small row may still fit: the journal keeps it for the console and status
@@ -620,8 +555,12 @@ class Runner:
             self.emit(Notice(item.id, f"{item.id}: run {live.id} is live; attaching"))
             await self.attach_run(live)
             return self.statuses()[item.id]
-        if item.adopt is not None and adopt.from_plan(  # the plan says where its run is
-                item, self.statuses()[item.id], self.store.runs_for_item(item.id)):
+        statuses = self.statuses()
+        from_plan = item.adopt is not None and adopt.from_plan(  # the plan says where it runs
+            item, statuses[item.id], self.store.runs_for_item(item.id))
+        why = None if from_plan else adopt.unadopted(self.plan, item, statuses,
+                                                     self.store.live_run)
+        if from_plan:
             try:
                 return await self.adopt(item.id, item.adopt)
             except SpecdeckError as e:
@@ -629,7 +568,6 @@ class Runner:
                                  f"{e.message} (ended? `specdeck mark PLAN {item.id} done`, or "
                                  "`pending` to launch it anew)", "error"))
                 return "failed"
-        why = adopt.unadopted(self.plan, item, self.statuses(), self.store.live_run)
         if why:
             self.emit(Notice(item.id, why, "warning"))
             return self.statuses()[item.id]
@@ -658,14 +596,14 @@ class Runner:
                 await self.attach_run(live)
             return self.statuses()[item.id]
         ctx.run_id = run_id
-        self.set_status(item.id, "in_progress", f"run {run_id}", run_id)
+        self.set_status(item.id, life.ITEM_WHILE_LIVE, f"run {run_id}", run_id)
         if not action.detached:
             return await self._run_in_process(item, action, ctx, run_id)
         try:
             if not self.stop_requested(run_id):
                 await action.prepare(ctx)
             if self.stop_requested(run_id):  # a stop while starting: nothing is created
-                return self._end(item, run_id, "stopped", error="stopped before it was launched")
+                return self._end(item, run_id, life.STOPPED, error="stopped before it was launched")
             launch = action.command(ctx)
             # Plan vars used in shell text are read from the environment (core.plans.shellvars):
             # those its command uses.
@@ -681,7 +619,7 @@ class Runner:
             # so `specdeck stop` finds what it left running.
             capsule = jobs.capsule_path(host, run_id)
             self.store.update_run(run_id, capsule=capsule)
-            self._end(item, run_id, "failed", error=f"{e} (while starting it; anything it "
+            self._end(item, run_id, life.FAILED, error=f"{e} (while starting it; anything it "
                       f"started is in {capsule} on {host.name})")
             raise
         except ActionFailed as e:
@@ -690,7 +628,7 @@ class Runner:
             raise  # no fault of the run (Runner._state_disk_full)
         except Exception as e:  # noqa: BLE001 - a fault of the host, the disk or a library
             return self._end(item, run_id, "failed", error=describe_fault(e))
-        self.store.update_run(run_id, state="running", pid=launched.pid,
+        self.store.update_run(run_id, state=life.RUNNING, pid=launched.pid,
                               pstart=launched.pstart, capsule=launched.capsule,
                               job_id=launched.job_id)
         self.emit(RunStarted(item.id, run_id, item.action.host, launched.pid))
@@ -713,18 +651,16 @@ class Runner:
         """
         item = self.plan.item(item_id)
         host_name = host_name or (item.action.host if item.action else None)
+        run_id = self._new_run_id(item)
         adopt.refuse(self.plan, item, self.action(item), host_name,
                      self.store.live_run(item.id))
         host = await self.host(host_name)
-        info = await adopt.locate(host, spec, self.store.live_runs())
-        run_id = self._new_run_id(item)
-        capsule = jobs.capsule_path(host, run_id)
-        await adopt.make_capsule(host, info, capsule)
+        info, capsule = await adopt.enter(host, spec, self.store.live_runs(), run_id)
         run = self.store.claim_run(run_id, item.id, item.action.kind, host_name,
                                    owner=self.owner, launcher=f"adopt:{info['how']}")
         if run is None:
             raise InvalidInput(f"item {item.id!r} got a live run meanwhile (another specdeck)")
-        self.store.update_run(run_id, state="running",
+        self.store.update_run(run_id, state=life.RUNNING,
                               pid=info.get("pid") or info.get("pane_pid"),
                               pstart=info.get("pstart"), capsule=capsule, job_id=info.get("job"),
                               adopt=strictjson.dumps(info), log_base=info["base"])
@@ -732,7 +668,7 @@ class Runner:
                            run_id=run_id, host=host_name, data=info)
         where = (f"{info['log']} from byte {info['base']}" if info["log"]
                  else "the pane, from now on")
-        self.set_status(item.id, "in_progress", f"adopted {info['what']} as run {run_id}",
+        self.set_status(item.id, life.ITEM_WHILE_LIVE, f"adopted {info['what']} as run {run_id}",
                         run_id)
         self.emit(Notice(item.id, f"{item.id}: adopted {info['what']} on {host_name} as run "
                          f"{run_id}; log: {where}"))
@@ -744,13 +680,13 @@ class Runner:
     def stop_requested(self, run_id: str) -> bool:
         """A stop of the run was asked for, by this process or another (a run still starting,
         or an adopted process found gone)."""
-        return run_id in self._stopping or self.store.run(run_id).error == "stop requested"
+        return run_id in self._stopping or life.stop_requested(self.store.run(run_id))
 
     async def _launched(self, run: "Run", grace_s: float) -> "Run":
         """Wait until a starting run is launched (or not) by whoever is starting it; a
         launcher that died meanwhile is reconciled. The stop then ends what it created."""
-        deadline = time.monotonic() + max(120.0, grace_s)
-        while run.state == "starting":
+        deadline = time.monotonic() + life.launch_wait_s(grace_s)
+        while run.state == life.STARTING:
             if run.owner != self.owner and owner_alive(run.owner) is False:
                 await self._reconcile_run(run, follow=False)
             elif time.monotonic() > deadline:
@@ -762,7 +698,7 @@ class Runner:
         return run
 
     async def _run_in_process(self, item: Item, action: Action, ctx: _Context, run_id: str) -> str:
-        self.store.update_run(run_id, state="running", pid=os.getpid())
+        self.store.update_run(run_id, state=life.RUNNING, pid=os.getpid())
         ctx.in_process = True
         self.emit(RunStarted(item.id, run_id, item.action.host, os.getpid()))
         # Its own task, so that stop_run can cancel the action alone (the caller carries on)
@@ -779,9 +715,9 @@ class Runner:
         except asyncio.CancelledError:
             me = asyncio.current_task()
             if run_id in self._stopping and not (me and me.cancelling()):
-                return self._end(item, run_id, "stopped", error="stopped by the operator")
+                return self._end(item, run_id, life.STOPPED, error="stopped by the operator")
             work.cancel()
-            self._end(item, run_id, "interrupted", error="specdeck stopped during the run")
+            self._end(item, run_id, life.INTERRUPTED, error="specdeck stopped during the run")
             raise
         except StateDiskFull:
             raise  # no fault of the run (Runner._state_disk_full)
@@ -789,16 +725,15 @@ class Runner:
             return self._end(item, run_id, "failed", error=describe_fault(e))
         finally:
             self._in_process.pop(run_id, None)
-        return self._end(item, run_id, "succeeded", result=result, exit_code=0)
+        return self._end(item, run_id, life.SUCCEEDED, result=result, exit_code=0)
 
     def _end(self, item: Item, run_id: str, state: str, *, error: str | None = None,
              result: dict | None = None, exit_code: int | None = None,
              signal: str | None = None) -> str:
         if self.store.end_run(run_id, state, exit_code=exit_code, signal=signal, error=error,
                               result=result):
-            status = RUN_TO_ITEM[state]
-            reason = f"run {run_id} {state}" + (f": {error}" if error else "")
-            self.set_status(item.id, status, reason, run_id)
+            self.set_status(item.id, life.RUN_TO_ITEM[state],
+                            life.ended_reason(run_id, state, error), run_id)
             self.emit(RunEnded(item.id, run_id, state, exit_code, signal, error))
         return self.statuses()[item.id]
 
@@ -856,18 +791,18 @@ class Runner:
         run = self.store.run(run_id)
         if not run.live:
             return self.statuses()[item.id]
-        stopped = run_id in self._stopping or bool(run.error == "stop requested")
-        outcome = jobs.outcome_of(st, stopped=stopped, capsule=run.capsule or "", run_id=run_id)
         left = await self._leftovers(run)
+        stopped = run_id in self._stopping or life.stop_requested(run)
+        outcome = life.outcome_of(st, stopped=stopped, capsule=run.capsule or "", run_id=run_id)
+        unread = life.after_failed_finish(outcome)  # its end if its results cannot be read
         ctx = _Context(self, item, host, run_id)
         try:
             result = await action.finish(ctx, outcome)
         except StateDiskFull:
             raise  # its end is recorded once there is space (the next reconcile)
         except Exception as e:  # noqa: BLE001 - ActionFailed, or a fault reading the results
-            state = outcome.state if outcome.state != "succeeded" else "failed"
             msg = str(e) if isinstance(e, ActionFailed) else describe_fault(e)
-            status = self._end(item, run_id, state, error=msg, exit_code=outcome.exit_code,
+            status = self._end(item, run_id, unread, error=msg, exit_code=outcome.exit_code,
                                signal=outcome.signal)
         else:
             status = self._end(item, run_id, outcome.state, result=result,
@@ -918,7 +853,7 @@ class Runner:
         """Follow a live run until it ends, then finish it."""
         item = self.plan.item(run.item_id)
         action = self.run_action(item, run)
-        if run.state == "starting" or not run.capsule:
+        if run.state == life.STARTING or not run.capsule:
             return await self._reconcile_run(run, follow=True)
         host = await self.host(run.host)
         self.emit(RunStarted(item.id, run.id, run.host, run.pid, attached=True))
@@ -1020,32 +955,28 @@ class Runner:
         item = self.plan.item(run.item_id)
         action = self.run_action(item, run)
         if action is None:
-            return self._end(item, run.id, "interrupted", error="item is no longer an action")
-        if not action.detached:
-            alive = owner_alive(run.owner)
-            if alive is False:
-                return self._end(item, run.id, "interrupted",
-                                 error="the specdeck process running it exited; run it again "
-                                       "to resume")
-            if follow and run.id not in self._in_process:
-                return await self._follow_owned(item, run)
+            return self._end(item, run.id, life.INTERRUPTED, error=life.NOT_AN_ACTION)
+        detached = action.detached
+        host = ctx = st = None
+        if detached:
+            host = await self.host(run.host)
+            ctx = _Context(self, item, host, run.id)
+            st = await action.inspect(ctx, host, run)
+        do, why = life.reconcile(run, detached=detached, capsule=st.state if st else None,
+                                 owner_alive=owner_alive(run.owner), mine=run.owner == self.owner,
+                                 here=run.id in self._in_process)
+        if do == life.INTERRUPT:
+            return self._end(item, run.id, life.INTERRUPTED, error=why)
+        if not detached and do == life.FOLLOW and follow:
+            return await self._follow_owned(item, run)
+        if not detached or do == life.KEEP:
             return self.statuses()[item.id]
-        host = await self.host(run.host)
-        capsule = run.capsule or jobs.capsule_path(host, run.id)
-        ctx = _Context(self, item, host, run.id)
-        st = await action.inspect(ctx, host, run)
-        if st.state in ("nopid", "missing") and run.state == "starting":
-            if owner_alive(run.owner) is True and run.owner != self.owner:
-                return self.statuses()[item.id]  # another specdeck is launching it right now
-            return self._end(item, run.id, "interrupted",
-                             error="specdeck stopped before the run was launched")
-        if run.state == "starting" or not run.capsule:
-            self.store.update_run(run.id, state="running", capsule=capsule, pid=st.pid)
+        if run.state == life.STARTING or not run.capsule:
+            self.store.update_run(run.id, state=life.RUNNING, pid=st.pid,
+                                  capsule=run.capsule or jobs.capsule_path(host, run.id))
             run = self.store.run(run.id)
-        if st.state == "running":
-            if follow:
-                return await self.attach_run(run)
-            return self.statuses()[item.id]
+        if do == life.FOLLOW:
+            return await self.attach_run(run) if follow else self.statuses()[item.id]
         # Ended (or lost) while nobody followed: drain the log, then finish.
         work = action.follow(ctx, host, run, lambda ls: None)
         st = await self._with_metric_files(item, action, host, run.id, work)
@@ -1071,9 +1002,7 @@ class Runner:
                                    cur.signal, cur.error))
                 return self.statuses()[item.id]
             if owner_alive(cur.owner) is False:
-                return self._end(item, run_id, "interrupted",
-                                 error="the specdeck process running it exited; run it again "
-                                       "to resume")
+                return self._end(item, run_id, life.INTERRUPTED, error=life.OWNER_GONE)
             await asyncio.sleep(max(self.poll, 0.1))
 
     async def _stop_in_process(self, item: Item, run: "Run", grace_s: float) -> Outcome:
@@ -1082,10 +1011,9 @@ class Runner:
         work = self._in_process.get(run_id)
         if work is None and owner_alive(run.owner) is False:
             # its specdeck died (killed, laptop closed): nothing runs any more
-            self._end(item, run_id, "interrupted", error="the specdeck running it is gone")
+            self._end(item, run_id, life.INTERRUPTED, error="the specdeck running it is gone")
             run = self.store.run(run_id)
-            return Outcome(run.state, run.exit_code, run.signal, run.capsule or "",
-                           run_id)
+            return life.outcome_of_run(run)
         if work is None:
             raise SpecdeckError(
                 f"run {run_id} runs inside another specdeck (pid {run.pid}, "
@@ -1094,13 +1022,12 @@ class Runner:
         self.store.journal("stop_requested", f"stop {run_id} (in-process)", item_id=item.id,
                            run_id=run_id)
         work.cancel()
-        deadline = time.monotonic() + max(grace_s, 1.0)
+        deadline = time.monotonic() + life.cancel_wait_s(grace_s)
         while self.store.run(run_id).live:
             if time.monotonic() > deadline:
                 raise SpecdeckError(f"run {run_id} did not end {grace_s:g} s after its cancel")
             await asyncio.sleep(0.05)
-        run = self.store.run(run_id)
-        return Outcome(run.state, run.exit_code, run.signal, run.capsule or "", run_id)
+        return life.outcome_of_run(self.store.run(run_id))
 
     DRAIN_TIMEOUT_S = 120.0
 
@@ -1186,10 +1113,10 @@ class Runner:
                                host=run.host)
             self.emit(Notice(item.id, f"{item.id}: run {run.id}: {msg}"))
             latest = self.store.latest_run(item.id)
-            if (self.statuses()[item.id] == "in_progress" and latest.id == run.id):
+            if (self.statuses()[item.id] == life.ITEM_WHILE_LIVE and latest.id == run.id):
                 # its end was stored but not its item's (the same fault): say it now
-                self.set_status(item.id, RUN_TO_ITEM[after.state],
-                                f"run {run.id} {after.state}", run.id)
+                self.set_status(item.id, life.RUN_TO_ITEM[after.state],
+                                life.ended_reason(run.id, after.state, None), run.id)
             done.append(run.id)
         return done
 
@@ -1203,14 +1130,13 @@ class Runner:
         if action is not None and not action.detached:
             return await self._stop_in_process(item, run, grace_s)
         self._stopping.add(run_id)
-        self.store.update_run(run_id, error="stop requested")
+        self.store.update_run(run_id, error=life.STOP_REQUESTED)
         self.store.journal("stop_requested", f"stop {run_id} (grace {grace_s}s)",
                            item_id=item.id, run_id=run_id, host=run.host)
-        if run.state == "starting":  # never mark lost what its start is creating
+        if run.state == life.STARTING:  # never mark lost what its start is creating
             run = await self._launched(run, grace_s)
             if not run.live:
-                return Outcome(run.state, run.exit_code, run.signal,
-                               run.capsule or "", run_id)
+                return life.outcome_of_run(run)
             action = self.run_action(item, run)
         host = await self.host(run.host)
         ctx = _Context(self, item, host, run_id)
@@ -1225,5 +1151,4 @@ class Runner:
         # Finish it here; a follower (this process's or another's) finishing it too is a
         # no-op, since ending a run is idempotent in the store.
         await self._finish(item, action, host, run_id, st)
-        run = self.store.run(run_id)
-        return Outcome(run.state, run.exit_code, run.signal, run.capsule or "", run_id)
+        return life.outcome_of_run(self.store.run(run_id))

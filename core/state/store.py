@@ -31,7 +31,9 @@ import sqlite3
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Collection, Iterable, Iterator, Mapping
+
+from core.errors import RunMoveRefused
 
 from core.state import points
 from core.ml.formats import strictjson
@@ -184,10 +186,17 @@ class Store:
 
     Args:
         path: The database file (created with its directory), or ``":memory:"``.
+        transitions: A run's life (``core.runs.life.TRANSITIONS``, state -> the states it may
+            move to): every write of a run's state is checked against it and a move it does
+            not list is refused (:class:`~core.errors.RunMoveRefused`). The store sits below
+            the runs, so it is handed the table (the runner and ``open_store`` do) rather
+            than importing it; None checks nothing.
     """
 
-    def __init__(self, path: str | Path = ":memory:"):
+    def __init__(self, path: str | Path = ":memory:", *,
+                 transitions: Mapping[str, Collection[str]] | None = None):
         self.path = str(path)
+        self.transitions = transitions
         self._opened = False
         """Open and migrated: from then on a write the disk refuses is StateDiskFull."""
         self._told: set[tuple[str, str]] = set()
@@ -344,7 +353,24 @@ class Store:
             if k in fields and not isinstance(fields[k], (str, type(None))):
                 fields[k] = strictjson.dumps(fields[k])
         with self._immediate():
+            if "state" in fields:
+                self._check_move(run_id, fields["state"])
             self.db["runs"].update(run_id, fields)
+
+    def _check_move(self, run_id: str, to: str) -> None:
+        """Refuse a move of the run's state that its life does not allow (inside the write's
+        transaction: what is checked is what is replaced)."""
+        if self.transitions is None:
+            return
+        row = self.db.execute("SELECT state FROM runs WHERE id = ?", [run_id]).fetchone()
+        frm = row[0] if row else None
+        allowed = self.transitions.get(frm, ()) if frm is not None else ()
+        if to not in allowed:
+            where = ", ".join(sorted(allowed)) or "nothing: it has ended"
+            raise RunMoveRefused(
+                f"run {run_id}: {frm or 'no such run'} -> {to} is not a move a run makes "
+                f"(a {frm} run moves to {where}); nothing was written",
+                hint="the allowed moves are core/runs/life.py's TRANSITIONS")
 
     def _runs(self, where: str, args: list, **kw: Any) -> list[Run]:
         return [Run.from_row(r) for r in self.db["runs"].rows_where(where, args, **kw)]
@@ -391,6 +417,7 @@ class Store:
             run = self.run(run_id)
             if run is None or run.state in ENDED_STATES:
                 return False
+            self._check_move(run_id, state)
             fields: dict[str, Any] = {"state": state, "ended_at": time.time(),
                                       "exit_code": exit_code, "signal": signal, "error": error}
             if result is not None:

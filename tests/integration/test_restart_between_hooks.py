@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from core.capsules import jobs
 from core.plans.planfile import load_plan
+from core.runs import life
 from core.runs.runner import Runner, _Context
 from core.state.store import Store
 
@@ -120,7 +120,7 @@ async def _drive(plan_path: Path, db: Path, *, restart: bool) -> tuple[dict, str
         st = await action.follow(ctx, host, sd.store.run(run_id), lambda lines: None)
         action, ctx, host = await step(run_id)
         run = sd.store.run(run_id)
-        outcome = jobs.outcome_of(st, capsule=run.capsule, run_id=run_id)
+        outcome = life.outcome_of(st, capsule=run.capsule, run_id=run_id)
         assert outcome.state == "succeeded", sd.store.log_bytes(run_id, 0).decode()[-2000:]
         result = await action.finish(ctx, outcome)
         sd.store.end_run(run_id, outcome.state, exit_code=outcome.exit_code, result=result)

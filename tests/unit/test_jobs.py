@@ -66,16 +66,6 @@ async def test_a_capsule_without_pid_or_directory():
     assert (await jobs.inspect(host, "/w/.specdeck/runs/r2")).state == "nopid"
 
 
-@pytest.mark.parametrize("state, stopped, outcome", [
-    (CapsuleState("ended", 0), False, "succeeded"), (CapsuleState("ended", 1), False, "failed"),
-    (CapsuleState("ended", None, "TERM"), False, "failed"),
-    (CapsuleState("ended", None, "TERM"), True, "stopped"), (CapsuleState("lost"), False, "lost")])
-def test_outcome_of_a_capsule_state(state, stopped, outcome):
-    got = jobs.outcome_of(state, stopped=stopped, capsule="/c", run_id="r1")
-    assert (got.state, got.exit_code, got.signal, got.capsule) == (outcome, state.exit_code,
-                                                                   state.signal, "/c")
-
-
 async def _wait(cond, timeout: float = 10.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not cond():

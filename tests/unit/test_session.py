@@ -86,6 +86,7 @@ async def test_mark_is_refused_while_a_run_is_live(plan, state):
             assert e.value.message == "item 'a' has a live run; stop it first (x)"
         assert session.statuses()["a"] == "pending"  # nothing was written
         session.mark("a", "in_progress", stop_hint="x")  # what the item is: allowed
+        session.store.update_run("a-1", state="running")  # launched, then it succeeds
         session.store.end_run("a-1", "succeeded", exit_code=0)
         session.mark("a", "done", stop_hint="x")
         assert session.statuses() == {"a": "done", "b": "pending", "review": "pending"}

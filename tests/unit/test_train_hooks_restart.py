@@ -16,6 +16,7 @@ from pathlib import Path
 
 from core.capsules import jobs
 from core.plans.planfile import parse_plan
+from core.runs import life
 from core.runs.runner import Runner, _Context
 from core.state.store import Store
 from tests.conftest import ROOT
@@ -88,7 +89,7 @@ async def _start(runner: Runner, run_id: str) -> tuple[Restarts, str]:
 
 
 def _outcome(st: jobs.CapsuleState, run, stopped=False) -> jobs.Outcome:
-    return jobs.outcome_of(st, stopped=stopped, capsule=run.capsule, run_id=run.id)
+    return life.outcome_of(st, stopped=stopped, capsule=run.capsule, run_id=run.id)
 
 
 async def _until_ended(hook: Restarts, host) -> jobs.CapsuleState:

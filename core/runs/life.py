@@ -1,0 +1,251 @@
+"""A run's life: its states, the moves between them, and what each move makes of its item.
+
+::
+
+    claimed ──> starting ──> running ──> succeeded | failed | stopped | lost | interrupted
+                   └──────────────────> failed | stopped | interrupted  (never launched)
+
+``claimed`` is the row :meth:`~core.state.store.Store.claim_run` inserts, in state
+``starting``: nothing is launched yet. ``running`` is a launched run (a detached command in its
+capsule, an in-process action, or an adopted process). Following (``attach``) and adopting are
+ways of watching or entering a run, not states of it. An ended run never moves again (ending is
+idempotent: a second end is a no-op, not a move).
+
+- ``lost``: a launched run whose capsule shows neither a process nor an exit status (the host
+  rebooted, the capsule was wiped). Only a launched run is ever lost: a ``starting`` run whose
+  capsule has no pid was never launched, so it is ``interrupted``.
+- ``interrupted``: specdeck itself went away (Ctrl-C, its process died) before or while the run
+  ran inside it. No fault of the work: the item resumes without being asked.
+
+The store keeps what this module says: :data:`TRANSITIONS` is the table its writes are checked
+against (``Store(..., transitions=)``; the runner and :func:`core.session.open_store` hand it
+over), so a move not listed here is refused with :class:`~core.errors.RunMoveRefused`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from core.capsules.jobs import CapsuleState, Outcome
+    from core.plans.plan import Item
+    from core.state.records import Run
+
+STARTING = "starting"
+RUNNING = "running"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+STOPPED = "stopped"
+LOST = "lost"
+INTERRUPTED = "interrupted"
+
+CLAIMED = STARTING
+"""What a claim writes: the run exists, nothing of it is launched."""
+LIVE = (STARTING, RUNNING)
+ENDED = (SUCCEEDED, FAILED, STOPPED, LOST, INTERRUPTED)
+STATES = LIVE + ENDED
+
+TRANSITIONS: dict[str, frozenset[str]] = {
+    STARTING: frozenset({RUNNING, FAILED, STOPPED, INTERRUPTED}),
+    RUNNING: frozenset({RUNNING, SUCCEEDED, FAILED, STOPPED, LOST, INTERRUPTED}),
+    **{s: frozenset() for s in ENDED},
+}
+"""state -> the states a run in it may move to (``running -> running`` records a capsule or
+pid found later)."""
+
+RUN_TO_ITEM = {SUCCEEDED: "done", FAILED: "failed", STOPPED: "stopped", LOST: "failed",
+               INTERRUPTED: "failed"}
+"""What a run's end makes of its item's status (a live run's item is ``in_progress``)."""
+ITEM_WHILE_LIVE = "in_progress"
+
+FRESH_START = (SUCCEEDED, STOPPED)
+"""Ends after which an item's failures are counted anew (:func:`failures`)."""
+COUNTED_FAILURES = (FAILED, LOST)
+
+STOP_REQUESTED = "stop requested"
+"""The error a stop writes on a live run first: any process's follower then ends it stopped."""
+OWNER_GONE = "the specdeck process running it exited; run it again to resume"
+NOT_LAUNCHED = "specdeck stopped before the run was launched"
+NOT_AN_ACTION = "item is no longer an action"
+"""A live run whose item the plan no longer binds to an action: reconcile interrupts it."""
+
+
+def journal_kind(state: str) -> str:
+    """The journal entry the store writes when a run moves to ``state`` (its claim:
+    :data:`CLAIM_JOURNAL`)."""
+    return f"run_{state}"
+
+
+CLAIM_JOURNAL = "run_claimed"
+END_JOURNAL = {journal_kind(s): s for s in ENDED}
+"""Journal kind -> the end it records."""
+
+
+def ended_by(kind: str) -> str | None:
+    """The end a journal entry records, or None for any other entry."""
+    return END_JOURNAL.get(kind)
+
+
+def can_move(frm: str, to: str) -> bool:
+    return to in TRANSITIONS.get(frm, frozenset())
+
+
+def ended_reason(run_id: str, state: str, error: str | None) -> str:
+    """The reason recorded with the item's status when its run ends."""
+    return f"run {run_id} {state}" + (f": {error}" if error else "")
+
+
+# -- counting failures --------------------------------------------------------------------
+def failures(runs: list[Run]) -> int:
+    """Failed (or lost) runs since the last success or stop, of runs oldest first."""
+    n = 0
+    for r in reversed(runs):
+        if r.state in FRESH_START:
+            break
+        n += r.state in COUNTED_FAILURES
+    return n
+
+
+def retries_left(retries: int, runs: list[Run]) -> int:
+    """Launches left to a failed item without asking: its ``retries:`` less the failures
+    since its last success (or stop), the first one not counted."""
+    return retries - max(failures(runs), 1) + 1
+
+
+def held(item: "Item", status: str, runs: list[Run], *, asked: bool, plan: str) -> str | None:
+    """Why an item whose needs are met is not launched, or None: a stopped item waits to be
+    asked ``--again`` (console ``r``), whoever asks; a failed one for being named (``asked``)
+    or its plan's ``retries:``. One whose latest run specdeck interrupted resumes."""
+    if status == "stopped":
+        return (f"{item.id}: stopped by the operator; launched again only when asked "
+                f"(`specdeck run {plan} {item.id} --again`, or r in the console)")
+    if (status == "failed" and not asked and retries_left(item.retries, runs) <= 0
+            and not resumes(runs[-1] if runs else None)):
+        used = f", its {item.retries} retries used" if item.retries else ""
+        return (f"{item.id}: failed{used}; retried only when asked (`specdeck run {plan} "
+                f"{item.id}`, or r in the console)")
+    return None
+
+
+def resumes(latest: Run | None) -> bool:
+    """A run specdeck interrupted is no failure of the work: its item launches again."""
+    return latest is not None and latest.state == INTERRUPTED
+
+
+def stop_requested(run: Run | None) -> bool:
+    return run is not None and run.error == STOP_REQUESTED
+
+
+# -- how a detached run ended -------------------------------------------------------------
+def outcome_of(state: "CapsuleState", *, stopped: bool = False, capsule: str = "",
+               run_id: str = "") -> "Outcome":
+    """A capsule's state as a run's end: an exit status is a success (0, no signal), a
+    failure, or a stop when one was asked; no process and no exit status is ``lost``."""
+    from core.capsules.jobs import Outcome  # the actions' record of it (they sit below runs)
+
+    if state.state == "ended":
+        ok = state.exit_code == 0 and state.signal is None
+        st = STOPPED if stopped else (SUCCEEDED if ok else FAILED)
+        return Outcome(st, state.exit_code, state.signal, capsule, run_id)
+    return Outcome(LOST, None, None, capsule, run_id)
+
+
+def outcome_of_run(run: "Run") -> "Outcome":
+    """An ended run's record as the outcome a stop reports."""
+    from core.capsules.jobs import Outcome
+
+    return Outcome(run.state, run.exit_code, run.signal, run.capsule or "", run.id)
+
+
+def after_failed_finish(outcome: Outcome) -> str:
+    """A run whose results could not be read: it keeps how it ended, a success fails."""
+    return outcome.state if outcome.state != SUCCEEDED else FAILED
+
+
+# -- reconcile: what the host says against what the store says ----------------------------
+KEEP, INTERRUPT, FOLLOW, FINISH = "keep", "interrupt", "follow", "finish"
+
+
+def reconcile(run: "Run", *, detached: bool, capsule: str | None,
+              owner_alive: bool | None, mine: bool, here: bool) -> tuple[str, str | None]:
+    """What a reconcile does with a live run the store holds, from what its host says, and
+    the error an interrupt records:
+
+    - in process (``detached`` False): a dead owner interrupted it; one alive in another
+      process (``here`` False) may be followed (:data:`FOLLOW`); else :data:`KEEP`;
+    - detached, its capsule saying ``capsule`` (``running``, ``ended``, ``lost``, ``nopid``,
+      ``missing``): a ``starting`` run with no pid was never launched, so it is interrupted
+      unless another live specdeck (``owner_alive`` True, not ``mine``) is launching it
+      (:data:`KEEP`); else it runs (:data:`FOLLOW`) or ended or was lost while nobody watched
+      (:data:`FINISH`: its log is drained and its end read).
+    """
+    if not detached:
+        if owner_alive is False:
+            return INTERRUPT, OWNER_GONE
+        return (KEEP if here else FOLLOW), None
+    if capsule in ("nopid", "missing") and run.state == STARTING:
+        return (KEEP, None) if owner_alive is True and not mine else (INTERRUPT, NOT_LAUNCHED)
+    return (FOLLOW if capsule == RUNNING else FINISH), None
+
+
+# -- stop grace ----------------------------------------------------------------------------
+def launch_wait_s(grace_s: float) -> float:
+    """How long a stop waits for a ``starting`` run to be launched (or not) by whoever starts
+    it, before it asks to be tried again: a launch may take minutes (a venv, a transfer)."""
+    return max(120.0, grace_s)
+
+
+def cancel_wait_s(grace_s: float) -> float:
+    """How long a stop waits for a cancelled in-process action to record its end."""
+    return max(grace_s, 1.0)
+
+
+# -- who owns an in-process run ------------------------------------------------------------
+def _proc_start(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except OSError:
+        return ""
+
+
+def owner_token() -> str:
+    """Who runs in-process work: ``host:pid:start`` of this specdeck process."""
+    return f"{socket.gethostname()}:{os.getpid()}:{_proc_start(os.getpid())}"
+
+
+def owner_alive(owner: str | None) -> bool | None:
+    """True/False for an owner on this machine; None when it is another machine's."""
+    if not owner:
+        return False
+    try:
+        hostname, pid, start = owner.rsplit(":", 2)
+    except ValueError:
+        return False
+    if hostname != socket.gethostname():
+        return None
+    return _proc_start(int(pid)) == start and start != ""
+
+
+# -- a full state disk ---------------------------------------------------------------------
+def after_disk_full(live: Run | None, *, plan: str, item_id: str, mount: str, owner: str) -> str:
+    """What became of an item's run when the state disk refused a write (the run itself is
+    never ended for it: its host keeps it, and a later ``attach`` or ``status`` records it)."""
+    follow = (f"`specdeck attach {plan} {item_id}` (or `specdeck logs {plan} {item_id} -f`)")
+    space = f"free space on {mount}, then"
+    again = f"{space} run it again (`specdeck run {plan} {item_id}`)"
+    if live is None:
+        return f"nothing of it was started: {again}"
+    if live.capsule:
+        return (f"its run {live.id} goes on on {live.host} (in {live.capsule}); its log is "
+                f"stored up to line {live.log_lines} and its end is not: {space} {follow} "
+                "stores the rest and its end, as its host says")
+    if live.state == STARTING:
+        return (f"its run {live.id} may have started on {live.host}: {space} `specdeck "
+                f"status {plan}` finds out, and {follow} follows it")
+    if live.owner == owner:
+        return f"its run {live.id} ran inside this specdeck and ended with it: {again}"
+    return (f"its run {live.id} runs inside another specdeck ({live.owner}), which "
+            "records it")

@@ -1,0 +1,254 @@
+"""A run's life (core.runs.life): the transition table as a real store keeps it (SQLite on a
+temp file), the run-state -> item-status mapping, what reconcile decides, and that every state
+the code writes is one the table names (read from core/ with ast)."""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from pathlib import Path
+
+import pytest
+
+from core.capsules.jobs import CapsuleState
+from core.errors import RunMoveRefused
+from core.runs import life
+from core.state.records import ENDED_STATES, LIVE_STATES, Run
+from core.state.store import Store
+from tests.conftest import ROOT
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    return Store(tmp_path / "state.db", transitions=life.TRANSITIONS)
+
+
+def _run_in(store: Store, run_id: str, state: str) -> None:
+    """A run of item ``it-<run_id>`` brought to ``state`` by allowed moves only."""
+    store.claim_run(run_id, f"it-{run_id}", "shell", "h", owner="me")
+    if state == life.STARTING:
+        return
+    if state in life.TRANSITIONS[life.STARTING] and state != life.RUNNING:
+        assert store.end_run(run_id, state)
+        return
+    store.update_run(run_id, state=life.RUNNING)
+    if state != life.RUNNING:
+        assert store.end_run(run_id, state)
+
+
+ALLOWED = [(frm, to) for frm, tos in life.TRANSITIONS.items() for to in sorted(tos)]
+REFUSED = [(frm, to) for frm, to in itertools.product(life.STATES, life.STATES)
+           if to not in life.TRANSITIONS[frm]]
+
+
+def test_the_table_names_every_state_and_ended_states_go_nowhere():
+    assert set(life.TRANSITIONS) == set(life.STATES)
+    assert set(life.STATES) == {"starting", "running", "succeeded", "failed", "stopped", "lost",
+                                "interrupted"}
+    assert all(not life.TRANSITIONS[s] for s in life.ENDED)
+    assert all(to in life.STATES for tos in life.TRANSITIONS.values() for to in tos)
+    assert life.CLAIMED == life.STARTING
+    # the store's copy (its SQL asks for live runs) is life's
+    assert (life.LIVE, life.ENDED) == (LIVE_STATES, ENDED_STATES)
+    assert len(ALLOWED) == 10 and len(REFUSED) == 7 * 7 - 10
+
+
+@pytest.mark.parametrize("frm, to", ALLOWED)
+def test_every_allowed_move_is_kept_with_its_journal_entry(store, frm, to):
+    _run_in(store, "r", frm)
+    assert store.run("r").state == frm
+    if to in life.ENDED:
+        assert store.end_run("r", to, exit_code=0 if to == life.SUCCEEDED else 1)
+        kinds = [e.kind for e in store.events() if e.run_id == "r"]
+        assert kinds[0] == life.CLAIM_JOURNAL and kinds[-1] == life.journal_kind(to)
+        assert life.ended_by(kinds[-1]) == to and store.run("r").ended_at is not None
+    else:
+        store.update_run("r", state=to, pid=42)
+        assert store.run("r").pid == 42
+    assert store.run("r").state == to and life.can_move(frm, to)
+
+
+@pytest.mark.parametrize("frm, to", REFUSED)
+def test_a_move_the_table_lacks_is_refused(store, frm, to):
+    _run_in(store, "r", frm)
+    with pytest.raises(RunMoveRefused) as e:
+        store.update_run("r", state=to, pid=7)
+    assert e.value.message.startswith(f"run r: {frm} -> {to} is not a move a run makes")
+    assert "TRANSITIONS" in e.value.hint
+    assert (store.run("r").state, store.run("r").pid) == (frm, None)  # nothing was written
+    if to in life.ENDED and frm in life.LIVE:  # an end is a move too
+        with pytest.raises(RunMoveRefused):
+            store.end_run("r", to)
+        assert store.run("r").state == frm and not life.can_move(frm, to)
+
+
+def test_an_ended_run_never_moves_again(store):
+    _run_in(store, "r", life.SUCCEEDED)
+    with pytest.raises(RunMoveRefused) as e:
+        store.update_run("r", state=life.RUNNING)
+    assert e.value.message == ("run r: succeeded -> running is not a move a run makes (a "
+                               "succeeded run moves to nothing: it has ended); nothing was "
+                               "written")
+    assert store.run("r").state == life.SUCCEEDED
+    assert not store.end_run("r", life.FAILED)  # a second end: the idempotent no-op
+    assert store.run("r").state == life.SUCCEEDED
+    with pytest.raises(RunMoveRefused, match="no such run -> running"):
+        store.update_run("nope", state=life.RUNNING)
+
+
+def test_a_store_without_the_table_checks_nothing(tmp_path):
+    s = Store(tmp_path / "bare.db")
+    s.claim_run("r", "it", "shell", "h", owner="me")
+    assert s.end_run("r", life.SUCCEEDED)  # starting -> succeeded: a bare store keeps it
+    assert s.transitions is None
+
+
+def test_run_state_to_item_status():
+    assert life.RUN_TO_ITEM == {"succeeded": "done", "failed": "failed", "stopped": "stopped",
+                                "lost": "failed", "interrupted": "failed"}
+    assert set(life.RUN_TO_ITEM) == set(life.ENDED)
+    assert life.ended_reason("r1", life.FAILED, "exit 3") == "run r1 failed: exit 3"
+    assert life.ended_reason("r1", life.SUCCEEDED, None) == "run r1 succeeded"
+
+
+@pytest.mark.parametrize("state, stopped, outcome", [
+    (CapsuleState("ended", 0), False, "succeeded"), (CapsuleState("ended", 1), False, "failed"),
+    (CapsuleState("ended", None, "TERM"), False, "failed"),
+    (CapsuleState("ended", None, "TERM"), True, "stopped"), (CapsuleState("lost"), False, "lost")])
+def test_outcome_of_a_capsule_state(state, stopped, outcome):
+    got = life.outcome_of(state, stopped=stopped, capsule="/c", run_id="r1")
+    assert (got.state, got.exit_code, got.signal, got.capsule) == (outcome, state.exit_code,
+                                                                   state.signal, "/c")
+
+
+def test_results_that_cannot_be_read_fail_a_success_only():
+    ok, lost = (life.outcome_of(CapsuleState(*a), run_id="r") for a in (("ended", 0), ("lost",)))
+    assert life.after_failed_finish(ok) == life.FAILED
+    assert life.after_failed_finish(lost) == life.LOST
+
+
+def _runs(*states: str) -> list[Run]:
+    return [Run(f"r{i}", "it", state=s, attempt=i) for i, s in enumerate(states, 1)]
+
+
+def test_failures_count_since_the_last_success_or_stop():
+    assert life.failures(_runs("failed", "succeeded", "failed", "lost", "interrupted")) == 2
+    assert life.failures(_runs("failed", "stopped")) == 0
+    assert life.retries_left(2, _runs("failed")) == 2
+    assert life.retries_left(2, _runs("failed", "lost", "failed")) == 0
+
+
+class _Item:
+    id, retries = "t", 0
+
+
+def test_what_holds_an_item_back():
+    assert "--again" in life.held(_Item(), "stopped", _runs("stopped"), asked=True, plan="p")
+    assert life.held(_Item(), "failed", _runs("failed"), asked=False, plan="p").startswith(
+        "t: failed; retried only when asked (`specdeck run p t`")
+    assert life.held(_Item(), "failed", _runs("failed"), asked=True, plan="p") is None
+    # specdeck interrupted it: no failure of the work, it resumes unasked
+    assert life.held(_Item(), "failed", _runs("interrupted"), asked=False, plan="p") is None
+
+
+@pytest.mark.parametrize("state, capsule, alive, mine, decided", [
+    ("starting", "nopid", True, False, (life.KEEP, None)),  # another specdeck launches it
+    ("starting", "nopid", True, True, (life.INTERRUPT, life.NOT_LAUNCHED)),
+    ("starting", "missing", False, False, (life.INTERRUPT, life.NOT_LAUNCHED)),
+    ("starting", "running", False, False, (life.FOLLOW, None)),
+    ("running", "running", None, False, (life.FOLLOW, None)),
+    ("running", "ended", None, False, (life.FINISH, None)),
+    ("running", "lost", None, False, (life.FINISH, None)),
+    ("running", "missing", True, False, (life.FINISH, None)),  # launched: its end is read
+])
+def test_what_reconcile_decides_for_a_detached_run(state, capsule, alive, mine, decided):
+    run = Run("r", "it", state=state)
+    assert life.reconcile(run, detached=True, capsule=capsule, owner_alive=alive, mine=mine,
+                          here=False) == decided
+
+
+@pytest.mark.parametrize("alive, here, decided", [
+    (False, False, (life.INTERRUPT, life.OWNER_GONE)), (False, True, (life.INTERRUPT,
+                                                                      life.OWNER_GONE)),
+    (True, False, (life.FOLLOW, None)), (None, False, (life.FOLLOW, None)),
+    (True, True, (life.KEEP, None))])
+def test_what_reconcile_decides_for_an_in_process_run(alive, here, decided):
+    run = Run("r", "it", state="running")
+    assert life.reconcile(run, detached=False, capsule=None, owner_alive=alive, mine=False,
+                          here=here) == decided
+
+
+def test_stop_grace():
+    assert life.launch_wait_s(5) == 120.0 and life.launch_wait_s(300) == 300
+    assert life.cancel_wait_s(0) == 1.0 and life.cancel_wait_s(30) == 30
+    assert life.stop_requested(Run("r", "it", error=life.STOP_REQUESTED))
+    assert not life.stop_requested(Run("r", "it", error="boom")) and not life.stop_requested(None)
+
+
+def test_this_process_owns_and_is_alive():
+    me = life.owner_token()
+    assert life.owner_alive(me) is True
+    host, pid, start = me.rsplit(":", 2)
+    assert life.owner_alive(f"{host}:{pid}:{int(start) + 1}") is False  # a later process
+    assert life.owner_alive(f"elsewhere-{host}:{pid}:{start}") is None
+    assert life.owner_alive(None) is False and life.owner_alive("garbage") is False
+
+
+# -- every state the code writes is one life names ------------------------------------------
+WRITERS = {"update_run": ("state", None), "end_run": ("state", 1), "_end": ("state", 2)}
+"""call name -> (keyword, position) of the state it writes."""
+
+
+def written_states(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, state) for every run state written in ``tree``: literals, or ``life.NAME``
+    resolved, passed to the store's writes and the runner's ``_end``, and the ``"state"``
+    of the row a claim inserts."""
+    out = []
+
+    def value(node: ast.AST) -> str | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id == "life"):
+            return getattr(life, node.attr)
+        return None
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == "claim_run":
+            for d in ast.walk(node):
+                if isinstance(d, ast.Dict):
+                    out += [(v.lineno, value(v)) for k, v in zip(d.keys, d.values)
+                            if isinstance(k, ast.Constant) and k.value == "state"]
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in WRITERS):
+            continue
+        kw, pos = WRITERS[node.func.attr]
+        args = [k.value for k in node.keywords if k.arg == kw]
+        if pos is not None and len(node.args) > pos:
+            args.append(node.args[pos])
+        out += [(node.lineno, value(a)) for a in args if value(a) is not None]
+    return out
+
+
+def test_every_state_the_code_writes_is_one_life_names():
+    found = {}
+    for path in sorted((ROOT / "core").rglob("*.py")):
+        for line, state in written_states(ast.parse(path.read_text())):
+            found[f"{path.relative_to(ROOT)}:{line}"] = state
+    unnamed = {where: s for where, s in found.items() if s not in life.STATES}
+    assert not unnamed, f"run states written that core/runs/life.py does not name: {unnamed}"
+    # the scan saw the writes that matter: a claim, a launch, every end the runner records
+    assert found["core/state/store.py:" + str(_claim_line())] == life.CLAIMED
+    assert {life.RUNNING, life.SUCCEEDED, life.FAILED, life.STOPPED,
+            life.INTERRUPTED} <= set(found.values())
+
+
+def _claim_line() -> int:
+    text = (ROOT / "core/state/store.py").read_text().splitlines()
+    return next(i for i, ln in enumerate(text, 1) if '"state": "starting", "owner"' in ln)
+
+
+def test_the_scan_catches_a_state_life_does_not_name():
+    tree = ast.parse("store.update_run(r, state='paused')\nself._end(i, r, 'done')\n"
+                     "store.end_run(r, life.LOST)\n")
+    assert written_states(tree) == [(1, "paused"), (2, "done"), (3, "lost")]
