@@ -249,3 +249,12 @@ def after_disk_full(live: Run | None, *, plan: str, item_id: str, mount: str, ow
         return f"its run {live.id} ran inside this specdeck and ended with it: {again}"
     return (f"its run {live.id} runs inside another specdeck ({live.owner}), which "
             "records it")
+
+
+def caught_up(host: str, lines_before: int, after, st) -> str:
+    """The journal's ``log_caught_up`` line: a run's log stored to its end after its end was."""
+    how = (f"signal {st.signal}" if st.signal else f"exit {st.exit_code}"
+           if st.exit_code is not None else st.state)
+    return (f"stored the rest of its log from {host}: {after.log_lines - lines_before} more "
+            f"lines, {after.log_lines} in all (its command ended: {how}; the run stays "
+            f"{after.state})")

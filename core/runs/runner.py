@@ -4,15 +4,8 @@ It is the one service both faces use (the CLI and the console's workers). It own
 :class:`~core.hosts.base.Host` objects (one per plan host, connected on first use) and
 talks to the store; actions only see an :class:`~core.actions.base.ActionContext`.
 
-Item status follows runs (:data:`core.runs.life.RUN_TO_ITEM`): a run starting makes its item
-``in_progress``; succeeded -> ``done``; stopped (by an operator or a ``stop`` item) ->
-``stopped``; failed, lost or interrupted -> ``failed``. What :meth:`Runner.run_items`
-launches without being asked (``run --all``, ``A``, a named item's needs): pending items, a
-failed item while its ``retries:`` last, and one whose run specdeck itself interrupted (it
-resumes). A stopped item is launched again only by ``run ITEM --again`` (console ``r``), a
-failed one also by naming it (:func:`core.runs.life.held`); dependents wait meanwhile, and
-so does the dependent of a skipped item it ``needs`` (a skipped item only satisfies
-``after:``, an order).
+Item status follows runs, and what is launched without being asked (``run --all``, ``A``, a
+named item's needs), by the rules of :mod:`core.runs.life` (``RUN_TO_ITEM``, ``held``).
 
 A state disk that takes no more writes (:class:`~core.errors.StateDiskFull`) ends no run:
 the item stays as the store has it, its run goes on on its host and stays live in the
@@ -36,6 +29,7 @@ from functools import partial
 from typing import Any, Callable, Iterable
 
 from core.runs import adopt, life, notify
+from core.runs.alerts import Alerts
 from core.capsules import jobs
 from core.plans import shellvars
 from core.actions import registry
@@ -55,10 +49,6 @@ from core.state.records import (Artefact, EvalRow, Event as StoreEvent, Run, Run
                           TauWatcher, WatchEntry)
 from core.state.store import Store
 from core.text import collapse_cr
-
-TELEMETRY_EVENTS = {"gpu_idle": "stall", "disk_low": "disk", "gpu_memory": "gpu_memory"}
-"""A telemetry alert's kind -> the event a plan's ``notify:`` names for it."""
-owner_alive = life.owner_alive
 
 
 class _Context(ActionContext):
@@ -168,7 +158,7 @@ class _Context(ActionContext):
                             host=host, data=data)
         wanted = getattr(self._runner.plan, "notify", ())  # (a test's fake runner has no plan)
         if kind == "alert" and data and data.get("alert") in wanted:
-            self._runner.notify_alert(self.item, self.run_id, data, message)
+            self._runner.alerts.send(self.item, self.run_id, data, message)
 
     async def arm_notify(self, host: Host, capsule: str, events: tuple[str, ...]) -> bool:
         return await notify.arm(self._store, host, capsule, self._runner.plan, self.item,
@@ -264,8 +254,8 @@ class Runner:
         self.owner = life.owner_token()
         self._connect_locks: dict[str, asyncio.Lock] = {}
         self._stopping: set[str] = set()
-        self._notifying: set[asyncio.Task] = set()
-        """Notifications this specdeck is sending (core.runs.notify): awaited at close."""
+        self.alerts = Alerts(plan, store, self.emit)
+        """Alerts sent as notifications, telemetry around train runs (core.runs.alerts)."""
         self._in_process: dict[str, asyncio.Future] = {}
         """run id -> the task running an in-process action (a relay...) in this process."""
         self._host_states: dict[str, HostState] = {}
@@ -316,23 +306,9 @@ class Runner:
                 await h.connect()
         return h
 
-    def notify_alert(self, item: Item, run_id: str | None, data: dict, message: str) -> None:
-        """Send an alert this specdeck raised (a tau drop...), in the background, once across
-        every specdeck (core.runs.notify)."""
-        if data.get("sent_by_host"):
-            return  # its host told it already (a detached watcher)
-        key = f"alert:{run_id}:{data['alert']}@{data.get('step')}"
-        title = f"specdeck: {self.plan.name}/{item.id} {data['alert'].replace('_', ' ')}"
-        task = asyncio.get_running_loop().create_task(notify.send_from_console(
-            self.store, key, title, f"plan {self.plan.name}, item {item.id}, run {run_id}: "
-            f"{message}", run_id=run_id, item_id=item.id, event=data["alert"]))
-        self._notifying.add(task)
-        task.add_done_callback(self._notifying.discard)
-
     async def close(self) -> None:
         """End the reconciles a reconnect started, then close every contacted host."""
-        if self._notifying:  # bounded: notify.CONSOLE_TRIES_S
-            await asyncio.gather(*list(self._notifying), return_exceptions=True)
+        await self.alerts.close()
         for task in list(self._reconciles):
             task.cancel()
         await asyncio.gather(*self._reconciles, return_exceptions=True)
@@ -687,7 +663,7 @@ class Runner:
         launcher that died meanwhile is reconciled. The stop then ends what it created."""
         deadline = time.monotonic() + life.launch_wait_s(grace_s)
         while run.state == life.STARTING:
-            if run.owner != self.owner and owner_alive(run.owner) is False:
+            if run.owner != self.owner and life.owner_alive(run.owner) is False:
                 await self._reconcile_run(run, follow=False)
             elif time.monotonic() > deadline:
                 raise SpecdeckError(f"run {run.id} is still starting; stop it again once "
@@ -761,30 +737,10 @@ class Runner:
         from core.capsules.metrics_sources import alongside, tensorboard_source
 
         src = tensorboard_source(action.metrics_spec(), host, self.store, run_id)
-        work = self._sampled(item, host, run_id, work)  # host telemetry (issue 44 §2)
+        work = self.alerts.sampled(item, host, run_id, work)  # host telemetry (issue 44 §2)
         return await alongside(src, work, every=max(self.poll * 10, 0.5),
                                on_error=lambda m: self.emit(Notice(item.id, m, "warning")))
 
-    # -- host telemetry (issue 44 §2): begin ---------------------------------------------
-    def _sampled(self, item: Item, host: Host, run_id: str, work):
-        """``work`` (following a train run) while its host's GPUs and disks are sampled and
-        stored, each alert raised once (:func:`core.capsules.telemetry.watch_while`; the
-        plan's ``telemetry:``); an alert reaches the console as a warning notice."""
-        if item.action is None or item.action.kind != "train":
-            return work
-        from core.capsules.telemetry import watch_while
-
-        return watch_while(work, host, self.store, self.store.run(run_id), self.plan.telemetry,
-                           on_alert_raised=lambda a: self._telemetry_alert(item, a))
-
-    def _telemetry_alert(self, item: Item, alert) -> None:
-        """A telemetry alert: a warning notice, and a notification when the plan's ``notify:``
-        names its event (``stall`` for idle GPUs, ``disk``, ``gpu_memory``)."""
-        self.emit(Notice(item.id, alert.text, "warning"))
-        event = TELEMETRY_EVENTS.get(alert.kind)
-        if event in self.plan.notify:
-            self.notify_alert(item, alert.run, {"alert": event}, alert.text)
-    # -- host telemetry: end ---------------------------------------------------------------
 
     async def _finish(self, item: Item, action: Action, host: Host, run_id: str,
                       st: jobs.CapsuleState) -> str:
@@ -920,25 +876,8 @@ class Runner:
         await self._reconciling(follow=False, hosts=hosts)  # what outlives ended runs
         await self.catch_up_logs(hosts=hosts)
         if self.plan.notify:
-            await self._notifications_since()
+            await self.alerts.catch_up(self.hosts, self.host)
         return changes
-
-    async def _notifications_since(self) -> None:
-        """What hosts sent after their runs' ends were recorded (core.runs.notify.catch_up),
-        looked up on the local host and on hosts connected already (no login for it)."""
-        ids = {it.id for it in self.plan.items}
-        ended = []
-        for item_id, run in self.store.latest_runs().items():
-            if run.live or item_id not in ids or run.host not in self.hosts:
-                continue
-            if self.plan.hosts[run.host].local:
-                host = await self.host(run.host)
-            elif self.hosts[run.host].status.state is HostState.CONNECTED:
-                host = self.hosts[run.host]
-            else:
-                continue
-            ended.append((self.plan.item(item_id), run, host))
-        await notify.catch_up(self.store, self.plan, ended)
 
     async def _reconciling(self, *, follow: bool, ids: Iterable[str] | None = None,
                            hosts: Iterable[str] | None = None) -> None:
@@ -963,7 +902,7 @@ class Runner:
             ctx = _Context(self, item, host, run.id)
             st = await action.inspect(ctx, host, run)
         do, why = life.reconcile(run, detached=detached, capsule=st.state if st else None,
-                                 owner_alive=owner_alive(run.owner), mine=run.owner == self.owner,
+                                 owner_alive=life.owner_alive(run.owner), mine=run.owner == self.owner,
                                  here=run.id in self._in_process)
         if do == life.INTERRUPT:
             return self._end(item, run.id, life.INTERRUPTED, error=why)
@@ -1001,7 +940,7 @@ class Runner:
                 self.emit(RunEnded(item.id, run_id, cur.state, cur.exit_code,
                                    cur.signal, cur.error))
                 return self.statuses()[item.id]
-            if owner_alive(cur.owner) is False:
+            if life.owner_alive(cur.owner) is False:
                 return self._end(item, run_id, life.INTERRUPTED, error=life.OWNER_GONE)
             await asyncio.sleep(max(self.poll, 0.1))
 
@@ -1009,7 +948,7 @@ class Runner:
         """Cancel an in-process action (a relay keeps its .part: a rerun resumes)."""
         run_id = run.id
         work = self._in_process.get(run_id)
-        if work is None and owner_alive(run.owner) is False:
+        if work is None and life.owner_alive(run.owner) is False:
             # its specdeck died (killed, laptop closed): nothing runs any more
             self._end(item, run_id, life.INTERRUPTED, error="the specdeck running it is gone")
             run = self.store.run(run_id)
@@ -1104,11 +1043,7 @@ class Runner:
                                  f"up yet: {describe_fault(e)}", "warning"))
                 continue
             after = self.store.run(run.id)
-            how = (f"signal {st.signal}" if st.signal else f"exit {st.exit_code}"
-                   if st.exit_code is not None else st.state)
-            msg = (f"stored the rest of its log from {run.host}: {after.log_lines - before} "
-                   f"more lines, {after.log_lines} in all (its command ended: {how}; the run "
-                   f"stays {after.state})")
+            msg = life.caught_up(run.host, before, after, st)
             self.store.journal("log_caught_up", msg, item_id=item.id, run_id=run.id,
                                host=run.host)
             self.emit(Notice(item.id, f"{item.id}: run {run.id}: {msg}"))
