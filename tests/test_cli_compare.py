@@ -149,3 +149,21 @@ def test_compare_at_a_step_keeps_the_baselines_and_refuses_a_step_nobody_evaluat
     assert res.returncode == 2 and res.stdout == "", res.stdout
     assert "no tau evaluated at step 123" in res.stderr
     assert f"evaluated steps: {', '.join(map(str, WATCH_STEPS))}" in res.stderr
+
+
+def test_compare_advises_a_draft_length_under_a_given_cost(evals):
+    """Issue 45 §3: with --cost, each drafter's expected speedup at each draft length and the one to
+    serve, in the text and in --json; without it, one line saying how to ask; a bad cost exits 2."""
+    plan, state = evals
+    text = run_cli("--state", state, "compare", plan, "--cost", "1.0,0.05").stdout
+    assert "v5: draft length (cost = 1 + 0.05*k plain steps" in text and "best k=" in text
+    assert "num_speculative_tokens=" in text
+    data = json.loads(run_cli("--state", state, "compare", plan, "--json", "--cost", "1,0.05").stdout)
+    a = data["draft_length"]["v5"]
+    assert a["cost"] == {"base": 1.0, "per_token": 0.05}
+    assert [r["k"] for r in a["rows"]] == list(range(1, a["block_size"]))
+    assert a["best"]["k"] == max(a["rows"], key=lambda r: (r["speedup"], -r["k"]))["k"]
+    plain = run_cli("--state", state, "compare", plan).stdout
+    assert "give --cost BASE,PER_TOKEN" in plain and "best k=" not in plain
+    bad = run_cli("--state", state, "compare", plan, "--cost", "0,1")
+    assert bad.returncode == 2 and "--cost 0,1" in bad.stderr and "cost.base" in bad.stderr

@@ -16,6 +16,7 @@ import sys
 from console.cli.output import load_plan, run_with
 from core.errors import InvalidInput
 from core.ml.formats import strictjson
+from core.ml.measure.draftlen import advise, lines, parse_cost
 from core.state.points import value_of
 
 
@@ -50,13 +51,49 @@ def cmd_compare(args) -> int:
                             **({"detect": args.detect} if args.detect is not None else {}))
     for why in comp.left_out:  # a NaN or infinite tau in a result: said in every format
         print(f"{plan.name}: {why}", file=sys.stderr)
+    advice = draft_lengths(rows, args.cost)
     if args.json:
-        print(to_json(comp))
+        print(to_json(comp) if advice is None else _with_advice(to_json(comp), advice))
     elif args.csv:
         sys.stdout.write(to_csv(comp))
     else:
         print_comparison(comp, pivot=args.pivot, markdown=args.markdown)
+        print()
+        if advice is None:
+            print("draft length: give --cost BASE,PER_TOKEN (a round's cost in plain target steps at draft "
+                  "length k: BASE + PER_TOKEN*k) for the expected speedup at each k and the one to serve")
+        for label, a in advice or ():
+            print("\n".join(lines(a, f"{label}: ")))
     return 0
+
+
+def draft_lengths(rows, cost_text: str | None) -> list | None:
+    """Issue 45 §3: per drafter, the expected speedup at each draft length under ``--cost``."""
+    if cost_text is None:
+        return None
+    try:
+        cost = parse_cost(cost_text)
+    except ValueError as exc:
+        raise InvalidInput(f"--cost {cost_text}: {exc}") from None
+    by: dict[str, list] = {}
+    for r in rows:
+        tree = isinstance(r.settings, dict) and r.settings.get("tree_budget") is not None
+        if r.rounds and not tree:  # a DDTree verifies a tree, not a chain of k drafts
+            by.setdefault(r.drafter, []).append(r)
+    out = []
+    for label, rs in by.items():
+        rounds = [[int(x) for x in r.rounds] for r in rs]
+        declared = next((r.settings.get("block_size") for r in rs if isinstance(r.settings, dict)
+                         and isinstance(r.settings.get("block_size"), int)), 0)
+        # a round longer than the block it says it ran (an older result): the rounds decide
+        out.append((label, advise(rounds, max(declared, max(max(r) for r in rounds)), cost)))
+    return out
+
+
+def _with_advice(text: str, advice: list) -> str:
+    data = json.loads(text)
+    data["draft_length"] = {label: a for label, a in advice}
+    return strictjson.dumps(data, indent=2, default=str)
 
 
 def print_comparison(comp, *, pivot: bool, markdown: bool) -> None:
@@ -212,6 +249,9 @@ def register(add) -> None:
                          "verdict); repeatable; their DDTree rows are paired too")
     sp.add_argument("--detect", type=float, metavar="TAU",
                     help="the tau difference 'how many prompts' estimates are for (default 0.1)")
+    sp.add_argument("--cost", metavar="BASE,PER_TOKEN",
+                    help="a round's cost in plain target steps at draft length k (BASE + PER_TOKEN*k): "
+                         "adds the expected speedup at each k and the draft length to serve")
     sp.add_argument("--pivot", action="store_true",
                     help="per-prompt table as prompts x drafters (baseline first, deltas beside)")
     g = sp.add_mutually_exclusive_group()

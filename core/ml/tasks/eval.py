@@ -382,7 +382,21 @@ def run_online(args, target, tokenizer, drafter, prompts, block_size, last_block
             sp["note"] = note
             say(f"notice: {note}")
         result["speedup"] = sp
+        if sp.get("chain") and result.get("tau_pooled"):
+            result["draft_length"] = _draft_length(chain_rows, block_size, result["tau_pooled"], sp["chain"])
     return result
+
+
+def _draft_length(rows: list[dict[str, Any]], block_size: int, tokens: float, speedup: float) -> dict[str, Any]:
+    """The draft length to serve on this host (issue 45 §3): a round's cost from the measured speedup
+    at the full block, taking a 1-token verify as one plain step (docs/evaluation.md §7)."""
+    from core.ml.measure.draftlen import Cost, advise
+
+    per_token = max(0.0, (tokens / speedup - 1.0) / max(1, block_size - 1))
+    out = advise([r["rounds"] for r in rows], block_size, Cost(1.0, per_token))
+    out["cost_source"] = (f"eval --speedup on this host: speedup {speedup:.3f} at k={block_size - 1} with "
+                          f"{tokens:.3f} tokens a round -> a round costs {tokens / speedup:.3f} plain steps")
+    return out
 
 
 def _row(pid: str, r: Any, sample: int = 0, seed: int | None = None) -> dict[str, Any]:

@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: --target as given)")
     p.add_argument("--llama-cpp", help="gguf: a llama.cpp tree holding convert_hf_to_gguf.py and gguf-py "
                    "(default: $SPECDECK_LLAMA_CPP)")
+    p.add_argument("--draft-length", type=int, metavar="K",
+                   help="the draft length to serve (1..B-1; `specdeck compare --cost` advises one): written "
+                        "into provenance.json's engine settings (default: B-1, the whole block)")
     return p
 
 
@@ -84,7 +87,11 @@ def validate(args: argparse.Namespace) -> None:
         raise UsageError(f"--out {out} is the drafter directory itself; choose another")
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: exists and is not a directory")
-    check_drafter_dir(args.drafter, args.target)  # every field, every header, the drafter against the target
+    info = check_drafter_dir(args.drafter, args.target)  # every field, every header, the drafter against the target
+    block = getattr(info, "block_size", None)
+    if args.draft_length is not None and (args.draft_length < 1 or (block and args.draft_length > block - 1)):
+        raise UsageError(f"--draft-length {args.draft_length}: the drafter proposes 1..{(block or 2) - 1} "
+                         "tokens a round (B-1)")
     if args.format == "gguf":
         llama_cpp_tree(args)
 
@@ -186,6 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     from core.ml.engines.lint import target_config
+    from core.ml.measure.draftlen import engine_settings
     from core.ml.models.drafter import CONFIG_NAME, WEIGHTS_NAME, load_drafter, save_drafter
     from core.ml.formats.runio import atomic_target
     from core.ml.formats.safetensors_stream import save_streaming
@@ -214,8 +222,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             write_gguf(args, stage, stage, dtype)
             for name in (CONFIG_NAME, WEIGHTS_NAME):
                 (stage / name).unlink()
+        k = args.draft_length or cfg.block_size - 1
+        settings = {"draft_length": k, "advised": args.draft_length is not None, **engine_settings(k)}
         prov = provenance(task="export", extra={"source": str(Path(args.drafter).resolve()), "format": args.format,
-                                                "dtype": dtype, "files": written, "engine_warnings": warnings})
+                                                "dtype": dtype, "files": written, "engine_warnings": warnings,
+                                                "engine_settings": settings})
         atomic_write_json(stage / "provenance.json", prov)
         for name in names:
             export_swap.set_own_mode(stage / name, export_swap.FILE_MODE)

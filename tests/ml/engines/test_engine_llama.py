@@ -136,6 +136,24 @@ class TestEngine:
         assert e["command"][e["command"].index("--host") + 1] == "127.0.0.1"
         assert not full["left"] and not os.path.exists(f"/proc/{e['pid']}")
 
+    @pytest.mark.parametrize("k", [2, 4])
+    def test_draft_length_prediction_holds_on_the_engine_at_a_shorter_draft(self, fitted, full, tmp_path, k):
+        """Issue 45 §3: tokens per round at draft length k, predicted from the full-block run's
+        rounds (E = mean of min(tau_round, k + 1), bootstrap over prompts), against llama-server
+        run with --spec-draft-n-max k on the same prompts."""
+        from core.ml.measure.draftlen import advise, tokens_per_round
+
+        base = full["engine"]
+        target, drafter, prompts = fitted
+        short = _eval(target, drafter, prompts, tmp_path / "short/result.json", "--engine", "llama.cpp",
+                      "--block-size", str(k + 1))
+        assert short["engine"]["spec_draft_n_max"] == k
+        row = advise([p["rounds"] for p in base["per_prompt"]], 8)["rows"][k - 1]
+        measured = tokens_per_round([p["rounds"] for p in short["per_prompt"]], k)
+        lo, hi = row["tokens_per_round_ci"]
+        assert lo <= measured <= hi, (k, measured, row)
+        assert max(r for p in short["per_prompt"] for r in p["rounds"]) <= k + 1
+
     def test_sliding_drafter_engine_rule_equals_the_engine_own_rule_differs_and_lint_says_why(self, tiny,
                                                                                                tmp_path):
         target, drafter, prompts = _pair(tiny, tmp_path, num_layers=2, sliding_window=3)

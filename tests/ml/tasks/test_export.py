@@ -81,6 +81,21 @@ def test_fp32_export_is_bit_equal(pair, tmp_path):
     assert all(got[k].dtype == torch.float32 and torch.equal(got[k], src[k]) for k in src)
 
 
+def test_the_export_carries_each_engines_draft_length(pair, tmp_path, capsys):
+    """Issue 45 §3: the draft length to serve goes into the export's engine settings (B-1 unless
+    the operator names the advised one); one outside 1..B-1 exits 2 with nothing written."""
+    assert _export(pair, tmp_path / "whole", "--dtype", "fp32") == 0
+    whole = json.loads((tmp_path / "whole" / "provenance.json").read_text())["engine_settings"]
+    assert whole == {"draft_length": 7, "advised": False, "vllm": {"num_speculative_tokens": 7},
+                     "sglang": {"--speculative-num-draft-tokens": 8}, "llama.cpp": {"--spec-draft-n-max": 7}}
+    assert _export(pair, tmp_path / "k3", "--dtype", "fp32", "--draft-length", "3") == 0
+    k3 = json.loads((tmp_path / "k3" / "provenance.json").read_text())["engine_settings"]
+    assert k3["draft_length"] == 3 and k3["advised"] and k3["vllm"] == {"num_speculative_tokens": 3}
+    for bad in ("0", "8"):
+        assert _export(pair, tmp_path / f"bad{bad}", "--draft-length", bad) == 2
+        assert "--draft-length" in capsys.readouterr().err and not (tmp_path / f"bad{bad}").exists()
+
+
 @pytest.mark.parametrize("case", ["gguf-no-tree", "speculators-no-target", "no-config", "out-is-src"])
 def test_bad_input_exits_2_with_nothing_written(pair, tmp_path, capsys, case, monkeypatch):
     for var in ("SPECDECK_LLAMA_CPP", "SPECDECK_LLAMA_SERVER"):
