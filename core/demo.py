@@ -37,6 +37,8 @@ from core.ml.formats import strictjson
 ROOT = Path(__file__).resolve().parent.parent
 WATCHED = "train-v5"
 """The train item whose checkpoints are evaluated while it trains (tau over training)."""
+DECIDE = (("v5", "v4"),)
+"""The pair the demo's ``review`` decides (its ``decide:``): compare and the console lead with it."""
 TRAIN_MODULES = ("textwrap", "shlex", "fnmatch", "glob", "posixpath", "heapq", "bisect",
                  "statistics", "string", "base64", "calendar", "difflib", "csv", "json/decoder",
                  "copy", "random", "colorsys", "html/__init__", "ipaddress", "fractions")
@@ -77,10 +79,18 @@ def training_prompts(n: int = 32) -> list[dict]:
 TARGET_STEPS = {True: 300, False: 600}
 
 
-def demo_plan(root: Path, quick: bool) -> dict:
-    py = sys.executable
+def demo_overrides(quick: bool) -> tuple[dict, int, int]:
+    """The trainer overrides every demo drafter shares, its steps and the prompts evaluated."""
     steps = 120 if quick else 240
     limit = 8 if quick else 16  # fewer than 6 prompts can never show a difference
+    return ({"target": "models/code-target", "data.features": "features/train",
+             "train.max_steps": steps, "train.checkpoint_every": steps // 2,
+             "train.log_every": 10, "drafter.target_layer_ids": [0, 2]}, steps, limit)
+
+
+def demo_plan(root: Path, quick: bool) -> dict:
+    py = sys.executable
+    over, steps, limit = demo_overrides(quick)
     # OMP_WAIT_POLICY=PASSIVE: torch's OpenMP threads stop spinning while they wait, which
     # keeps two concurrent CPU jobs on a 2-core machine from stalling each other.
     env = {"OMP_WAIT_POLICY": "PASSIVE"}
@@ -88,9 +98,6 @@ def demo_plan(root: Path, quick: bool) -> dict:
                        "env": env},
              "eval": {"local": True, "workdir": str(root / "hosts" / "eval"), "python": py,
                       "env": env}}
-    over = {"target": "models/code-target", "data.features": "features/train",
-            "train.max_steps": steps, "train.checkpoint_every": steps // 2,
-            "train.log_every": 10, "drafter.target_layer_ids": [0, 2]}
     items = [
         {"id": "make-target", "content": "Build a tiny code model (trained on Python's stdlib)",
          "priority": "high",
@@ -143,7 +150,7 @@ def demo_plan(root: Path, quick: bool) -> dict:
                       "needs": [f"relay-{name}", "relay-baseline", "relay-target"],
                       "action": {"kind": "eval", "host": "eval", "params": params}})
     items.append({"id": "review", "content": "Read the tau table (specdeck compare) and decide",
-                  "needs": ["eval-v4", "eval-v5"]})
+                  "needs": ["eval-v4", "eval-v5"], "decide": [list(p) for p in DECIDE]})
     return {"name": "demo", "hosts": hosts, "items": items}
 
 
@@ -207,7 +214,7 @@ def results_text(rows: list, over: dict) -> str:
 
     if not rows:
         return ""
-    comp = build_comparison(rows, [("v5", "v4")])
+    comp = build_comparison(rows, decide=DECIDE)
     return ("\n" + to_markdown(comp, pivot=True, verdicts=False) + "\n"
             + tau_over_training(over) + "\n"
             + "Verdicts (paired over prompts, 95 %):\n"
