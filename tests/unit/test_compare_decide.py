@@ -94,3 +94,17 @@ def test_a_decision_not_measured_yet_is_a_warning_not_an_error():
     c = build_comparison(only_v5, decide=[("v5", "v4")])
     assert c.decisions == 0 and c.pairs == ()
     assert "decide: v5 vs v4: no eval results for v4 yet" in c.warnings
+
+
+def test_eval_rows_record_the_weights_they_measured():
+    from core.actions.eval import eval_rows
+
+    res = {"mode": "online", "block_size": 4, "accounting": "dflash-0.1.0",
+           "drafter": {"weights": {"sha256": V5}, "fingerprint": V5[:16]},
+           "per_prompt": [{"id": "p0", "tau": 2.0, "rounds": [2, 2]}],
+           "ddtree": {"budget": 8, "per_prompt": [{"id": "p0", "tau": 2.5, "rounds": [3, 2]}]}}
+    got = eval_rows("r", "eval-v5", res, "v5", "drafter", None)
+    assert [(r.drafter, r.settings["weights"]) for r in got] == [("v5", V5), ("v5 ddtree-8", V5)]
+    older = {**res, "drafter": {"fingerprint": V5[:16]}}  # results written before the digest
+    assert eval_rows("r", "e", older, "v5", "drafter", None)[0].settings["weights"] == V5[:16]
+    assert eval_rows("r", "e", {**res, "drafter": {}}, "v5", "drafter", None)[0].settings["weights"] is None
