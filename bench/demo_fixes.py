@@ -19,6 +19,13 @@ settings), then each arm is compared with v4 of the same seed, paired over promp
 
 Prints one line per arm and seed, and a summary per arm over seeds; ``--json`` writes the
 per-prompt taus. Nothing in the workspace is changed (the arms go under ``WS/fixes/``).
+An arm whose ``eval/result.json`` exists is not trained again (a demo's own v4 and v5 results,
+``result-drafter.json`` of its eval capsules, can be put there: the script reproduces them).
+
+Recorded (2 shared CPUs under load, about 26 min per arm; quick, seed 0, chain tau, 8 prompts):
+v4 1.838; v4+noise 1.947 (+0.11, 95 % CI +0.00..+0.23, p = 0.062); v4+taps 2.115 (+0.28,
++0.16..+0.38, p = 0.016); v4+loss 1.427 (-0.41, -0.51..-0.32, p = 0.008); v5 1.448 (-0.39,
+-0.47..-0.32, p = 0.008).
 """
 
 from __future__ import annotations
