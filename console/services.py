@@ -262,7 +262,7 @@ class Services:
         if step is not None:
             rows = at_step(rows, step)
         self._tau_signature = signature
-        self.post(m.TauLoaded(build_comparison(rows), step))
+        self.post(m.TauLoaded(build_comparison(rows, decide=self.session.plan.decisions), step))
 
     async def load_journal(self) -> None:
         events = self.store.events()

@@ -13,10 +13,13 @@ inside the workspace, a tiny code model trained here on the standard library's s
    its checkpoints is evaluated on the eval host while it trains (tau over training);
 5. ``strip-*``: their checkpoints -> drafter weights; ``relay-*`` to the eval host;
 6. ``eval-v4`` / ``eval-v5``: tau (chain and DDTree) against the baseline, on the coding set;
-7. ``review``: a manual step: read the tau table and decide.
+7. ``review``: a manual step: read the tau table and decide (its ``decide:`` names v5 vs v4,
+   so ``compare`` and the console lead with that verdict).
 
 At the end it prints the tau table (prompts x drafters, 95 % intervals), tau over training
-and the verdicts: each drafter against the baseline and v5 against v4, paired over prompts.
+and the verdicts: v5 against v4 first, then each drafter against the baseline, paired over
+prompts. README quotes them for both modes (:func:`disagreements` is how the tests hold the
+quotes to what the demo prints).
 
 The workspace is ``./specdeck-demo`` (``--dir``). A second run reuses what exists: every
 action's ``check()`` finds its output and marks the item done.
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import sys
 import sysconfig
 from pathlib import Path
@@ -37,6 +41,8 @@ from core.ml.formats import strictjson
 ROOT = Path(__file__).resolve().parent.parent
 WATCHED = "train-v5"
 """The train item whose checkpoints are evaluated while it trains (tau over training)."""
+DECIDE = (("v5", "v4"),)
+"""The pair the demo's ``review`` decides (its ``decide:``): compare and the console lead with it."""
 TRAIN_MODULES = ("textwrap", "shlex", "fnmatch", "glob", "posixpath", "heapq", "bisect",
                  "statistics", "string", "base64", "calendar", "difflib", "csv", "json/decoder",
                  "copy", "random", "colorsys", "html/__init__", "ipaddress", "fractions")
@@ -77,10 +83,18 @@ def training_prompts(n: int = 32) -> list[dict]:
 TARGET_STEPS = {True: 300, False: 600}
 
 
-def demo_plan(root: Path, quick: bool) -> dict:
-    py = sys.executable
+def demo_overrides(quick: bool) -> tuple[dict, int, int]:
+    """The trainer overrides every demo drafter shares, its steps and the prompts evaluated."""
     steps = 120 if quick else 240
     limit = 8 if quick else 16  # fewer than 6 prompts can never show a difference
+    return ({"target": "models/code-target", "data.features": "features/train",
+             "train.max_steps": steps, "train.checkpoint_every": steps // 2,
+             "train.log_every": 10, "drafter.target_layer_ids": [0, 2]}, steps, limit)
+
+
+def demo_plan(root: Path, quick: bool) -> dict:
+    py = sys.executable
+    over, steps, limit = demo_overrides(quick)
     # OMP_WAIT_POLICY=PASSIVE: torch's OpenMP threads stop spinning while they wait, which
     # keeps two concurrent CPU jobs on a 2-core machine from stalling each other.
     env = {"OMP_WAIT_POLICY": "PASSIVE"}
@@ -88,9 +102,6 @@ def demo_plan(root: Path, quick: bool) -> dict:
                        "env": env},
              "eval": {"local": True, "workdir": str(root / "hosts" / "eval"), "python": py,
                       "env": env}}
-    over = {"target": "models/code-target", "data.features": "features/train",
-            "train.max_steps": steps, "train.checkpoint_every": steps // 2,
-            "train.log_every": 10, "drafter.target_layer_ids": [0, 2]}
     items = [
         {"id": "make-target", "content": "Build a tiny code model (trained on Python's stdlib)",
          "priority": "high",
@@ -143,7 +154,7 @@ def demo_plan(root: Path, quick: bool) -> dict:
                       "needs": [f"relay-{name}", "relay-baseline", "relay-target"],
                       "action": {"kind": "eval", "host": "eval", "params": params}})
     items.append({"id": "review", "content": "Read the tau table (specdeck compare) and decide",
-                  "needs": ["eval-v4", "eval-v5"]})
+                  "needs": ["eval-v4", "eval-v5"], "decide": [list(p) for p in DECIDE]})
     return {"name": "demo", "hosts": hosts, "items": items}
 
 
@@ -207,11 +218,62 @@ def results_text(rows: list, over: dict) -> str:
 
     if not rows:
         return ""
-    comp = build_comparison(rows, [("v5", "v4")])
+    comp = build_comparison(rows, decide=DECIDE)
     return ("\n" + to_markdown(comp, pivot=True, verdicts=False) + "\n"
             + tau_over_training(over) + "\n"
-            + "Verdicts (paired over prompts, 95 %):\n"
+            + VERDICTS_HEAD + "\n"
             + "".join(f"- {line}\n" for line in verdict_lines(comp)))
+
+
+VERDICTS_HEAD = "Verdicts (paired over prompts, 95 %):"
+"""The line :func:`results_text` puts above the verdicts (the decision's first)."""
+_VERDICT = re.compile(r"^(?P<a>.+?)(?: is (?P<verdict>better|worse) than | vs )(?P<b>.+?)"
+                      r"(?:: no detectable difference)? \((?P<delta>[^,]+), 95 % CI (?P<ci>\S+), "
+                      r"(?P<prompts>\d+) prompts")
+
+
+def verdicts(text: str) -> list[dict]:
+    """The verdict lines (``- A is better than B (+0.42, 95 % CI ..., 8 prompts, ...)``) of a
+    text, parsed: ``a``, ``b``, ``verdict`` (``better``, ``worse`` or ``none``), ``delta``,
+    ``ci`` (lo, hi) and ``prompts``; lines that are no verdict are skipped."""
+    out = []
+    for line in text.splitlines():
+        m = _VERDICT.match(line.removeprefix("- ").strip())
+        if not line.startswith("- ") or not m:
+            continue
+        lo, _, hi = m["ci"].partition("..")
+        out.append({"a": m["a"], "b": m["b"], "verdict": m["verdict"] or "none",
+                    "delta": float(m["delta"]), "ci": (float(lo), float(hi)),
+                    "prompts": int(m["prompts"])})
+    return out
+
+
+def quoted(readme: str, mode: str) -> str:
+    """The text between ``<!-- demo MODE -->`` and ``<!-- /demo -->`` in the README ("" if none)."""
+    start = f"<!-- demo {mode} -->"
+    if start not in readme:
+        return ""
+    return readme.split(start, 1)[1].split("<!-- /demo -->", 1)[0]
+
+
+def disagreements(quoted_text: str, printed_text: str) -> list[str]:
+    """Where the verdicts quoted (a README's) disagree with those printed (a demo's): nothing
+    quoted, a quoted pair the demo did not print, another verdict or number of prompts, or a
+    quoted difference outside the printed interval (the run it was copied from may differ in
+    the last digits, never beyond that)."""
+    said = {(v["a"], v["b"]): v for v in verdicts(quoted_text)}
+    seen = {(v["a"], v["b"]): v for v in verdicts(printed_text)}
+    out = [] if said else ["no verdict quoted"]
+    out += [f"{a} vs {b}: quoted, not printed" for a, b in said if (a, b) not in seen]
+    for key in said.keys() & seen.keys():
+        q, p = said[key], seen[key]
+        if q["verdict"] != p["verdict"] or q["prompts"] != p["prompts"]:
+            out.append(f"{key[0]} vs {key[1]}: quoted {q['verdict']} over {q['prompts']} prompts, "
+                       f"printed {p['verdict']} over {p['prompts']}")
+        elif not p["ci"][0] <= q["delta"] <= p["ci"][1]:
+            out.append(f"{key[0]} vs {key[1]}: quoted {q['delta']:+.2f}, outside the printed "
+                       f"95 % CI {p['ci'][0]:+.2f}..{p['ci'][1]:+.2f}")
+    return out
 
 
 def tau_over_training(series: dict[str, dict[int, float]], width: int = 40) -> str:

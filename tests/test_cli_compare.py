@@ -167,3 +167,44 @@ def test_compare_advises_a_draft_length_under_a_given_cost(evals):
     assert "give --cost BASE,PER_TOKEN" in plain and "best k=" not in plain
     bad = run_cli("--state", state, "compare", plan, "--cost", "0,1")
     assert bad.returncode == 2 and "--cost 0,1" in bad.stderr and "cost.base" in bad.stderr
+
+
+def test_compare_leads_with_the_plans_decision_and_shows_one_row_per_drafter(tmp_path):
+    """A plan's ``decide:`` pair comes first (issue 48 §3), and a checkpoint measured by tau over
+    training and by an eval item (the same weights sha256) is one row named with both labels."""
+    from tests.unit.test_compare_decide import EVALS, WATCHED
+
+    plan = tmp_path / "p.yaml"
+    plan.write_text(f"""name: decide
+hosts:
+  ev: {{local: true, workdir: {tmp_path / 'ev'}}}
+items:
+  - id: eval-v5
+    content: evaluate v5
+    action: {{kind: eval, host: ev, params: {{drafter: drafters/v5, target: models/t}}}}
+  - id: review
+    content: decide
+    needs: [eval-v5]
+    decide: [[v5, v4]]
+""")
+    state = tmp_path / "s.db"
+    s = Store(str(state))
+    s.add_eval_results(WATCHED + EVALS)
+    s.close()
+    md = run_cli("--state", state, "compare", plan)
+    assert md.returncode == 0, md.stderr
+    lines = md.stdout.splitlines()
+    assert lines[:2] == ["Decision (the plan's decide:):", lines[1]]
+    assert lines[1].startswith("- v5 is better than v4 (+")
+    summary = [ln for ln in lines if ln.startswith("| v5")]
+    assert summary and summary[0].startswith("| v5 = train-v5@120 |")
+    assert not any(ln.startswith("| train-v5@120 ") for ln in lines)
+    data = json.loads(run_cli("--state", state, "compare", plan, "--json").stdout)
+    assert [(p["a"], p["b"]) for p in data["pairs"]] == [("v5", "v4")]
+    assert [o["drafter"] for o in data["overall"]] == ["train-v5@60", "v5", "baseline", "v4"]
+    assert [d["aliases"] for d in data["drafters"] if d["label"] == "v5"] == [["train-v5@120"]]
+
+    plan.write_text(plan.read_text().replace("decide: [[v5, v4]]", "decide: [v5, v4]"))
+    bad = run_cli("--state", state, "compare", plan)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert "p.yaml:11:" in bad.stderr and "decide must be a list of pairs" in bad.stderr, bad.stderr

@@ -47,7 +47,7 @@ def cmd_compare(args) -> int:
         raise InvalidInput(f"plan {plan.name!r} has no eval results yet"
                            + (f" for {args.item}" if args.item else ""),
                            hint=f"run an eval item first (`specdeck run {args.plan} ITEM`)")
-    comp = build_comparison(rows, [tuple(p) for p in args.pair or ()],
+    comp = build_comparison(rows, [tuple(p) for p in args.pair or ()], decide=plan.decisions,
                             **({"detect": args.detect} if args.detect is not None else {}))
     for why in comp.left_out:  # a NaN or infinite tau in a result: said in every format
         print(f"{plan.name}: {why}", file=sys.stderr)

@@ -5,6 +5,11 @@ lists each drafter's overall figures (``Σ macro``, ``Σ pooled``) first, then o
 prompt x drafter: tau, delta and % of its baseline. Entries whose settings differ from their
 baseline's are flagged (⚠ and the differing keys) on every row, never blended.
 
+The decision first: when the plan names the pairs it decides (``decide:``), their drafters'
+rows come first and their verdicts lead the lines under the title, above the cursor row's
+(named as such). A drafter measured under two names (the same weights) is one row,
+``v5 = train-v5@120``.
+
 Uncertainty: a drafter's ``Σ macro`` row carries its verdict against the baseline in the note
 column (▲ better, ▼ worse, ≈ noise: no detectable difference) and each overall row its 95 %
 interval (the last column: zoom the pane to see it). The lines under the title say the
@@ -35,7 +40,8 @@ from textual.widgets import DataTable, Static
 
 from console.widgets.acceptance_bars import AcceptanceBars
 from console.widgets.vim import table_keys
-from core.tau.table import Comparison, family_tag, fmt_ci, fmt_delta, fmt_pct, fmt_tau, mismatch_note, sampling_note
+from core.tau.table import (Comparison, family_tag, fmt_ci, fmt_delta, fmt_pct, fmt_tau, mismatch_note,
+                            sampling_note, shown_label)
 from core.tau.stats import BETTER, NONE, WORSE
 from core.text import sanitize
 
@@ -67,6 +73,8 @@ class _Row:
     """95 % interval of ``tau`` (overall rows)."""
     verdict: str | None = None
     """Against the baseline (``Σ macro`` rows of drafters with a baseline)."""
+    aliases: tuple[str, ...] = ()
+    """The drafter's other names (overall rows: :attr:`core.tau.table.Drafter.aliases`)."""
 
     def sort_value(self, column: str):
         v = {"prompt": self.prompt, "drafter": self.drafter, "tau": self.tau, "Δ": self.delta,
@@ -77,12 +85,15 @@ class _Row:
 
 
 def rows_of(c: Comparison) -> list[_Row]:
+    """Overall rows (the decision's drafters first: a plan's ``decide:``), then per prompt."""
     rows = []
-    for o in c.overall:
+    lead = {label: i for i, label in enumerate(c.deciding)}
+    for o in sorted(c.overall, key=lambda o: lead.get(o.drafter, len(lead))):
+        also = c.drafter(o.drafter).aliases
         rows.append(_Row(f"macro\0{o.drafter}", 0, "Σ macro", o.drafter, o.role, o.macro,
-                         o.delta_macro, o.pct_macro, o.mismatch, o.macro_ci95, o.verdict))
+                         o.delta_macro, o.pct_macro, o.mismatch, o.macro_ci95, o.verdict, also))
         rows.append(_Row(f"pooled\0{o.drafter}", 0, "Σ pooled", o.drafter, o.role, o.pooled,
-                         o.delta_pooled, o.pct_pooled, o.mismatch, o.pooled_ci95))
+                         o.delta_pooled, o.pct_pooled, o.mismatch, o.pooled_ci95, aliases=also))
     for x in c.cells:
         rows.append(_Row(f"{x.prompt_id}\0{x.drafter}", 1, x.prompt_id, x.drafter, x.role,
                          x.tau, x.delta, x.pct_of_baseline, x.mismatch))
@@ -99,7 +110,7 @@ def note_of(r: _Row) -> Text:
 
 
 def drafter_text(r: _Row) -> str:
-    return sanitize(str(r.drafter), max_len=200) + (" ⚠" if r.mismatch else "")
+    return sanitize(" = ".join((r.drafter, *r.aliases)), max_len=200) + (" ⚠" if r.mismatch else "")
 
 
 def column_widths(rows: list[_Row]) -> dict[str, int]:
@@ -281,6 +292,12 @@ class TauPane(Vertical):
         c, row = self.comparison, self._current_row()
         if c is None or row is None:
             return t
+        for p in c.decision:  # what the plan decides first, whatever the cursor is on
+            t.append("decision: ", style="bold")
+            t.append(p.verdict_text + "\n", style=MARKS.get(p.verdict, ("", ""))[1]
+                     if p.verdict != NONE else "")
+        if c.decision:
+            t.append(f"cursor row, {shown_label(c.drafter(row.drafter))}: ", style="bold")
         o = c.overall_of(row.drafter)
         if family_tag(c.drafter(row.drafter)):
             t.append(f"{row.drafter} is a DFlash-2 drafter (convolutions and candidate selector)\n", style="cyan")

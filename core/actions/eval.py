@@ -24,6 +24,7 @@ from core.errors import ActionFailed
 from core.ml.formats import bounds, resultfile
 from core.ml.models import sampling
 from core.ml.measure import harness, tau
+from core.ml.measure.parity import drafter_identity
 from core.ml.formats.runio import parse_bytes
 from core.plans.params import counts, problems, to_plain
 from core.state.records import EvalRow
@@ -349,6 +350,7 @@ def eval_rows(run_id: str, item_id: str, res: dict, label: str, role: str,
                 "accounting": res.get("accounting") or tau.LEGACY, "template": res.get("template"),
                 "method": "chain", "tree_budget": None,
                 "family": (res.get("drafter") or {}).get("family") or "dflash",  # shown, not compared
+                "weights": drafter_identity(res)["sha256"],  # not compared: one drafter's rows are merged by it
                 "temperature": res.get("temperature", 0), "top_p": res.get("top_p", 1.0),
                 "top_k": res.get("top_k", 0), "seed": res.get("seed"), "samples": res.get("samples", 1),
                 "harness": harness.of_result(res), "prompt_set": _set_name(res)}

@@ -88,6 +88,9 @@ class Item:
     skipped need's output is missing)."""
     retries: int = 0
     """How many more times a failed run is launched without being asked (``run --all``)."""
+    decide: tuple[tuple[str, str], ...] = ()
+    """The pairs of drafters this item decides between (``decide: [[v5, v4]]``, labels as
+    ``compare`` prints them): ``compare`` and the tau pane lead with their verdicts."""
 
     @property
     def deps(self) -> tuple[str, ...]:
@@ -124,6 +127,11 @@ class Plan:
         raise InvalidInput(f"{self.path or self.name}: no item {item_id!r} in plan {self.name!r}"
                            + did_you_mean(item_id, (it.id for it in self.items)),
                            hint=f"`specdeck status {self.path or self.name}` lists the item ids")
+
+    @property
+    def decisions(self) -> tuple[tuple[str, str], ...]:
+        """Every item's ``decide:`` pairs, in file order, each once."""
+        return tuple(dict.fromkeys(p for it in self.items for p in it.decide))
 
     @property
     def dir(self) -> Path:

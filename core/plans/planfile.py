@@ -467,7 +467,7 @@ def _parse_item(v: _Validator, loc: _Located, i: int, it: dict, seen: dict[str, 
     iid = it.get("id")
     label = iid if isinstance(iid, str) and SLUG.match(iid) else f"#{i + 1}"
     _check_keys(v, it, ip, ("id", "content", "priority", "status", "needs", "after",
-                            "retries", "action", "adopt"), item=label)
+                            "retries", "action", "adopt", "decide"), item=label)
     if not isinstance(iid, str) or not SLUG.match(iid):
         v.error(ip + ("id",), f"id must be a slug (letters, digits, _ . -; 64 at most), got "
                 f"{short(iid)}",
@@ -495,6 +495,7 @@ def _parse_item(v: _Validator, loc: _Located, i: int, it: dict, seen: dict[str, 
         v.error(ip + ("retries",), f"retries must be a whole number from 0 to {MAX_RETRIES}"
                 f", got {short(retries)}", item=label, field_path=("retries",))
         retries = 0
+    decide = _decide(v, it.get("decide"), ip + ("decide",), label)
     action = None
     raw_action = it.get("action")
     if raw_action is not None:
@@ -504,7 +505,7 @@ def _parse_item(v: _Validator, loc: _Located, i: int, it: dict, seen: dict[str, 
     return Item(label, content if isinstance(content, str) else "",
                 prio if prio in PRIORITIES else "medium",
                 status if status in STATUSES else None, tuple(needs), action,
-                loc.mark(ip)[0], adopt, tuple(after), retries)
+                loc.mark(ip)[0], adopt, tuple(after), retries, decide)
 
 
 def _check_deps(v: _Validator, items: list[Item]) -> None:
@@ -586,6 +587,21 @@ def _parse_adopt(v, raw, ap, label, action, variables):
 
 
 MAX_RETRIES = 100
+
+
+def _decide(v: _Validator, raw: Any, path: tuple, label: str) -> tuple[tuple[str, str], ...]:
+    """``decide:``: the pairs of drafters (as ``compare`` labels them) this item decides
+    between, e.g. ``[[v5, v4]]``; ``compare`` and the console's tau pane lead with them."""
+    if raw is None:
+        return ()
+    ok = isinstance(raw, list) and raw and all(
+        isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) and x.strip() for x in p)
+        and p[0] != p[1] for p in raw)
+    if not ok:
+        v.error(path, f"decide must be a list of pairs of two different drafter labels, e.g. "
+                f"[[v5, v4]], got {short(raw)}", item=label, field_path=("decide",))
+        return ()
+    return tuple(dict.fromkeys((a, b) for a, b in raw))
 
 
 def _id_list(v: _Validator, it: dict, ip: tuple, key: str, label: str) -> list[str]:

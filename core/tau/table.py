@@ -40,6 +40,13 @@ Decisions:
   prompt's figure less noisy. ``temperature``, ``top_p`` and ``top_k`` are compared settings.
 * **Repeats.** When an entry has two rows for one prompt and sample (an eval run again), the
   later row (store order) wins and a warning says so.
+* **One drafter, one entry.** Rows record the sha256 of the weights they measured (settings
+  ``weights``). Entries with the same weights, role and compared settings are one drafter
+  (a checkpoint evaluated by tau over training, ``train-v5@120``, and by an eval item, ``v5``):
+  one entry under the name not bound to a step, the others its ``aliases``
+  (``v5 = train-v5@120`` in the tables).
+* **The decision first.** A plan's ``decide:`` names the pairs the operator is deciding
+  (``decide=``); they are compared like ``pairs`` and lead every list of verdicts.
 * **Uncertainty** (:mod:`core.tau.stats`): every overall figure has a seeded 95 % bootstrap
   interval over prompts (``macro_ci95``; ``pooled_ci95`` resamples prompts, then rounds
   within them) and the number of ``rounds`` behind it. A drafter with a baseline, and each
@@ -106,6 +113,15 @@ class Drafter:
     measured: dict = field(default_factory=dict)
     """How its figures were measured (:func:`measured`): harness, decoding, block size, prompt
     set and its digest."""
+    aliases: tuple[str, ...] = ()
+    """The other labels the same weights were measured under with the same settings (e.g.
+    ``train-v5@120`` for ``v5``: a checkpoint evaluated by tau over training and by an eval
+    item): one drafter, one entry (:func:`shown_label` names it with all of them)."""
+
+
+def shown_label(d: Drafter) -> str:
+    """``v5 = train-v5@120``: the label and its aliases (the label alone when it has none)."""
+    return " = ".join((d.label, *d.aliases))
 
 
 @dataclass(frozen=True)
@@ -220,12 +236,27 @@ class Comparison:
     why: left out of every figure (also listed in ``warnings``)."""
     by_domain: tuple[DomainFigures, ...] = ()
     """Each entry's figures per domain, for entries whose prompts name one (else empty)."""
+    decisions: int = 0
+    """How many of ``pairs`` (the first ones) are the decision (a plan's ``decide:``)."""
 
     def drafter(self, label: str) -> Drafter:
         for d in self.drafters:
             if d.label == label:
                 return d
         raise KeyError(label)
+
+    @property
+    def decision(self) -> tuple[Pair, ...]:
+        """The pairs the plan says are the decision (``decide:``), in its order."""
+        return self.pairs[:self.decisions]
+
+    @property
+    def deciding(self) -> list[str]:
+        """The labels of the decision's drafters, in the order its pairs name them."""
+        out: list[str] = []
+        for p in self.decision:
+            out += [x for x in (p.a, p.b) if x not in out]
+        return out
 
     def overall_of(self, label: str) -> Overall:
         for o in self.overall:
@@ -418,6 +449,7 @@ class _Entry:
     """prompt id -> sample index -> row (the latest one)."""
     run_ids: list[str] = field(default_factory=list)
     label: str = ""
+    aliases: list[str] = field(default_factory=list)
 
     def nsamples(self, pids: Iterable[str] | None = None) -> int:
         return max((len(self.samples[p]) for p in (self.samples if pids is None else pids)), default=1)
@@ -443,7 +475,8 @@ def _differing(a: Mapping, b: Mapping) -> tuple[str, ...]:
 
 def build_comparison(rows: Iterable[EvalRow],
                      pairs: Sequence[tuple[str, str]] = (), *, seed: int = stats.SEED,
-                     detect: float = stats.DETECT) -> Comparison:
+                     detect: float = stats.DETECT,
+                     decide: Sequence[tuple[str, str]] = ()) -> Comparison:
     """Compare every drafter in ``rows`` with its baseline, per prompt and overall.
 
     Args:
@@ -454,12 +487,17 @@ def build_comparison(rows: Iterable[EvalRow],
             their siblings measured another way (``a ddtree-16`` with ``b ddtree-16``).
         seed: the bootstrap's and the permutation test's seed.
         detect: the tau difference the "how many prompts" estimates are for.
+        decide: the pairs that are the decision (a plan's ``decide:``): compared like
+            ``pairs`` and put first; a pair not measured yet is left out with a warning.
 
     Raises:
         InvalidInput: a label in ``pairs`` names no entry.
 
     Returns:
-        The comparison; entries keep the order in which they first appear.
+        The comparison; entries keep the order in which they first appear. Entries of one
+        drafter (the same weights sha256, role and compared settings) are one entry, under
+        the label of the one not bound to a step (else the first), the others its
+        ``aliases``; either name finds it in ``pairs`` and ``decide``.
     """
     entries: dict[tuple, _Entry] = {}
     warnings: list[str] = []
@@ -493,6 +531,8 @@ def build_comparison(rows: Iterable[EvalRow],
     for e in entries.values():
         e.rows = {pid: _nested(by_sample) for pid, by_sample in e.samples.items()}
     _label_entries(list(entries.values()))
+    kept = _merge_same_weights(list(entries.values()), warnings)
+    entries = {k: e for k, e in entries.items() if e in kept}
     baselines = [e for e in entries.values() if e.role == "baseline"]
 
     drafters: list[Drafter] = []
@@ -505,7 +545,7 @@ def build_comparison(rows: Iterable[EvalRow],
             label=e.label, name=e.name, role=e.role, step=e.step, settings=e.settings,
             run_ids=tuple(e.run_ids), baseline=base.label if base else None, mismatch=mismatch,
             mismatch_values=mvalues, per_position=_per_position(e.rows.values()),
-            measured=measured(e.settings)))
+            measured=measured(e.settings), aliases=tuple(e.aliases)))
         for pid in prompts:
             row = e.rows.get(pid)
             if row is None:
@@ -518,11 +558,15 @@ def build_comparison(rows: Iterable[EvalRow],
                               len(rounds) if rounds is not None else None, mismatch, len(e.samples[pid])))
         overall.append(_overall(e, base, mismatch, seed, detect))
     by_label = {e.label: e for e in entries.values()}
-    done = [_pair(by_label[a], by_label[b], seed, detect)
-            for a, b in _resolve_pairs(pairs, list(by_label))]
+    names = {**{a: e.label for e in entries.values() for a in e.aliases},
+             **{lb: lb for lb in by_label}}
+    chosen = _resolve_pairs(_measured(decide, names, warnings), names)
+    first = len(chosen)
+    chosen += [p for p in _resolve_pairs(pairs, names) if p not in chosen]
+    done = [_pair(by_label[a], by_label[b], seed, detect) for a, b in chosen]
     return Comparison(tuple(drafters), tuple(cells), tuple(overall), tuple(prompts),
                       tuple(left_out + warnings), tuple(done), tuple(left_out),
-                      tuple(f for e in entries.values() for f in _domains(e, seed)))
+                      tuple(f for e in entries.values() for f in _domains(e, seed)), first)
 
 
 def _domains(e: _Entry, seed: int) -> list[DomainFigures]:
@@ -540,22 +584,73 @@ def _domains(e: _Entry, seed: int) -> list[DomainFigures]:
     return out
 
 
-def _resolve_pairs(pairs: Sequence[tuple[str, str]], labels: list[str]) -> list[tuple[str, str]]:
-    """The named pairs, each followed by its siblings (the same suffix after both names)."""
+def _measured(decide: Sequence[tuple[str, str]], names: Mapping[str, str],
+              warnings: list[str]) -> list[tuple[str, str]]:
+    """The decision's pairs whose two drafters have results (the others: a warning each)."""
+    out = []
+    for a, b in decide:
+        missing = [x for x in (a, b) if x not in names]
+        if missing:
+            warnings.append(f"decide: {a} vs {b}: no eval results for {' or '.join(missing)} yet")
+        elif names[a] != names[b]:
+            out.append((a, b))
+    return out
+
+
+def _resolve_pairs(pairs: Sequence[tuple[str, str]], names: Mapping[str, str]
+                   ) -> list[tuple[str, str]]:
+    """The named pairs (as entry labels: ``names`` maps every label and alias to its entry's
+    label), each followed by its siblings (the same suffix after both names)."""
     from core.errors import InvalidInput
 
+    labels = list(dict.fromkeys(names.values()))
     out: list[tuple[str, str]] = []
-    for a, b in pairs:
-        for x in (a, b):
-            if x not in labels:
+    for x_a, x_b in pairs:
+        for x in (x_a, x_b):
+            if x not in names:
                 raise InvalidInput(f"--pair: no drafter {x!r} in these eval results",
                                    hint="one of: " + ", ".join(labels))
+        a, b = names[x_a], names[x_b]
         if a == b:
-            raise InvalidInput(f"--pair {a} {b}: name two different drafters")
+            raise InvalidInput(f"--pair {x_a} {x_b}: name two different drafters"
+                               + (f" ({x_a} and {x_b} are one drafter: the same weights)"
+                                  if x_a != x_b else ""))
         found = [(a, b)] + [(lb, b + lb[len(a):]) for lb in labels
                             if lb.startswith(a + " ") and b + lb[len(a):] in labels]
         out += [p for p in found if p not in out]
     return out
+
+
+def _merge_same_weights(entries: list[_Entry], warnings: list[str]) -> list[_Entry]:
+    """One entry per drafter: entries with the same weights sha256 (settings ``weights``),
+    role and compared settings are merged into the one not bound to a step (else the first),
+    the others becoming its aliases; a prompt both measured keeps that entry's figure (a
+    warning says when the two differ). Returns the entries kept, in order."""
+    groups: dict[tuple, list[_Entry]] = {}
+    for e in entries:
+        digest = e.settings.get("weights")
+        if isinstance(digest, str) and digest:
+            groups.setdefault((digest, e.role, e.skey), []).append(e)
+    gone: set[int] = set()
+    for group in groups.values():
+        if len(group) < 2:
+            continue
+        keep = next((e for e in group if e.step is None), group[0])
+        for e in group:
+            if e is keep:
+                continue
+            gone.add(id(e))
+            keep.aliases.append(e.label)
+            keep.run_ids += [r for r in e.run_ids if r not in keep.run_ids]
+            for pid, row in e.rows.items():
+                mine = keep.rows.get(pid)
+                if mine is None:
+                    keep.rows[pid], keep.samples[pid] = row, e.samples[pid]
+                elif _prompt_tau(mine) != _prompt_tau(row):
+                    warnings.append(f"{keep.label} = {e.label} (the same weights): prompt {pid} "
+                                    f"measured {fmt_tau(_prompt_tau(mine))} and "
+                                    f"{fmt_tau(_prompt_tau(row))}; {keep.label}'s figure is used")
+    return [e for e in entries if id(e) not in gone]
 
 
 def _label_entries(entries: list[_Entry]) -> None:
@@ -776,13 +871,15 @@ VERDICT_MARK = {stats.BETTER: "▲ better", stats.WORSE: "▼ worse", stats.NONE
 
 
 def verdict_lines(c: Comparison) -> list[str]:
-    """Each drafter against its baseline, then each named pair, in words; then each settled stop's
-    own verdict (an eval with ``stop: settled``, docs/evaluation.md §7), which is the one that holds
-    for it: the fixed-n test above ran on prompts a stopping rule chose."""
+    """The decision's pairs (a plan's ``decide:``), then each drafter against its baseline, then
+    each other named pair, in words; then each settled stop's own verdict (an eval with ``stop:
+    settled``, docs/evaluation.md §7), which is the one that holds for it: the fixed-n test ran on
+    prompts a stopping rule chose."""
     settled = list(dict.fromkeys(f"{d.settings['sequential']} (settled stop, anytime-valid)" for d in c.drafters
                                  if isinstance((d.settings or {}).get("sequential"), str)))
-    return ([o.verdict_text for o in c.overall if o.verdict_text]
-            + [p.verdict_text for p in c.pairs] + settled)
+    return ([p.verdict_text for p in c.decision]
+            + [o.verdict_text for o in c.overall if o.verdict_text]
+            + [p.verdict_text for p in c.pairs[c.decisions:]] + settled)
 
 
 def method_note(c: Comparison) -> str:
@@ -820,7 +917,7 @@ def to_pivot_markdown(c: Comparison) -> str:
     overall = {o.drafter: o for o in c.overall}
     head, align = ["prompt"], ["---"]
     for d in cols:
-        head.append(d.label + (" ⚠" if d.mismatch else ""))
+        head.append(shown_label(d) + (" ⚠" if d.mismatch else ""))
         align.append("---:")
         if d.baseline:
             head.append("Δ")
@@ -897,7 +994,10 @@ def verdicts_markdown(c: Comparison) -> str:
     how = measured_lines(c)
     if not lines:
         return "\n".join(how) + "\n" if how else ""
-    return "\n".join(["Verdicts:"] + [f"- {x}" for x in lines] + ["", f"({method_note(c)})"]
+    first = [f"- {x}" for x in lines[:c.decisions]]
+    head = ["Decision (the plan's decide:):", *first, ""] if first else []
+    return "\n".join(head + [("Other verdicts:" if first else "Verdicts:")]
+                     + [f"- {x}" for x in lines[c.decisions:]] + ["", f"({method_note(c)})"]
                      + ([""] + how if how else [])) + "\n"
 
 
@@ -924,7 +1024,8 @@ def summary_markdown(c: Comparison) -> str:
     out = ["| " + " | ".join(SUMMARY_HEADERS) + " |",
            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for o in c.overall:
-        name = o.drafter + family_tag(by_label[o.drafter]) + (" (baseline)" if o.role == "baseline" else "")
+        name = (shown_label(by_label[o.drafter]) + family_tag(by_label[o.drafter])
+                + (" (baseline)" if o.role == "baseline" else ""))
         note = mismatch_note(by_label[o.drafter])
         if o.unmatched:
             note = (note + "; " if note else "") + f"no baseline for {', '.join(o.unmatched)}"
@@ -986,7 +1087,7 @@ def to_markdown(c: Comparison, *, pivot: bool = False, verdicts: bool = True) ->
 
 
 __all__ = ["COMPARED_SETTINGS", "SAMPLING_DEFAULTS", "sampling_note", "sample_of", "Comparison", "Drafter", "Cell", "Overall", "Pair", "family_tag",
-           "build_comparison", "DomainFigures", "domain_markdown", "measured", "measured_note",
+           "shown_label", "build_comparison", "DomainFigures", "domain_markdown", "measured", "measured_note",
            "measured_lines", "token_weighted", "MEASURED_COLUMNS", "to_dict", "to_json", "to_csv", "to_markdown", "to_pivot_markdown",
            "verdicts_markdown", "summary_markdown", "details_markdown", "SUMMARY_HEADERS",
            "pk_chart", "bars", "verdict_lines", "mismatch_note", "fmt_tau", "fmt_delta", "fmt_pct",

@@ -8,7 +8,9 @@ import time
 
 import pytest
 
+from core.demo import disagreements, quoted
 from tests.cli.conftest import specdeck as run_cli
+from tests.unit.test_demo_readme import README, STORED
 
 pytestmark = [pytest.mark.ml, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -29,11 +31,19 @@ def test_demo_headless_quick_then_reuse(tmp_path):
     verdicts = [ln for ln in tail.splitlines() if ln.startswith("- ")]
     assert len(verdicts) == 6 and any(ln.startswith(("- v5 is", "- v5 vs v4")) for ln in verdicts)
     assert all("95 % CI" in ln and "8 prompts" in ln for ln in verdicts)
+    # the review's decide: (v5 vs v4) leads; README quotes what this run printed (issue 48 §1),
+    # and so does the stored output the quick tier checks README against
+    assert verdicts[0].startswith(("- v5 is", "- v5 vs v4")), verdicts
+    assert disagreements(quoted(README.read_text(encoding="utf-8"), "quick"), out) == []
+    assert disagreements((STORED / "quick.txt").read_text(encoding="utf-8"), out) == []
     # tau over training: train-v5's checkpoints evaluated while it trained, with intervals
     assert "tau over training (train-v5" in out and "step   120  tau" in out
     data = json.loads(run_cli("--state", ws / "state.db", "compare", ws / "demo.yaml", "--json",
                               "--pair", "v5", "v4").stdout)
     v5 = [o for o in data["overall"] if o["drafter"] == "v5"][0]
+    # train-v5's last checkpoint, evaluated while it trained, is the weights eval-v5 measured:
+    # one drafter, one entry named with both labels (issue 48 §3)
+    assert [d["aliases"] for d in data["drafters"] if d["label"] == "v5"] == [["train-v5@120"]]
     for key in ("macro_ci95", "pooled_ci95", "rounds", "delta_macro_ci95", "p_value", "test",
                 "verdict", "verdict_text"):
         assert v5[key] is not None, key
