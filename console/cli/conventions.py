@@ -68,7 +68,7 @@ STATE_USE = {
     "run": "creates", "adopt": "creates", "mark": "creates", "ui": "creates", "demo": "creates",
     "serve": "creates",
     "status": "reads", "attach": "reads", "logs": "reads", "stop": "reads", "export": "reads",
-    "compare": "reads", "diff": "reads", "metrics": "reads", "parity": "reads",
+    "compare": "reads", "diff": "reads", "metrics": "reads", "parity": "reads", "card": "reads",
     "validate": None, "import": None, "kinds": None, "completion": None, "engines": None,
 }
 """What each command does with the state database: ``creates`` (it records what it does,

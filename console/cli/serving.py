@@ -10,6 +10,7 @@ Both run here, on the machine the CLI runs on: ``engines`` is pure Python
 
 from __future__ import annotations
 
+from pathlib import Path
 
 from core.errors import InvalidInput
 from core.ml.formats import strictjson
@@ -47,6 +48,44 @@ def cmd_export_drafter(args) -> int:
         if value:
             argv += [flag, value]
     return run_main(export.main, argv)
+
+
+def cmd_card(args) -> int:
+    """``card PLAN LABEL --drafter DIR``: README.md, a model card whose every figure comes from
+    the plan's stored eval results of LABEL (:mod:`core.tau.card`), into ``--out`` or stdout."""
+    import sys
+
+    from console.cli.output import load_plan, run_with
+    from core.ml.measure.draftlen import parse_cost
+    from core.tau.card import render
+
+    try:
+        cost = parse_cost(args.cost) if args.cost else None
+    except ValueError as exc:
+        raise InvalidInput(f"--cost {args.cost}: {exc}") from None
+    if not (Path(args.drafter) / "config.json").is_file():
+        raise InvalidInput(f"--drafter {args.drafter}: no config.json there (a drafter directory or its export)")
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise InvalidInput(f"--out {out}: exists and is not a directory")
+    plan = load_plan(args.plan)
+
+    async def go(session):
+        return session.eval_rows(None)
+
+    rows = run_with(plan, args, go, show_events=False, read=True)
+    text = render(args.label, rows, args.drafter, plan=plan.name, base_model=args.base_model,
+                  license=args.license, cost=cost)
+    if out is None:
+        print(text)
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    card = out / "README.md"
+    tmp = out / ".README.md.specdeck-tmp"
+    tmp.write_text(text + "\n")
+    tmp.replace(card)
+    print(f"wrote {card}", file=sys.stderr)
+    return 0
 
 
 def cmd_parity(args) -> int:
@@ -127,6 +166,18 @@ def register(add) -> None:
     sp.add_argument("--target", help="the target's directory (checks sizes, taps and mask token against it)")
     sp.add_argument("--engine", action="append", help="only this engine (vllm, sglang, llama.cpp); repeatable")
     sp.add_argument("--json", action="store_true", help="machine-readable output")
+    sp = add("card", cmd_card, "a drafter's model card (README.md with Hugging Face front matter): its "
+             "architecture, weights' sha256, tau by harness with the stored results named, the draft length "
+             "to serve and what each engine does with it",
+             example="specdeck card plans/v5.yaml v5 --drafter drafters/v5 --out serve/v5 --license apache-2.0")
+    sp.add_argument("plan", help="the plan file whose stored eval results the card reports")
+    sp.add_argument("label", help="the drafter's label in those results (as `compare` shows it)")
+    sp.add_argument("--drafter", required=True, metavar="DIR", help="the drafter directory (or its export)")
+    sp.add_argument("--out", metavar="DIR", help="write DIR/README.md (default: print the card)")
+    sp.add_argument("--base-model", help="the target's Hugging Face id (front matter base_model)")
+    sp.add_argument("--license", help="the license to state (front matter; default: other)")
+    sp.add_argument("--cost", metavar="BASE,PER_TOKEN", help="a round's cost at draft length k in plain target "
+                    "steps: adds the draft length to serve")
     sp = add("parity", cmd_parity, "one drafter measured by several eval items (offline, in process, under "
              "an engine's rule, through an engine): each pair the same drafter or not (exit 4 when not), equal "
              "or not, round by round, and why",

@@ -215,6 +215,7 @@ USAGE = {
     "export": (["export", "{plan}"], "export needs --todowrite or --markdown (a plan), or --out DIR"),
     "engines": (["engines", "{missing}"], "missing.yaml: no drafter config there"),
     "parity": (["parity", "{plan}", "hello"], "give at least two"),
+    "card": (["card", "{plan}", "v5", "--drafter", "{missing}"], "no config.json there"),
     "import": (["import", "{todos}", "-o", "{plan}"], "already exists; not overwritten"),
     "kinds": (["kinds", "extra"], "unrecognized arguments: extra"),
     "run": (["run", "{plan}"], "name the items to run, or pass --all"),
@@ -261,6 +262,7 @@ HAPPY = {"validate": "test_validate", "kinds": "test_kinds_and_version",
          "serve": "tests.ui.test_serve.test_the_console_in_headless_chromium",
          "demo": "tests.cli.test_demo.test_demo_headless_quick_then_reuse",
          "engines": "tests.unit.test_engine_lint.test_cli_engines_json_and_bad_input",
+         "card": "tests.ml.tasks.test_card.test_a_card_traces_every_figure_to_a_stored_result",
          "parity": "tests.cli.test_parity_cli.test_parity_of_three_items_names_the_rule_as_the_cause"}
 
 
