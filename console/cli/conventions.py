@@ -43,6 +43,8 @@ EXAMPLES = {
     "diff": "specdeck diff plans/v5.yaml train-v4 train-v5     # two attempts: train-v5#1 train-v5#2",
     "metrics": "specdeck metrics plans/v5.yaml train-v5 --csv --names loss,tau > v5.csv",
     "completion": "specdeck completion bash > ~/.local/share/bash-completion/completions/specdeck",
+    "notify": "specdeck notify --test     # the Apprise URL: $SPECDECK_NOTIFY or ~/.config/specdeck/notify",
+    "card": "specdeck card plans/v5.yaml v5 --drafter drafters/v5 --out serve/v5 --license apache-2.0",
 }
 
 ARG_HELP = {
@@ -70,6 +72,7 @@ STATE_USE = {
     "status": "reads", "attach": "reads", "logs": "reads", "stop": "reads", "export": "reads",
     "compare": "reads", "diff": "reads", "metrics": "reads", "parity": "reads", "card": "reads",
     "validate": None, "import": None, "kinds": None, "completion": None, "engines": None,
+    "notify": None,
 }
 """What each command does with the state database: ``creates`` (it records what it does,
 so a new ``--state`` starts a campaign's state there), ``reads`` (a ``--state`` that does

@@ -231,6 +231,7 @@ USAGE = {
     "serve": (["serve", "{plan}", "--bind", "0.0.0.0"], "needs --allow-remote"),
     "demo": (["demo", "--fast"], "unrecognized arguments: --fast"),
     "completion": (["completion", "tcsh"], "invalid choice: 'tcsh'"),
+    "notify": (["notify", "--tset"], "unrecognized arguments: --tset"),
 }
 
 
@@ -263,6 +264,7 @@ HAPPY = {"validate": "test_validate", "kinds": "test_kinds_and_version",
          "demo": "tests.cli.test_demo.test_demo_headless_quick_then_reuse",
          "engines": "tests.unit.test_engine_lint.test_cli_engines_json_and_bad_input",
          "card": "tests.ml.tasks.test_card.test_a_card_traces_every_figure_to_a_stored_result",
+         "notify": "tests.unit.test_notify.test_notify_test_says_where_without_the_secret",
          "parity": "tests.cli.test_parity_cli.test_parity_of_three_items_names_the_rule_as_the_cause"}
 
 
