@@ -14,9 +14,13 @@ from core.plans.params import parse_params, to_plain
 from tests.unit.evalcmd import eval_words
 
 
+LATER = ("cpu_matmul", "stop", "min_difference", "alpha")
+"""Fields added after evals were measured (cpu_matmul, issue 34; the settled stop, issue 45)."""
+
+
 def _key_before(params: EvalParams) -> str:
-    """The settings key as specdeck computed it before the field existed."""
-    plain = {f.name: to_plain(getattr(params, f.name)) for f in dataclasses.fields(params) if f.name != "cpu_matmul"}
+    """The settings key as specdeck computed it before those fields existed."""
+    plain = {f.name: to_plain(getattr(params, f.name)) for f in dataclasses.fields(params) if f.name not in LATER}
     return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:16]
 
 
