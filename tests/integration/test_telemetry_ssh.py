@@ -35,6 +35,15 @@ def _plan(tmp_path):
     return path
 
 
+def _started(tmp_path) -> tuple:
+    """The plan's train item started detached over SSH: (plan, state, env)."""
+    plan, state = _plan(tmp_path), tmp_path / "state.db"
+    env = {"SPECDECK_STATE": str(state)}
+    res = run_cli("run", plan, "train", "--detach", env=env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return plan, state, env
+
+
 def _status(plan, state) -> dict:
     res = run_cli("status", plan, "--json", env={"SPECDECK_STATE": str(state)}, timeout=60)
     assert res.returncode == 0, res.stderr
@@ -45,10 +54,7 @@ def test_status_json_shows_four_gpus_and_one_stall_alert_over_ssh(sshd_factory, 
     bin_dir = tmp_path / "fakebin"
     fakegpu.install(bin_dir, idle_after=2)
     sshd_factory(1, path_first=bin_dir)
-    plan, state = _plan(tmp_path), tmp_path / "state.db"
-    env = {"SPECDECK_STATE": str(state)}
-    res = run_cli("run", plan, "train", "--detach", env=env, timeout=60)
-    assert res.returncode == 0, res.stderr
+    plan, state, env = _started(tmp_path)
     try:
         doc = _status(plan, state)
         gpu = doc["hosts"]["gpu"]
@@ -87,10 +93,7 @@ def test_status_json_shows_four_gpus_and_one_stall_alert_over_ssh(sshd_factory, 
 
 def test_a_host_without_nvidia_smi_breaks_nothing(sshd_factory, tmp_path):
     sshd_factory(1)  # sshd's own PATH: no nvidia-smi there
-    plan, state = _plan(tmp_path), tmp_path / "state.db"
-    env = {"SPECDECK_STATE": str(state)}
-    res = run_cli("run", plan, "train", "--detach", env=env, timeout=60)
-    assert res.returncode == 0, res.stderr
+    plan, state, env = _started(tmp_path)
     try:
         doc = _status(plan, state)
         gpu = doc["hosts"]["gpu"]
