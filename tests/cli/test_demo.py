@@ -22,7 +22,7 @@ def test_demo_headless_quick_then_reuse(tmp_path):
     first = time.monotonic() - t0
     assert res.returncode == 0, res.stderr[-4000:]
     out = res.stdout
-    assert "| drafter | verdict | macro tau |" in out  # the overall tau table (summary)
+    assert "| drafter | verdict | macro tau (per-request mean) |" in out  # the overall tau table (summary)
     for name in ("v4", "v5", "baseline"):
         assert f"| {name}" in out
     assert "ddtree-16" in out
