@@ -83,16 +83,17 @@ def _weights(drafter: Path) -> tuple[list[str], dict[str, Any]]:
 
 
 def _tau(label: str, comp: Comparison, rows: Sequence[EvalRow], sha256: str) -> list[str]:
-    mine = [d for d in comp.drafters if d.name == label]
+    # the label's own rows and its other harnesses and methods (``v5 ddtree-16``, ``v5 @llama.cpp``)
+    mine = [d for d in comp.drafters if d.name == label or d.name.startswith(label + " ")]
     out = ["## Acceptance length (tau)", "",
            "Each figure comes from the stored eval results named beside it (`specdeck compare` on the "
            "plan shows the same). Aggregations: " + "; ".join(f"{k}: {v}" for k, v in harness.AGGREGATIONS.items()),
            ""]
-    out += ["| measured as | prompts | per-request mean [95% CI] | token-weighted | pooled [95% CI] | rounds | "
-            "results |", "|---|---|---|---|---|---|---|"]
+    out += ["| entry | measured as | prompts | per-request mean [95% CI] | token-weighted | pooled [95% CI] | "
+            "rounds | results |", "|---|---|---|---|---|---|---|---|"]
     for d in mine:
         o = comp.overall_of(d.label)
-        out.append(f"| {measured_note(d)} | {o.prompts} | {_fmt(o.macro, o.macro_ci95)} | "
+        out.append(f"| {d.label} | {measured_note(d)} | {o.prompts} | {_fmt(o.macro, o.macro_ci95)} | "
                    f"{_fmt(o.token_weighted)} | {_fmt(o.pooled, o.pooled_ci95)} | {o.rounds or NOT_MEASURED} | "
                    f"{', '.join('run ' + r for r in d.run_ids)} |")
     labels = {d.label for d in mine}
@@ -154,7 +155,7 @@ def render(label: str, rows: Sequence[EvalRow], drafter: str | Path, *, plan: st
     drafter = Path(drafter)
     if not (drafter / "config.json").is_file():
         raise InvalidInput(f"--drafter {drafter}: no config.json there (a drafter directory)")
-    own = [r for r in rows if r.drafter == label]
+    own = [r for r in rows if r.drafter == label or r.drafter.startswith(label + " ")]
     if not own:
         known = sorted({r.drafter for r in rows if r.role != "baseline"})
         raise InvalidInput(f"plan {plan!r} has no eval results of {label!r}"
@@ -170,7 +171,7 @@ def render(label: str, rows: Sequence[EvalRow], drafter: str | Path, *, plan: st
             f"comes from; what was not measured says so.", ""]
     out += ["## Target", "", f"- base model: {base or NOT_MEASURED}",
             f"- target fingerprint (as the evals recorded it): {_target_fp(own) or NOT_MEASURED}", ""]
-    out += arch + weights + _tau(label, comp, own, w["sha256"]) + _draft_length(own, info["block_size"], cost)
+    out += arch + weights + _tau(label, comp, own, w["sha256"]) + _draft_length([r for r in own if r.drafter == label], info["block_size"], cost)
     out += ["## Training recipe", "", f"{NOT_MEASURED.capitalize()} by this card: no train run is linked to these "
             "weights in the plan's results (config digest, steps, tokens seen and data sources are in the train "
             "run's provenance on its host).", ""]

@@ -3,6 +3,7 @@ locally and ends with a tau table; a second run reuses everything (checks mark i
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 
@@ -59,3 +60,17 @@ def test_demo_headless_quick_then_reuse(tmp_path):
     again = time.monotonic() - t0
     assert res.returncode == 0, res.stderr[-3000:]
     assert again < first / 3, (first, again)
+    # the demo's v5 as a model card (issue 45 §4): its sha256 is the weights the eval measured
+    # (the stripped, relayed drafter on the eval host) and every tau row names its stored run
+    v5_dir = ws / "hosts" / "eval" / "drafters" / "v5"
+    card = run_cli("--state", ws / "state.db", "card", ws / "demo.yaml", "v5", "--drafter", v5_dir,
+                   "--out", tmp_path / "card", "--cost", "1,0.05")
+    assert card.returncode == 0, card.stderr
+    text = (tmp_path / "card" / "README.md").read_text()
+    sha = hashlib.sha256((v5_dir / "model.safetensors").read_bytes()).hexdigest()
+    assert f"sha256: `{sha}`" in text and "recorded other weights" not in text
+    run_ids = {d["run_ids"][0] for d in data["drafters"] if d["label"] in ("v5", "v5 ddtree-16")}
+    tau = text.split("## Acceptance length (tau)")[1].split("## Draft length")[0]
+    rows = [ln for ln in tau.splitlines() if ln.startswith(("| v5 |", "| v5 ddtree-16 |"))]
+    assert len(rows) == 2 and all(any(f"run {r}" in ln for r in run_ids) for ln in rows), (rows, run_ids)
+    assert f"{v5['macro']:.3f}" in text and "best k = " in text

@@ -60,7 +60,7 @@ def test_a_card_traces_every_figure_to_a_stored_result(campaign, tmp_path):
     assert re.search(r"llama\.cpp .*differs", card), card
     # tau: each row of figures names the stored run it comes from; the three aggregations by name
     tau = card.split("## Acceptance length (tau)")[1].split("## Draft length")[0]
-    rows = [line for line in tau.splitlines() if line.startswith("| in-process")]
+    rows = [line for line in tau.splitlines() if line.startswith("| v5 | in-process online")]
     assert rows and all("run run-v5" in line for line in rows), tau
     for name in ("per-request mean", "token-weighted", "pooled"):
         assert name in tau
