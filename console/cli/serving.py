@@ -79,11 +79,16 @@ def cmd_card(args) -> int:
     if out is None:
         print(text)
         return 0
-    out.mkdir(parents=True, exist_ok=True)
+    from core.ml.formats import export_swap
+    from core.ml.formats.runio import atomic_write_text
+
     card = out / "README.md"
-    tmp = out / ".README.md.specdeck-tmp"
-    tmp.write_text(text + "\n")
-    tmp.replace(card)
+    try:  # a private temp file beside it, renamed over README.md (a link there is replaced, not followed)
+        atomic_write_text(card, text + "\n")
+        export_swap.set_own_mode(card, export_swap.FILE_MODE)  # readable by a server, as an export's files
+    except OSError as exc:
+        raise InvalidInput(f"--out {out}: could not write README.md ({exc.strerror or exc}); nothing else "
+                           "there was changed") from None
     print(f"wrote {card}", file=sys.stderr)
     return 0
 

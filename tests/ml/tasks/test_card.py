@@ -83,3 +83,23 @@ def test_card_without_a_cost_or_of_an_unknown_drafter(campaign, tmp_path):
     assert not (tmp_path / "x").exists()
     cost = run_cli("card", campaign["plan"], "v5", "--drafter", campaign["export"], "--cost", "0,1")
     assert cost.returncode == 2 and "--cost 0,1" in cost.stderr
+
+
+def test_a_card_into_a_shared_folder_changes_only_its_readme(campaign, tmp_path):
+    """--out a folder with other people's files and links: README.md (a link there) is replaced
+    by the card, not followed; a temp name's link and what links point to stay as they were."""
+    out, elsewhere = tmp_path / "shared", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    (elsewhere / "theirs.md").write_text("theirs")
+    (elsewhere / "tmp").write_text("tmp")
+    (out / "README.md").symlink_to(elsewhere / "theirs.md")
+    (out / ".README.md.specdeck-tmp").symlink_to(elsewhere / "tmp")
+    (out / "notes.txt").write_text("notes")
+    res = run_cli("card", campaign["plan"], "v5", "--drafter", campaign["export"], "--out", out)
+    assert res.returncode == 0, res.stderr
+    assert (elsewhere / "theirs.md").read_text() == "theirs" and (elsewhere / "tmp").read_text() == "tmp"
+    assert not (out / "README.md").is_symlink() and (out / "README.md").read_text().startswith("---\n")
+    assert oct((out / "README.md").stat().st_mode & 0o777) == "0o644"
+    assert sorted(p.name for p in out.iterdir()) == [".README.md.specdeck-tmp", "README.md", "notes.txt"]
+    assert (out / "notes.txt").read_text() == "notes"
