@@ -211,10 +211,13 @@ def test_the_console_in_headless_chromium(served, chromium, tmp_path):
     t0 = time.monotonic()
     chromium.get(served.url)
     assert chromium.current_url == f"{served.base}/"  # the token left the address bar
+    # the plan's items listed and the item pane drawn, the cursor on the first item: the
+    # browser paints the screen in pieces, so both are waited for (the list alone raced)
     rows = _wait_for(chromium, lambda r: all(i in "\n".join(r) for i in
-                                             ("alpha-item", "beta-item", "gamma-item")),
-                     "the plan's items")
-    assert _item_pane(rows).startswith("alpha-item")  # the cursor on the first item
+                                             ("alpha-item", "beta-item", "gamma-item"))
+                     and _item_pane(r).startswith("alpha-item"),
+                     "the plan's items and the cursor on alpha-item")
+    assert _item_pane(rows).startswith("alpha-item")
     shown = time.monotonic() - t0
 
     chromium.find_element(By.CSS_SELECTOR, ".xterm-helper-textarea").send_keys("j")
