@@ -14,8 +14,10 @@ Uncertainty: a drafter's ``Σ macro`` row carries its verdict against the baseli
 column (▲ better, ▼ worse, ≈ noise: no detectable difference) and each overall row its 95 %
 interval (the last column: zoom the pane to see it). The lines under the title say the
 cursor row drafter's verdict in words, with the interval, prompts and rounds, and what makes
-it incomparable (wrapped, never cut). When anything was sampled the title names the temperatures
-the figures were measured at (``T 0.7``, or ``T 0 / T 0.7`` when entries differ) and a sampled
+it incomparable (wrapped, never cut). The title names the harness that measured the figures
+(``in-process online``; each harness when entries differ, which also flags them), and when
+anything was sampled the temperatures the figures were measured at (``T 0.7``, or
+``T 0 / T 0.7`` when entries differ), and a sampled
 drafter's line its top-p, top-k and seeds per prompt (greedy figures need no mark).
 
 Nothing is cut: each column is as wide as its widest value (a drafter's name, a note), from
@@ -40,8 +42,8 @@ from textual.widgets import DataTable, Static
 
 from console.widgets.acceptance_bars import AcceptanceBars
 from console.widgets.vim import table_keys
-from core.tau.table import (Comparison, family_tag, fmt_ci, fmt_delta, fmt_pct, fmt_tau, mismatch_note,
-                            sampling_note, shown_label)
+from core.tau.table import (Comparison, family_tag, fmt_ci, fmt_delta, fmt_pct, fmt_tau, measured,
+                            mismatch_note, sampling_note, shown_label)
 from core.tau.stats import BETTER, NONE, WORSE
 from core.text import sanitize
 
@@ -271,6 +273,8 @@ class TauPane(Vertical):
             t.append(f"{len(c.drafters)} drafters × {len(c.prompts)} prompts", style="bold")
             if self.step is not None:
                 t.append(f" at step {self.step}", style="bold cyan")
+            harnesses = sorted({(d.measured or measured(d.settings))["harness"] for d in c.drafters})
+            t.append(f"  {' / '.join(harnesses)}", style="cyan")  # what measured them (one line)
             temps = sorted({sampling_note(d).split(",")[0] for d in c.drafters})  # "T 0", "T 0.7"
             if temps != ["T 0"]:  # sampled figures say so (a greedy table stays as it always was)
                 t.append(f"  {' / '.join(temps)}", style="bold magenta")

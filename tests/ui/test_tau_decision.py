@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from console.widgets.tau_table import TauPane
 from core.plans.planfile import load_plan
+from core.tau.table import measured
 from core.state.store import Store
 from tests.ui.conftest import running, settle
 from tests.unit.test_compare_decide import EVALS, WATCHED
@@ -67,4 +68,8 @@ async def test_without_a_decision_the_pane_keeps_its_order_and_its_one_line(tmp_
         assert order == ["train-v5@60", "v5", "baseline", "v4"]
         line = str(tau.query_one("#tau-verdict").render())
         assert line == tau.comparison.overall_of("train-v5@60").verdict_text
+        # the title names what measured the figures (one harness here: every entry's)
+        title = str(tau.query_one("#tau-title").render())
+        harnesses = {measured(d.settings)["harness"] for d in tau.comparison.drafters}
+        assert len(harnesses) == 1 and f"  {harnesses.pop()}  " in title, title
     store.close()
