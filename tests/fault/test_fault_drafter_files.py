@@ -7,7 +7,8 @@ with a value of the wrong type, NaN, Infinity, a number no float holds, an absur
 negative one, a document nested 100,000 levels deep, a missing key; a target config.json with
 the same; a model.safetensors cut short with truncate, emptied, given a header length of 2**40,
 replaced by random bytes; a training checkpoint cut short, empty, random, or safetensors. Every
-entry point runs as a subprocess, as an operator or a host runs it: ``python -m console.cli
+entry point runs as a process of its own (forked from a preloaded interpreter: tests/preloaded.py),
+as an operator or a host runs it: ``python -m console.cli
 engines`` / ``export``, ``python -m core.ml.eval``, ``core.ml.strip``, ``core.ml.extract`` and
 ``core.ml.watcher``.
 """
@@ -21,8 +22,6 @@ import random
 import re
 import shutil
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -33,15 +32,17 @@ from core.ml.formats.safetensors_header import read_header
 from core.text import read_json_file
 from tests.conftest import ROOT
 from tests.fault.conftest import no_traceback
+from tests.preloaded import run_module
 
 torch = pytest.importorskip("torch")
 
 
 def run(*argv, timeout=120):
-    """``python -m ARGV`` from this checkout, as a host or an operator runs it."""
+    """``python -m ARGV`` from this checkout, as a host or an operator runs it: a process of its
+    own, forked from one that imported torch already (tests/preloaded.py), so that each of
+    the hundred hostile files does not pay torch's import again."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    res = subprocess.run([sys.executable, "-m", *map(str, argv)], capture_output=True, text=True,
-                         timeout=timeout, env=env, cwd=ROOT)
+    res = run_module(*argv, timeout=timeout, env=env, cwd=ROOT)
     no_traceback(res)
     return res
 

@@ -8,13 +8,12 @@ and the field named, nothing run) and by the ``python -m core.ml.*`` command lin
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from tests.conftest import ROOT
 from tests.fault.conftest import local_plan, no_traceback, run_cli
+from tests.preloaded import run_module
 
 BIG = "100000000000000000000"  # 10**20: past 64 bits
 SEED = str(2 ** 64)  # torch.manual_seed raises on it
@@ -103,8 +102,8 @@ def test_a_target_config_json_without_a_size_is_named_not_a_crash(tmp_path):
 
 
 def _ml(module: str, *args, cwd):
-    res = subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=cwd, capture_output=True,
-                         text=True, timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    res = run_module(module, *args, cwd=cwd, timeout=120,  # its own process (tests/preloaded.py)
+                     env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     no_traceback(res)
     return res
 
