@@ -22,7 +22,7 @@ hosts:
 items:
   - id: slow
     content: Runs until stopped
-    action: {{kind: shell, host: here, params: {{command: "echo started; exec sleep 60"}}}}
+    action: {{kind: shell, host: here, params: {{command: "echo started; exec sleep {slow_s}"}}}}
   - id: after-slow
     content: Needs what slow makes
     needs: [slow]
@@ -52,10 +52,11 @@ train: {max_steps: 20, batch_size: 1}
 """
 
 
-def _plan(tmp_path: Path):
+def _plan(tmp_path: Path, slow_s: int = 60):
+    """The plan; ``slow`` runs ``slow_s`` seconds (until stopped, for the tests that stop it)."""
     (tmp_path / "train.yaml").write_text(TRAIN_YAML)
     path = tmp_path / "ops.yaml"
-    path.write_text(PLAN.format(root=tmp_path))
+    path.write_text(PLAN.format(root=tmp_path, slow_s=slow_s))
     return load_plan(path)
 
 
@@ -150,7 +151,7 @@ async def test_run_again_checks_needs_as_the_cli_does(tmp_path):
 
 
 async def test_skip_and_done_ask_first_and_u_shows_where_it_undoes(tmp_path):
-    plan = _plan(tmp_path)
+    plan = _plan(tmp_path, slow_s=0)  # `A` below runs slow too: nothing here waits on it
     store = Store(str(tmp_path / "state.db"))
     seen: list = []
     app = build(plan, store)
