@@ -49,6 +49,8 @@ def cmd_compare(args) -> int:
                            hint=f"run an eval item first (`specdeck run {args.plan} ITEM`)")
     comp = build_comparison(rows, [tuple(p) for p in args.pair or ()], decide=plan.decisions,
                             **({"detect": args.detect} if args.detect is not None else {}))
+    if args.arms is not None:
+        return compare_arms(plan, args, comp)
     for why in comp.left_out:  # a NaN or infinite tau in a result: said in every format
         print(f"{plan.name}: {why}", file=sys.stderr)
     advice = draft_lengths(rows, args.cost)
@@ -64,6 +66,39 @@ def cmd_compare(args) -> int:
                   "length k: BASE + PER_TOKEN*k) for the expected speedup at each k and the one to serve")
         for label, a in advice or ():
             print("\n".join(lines(a, f"{label}: ")))
+    return 0
+
+
+def compare_arms(plan, args, comp) -> int:
+    """``compare --arms [LABEL]``: each arm against LABEL (else ``arms.against``) and each
+    other, Holm-corrected (:mod:`core.tau.arms`)."""
+    from core.tau import arms as tau_arms
+
+    if plan.arms is None:
+        raise InvalidInput(f"plan {plan.name!r} declares no arms",
+                           hint="--arms compares a plan's arms: declare them under arms: "
+                                "(plans/README.md, \"Arms\")")
+    against = args.arms or plan.arms.against
+    if not against:
+        raise InvalidInput(f"plan {plan.name!r}: --arms needs the reference drafter",
+                           hint="give it (`--arms v4`) or set arms.against in the plan")
+    taus = tau_arms.per_prompt(comp)
+    if against not in taus:
+        raise InvalidInput(f"--arms {against}: no eval result labelled {against!r} (labels: "
+                           f"{', '.join(taus) or 'none'})", hint="run its eval item first")
+    result = tau_arms.compare_arms(taus, tau_arms.arm_labels(plan), against)
+    if args.json:
+        print(strictjson.dumps(tau_arms.to_dict(result), indent=2))
+    elif args.csv:
+        raise InvalidInput("--arms prints Markdown or --json", hint="drop --csv")
+    else:
+        from console.cli.render import is_terminal, print_markdown_tables
+
+        text = tau_arms.to_markdown(result)
+        if args.markdown or not is_terminal(sys.stdout):
+            print(text, end="")
+        else:
+            print_markdown_tables(text)
     return 0
 
 
@@ -252,6 +287,9 @@ def register(add) -> None:
     sp.add_argument("--cost", metavar="BASE,PER_TOKEN",
                     help="a round's cost in plain target steps at draft length k (BASE + PER_TOKEN*k): "
                          "adds the expected speedup at each k and the draft length to serve")
+    sp.add_argument("--arms", nargs="?", const="", default=None, metavar="LABEL",
+                    help="the plan's arms: each against LABEL (default: arms.against) and each "
+                         "other, paired, verdicts Holm-corrected, each arm's knob beside it")
     sp.add_argument("--pivot", action="store_true",
                     help="per-prompt table as prompts x drafters (baseline first, deltas beside)")
     g = sp.add_mutually_exclusive_group()
