@@ -109,6 +109,20 @@ class ArmSet:
         return tuple(a.name for a in self.arms)
 
 
+ARM_STATES = ("failed", "stopped", "in_progress", "pending", "skipped", "done")
+"""How an arm's items' statuses sum up: the first of these any of them has (an arm is done
+when every item is)."""
+
+
+def arm_state(statuses: list[str]) -> str:
+    """An arm's state from its items' statuses: ``failed`` if any failed, ``stopped``,
+    ``in_progress``, ``pending``, ``skipped`` likewise, ``done`` when all are."""
+    for s in ARM_STATES:
+        if s in statuses:
+            return s
+    return "pending"
+
+
 def _leaves(d: Any, prefix: tuple) -> list[tuple[tuple, Any]]:
     if isinstance(d, dict) and d:
         return [leaf for k, v in d.items() for leaf in _leaves(v, prefix + (str(k),))]
@@ -166,7 +180,11 @@ def expand(loc, error: Error, fields_of: Callable[[Any], list[str] | None]
             del it["arms"]
         return None, {}
     arms = _parse_block(raw, error)
-    if arms is None:
+    if arms is None:  # reported; the templates are read once, as if for an arm named "arm"
+        for i, it in templates.items():
+            it.pop("arms")
+            items[i] = {k: v if k in ("id", "needs", "after") else _substitute(v, "arm")
+                        for k, v in it.items()}
         return None, {}
     names = [a.name for a in arms.arms]
     subsets: dict[str, list[str]] = {}
@@ -188,14 +206,14 @@ def _label(it: dict, i: int) -> str:
 
 
 def _parse_block(raw: Any, error: Error) -> ArmSet | None:
+    for k in raw if isinstance(raw, dict) else ():
+        if k not in ("against", "each"):
+            error(("arms", k), f"arms: unknown key {k!r} (known: against, each)"
+                  + did_you_mean(str(k), ("against", "each")), field_path=("arms", k), key=True)
     if not isinstance(raw, dict) or not isinstance(raw.get("each"), dict) or not raw["each"]:
         error(("arms",), "arms: a mapping {against: LABEL, each: {ARM: {TEMPLATE_ITEM: "
               "{PARAM: VALUE}}}} with at least one arm", field_path=("arms",))
         return None
-    for k in raw:
-        if k not in ("against", "each"):
-            error(("arms", k), f"arms: unknown key {k!r} (known: against, each)",
-                  field_path=("arms", k), key=True)
     against = raw.get("against")
     if against is not None and (not isinstance(against, str) or not against.strip()):
         error(("arms", "against"), f"arms.against: the drafter label each arm is compared "
@@ -349,4 +367,4 @@ def _rewrite(loc, items: list, arms: ArmSet, subsets: dict[str, list[str]]
     return origins
 
 
-__all__ = ["Arm", "ArmSet", "expand", "ARM_ITEM", "ARM_NAME"]
+__all__ = ["Arm", "ArmSet", "arm_state", "expand", "ARM_ITEM", "ARM_NAME"]
