@@ -623,6 +623,12 @@ class SpecdeckApp(App[int]):
         self.query_one(TauPane).set_comparison(msg.comparison, step=msg.step)
         self._apply_layout()
 
+    @on(m.ArmsLoaded)
+    @_until_closed
+    def _arms_loaded(self, msg: m.ArmsLoaded) -> None:
+        self.query_one(PlanPane).set_arm_figures(msg.figures)
+        self.query_one(TauPane).set_arms(msg.comparison)
+
     @on(m.GpuSampled)
     @_until_closed
     def _gpu_sampled(self, msg: m.GpuSampled) -> None:

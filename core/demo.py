@@ -201,13 +201,14 @@ def write_ablation(root: Path, quick: bool, state: str | None = None) -> Path:
 
 def ablation_text(plan, rows: list) -> str:
     """The ablation's result: each arm against ``arms.against`` and each other (Holm)."""
+    from core.plans.arms import arm_labels
     from core.tau import arms
     from core.tau.table import build_comparison
 
     if not rows:
         return ""
     taus = arms.per_prompt(build_comparison(rows))
-    return "\n" + arms.to_markdown(arms.compare_arms(taus, arms.arm_labels(plan),
+    return "\n" + arms.to_markdown(arms.compare_arms(taus, arm_labels(plan),
                                                       plan.arms.against))
 
 

@@ -72,6 +72,7 @@ def cmd_compare(args) -> int:
 def compare_arms(plan, args, comp) -> int:
     """``compare --arms [LABEL]``: each arm against LABEL (else ``arms.against``) and each
     other, Holm-corrected (:mod:`core.tau.arms`)."""
+    from core.plans.arms import arm_labels
     from core.tau import arms as tau_arms
 
     if plan.arms is None:
@@ -86,7 +87,7 @@ def compare_arms(plan, args, comp) -> int:
     if against not in taus:
         raise InvalidInput(f"--arms {against}: no eval result labelled {against!r} (labels: "
                            f"{', '.join(taus) or 'none'})", hint="run its eval item first")
-    result = tau_arms.compare_arms(taus, tau_arms.arm_labels(plan), against)
+    result = tau_arms.compare_arms(taus, arm_labels(plan), against)
     if args.json:
         print(strictjson.dumps(tau_arms.to_dict(result), indent=2))
     elif args.csv:

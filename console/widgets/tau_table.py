@@ -150,6 +150,15 @@ class TauPane(Vertical):
         self._rows: list[_Row] = []
         self._widths: dict[str, int] = dict(COLUMNS)
         self._verdict_shown: str | None = None
+        self.arms = None
+        """The plan's arms compared (:class:`core.tau.arms.ArmsComparison`), None: no arms."""
+
+    def set_arms(self, arms) -> None:
+        """Each arm against the reference and each other, Holm-corrected: the lines under
+        the title name the cursor row's arm's comparisons (:meth:`verdict_line`)."""
+        self.arms = arms
+        if self.comparison is not None:
+            self._title()
 
     def compose(self) -> ComposeResult:
         yield Static("no eval results yet", id="tau-title")
@@ -313,6 +322,12 @@ class TauPane(Vertical):
         else:
             t.append(f"{o.drafter}: macro {fmt_tau(o.macro)} (95 % CI {fmt_ci(o.macro_ci95)}), "
                      f"{o.prompts} prompts, {o.rounds or '–'} rounds", style="italic")
+        for p in self.arms.pairs if self.arms is not None else ():
+            if row.drafter in (p.a, p.b):
+                knob = "; ".join(p.knob_a)
+                t.append(f"\narm {p.a}" + (f" ({knob})" if knob else "") + ": ", style="bold")
+                t.append(sanitize(p.text()), style=MARKS.get(p.verdict, ("", ""))[1]
+                         if p.verdict != NONE else "")
         return t
 
     def _chart(self) -> None:

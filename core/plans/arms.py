@@ -149,6 +149,18 @@ def _substitute(value: Any, arm: str) -> Any:
     return value
 
 
+def arm_labels(plan) -> list[tuple[str, str, tuple]]:
+    """``(arm, the label its eval item gives its drafter, its knob)`` per arm of ``plan`` (a
+    :class:`core.plans.plan.Plan` with arms); an arm without an eval item is left out."""
+    out = []
+    for arm in plan.arms.arms:
+        evals = [it for it in plan.arm_items(arm.name) if it.action and it.action.kind == "eval"]
+        if evals:
+            params = evals[0].action.params
+            out.append((arm.name, params.label or params.drafter, arm.knob))
+    return out
+
+
 Error = Callable[..., None]
 """``error(path, message, item=..., field_path=..., key=...)``: the plan validator's."""
 
@@ -367,4 +379,4 @@ def _rewrite(loc, items: list, arms: ArmSet, subsets: dict[str, list[str]]
     return origins
 
 
-__all__ = ["Arm", "ArmSet", "arm_state", "expand", "ARM_ITEM", "ARM_NAME"]
+__all__ = ["Arm", "ArmSet", "arm_labels", "arm_state", "expand", "ARM_ITEM", "ARM_NAME"]

@@ -71,18 +71,6 @@ class ArmsComparison:
         return sum(p.p_value is not None for p in self.pairs)
 
 
-def arm_labels(plan) -> list[tuple[str, str, tuple]]:
-    """``(arm, the label its eval item gives its drafter, its knob)`` per arm of ``plan`` (a
-    :class:`core.plans.plan.Plan` with arms); an arm without an eval item is left out."""
-    out = []
-    for arm in plan.arms.arms:
-        evals = [it for it in plan.arm_items(arm.name) if it.action and it.action.kind == "eval"]
-        if evals:
-            params = evals[0].action.params
-            out.append((arm.name, params.label or params.drafter, arm.knob))
-    return out
-
-
 def per_prompt(comp) -> dict[str, dict[str, float]]:
     """``{drafter label: {prompt: tau}}`` from a :class:`core.tau.table.Comparison`."""
     out: dict[str, dict[str, float]] = {}
@@ -98,7 +86,8 @@ def compare_arms(taus: dict[str, dict[str, float]], arms: Sequence[tuple[str, st
 
     Args:
         taus: per drafter label, its tau per prompt (:func:`per_prompt`).
-        arms: ``(arm name, its drafter label, its knob)`` in the plan's order.
+        arms: ``(arm name, its drafter label, its knob)`` in the plan's order
+            (:func:`core.plans.arms.arm_labels`).
         against: the reference drafter's label.
         seed: the permutation test's seed.
     """
@@ -171,4 +160,4 @@ def _num(x: float | None) -> str:
     return "–" if x is None else f"{x:.3f}"
 
 
-__all__ = ["ArmPair", "ArmsComparison", "arm_labels", "compare_arms", "per_prompt", "to_markdown", "to_dict"]
+__all__ = ["ArmPair", "ArmsComparison", "compare_arms", "per_prompt", "to_markdown", "to_dict"]
