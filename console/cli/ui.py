@@ -114,7 +114,8 @@ def cmd_demo(args) -> int:
     from core.session import run_in_session
 
     quick = bool(args.quick)
-    root, plan_path, state = open_workspace(args.dir, quick, args.state, ablation=args.ablation)
+    ablation = bool(getattr(args, "ablation", False))  # (a Namespace built by hand may lack it)
+    root, plan_path, state = open_workspace(args.dir, quick, args.state, ablation=ablation)
     plan = load_plan(plan_path)
     err(f"demo workspace: {root}\nplan: {plan_path}\nstate: {state}")
     if not args.headless and sys.stdout.isatty():
@@ -127,7 +128,7 @@ def cmd_demo(args) -> int:
     dt = time.monotonic() - t0
     cmd_status(argparse.Namespace(plan=str(plan_path), state=state, json=False,
                                   no_reconcile=True))
-    sys.stdout.write(ablation_text(plan, rows) if args.ablation else results_text(rows, over))
+    sys.stdout.write(ablation_text(plan, rows) if ablation else results_text(rows, over))
     err(f"\ndemo wall time: {dt:.0f} s ({'quick' if quick else 'full'})")
     err(f"next: `specdeck ui {plan_path}` or `specdeck compare {plan_path}` "
         f"(the plan records its state: {state})")
