@@ -84,6 +84,8 @@ class Services:
         self.flush_logs = flush_logs
         """Posts a run's lines the bridge still holds (they are stored already)."""
         self._tau_signature: tuple | None = None
+        self._arms_cache: tuple | None = None
+        """(eval rows' signature, their comparison, the arms compared): :meth:`_load_arms`."""
 
     # -- session -------------------------------------------------------------------------
     async def open_session(self, *, reconcile: bool = True) -> "list[Run]":
@@ -298,7 +300,7 @@ class Services:
         rows = self.session.eval_rows()
         signature = (len(rows), max((r.id for r in rows), default=0), step)
         if self.session.plan.arms is not None:
-            self._load_arms(rows)
+            self._load_arms(rows, signature[:2])
         if signature == self._tau_signature and not force:
             return
         if step is not None:
@@ -306,19 +308,28 @@ class Services:
         self._tau_signature = signature
         self.post(m.TauLoaded(build_comparison(rows, decide=self.session.plan.decisions), step))
 
-    def _load_arms(self, rows) -> None:
+    async def load_arms(self) -> None:
+        """The arms' lines again (a loss arrived): :meth:`_load_arms`."""
+        rows = self.session.eval_rows()
+        self._load_arms(rows, (len(rows), max((r.id for r in rows), default=0)))
+
+    def _load_arms(self, rows, signature: tuple) -> None:
         """Each arm's state, loss and tau, and the arms compared (Holm): every load of tau
-        (a run's end, a reload), whether or not the eval rows changed (a loss did)."""
+        (a run's end, a reload), whether or not the eval rows changed (a loss did); the
+        comparison is built again only when they did."""
         from core.plans.arms import arm_labels
         from core.tau import arms
 
         plan = self.session.plan
-        comp = build_comparison(rows) if rows else None
-        result = None
-        if comp is not None and plan.arms.against:
-            taus = arms.per_prompt(comp)
-            if plan.arms.against in taus:
-                result = arms.compare_arms(taus, arm_labels(plan), plan.arms.against)
+        if self._arms_cache is None or self._arms_cache[0] != signature:
+            comp = build_comparison(rows) if rows else None
+            result = None
+            if comp is not None and plan.arms.against:
+                taus = arms.per_prompt(comp)
+                if plan.arms.against in taus:
+                    result = arms.compare_arms(taus, arm_labels(plan), plan.arms.against)
+            self._arms_cache = (signature, comp, result)
+        _, comp, result = self._arms_cache
         self.post(m.ArmsLoaded(arm_figures(plan, self.statuses(), self.store, comp), result))
 
     async def load_journal(self) -> None:

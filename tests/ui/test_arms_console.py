@@ -5,6 +5,7 @@ overlays every arm's run of the selected template."""
 
 from __future__ import annotations
 
+from console import messages as m
 from console.widgets.metrics_pane import MetricsPane
 from console.widgets.plan_list import PlanPane
 from console.widgets.tau_table import TauPane
@@ -97,4 +98,13 @@ async def test_arms_are_grouped_with_state_loss_tau_and_knob(tmp_path):
         line = str(tau.query_one("#tau-verdict").render())
         assert "arm taps (command=train --fc-layers taps): taps is better than v4" in line
         assert "Holm p = 0.006" in line and "noise is worse than taps" in line
+        # a loss logged by an arm's run: its line shows it within a second (no run's end needed)
+        store.add_metrics("train[noise]-0101-01", [(500, "loss", 0.123)])
+        app.post_message(m.LogLinesArrived("train[noise]", "train[noise]-0101-01",
+                                           ['{"step": 500, "loss": 0.123}']))
+        for _ in range(30):
+            await pilot.pause(0.1)
+            if "loss 0.123" in str(opts.get_option("arm:noise").prompt):
+                break
+        assert "loss 0.123" in str(opts.get_option("arm:noise").prompt)
     store.close()
