@@ -157,9 +157,23 @@ WHERE_KEYS = ("out_dir", "out", "resume")
 """Top-level config keys that say where a run wrote or what it resumed from."""
 
 
+def _arm_train_item(plan, name: str) -> str:
+    """An arm's name (``diff PLAN noise taps``): its item that records a config (its train
+    item); anything else as given."""
+    if plan.arms is None or name not in plan.arms.names or any(it.id == name for it in plan.items):
+        return name
+    trains = [it.id for it in plan.arm_items(name) if it.action and it.action.kind == "train"]
+    if len(trains) != 1:
+        raise InvalidInput(f"arm {name!r} has {len(trains) or 'no'} train items: name the item "
+                           f"({', '.join(it.id for it in plan.arm_items(name))})")
+    return trains[0]
+
+
 def _diff_side(session, spec: str) -> tuple[str, dict]:
-    """``ITEM`` (its latest run with a recorded config) or ``ITEM#N`` (attempt N)."""
+    """``ITEM`` (its latest run with a recorded config), ``ITEM#N`` (attempt N) or an arm's
+    name (its train item)."""
     item, _, attempt = spec.partition("#")
+    item = _arm_train_item(session.plan, item)
     session.plan.item(item)
     runs = [r for r in session.runs_of(item) if r.config]
     if attempt:
@@ -301,7 +315,7 @@ def register(add) -> None:
     sp = add("diff", cmd_diff, "every difference between two train runs' resolved configs")
     sp.add_argument("plan")
     sp.add_argument("item_a", metavar="ITEM[#N]", help="an item (its latest run) or ITEM#N, "
-                    "its Nth attempt")
+                    "its Nth attempt; or an arm's name (its train item: `diff PLAN noise taps`)")
     sp.add_argument("item_b", metavar="ITEM[#N]", help="the other run, the same way")
     sp.add_argument("--json", action="store_true")
     sp = add("metrics", cmd_metrics, "a run's stored curves: CSV, JSON lines or a summary",

@@ -61,6 +61,9 @@ _SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 ARM_REF = "${arm}"
 """Replaced by the arm's name in a template's strings."""
 ALL = "all"
+MAX_EXPANDED = 20_000
+"""Most items expansion may make (arms x template items): an ablation has a handful of arms,
+and a plan that would expand to more is refused before a copy is made."""
 
 
 @dataclass(frozen=True)
@@ -192,12 +195,8 @@ def expand(loc, error: Error, fields_of: Callable[[Any], list[str] | None]
             del it["arms"]
         return None, {}
     arms = _parse_block(raw, error)
-    if arms is None:  # reported; the templates are read once, as if for an arm named "arm"
-        for i, it in templates.items():
-            it.pop("arms")
-            items[i] = {k: v if k in ("id", "needs", "after") else _substitute(v, "arm")
-                        for k, v in it.items()}
-        return None, {}
+    if arms is None:  # reported
+        return _unexpanded(items, templates)
     names = [a.name for a in arms.arms]
     subsets: dict[str, list[str]] = {}
     for i, it in templates.items():
@@ -207,9 +206,25 @@ def expand(loc, error: Error, fields_of: Callable[[Any], list[str] | None]
         subsets[tid] = _subset(it.pop("arms"), names, ("items", i, "arms"), tid, error)
     for i, it in templates.items():
         it.pop("arms", None)
+    made = sum(len(s) for s in subsets.values())
+    if made > MAX_EXPANDED:
+        error(("arms", "each"), f"{len(names)} arms x {len(subsets)} template items would make "
+              f"{made:,} items; a plan's arms make at most {MAX_EXPANDED:,}",
+              field_path=("arms", "each"))
+        return _unexpanded(items, templates)
     arms = _checked_changes(arms, items, subsets, error, fields_of)
     origins = _rewrite(loc, items, arms, subsets)
     return ArmSet(arms.arms, arms.against, tuple(subsets)), origins
+
+
+def _unexpanded(items: list, templates: dict[int, dict]) -> tuple[None, dict]:
+    """Arms refused (and reported): each template is read once, as if for an arm named
+    ``arm``, so its other problems are reported and ``${arm}`` is not one of them."""
+    for i, it in templates.items():
+        it.pop("arms", None)
+        items[i] = {k: v if k in ("id", "needs", "after") else _substitute(v, "arm")
+                    for k, v in it.items()}
+    return None, {}
 
 
 def _label(it: dict, i: int) -> str:

@@ -104,6 +104,18 @@ def test_bad_arm_blocks_and_template_lists_are_refused_with_positions():
     assert any("arm name 'b[x]' must be a slug" in i.message for i in issues), issues
 
 
+def test_a_plan_that_would_expand_to_too_many_items_is_refused_before_expanding():
+    from core.plans import arms
+
+    each = "".join(f"    x{i}: {{}}\n" for i in range(arms.MAX_EXPANDED // 2 + 1))
+    issues = _issues(PLAN.replace("    a: {work: {command: echo a-changed}}\n    b:\n", each)
+                     .replace("arms: [a, c]", "arms: all")
+                     .replace("    c: {work: {command: echo c-changed}, check: {creates: c.txt}}\n", ""))
+    assert [(i.line, i.message) for i in issues] == [
+        (7, "10001 arms x 2 template items would make 20,002 items; a plan's arms make at most "
+            "20,000")]
+
+
 def test_an_id_with_brackets_is_only_made_by_expansion():
     issues = _issues(PLAN.replace("- id: prep", '- id: "prep[x]"').replace("needs: [prep]",
                                                                         'needs: ["prep[x]"]'))

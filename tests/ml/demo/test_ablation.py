@@ -75,3 +75,5 @@ def test_ablation_runs_end_to_end_and_compares_the_arms_against_v4(workspace):
     res = run_cli("diff", workspace, "train[noise]", "train[taps]", "--json")
     assert res.returncode == 0, res.stderr
     assert set(json.loads(res.stdout)) == {"noise.target", "fc_layers"}
+    by_arm = run_cli("diff", workspace, "noise", "taps", "--json")  # the arms by name
+    assert by_arm.returncode == 0 and json.loads(by_arm.stdout) == json.loads(res.stdout)
