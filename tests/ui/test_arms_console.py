@@ -90,6 +90,11 @@ async def test_arms_are_grouped_with_state_loss_tau_and_knob(tmp_path):
         tau = app.query_one(TauPane)
         assert [(p.a, p.b) for p in tau.arms.pairs] == [("noise", "v4"), ("taps", "v4"),
                                                         ("noise", "taps")]
+        notes = {r.drafter: str(tau.table.get_row(r.key)[5]) for r in tau.ordered_rows
+                 if r.prompt == "Σ macro"}
+        assert notes["taps"] == "▲ better vs v4 (Holm) · command=train --fc-layers taps"
+        assert notes["noise"] == "▲ better vs v4 (Holm) · command=train --noise fc_input"
+        assert "v4" not in notes or notes["v4"] == ""  # the reference: no verdict of its own
         rows = [r.drafter for r in tau.ordered_rows]
         table = tau.query_one("#tau-table")
         table.focus()
