@@ -170,7 +170,8 @@ Error = Callable[..., None]
 
 def expand(loc, error: Error, fields_of: Callable[[Any], list[str] | None]
            ) -> tuple[ArmSet | None, dict[int, tuple[str, str]]]:
-    """Expand ``loc.data``'s template items in place (and move their positions with them).
+    """Expand ``loc.data``'s template items (``loc.data`` becomes a copy with the expanded
+    items; their positions move with them).
 
     Args:
         loc: the plan's located values (``data``, ``key_marks``, ``value_marks``).
@@ -186,6 +187,11 @@ def expand(loc, error: Error, fields_of: Callable[[Any], list[str] | None]
     if not isinstance(items, list):
         return None, {}
     raw = data.get("arms")
+    if raw is None and not any(isinstance(it, dict) and "arms" in it for it in items):
+        return None, {}
+    # expanded on a copy: values built in memory (an import) stay as their caller made them
+    loc.data = data = {**data, "items": copy.deepcopy(items)}
+    items = data["items"]
     templates = {i: it for i, it in enumerate(items) if isinstance(it, dict) and "arms" in it}
     if raw is None:
         for i, it in templates.items():

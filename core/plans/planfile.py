@@ -283,6 +283,7 @@ def _plan_of(loc: _Located, path: Path | None) -> Plan:
     _check_keys(v, data, (), ("name", "hosts", "vars", "items", "state", "telemetry", "notify",
                               "arms"))
     arm_set, v.origins = arms.expand(loc, v.error, _param_names)
+    data = loc.data  # (the expanded items)
     state = _parse_state(v, data.get("state"))
     telemetry = _parse_telemetry(v, data.get("telemetry"))
     notify = _parse_notify(v, data.get("notify"))

@@ -164,3 +164,17 @@ def test_the_arms_family_is_holm_corrected_and_each_interval_matches_its_verdict
     assert lone.verdict == stats.BETTER and first[("odd", "base")].verdict == stats.NONE
     text = tau_arms.to_markdown(c)
     assert "| big | lr=1 |" in text and "not evaluated yet (left out of the family): gone" in text
+
+
+def test_values_built_in_memory_are_expanded_on_a_copy():
+    import copy
+
+    import yaml
+
+    from core.plans.planfile import plan_from_data
+
+    data = yaml.safe_load(PLAN)
+    before = copy.deepcopy(data)
+    plan = plan_from_data(data, PLAN, "abl.yaml")
+    assert [it.id for it in plan.items][:3] == ["prep", "work[a]", "work[b]"]
+    assert data == before  # what the caller will write is what it built
