@@ -169,6 +169,9 @@ class SpecdeckApp(App[int]):
         self.tau_step: int | None = None
         """The training step the tau pane is filtered to (None: every eval result)."""
         self._metrics_dirty = False
+        self._arm_items = {it.id for it in self.plan.items if it.arm}
+        """Items run for an arm: their log lines (a loss) redraw the arms' lines."""
+        self._arms_dirty = False
         self._started = False
         self._main_screen: Screen | None = None
         self._opening = True
@@ -442,6 +445,9 @@ class SpecdeckApp(App[int]):
     def _refresh_metrics_if_dirty(self) -> None:
         if self._metrics_dirty:
             self._load_metrics()
+        if self._arms_dirty:
+            self._arms_dirty = False
+            self._work(self.services.load_arms, "arms", "arms", exclusive=True)
 
     # -- widgets -> app ------------------------------------------------------------------
     @on(PlanPane.ItemSelected)
@@ -543,6 +549,8 @@ class SpecdeckApp(App[int]):
         self.query_one(LogPane).append(msg.run_id, msg.lines, msg.dropped)
         if msg.item_id == self.selected or msg.run_id in self._metrics_runs:
             self._metrics_dirty = True
+        if msg.item_id in self._arm_items:
+            self._arms_dirty = True
 
     @on(m.LogStreamChanged)
     @_until_closed
@@ -622,6 +630,12 @@ class SpecdeckApp(App[int]):
         self.tau_step = msg.step
         self.query_one(TauPane).set_comparison(msg.comparison, step=msg.step)
         self._apply_layout()
+
+    @on(m.ArmsLoaded)
+    @_until_closed
+    def _arms_loaded(self, msg: m.ArmsLoaded) -> None:
+        self.query_one(PlanPane).set_arm_figures(msg.figures)
+        self.query_one(TauPane).set_arms(msg.comparison)
 
     @on(m.GpuSampled)
     @_until_closed

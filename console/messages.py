@@ -149,6 +149,16 @@ class TauLoaded(Message):
 
 
 @dataclass
+class ArmsLoaded(Message):
+    """Each arm's figures and the arms compared (a plan with ``arms:``)."""
+
+    figures: dict
+    """``{arm: {"state", "done", "items", "loss", "tau", "knob"}}`` (:func:`console.services.arm_figures`)."""
+    comparison: Any = None
+    """A :class:`core.tau.arms.ArmsComparison` (None: no reference drafter measured yet)."""
+
+
+@dataclass
 class GpuSampled(Message):
     host: str
     gpus: list[dict] | None

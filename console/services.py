@@ -39,6 +39,31 @@ GPU_HISTORY = 24
 """Samples of each GPU's utilisation sent with a sample (the GPUs pane's sparkline)."""
 
 
+def arm_figures(plan, statuses: dict[str, str], store, comp) -> dict[str, dict]:
+    """Per arm of ``plan``: its state (:func:`core.plans.arms.arm_state`), items done, its
+    latest loss (the last ``loss`` point of the latest run of its last item that logs one:
+    its train item) and its drafter's macro tau (``comp``, the tau table of every stored
+    result)."""
+    from core.plans.arms import arm_labels, arm_state
+
+    labels = {name: label for name, label, _ in arm_labels(plan)}
+    macro = {o.drafter: o.macro for o in comp.overall} if comp is not None else {}
+    out = {}
+    for arm in plan.arms.arms:
+        items = plan.arm_items(arm.name)
+        loss = None
+        for it in items:
+            run = store.latest_run(it.id) if it.action else None
+            points = store.metric_series(run.id, "loss") if run else []
+            if points:
+                loss = points[-1][1]
+        states = [statuses.get(it.id, "pending") for it in items]
+        out[arm.name] = {"state": arm_state(states), "done": states.count("done"),
+                         "items": len(items), "loss": loss, "knob": arm.knob,
+                         "tau": macro.get(labels.get(arm.name))}
+    return out
+
+
 class Services:
     """The console's view of core: one instance per app, used only from its loop.
 
@@ -59,6 +84,8 @@ class Services:
         self.flush_logs = flush_logs
         """Posts a run's lines the bridge still holds (they are stored already)."""
         self._tau_signature: tuple | None = None
+        self._arms_cache: tuple | None = None
+        """(eval rows' signature, their comparison, the arms compared): :meth:`_load_arms`."""
 
     # -- session -------------------------------------------------------------------------
     async def open_session(self, *, reconcile: bool = True) -> "list[Run]":
@@ -232,6 +259,7 @@ class Services:
         if item_id:
             own = [r for r in self.session.runs_of(item_id) if r.id not in pinned]
             runs += own[-OVERLAY_RUNS:]
+            runs += self._sibling_arm_runs(item_id, {r.id for r in runs})
         out = []
         for r in runs:
             names = self.store.metric_names(r.id)
@@ -248,6 +276,20 @@ class Services:
                         "times": times})
         self.post(m.MetricsLoaded(item_id, out))
 
+    def _sibling_arm_runs(self, item_id: str, have: set[str]) -> list[Run]:
+        """An arm's item (``train[noise]``): the latest run of the same template's item of
+        every other arm, so the curves pane overlays the arms (loss, tau over training)."""
+        item = self.session.plan.item(item_id)
+        if item.template is None:
+            return []
+        out = []
+        for other in self.session.plan.items:
+            if other.template == item.template and other.id != item_id:
+                run = self.session.latest_run(other.id)
+                if run is not None and run.id not in have:
+                    out.append(run)
+        return out
+
     async def load_tau(self, *, force: bool = False, step: int | None = None) -> None:
         """The comparison of every eval result in the store (posted only when rows changed).
 
@@ -257,12 +299,38 @@ class Services:
         """
         rows = self.session.eval_rows()
         signature = (len(rows), max((r.id for r in rows), default=0), step)
+        if self.session.plan.arms is not None:
+            self._load_arms(rows, signature[:2])
         if signature == self._tau_signature and not force:
             return
         if step is not None:
             rows = at_step(rows, step)
         self._tau_signature = signature
         self.post(m.TauLoaded(build_comparison(rows, decide=self.session.plan.decisions), step))
+
+    async def load_arms(self) -> None:
+        """The arms' lines again (a loss arrived): :meth:`_load_arms`."""
+        rows = self.session.eval_rows()
+        self._load_arms(rows, (len(rows), max((r.id for r in rows), default=0)))
+
+    def _load_arms(self, rows, signature: tuple) -> None:
+        """Each arm's state, loss and tau, and the arms compared (Holm): every load of tau
+        (a run's end, a reload), whether or not the eval rows changed (a loss did); the
+        comparison is built again only when they did."""
+        from core.plans.arms import arm_labels
+        from core.tau import arms
+
+        plan = self.session.plan
+        if self._arms_cache is None or self._arms_cache[0] != signature:
+            comp = build_comparison(rows) if rows else None
+            result = None
+            if comp is not None and plan.arms.against:
+                taus = arms.per_prompt(comp)
+                if plan.arms.against in taus:
+                    result = arms.compare_arms(taus, arm_labels(plan), plan.arms.against)
+            self._arms_cache = (signature, comp, result)
+        _, comp, result = self._arms_cache
+        self.post(m.ArmsLoaded(arm_figures(plan, self.statuses(), self.store, comp), result))
 
     async def load_journal(self) -> None:
         events = self.store.events()

@@ -158,6 +158,60 @@ def demo_plan(root: Path, quick: bool) -> dict:
     return {"name": "demo", "hosts": hosts, "items": items}
 
 
+ABLATION = ROOT / "plans" / "ablation.yaml"
+"""The shipped 3-arm ablation of v5's fixes (``specdeck demo --ablation`` runs it here)."""
+ABLATION_STATE = "ablation.db"
+
+
+def ablation_plan(root: Path, quick: bool) -> dict:
+    """plans/ablation.yaml on this workspace's hosts (this interpreter), with the demo's
+    step counts and prompts for ``quick``: its arms and items as shipped."""
+    doc = yaml.safe_load(ABLATION.read_text())
+    demo = demo_plan(root, quick)
+    _, steps, limit = demo_overrides(quick)
+    doc["hosts"] = demo["hosts"]
+    for it in doc["items"]:
+        action = it.get("action") or {}
+        params = action.get("params") or {}
+        if it["id"] == "make-target":
+            params["command"] = demo["items"][0]["action"]["params"]["command"]
+        if action.get("kind") == "train":
+            params["overrides"].update({"train.max_steps": steps,
+                                        "train.checkpoint_every": steps // 2})
+        if action.get("kind") == "eval":
+            params["limit"] = limit
+    return doc
+
+
+def write_ablation(root: Path, quick: bool, state: str | None = None) -> Path:
+    """Write the demo workspace and ``ablation.yaml`` in it (state: ``ablation.db`` beside
+    it unless ``state``); return the plan's path. The shared items find the demo's target and
+    features when the demo ran there (their ``check()``), and build them otherwise."""
+    write_workspace(root, quick)
+    doc = {"name": "ablation", "state": state or ABLATION_STATE,
+           **{k: v for k, v in ablation_plan(root, quick).items() if k != "name"}}
+    text = ("# The 3-arm ablation of v5's fixes (written by `specdeck demo --ablation` from "
+            "plans/ablation.yaml\n# with this workspace's hosts; edit freely).\n"
+            + yaml.safe_dump(doc, sort_keys=False, width=100))
+    plan = root / "ablation.yaml"
+    if not plan.exists() or plan.read_text() != text:
+        plan.write_text(text)
+    return plan
+
+
+def ablation_text(plan, rows: list) -> str:
+    """The ablation's result: each arm against ``arms.against`` and each other (Holm)."""
+    from core.plans.arms import arm_labels
+    from core.tau import arms
+    from core.tau.table import build_comparison
+
+    if not rows:
+        return ""
+    taus = arms.per_prompt(build_comparison(rows))
+    return "\n" + arms.to_markdown(arms.compare_arms(taus, arm_labels(plan),
+                                                      plan.arms.against))
+
+
 def write_workspace(root: Path, quick: bool, state: str | None = None) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     (root / "train").mkdir(exist_ok=True)
@@ -181,14 +235,17 @@ def write_workspace(root: Path, quick: bool, state: str | None = None) -> Path:
     return plan
 
 
-def open_workspace(directory: str | None, quick: bool, state: str | None = None
-                   ) -> tuple[Path, Path, str]:
+def open_workspace(directory: str | None, quick: bool, state: str | None = None, *,
+                   ablation: bool = False) -> tuple[Path, Path, str]:
     """Write (or refresh) the demo workspace; return its root, its plan file and the state
-    database it uses (``state``, else ``$SPECDECK_STATE``, else ``ROOT/state.db``)."""
+    database it uses (``state``, else ``$SPECDECK_STATE``, else ``ROOT/state.db``;
+    ``ablation``: the ablation's plan, ``ROOT/ablation.db``)."""
     root = Path(directory or "specdeck-demo").resolve()
     chosen = state or os.environ.get("SPECDECK_STATE")
-    path = str(Path(chosen).resolve()) if chosen else str(root / "state.db")
-    return root, write_workspace(root, quick, path if chosen else None), path
+    path = str(Path(chosen).resolve()) if chosen else str(
+        root / (ABLATION_STATE if ablation else "state.db"))
+    write = write_ablation if ablation else write_workspace
+    return root, write(root, quick, path if chosen else None), path
 
 
 async def run_campaign(session) -> tuple[dict, list, dict]:

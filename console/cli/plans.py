@@ -36,7 +36,27 @@ def cmd_validate(args) -> int:
     manual = sum(1 for it in plan.items if it.manual)
     print(f"{args.plan}: ok: plan {plan.name!r}, {len(plan.items)} items "
           f"({manual} manual), {len(plan.hosts)} hosts, kinds: {', '.join(kinds) or 'none'}")
+    if plan.arms:
+        print(f"  arms: {len(plan.arms.arms)} ({', '.join(plan.arms.names)}), each runs "
+              f"{', '.join(plan.arms.templates)}" + (f"; compared with {plan.arms.against}"
+                                                    if plan.arms.against else ""))
+        for arm in plan.arms.arms:
+            print(sanitize(f"  {arm.name}: {', '.join(it.id for it in plan.arm_items(arm.name))}"
+                           f" ({'; '.join(arm.knob) or 'changes nothing'})"))
     return 0
+
+
+def arm_rows(plan, st: dict[str, str]) -> list[dict]:
+    """Per arm: its name, knob, items, how many are done and its state (status)."""
+    from core.plans.arms import arm_state
+
+    out = []
+    for arm in plan.arms.arms if plan.arms else ():
+        ids = [it.id for it in plan.arm_items(arm.name)]
+        out.append({"arm": arm.name, "knob": list(arm.knob), "items": ids,
+                    "done": sum(st[i] == "done" for i in ids),
+                    "state": arm_state([st[i] for i in ids])})
+    return out
 
 
 def cmd_status(args) -> int:
@@ -58,6 +78,7 @@ def cmd_status(args) -> int:
         out = {"plan": plan.name, "items": [{
             "id": it.id, "content": it.content, "priority": it.priority, "status": st[it.id],
             "needs": list(it.needs),
+            **({"arm": it.arm, "template": it.template} if it.arm else {}),
             "action": ({"kind": it.action.kind, "host": it.action.host,
                         "params": params_summary(it)} if it.action else None),
             "run": _run_json(latest.get(it.id)),
@@ -65,7 +86,7 @@ def cmd_status(args) -> int:
                else {})} for it in plan.items],
             "alerts": [{"item": a.item_id, "run": a.run_id, "at": a.at,
                         "message": a.message} for a in alerts],
-            "hosts": seen.hosts}
+            "hosts": seen.hosts, **({"arms": arm_rows(plan, st)} if plan.arms else {})}
         print(strictjson.dumps(out, indent=2))
         return 0
     for c in changes:
@@ -94,6 +115,9 @@ def cmd_status(args) -> int:
           title=f"plan {plan.name} ({plan.path})", styles=[st[it.id] for it in plan.items],
           wrap={4}, fit=True, ids={1}, drop=(2, 4, 3, 5),
           more="a wider terminal, --json or a pipe (one whole row per item) shows them")
+    for a in arm_rows(plan, st):
+        print(sanitize(f"  arm {a['arm']}: {GLYPHS[a['state']]} {a['state']}, {a['done']}/"
+                       f"{len(a['items'])} done ({'; '.join(a['knob']) or 'changes nothing'})"))
     for it in plan.items:
         if watchers.get(it.id):
             print(sanitize(f"  tau watch {it.id}: {describe_watcher(watchers[it.id])}"))

@@ -49,6 +49,8 @@ def cmd_compare(args) -> int:
                            hint=f"run an eval item first (`specdeck run {args.plan} ITEM`)")
     comp = build_comparison(rows, [tuple(p) for p in args.pair or ()], decide=plan.decisions,
                             **({"detect": args.detect} if args.detect is not None else {}))
+    if args.arms is not None:
+        return compare_arms(plan, args, comp)
     for why in comp.left_out:  # a NaN or infinite tau in a result: said in every format
         print(f"{plan.name}: {why}", file=sys.stderr)
     advice = draft_lengths(rows, args.cost)
@@ -64,6 +66,40 @@ def cmd_compare(args) -> int:
                   "length k: BASE + PER_TOKEN*k) for the expected speedup at each k and the one to serve")
         for label, a in advice or ():
             print("\n".join(lines(a, f"{label}: ")))
+    return 0
+
+
+def compare_arms(plan, args, comp) -> int:
+    """``compare --arms [LABEL]``: each arm against LABEL (else ``arms.against``) and each
+    other, Holm-corrected (:mod:`core.tau.arms`)."""
+    from core.plans.arms import arm_labels
+    from core.tau import arms as tau_arms
+
+    if plan.arms is None:
+        raise InvalidInput(f"plan {plan.name!r} declares no arms",
+                           hint="--arms compares a plan's arms: declare them under arms: "
+                                "(plans/README.md, \"Arms\")")
+    against = args.arms or plan.arms.against
+    if not against:
+        raise InvalidInput(f"plan {plan.name!r}: --arms needs the reference drafter",
+                           hint="give it (`--arms v4`) or set arms.against in the plan")
+    taus = tau_arms.per_prompt(comp)
+    if against not in taus:
+        raise InvalidInput(f"--arms {against}: no eval result labelled {against!r} (labels: "
+                           f"{', '.join(taus) or 'none'})", hint="run its eval item first")
+    result = tau_arms.compare_arms(taus, arm_labels(plan), against)
+    if args.json:
+        print(strictjson.dumps(tau_arms.to_dict(result), indent=2))
+    elif args.csv:
+        raise InvalidInput("--arms prints Markdown or --json", hint="drop --csv")
+    else:
+        from console.cli.render import is_terminal, print_markdown_tables
+
+        text = tau_arms.to_markdown(result)
+        if args.markdown or not is_terminal(sys.stdout):
+            print(text, end="")
+        else:
+            print_markdown_tables(text)
     return 0
 
 
@@ -121,9 +157,23 @@ WHERE_KEYS = ("out_dir", "out", "resume")
 """Top-level config keys that say where a run wrote or what it resumed from."""
 
 
+def _arm_train_item(plan, name: str) -> str:
+    """An arm's name (``diff PLAN noise taps``): its item that records a config (its train
+    item); anything else as given."""
+    if plan.arms is None or name not in plan.arms.names or any(it.id == name for it in plan.items):
+        return name
+    trains = [it.id for it in plan.arm_items(name) if it.action and it.action.kind == "train"]
+    if len(trains) != 1:
+        raise InvalidInput(f"arm {name!r} has {len(trains) or 'no'} train items: name the item "
+                           f"({', '.join(it.id for it in plan.arm_items(name))})")
+    return trains[0]
+
+
 def _diff_side(session, spec: str) -> tuple[str, dict]:
-    """``ITEM`` (its latest run with a recorded config) or ``ITEM#N`` (attempt N)."""
+    """``ITEM`` (its latest run with a recorded config), ``ITEM#N`` (attempt N) or an arm's
+    name (its train item)."""
     item, _, attempt = spec.partition("#")
+    item = _arm_train_item(session.plan, item)
     session.plan.item(item)
     runs = [r for r in session.runs_of(item) if r.config]
     if attempt:
@@ -252,6 +302,9 @@ def register(add) -> None:
     sp.add_argument("--cost", metavar="BASE,PER_TOKEN",
                     help="a round's cost in plain target steps at draft length k (BASE + PER_TOKEN*k): "
                          "adds the expected speedup at each k and the draft length to serve")
+    sp.add_argument("--arms", nargs="?", const="", default=None, metavar="LABEL",
+                    help="the plan's arms: each against LABEL (default: arms.against) and each "
+                         "other, paired, verdicts Holm-corrected, each arm's knob beside it")
     sp.add_argument("--pivot", action="store_true",
                     help="per-prompt table as prompts x drafters (baseline first, deltas beside)")
     g = sp.add_mutually_exclusive_group()
@@ -262,7 +315,7 @@ def register(add) -> None:
     sp = add("diff", cmd_diff, "every difference between two train runs' resolved configs")
     sp.add_argument("plan")
     sp.add_argument("item_a", metavar="ITEM[#N]", help="an item (its latest run) or ITEM#N, "
-                    "its Nth attempt")
+                    "its Nth attempt; or an arm's name (its train item: `diff PLAN noise taps`)")
     sp.add_argument("item_b", metavar="ITEM[#N]", help="the other run, the same way")
     sp.add_argument("--json", action="store_true")
     sp = add("metrics", cmd_metrics, "a run's stored curves: CSV, JSON lines or a summary",

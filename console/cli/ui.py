@@ -110,11 +110,12 @@ def _public_url(bind: str, port: int) -> str:
 
 def cmd_demo(args) -> int:
     from console.cli.plans import cmd_status
-    from core.demo import open_workspace, results_text, run_campaign
+    from core.demo import ablation_text, open_workspace, results_text, run_campaign
     from core.session import run_in_session
 
     quick = bool(args.quick)
-    root, plan_path, state = open_workspace(args.dir, quick, args.state)
+    ablation = bool(getattr(args, "ablation", False))  # (a Namespace built by hand may lack it)
+    root, plan_path, state = open_workspace(args.dir, quick, args.state, ablation=ablation)
     plan = load_plan(plan_path)
     err(f"demo workspace: {root}\nplan: {plan_path}\nstate: {state}")
     if not args.headless and sys.stdout.isatty():
@@ -127,7 +128,7 @@ def cmd_demo(args) -> int:
     dt = time.monotonic() - t0
     cmd_status(argparse.Namespace(plan=str(plan_path), state=state, json=False,
                                   no_reconcile=True))
-    sys.stdout.write(results_text(rows, over))
+    sys.stdout.write(ablation_text(plan, rows) if ablation else results_text(rows, over))
     err(f"\ndemo wall time: {dt:.0f} s ({'quick' if quick else 'full'})")
     err(f"next: `specdeck ui {plan_path}` or `specdeck compare {plan_path}` "
         f"(the plan records its state: {state})")
@@ -153,3 +154,6 @@ def register(add) -> None:
     sp.add_argument("--dir", default=None, help="workspace (default: ./specdeck-demo)")
     sp.add_argument("--headless", action="store_true", help="print progress, no console")
     sp.add_argument("--quick", action="store_true", help="a shorter campaign (CI)")
+    sp.add_argument("--ablation", action="store_true",
+                    help="run plans/ablation.yaml instead: each of v5's fixes alone against v4 "
+                         "(3 arms), on the same hosts and models; ends with compare --arms")

@@ -8,6 +8,11 @@ a confirmation), :class:`PlanPane.MarkRequested` for ``d`` / ``s`` /
 
 ``/`` opens a filter: words match id, content, status, priority, kind and host
 (case-insensitive, all words must match); escape clears it.
+
+A plan with arms (:mod:`core.plans.arms`) shows each arm's items together under a line of
+its own (not an item: the cursor passes it), where the arms' templates begin: the arm's
+state and items done, its latest loss and tau (:meth:`PlanPane.set_arm_figures`, from the
+app) and the knob it changes.
 """
 
 from __future__ import annotations
@@ -62,6 +67,40 @@ def item_prompt(item: Item, status: str, *, live: bool = False, pinned: bool = F
         t.append("  ⇠ " + sanitize(",".join(item.deps), max_len=200), style=MARKS["⇠"][0])
     content = Text(sanitize(item.content), style="dim" if status in ("done", "skipped") else "")
     return Group(t, Padding(content, (0, 0, 0, 2)))
+
+
+def arm_prompt(name: str, fig: dict, statuses: list[str]) -> Text:
+    """``┌ arm noise  ● done 4/4  loss 1.23  tau 2.11  noise.target=fc_input``."""
+    from core.plans.arms import arm_state
+
+    state = fig.get("state") or arm_state(statuses)
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append("┌ arm ", style="bright_black")
+    t.append(name, style="bold magenta")
+    t.append(f"  {GLYPHS.get(state, '?')} {state} {statuses.count('done')}/{len(statuses)}",
+             style=STATUS_STYLE.get(state, ""))
+    for key in ("loss", "tau"):
+        if fig.get(key) is not None:
+            t.append(f"  {key} {fig[key]:.3g}", style="bold")
+    knob = "; ".join(fig.get("knob") or ())
+    if knob:
+        t.append("  " + sanitize(knob, max_len=200), style="cyan")
+    return t
+
+
+def display_order(plan: Plan, items: list[Item]) -> list[Item | str]:
+    """``items`` in plan order, except that each arm's items come together under its name
+    (a ``str``), placed where the first of them is."""
+    out: list[Item | str] = []
+    placed: set[str] = set()
+    for it in items:
+        if it.arm is None:
+            out.append(it)
+        elif it.arm not in placed:
+            placed.add(it.arm)
+            out.append(it.arm)
+            out += [x for x in items if x.arm == it.arm]
+    return out
 
 
 def matches(item: Item, status: str, words: list[str]) -> bool:
@@ -125,6 +164,7 @@ class PlanPane(Vertical):
         self.filter_text = ""
         self._shown: list[str] = []
         self._announced: str | None = None
+        self.arm_figures: dict[str, dict] = {}
 
     def compose(self) -> ComposeResult:
         yield Static("", id="plan-summary")
@@ -171,9 +211,15 @@ class PlanPane(Vertical):
         self.filter_text = text
         self._rebuild()
 
+    def set_arm_figures(self, figures: dict[str, dict]) -> None:
+        """Each arm's state, loss, tau and knob (:func:`console.services.arm_figures`)."""
+        self.arm_figures = dict(figures)
+        for name in figures:
+            self._refresh_arm(name)
+
     def select(self, item_id: str) -> None:
         if item_id in self._shown:
-            self.options.highlighted = self._shown.index(item_id)
+            self.options.highlighted = self.options.get_option_index(item_id)
             self.options.call_after_refresh(self.options.scroll_to_highlight)
 
     # -- rendering -----------------------------------------------------------------------
@@ -181,22 +227,39 @@ class PlanPane(Vertical):
         return item_prompt(item, self.statuses.get(item.id, "pending"), live=item.id in self.live,
                            pinned=item.id in self.pinned)
 
+    def _arm_prompt(self, name: str) -> Text:
+        return arm_prompt(name, self.arm_figures.get(name, {}),
+                          [self.statuses.get(it.id, "pending") for it in self.plan.arm_items(name)])
+
+    def _refresh_arm(self, name: str) -> None:
+        if f"arm:{name}" in self._arms_shown:
+            self.options.replace_option_prompt(f"arm:{name}", self._arm_prompt(name))
+
     def _refresh_item(self, item_id: str) -> None:
         if item_id in self._shown:
-            self.options.replace_option_prompt(item_id, self._prompt(self.plan.item(item_id)))
+            item = self.plan.item(item_id)
+            self.options.replace_option_prompt(item_id, self._prompt(item))
+            if item.arm is not None:
+                self._refresh_arm(item.arm)
+
+    _arms_shown: frozenset[str] = frozenset()
 
     def _rebuild(self) -> None:
         words = self.filter_text.lower().split()
         keep = self.selected
         items = [it for it in self.plan.items
                  if matches(it, self.statuses.get(it.id, "pending"), words)]
-        self._shown = [it.id for it in items]
+        rows = display_order(self.plan, items)
+        self._shown = [it.id for it in rows if not isinstance(it, str)]
+        self._arms_shown = frozenset(f"arm:{r}" for r in rows if isinstance(r, str))
         ol = self.options
-        ol.set_options([Option(self._prompt(it), id=it.id) for it in items])
+        ol.set_options([Option(self._arm_prompt(r), id=f"arm:{r}", disabled=True)
+                        if isinstance(r, str) else Option(self._prompt(r), id=r.id)
+                        for r in rows])
         if keep in self._shown:
-            ol.highlighted = self._shown.index(keep)
-        elif items:
-            ol.highlighted = 0
+            ol.highlighted = ol.get_option_index(keep)
+        elif self._shown:
+            ol.highlighted = ol.get_option_index(self._shown[0])
         self._summary()
 
     def _summary(self) -> None:

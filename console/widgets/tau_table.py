@@ -24,6 +24,11 @@ Nothing is cut: each column is as wide as its widest value (a drafter's name, a 
 the comparison alone (a table's look never depends on when it idles); the per-position
 chart beside the table shows only when the table leaves it room (zoomed, it always does).
 
+A plan with arms (:meth:`TauPane.set_arms`): each arm's ``Σ macro`` row notes its verdict
+against the arms' reference, Holm-corrected for the whole family, and the knob it changes
+(``▲ better vs v4 (Holm) · fc_layers=taps``); the lines under the title add the cursor row's
+arm against the reference and every other arm, with each interval at its Holm level.
+
 Keys: ``o`` sorts by the next column (``O`` reverses; clicking a header sorts by it),
 ``space`` marks a drafter for the per-position chart. The chart shows the marked drafters,
 or the cursor row's drafter and its baseline.
@@ -102,8 +107,26 @@ def rows_of(c: Comparison) -> list[_Row]:
     return rows
 
 
-def note_of(r: _Row) -> Text:
-    """The note column: what makes the row incomparable, or its verdict, or ``baseline``."""
+def arm_notes(arms) -> dict[str, Text]:
+    """Per arm drafter (:class:`core.tau.arms.ArmsComparison`): its Holm-corrected verdict
+    against the reference and the knob it changes, e.g. ``▲ better vs v4 (Holm) · fc_layers=taps``."""
+    out = {}
+    for p in arms.pairs if arms is not None else ():
+        if p.b == arms.against:
+            mark, style = MARKS.get(p.verdict, ("", ""))
+            t = Text(f"{mark} vs {p.b} (Holm)", style=style)
+            if p.knob_a:
+                t.append(" · " + sanitize("; ".join(p.knob_a), max_len=200), style="cyan")
+            out[p.a] = t
+    return out
+
+
+def note_of(r: _Row, arms: dict[str, Text] | None = None) -> Text:
+    """The note column: what makes the row incomparable, or its verdict, or ``baseline``;
+    an arm's ``Σ macro`` row without a baseline: its verdict against the arms' reference
+    (``arms``: :func:`arm_notes`)."""
+    if arms and r.prompt == "Σ macro" and r.drafter in arms and not r.mismatch and not r.verdict:
+        return arms[r.drafter]
     if r.mismatch:
         return Text("⚠ " + ",".join(r.mismatch), style="bold yellow")
     if r.verdict in MARKS:
@@ -115,7 +138,7 @@ def drafter_text(r: _Row) -> str:
     return sanitize(" = ".join((r.drafter, *r.aliases)), max_len=200) + (" ⚠" if r.mismatch else "")
 
 
-def column_widths(rows: list[_Row]) -> dict[str, int]:
+def column_widths(rows: list[_Row], arms: dict[str, Text] | None = None) -> dict[str, int]:
     """Each column as wide as its widest value (at least :data:`COLUMNS`): the prompt, the
     drafter's name and the note are never cut."""
     from rich.cells import cell_len
@@ -124,7 +147,7 @@ def column_widths(rows: list[_Row]) -> dict[str, int]:
     for r in rows:
         widths["prompt"] = max(widths["prompt"], cell_len(sanitize(str(r.prompt), max_len=200)))
         widths["drafter"] = max(widths["drafter"], cell_len(drafter_text(r)))
-        widths["note"] = max(widths["note"], note_of(r).cell_len)
+        widths["note"] = max(widths["note"], note_of(r, arms).cell_len)
     return widths
 
 
@@ -152,6 +175,16 @@ class TauPane(Vertical):
         self._rows: list[_Row] = []
         self._widths: dict[str, int] = dict(COLUMNS)
         self._verdict_shown: str | None = None
+        self.arms = None
+        """The plan's arms compared (:class:`core.tau.arms.ArmsComparison`), None: no arms."""
+
+    def set_arms(self, arms) -> None:
+        """Each arm against the reference and each other, Holm-corrected: the lines under
+        the title name the cursor row's arm's comparisons (:meth:`verdict_line`)."""
+        changed = arms != self.arms
+        self.arms = arms
+        if self.comparison is not None and changed:
+            self._fill()
 
     def compose(self) -> ComposeResult:
         yield Static("no eval results yet", id="tau-title")
@@ -225,13 +258,14 @@ class TauPane(Vertical):
         else:
             rows = self._sorted(rows, col)
         self._rows = rows
-        widths = column_widths(rows)
+        notes = arm_notes(self.arms)
+        widths = column_widths(rows, notes)
         if widths != self._widths:
             self._columns(widths)
             self._place_chart()
         table.clear()
         for r in rows:
-            note = note_of(r)
+            note = note_of(r, notes)
             name_style = "italic" if r.role == "baseline" else ("yellow" if r.mismatch else "")
             delta_style = "green" if (r.delta or 0) > 0 else ("red" if (r.delta or 0) < 0 else "")
             table.add_row(
@@ -317,6 +351,12 @@ class TauPane(Vertical):
         else:
             t.append(f"{o.drafter}: macro {fmt_tau(o.macro)} (95 % CI {fmt_ci(o.macro_ci95)}), "
                      f"{o.prompts} prompts, {o.rounds or '–'} rounds", style="italic")
+        for p in self.arms.pairs if self.arms is not None else ():
+            if row.drafter in (p.a, p.b):
+                knob = "; ".join(p.knob_a)
+                t.append(f"\narm {p.a}" + (f" ({knob})" if knob else "") + ": ", style="bold")
+                t.append(sanitize(p.text()), style=MARKS.get(p.verdict, ("", ""))[1]
+                         if p.verdict != NONE else "")
         return t
 
     def _chart(self) -> None:

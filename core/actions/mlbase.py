@@ -35,7 +35,9 @@ from core.ml.measure import zlab
 from core.ml.formats.runio import UsageError
 
 SHIPPED_PROMPTS = Path(__file__).resolve().parent.parent.parent / "plans" / "prompts"
-REF = re.compile(r"^item:([A-Za-z0-9][A-Za-z0-9_.-]*)@(latest|best|step[_:](\d+))$")
+REF = re.compile(r"^item:([A-Za-z0-9][A-Za-z0-9_.-]*(?:\[[A-Za-z0-9][A-Za-z0-9_.-]*\])?)"
+                 r"@(latest|best|step[_:](\d+))$")
+"""``item:ID@latest|best|step:N``; ``ID`` may be an arm's item (``train[noise]``)."""
 REF_FORMS = "item:<id>@latest, item:<id>@best or item:<id>@step:<N>"
 
 

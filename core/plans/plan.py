@@ -15,6 +15,7 @@ from typing import Any, Iterable
 
 from core.capsules.telemetry import TelemetrySettings
 from core.plans.adopt_spec import AdoptSpec
+from core.plans.arms import ArmSet
 from core.errors import InvalidInput
 from core.text import did_you_mean
 
@@ -91,6 +92,10 @@ class Item:
     decide: tuple[tuple[str, str], ...] = ()
     """The pairs of drafters this item decides between (``decide: [[v5, v4]]``, labels as
     ``compare`` prints them): ``compare`` and the tau pane lead with their verdicts."""
+    template: str | None = None
+    """The template item it was expanded from (``train`` for ``train[noise]``), else None."""
+    arm: str | None = None
+    """The arm it runs for (:mod:`core.plans.arms`), else None (a shared item)."""
 
     @property
     def deps(self) -> tuple[str, ...]:
@@ -119,6 +124,8 @@ class Plan:
     """The events a notification is sent for (``notify:`` in the YAML: ``failed``, ``lost``,
     ``tau_drop``...; core.ml.tasks.notify.EVENTS); where to is the user's, never the plan's
     (core.runs.notify)."""
+    arms: ArmSet | None = None
+    """The campaign's arms (``arms:``; :mod:`core.plans.arms`), None when it declares none."""
 
     def item(self, item_id: str) -> Item:
         for it in self.items:
@@ -164,6 +171,10 @@ class Plan:
                     done.add(n)
                     stack.append((by_id[n], iter(by_id[n].deps)))
         return [it for it in out if wanted is None or it.id in wanted]
+
+    def arm_items(self, arm: str) -> list[Item]:
+        """The items run for ``arm``, in file order."""
+        return [it for it in self.items if it.arm == arm]
 
     def dependents(self, item_id: str) -> list[str]:
         """Ids of items that need (or come after) ``item_id``, directly or not."""

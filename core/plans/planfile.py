@@ -15,12 +15,14 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable
 
 import yaml
 
 from core.actions import registry
+from core.plans import arms
 from core.plans.adopt_spec import parse_spec
 from core.capsules.telemetry import TelemetrySettings
 from core.errors import InvalidInput, PlanError
@@ -188,6 +190,8 @@ class _Validator:
     def __init__(self, loc: _Located):
         self.loc = loc
         self.issues = list(loc.issues)
+        self.origins: dict[int, tuple[str, str]] = {}
+        """Expanded items' indexes -> (template, arm) (:func:`core.plans.arms.expand`)."""
 
     def error(self, path: tuple, message: str, *, item: str | None = None,
               field_path: tuple | None = None, key: bool = False) -> None:
@@ -276,7 +280,10 @@ def _plan_of(loc: _Located, path: Path | None) -> Plan:
     if not isinstance(data, dict):
         v.error((), "a plan is a mapping with name, hosts, vars and items")
         raise PlanError(v.issues)
-    _check_keys(v, data, (), ("name", "hosts", "vars", "items", "state", "telemetry", "notify"))
+    _check_keys(v, data, (), ("name", "hosts", "vars", "items", "state", "telemetry", "notify",
+                              "arms"))
+    arm_set, v.origins = arms.expand(loc, v.error, _param_names)
+    data = loc.data  # (the expanded items)
     state = _parse_state(v, data.get("state"))
     telemetry = _parse_telemetry(v, data.get("telemetry"))
     notify = _parse_notify(v, data.get("notify"))
@@ -294,7 +301,8 @@ def _plan_of(loc: _Located, path: Path | None) -> Plan:
 
     if state is not None:
         state = str(((path.parent if path else Path.cwd()) / Path(state).expanduser()).resolve())
-    plan = Plan(name, path, hosts, dict(variables), tuple(items), state, telemetry, notify)
+    plan = Plan(name, path, hosts, dict(variables), tuple(items), state, telemetry, notify,
+                arm_set)
     _check_kind_rules(v, plan)
     if v.issues:
         raise PlanError(v.issues)
@@ -456,8 +464,20 @@ def _parse_items(v: _Validator, loc: _Located, raw_items: Any, hosts: dict[str, 
         if not isinstance(it, dict):
             v.error(ip, "an item is a mapping with id, content, priority, needs, action")
             continue
-        items.append(_parse_item(v, loc, i, it, seen, hosts, raw_hosts, variables))
+        item = _parse_item(v, loc, i, it, seen, hosts, raw_hosts, variables)
+        if i in v.origins:
+            item = replace(item, template=v.origins[i][0], arm=v.origins[i][1])
+        items.append(item)
     return items
+
+
+def _param_names(kind: Any) -> list[str] | None:
+    """The params of an action kind (None: no such kind)."""
+    import dataclasses
+
+    if kind not in registry.kinds():
+        return None
+    return [f.name for f in dataclasses.fields(registry.get(kind).Params) if f.init]
 
 
 def _parse_item(v: _Validator, loc: _Located, i: int, it: dict, seen: dict[str, int],
@@ -465,10 +485,11 @@ def _parse_item(v: _Validator, loc: _Located, i: int, it: dict, seen: dict[str, 
     """Item ``#i + 1``; ``seen``: the ids before it (by index), this one added."""
     ip = ("items", i)
     iid = it.get("id")
-    label = iid if isinstance(iid, str) and SLUG.match(iid) else f"#{i + 1}"
+    ok_id = isinstance(iid, str) and (SLUG.match(iid) or (i in v.origins and arms.ARM_ITEM.match(iid)))
+    label = iid if ok_id else f"#{i + 1}"
     _check_keys(v, it, ip, ("id", "content", "priority", "status", "needs", "after",
                             "retries", "action", "adopt", "decide"), item=label)
-    if not isinstance(iid, str) or not SLUG.match(iid):
+    if not ok_id:
         v.error(ip + ("id",), f"id must be a slug (letters, digits, _ . -; 64 at most), got "
                 f"{short(iid)}",
                 item=label, field_path=("id",))

@@ -448,12 +448,14 @@ def fmt_p(p: float | None) -> str:
 
 def paired(a: Sequence[float], b: Sequence[float], *, name: str = "pair",
            detect: float = DETECT, seed: int = SEED,
-           permutations: int = PERMUTATIONS) -> Paired:
+           permutations: int = PERMUTATIONS, alpha: float = ALPHA) -> Paired:
     """Compare per-prompt figures ``a`` and ``b`` (aligned: the same prompt at each index).
 
     The p-value and the interval come from one sign-flip test (the same sign patterns), the
     interval being the shifts it does not reject, so they cannot disagree: ``better`` /
-    ``worse`` exactly when p < :data:`ALPHA`, and then the interval lies on that side of 0."""
+    ``worse`` exactly when p < ``alpha`` (:data:`ALPHA`; a smaller one when the comparison is
+    one of several: :func:`holm_levels`), and then the interval, at ``1 - alpha``, lies on
+    that side of 0."""
     if len(a) != len(b):
         raise ValueError("paired figures need one value per prompt on both sides")
     both = [p for p in map(_finite, zip(a, b)) if len(p) == 2]  # a prompt with a NaN: out
@@ -464,16 +466,58 @@ def paired(a: Sequence[float], b: Sequence[float], *, name: str = "pair",
     delta = fmean(diffs)
     p_of = _p_of_shift(diffs, delta, rng_for(name, "test", seed=seed), permutations)
     p = p_of(0.0)
-    ci = _inverted_interval(p_of, diffs, delta, p, ALPHA, permutations)
+    ci = _inverted_interval(p_of, diffs, delta, p, alpha, permutations)
     verdict = NONE
-    if ci is not None and p < ALPHA:  # the interval then excludes 0 on the mean's side
+    if ci is not None and p < alpha:  # the interval then excludes 0 on the mean's side
         verdict = BETTER if delta > 0 else WORSE
     sd = stdev(diffs) if n >= 2 else None
     return Paired(n, delta, ci, p, verdict, detect,
                   prompts_to_detect(sd, detect) if sd is not None else None, sd)
 
 
-__all__ = ["LEVEL", "SEED", "BOOTSTRAP", "PERMUTATIONS", "DETECT", "TEST", "VERDICTS", "BETTER",
+def holm_adjusted(p_values: Sequence[float | None]) -> list[float | None]:
+    """Holm's step-down adjusted p-values for a family of comparisons (None: not tested, not
+    counted): sorted ascending, the i-th (from 1) of m is ``(m - i + 1) * p``, raised to the
+    largest before it and capped at 1. A comparison is rejected at ``alpha`` exactly when its
+    adjusted p is under ``alpha``; the family's chance of any false "better"/"worse" stays
+    at most ``alpha`` (Holm, *Scand. J. Statist.* 6, 1979), and it rejects everything
+    Bonferroni does, often more.
+
+    >>> holm_adjusted([0.01, 0.04, 0.03, None])
+    [0.03, 0.06, 0.06, None]
+    """
+    order = sorted((i for i, p in enumerate(p_values) if p is not None),
+                   key=lambda i: p_values[i])
+    m = len(order)
+    out: list[float | None] = [None] * len(p_values)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        out[i] = running
+    return out
+
+
+def holm_levels(p_values: Sequence[float | None], alpha: float = ALPHA) -> list[float | None]:
+    """The test level each comparison of a family is decided at under Holm's procedure: the
+    i-th smallest p is tested at ``alpha / (m - i + 1)`` while every smaller one was rejected;
+    from the first one that is not, every later one keeps that level (none of them is
+    rejected). An interval inverting the test at a comparison's level (``paired(...,
+    alpha=level)``) therefore excludes 0 exactly when Holm rejects it: the verdict and its
+    interval never disagree. None where the p-value is None."""
+    order = sorted((i for i, p in enumerate(p_values) if p is not None),
+                   key=lambda i: p_values[i])
+    m = len(order)
+    out: list[float | None] = [None] * len(p_values)
+    stopped: float | None = None
+    for rank, i in enumerate(order):
+        level = stopped if stopped is not None else alpha / (m - rank)
+        if stopped is None and not p_values[i] < level:
+            stopped = level
+        out[i] = level
+    return out
+
+
+__all__ = ["holm_adjusted", "holm_levels", "LEVEL", "SEED", "BOOTSTRAP", "PERMUTATIONS", "DETECT", "TEST", "VERDICTS", "BETTER",
            "WORSE", "NONE", "Paired", "paired", "mean_ci", "pooled_ci", "sign_flip_p",
            "sign_flip_ci", "prompts_to_detect", "t_quantile", "t_cdf", "expanded_tail", "rng_for",
            "fmt_p", "fmt_ci"]
