@@ -376,6 +376,8 @@ async def ml_failure(ctx, outcome, what: str) -> ActionFailed:
     how = f"signal {outcome.signal}" if outcome.signal else f"exit {outcome.exit_code}"
     if outcome.state == "lost":
         how = "the process vanished (host rebooted?)"
+    if getattr(outcome, "preempted", None):
+        how = f"{how}: {outcome.preempted}"
     lines = [ln for ln in tail.splitlines() if not ln.startswith("{")][-4:]
     return ActionFailed(f"{what} on {ctx.host.name} {outcome.state} ({how})"
                         + ("\n" + "\n".join("    " + ln for ln in lines) if lines else ""),

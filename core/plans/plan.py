@@ -91,6 +91,11 @@ class Item:
     decide: tuple[tuple[str, str], ...] = ()
     """The pairs of drafters this item decides between (``decide: [[v5, v4]]``, labels as
     ``compare`` prints them): ``compare`` and the tau pane lead with their verdicts."""
+    on_preempt: str = "fail"
+    """What a preempted run (a Slurm PREEMPTED, NODE_FAIL or requeue, a spot reclaim's
+    SIGTERM) makes of its item: ``resume`` launches it again at once (a train item resumes
+    from its last whole checkpoint), never counted against ``retries``; ``fail`` leaves it
+    failed (relaunched only by ``retries:`` or when asked, still never counted)."""
 
     @property
     def deps(self) -> tuple[str, ...]:

@@ -467,7 +467,7 @@ def _parse_item(v: _Validator, loc: _Located, i: int, it: dict, seen: dict[str, 
     iid = it.get("id")
     label = iid if isinstance(iid, str) and SLUG.match(iid) else f"#{i + 1}"
     _check_keys(v, it, ip, ("id", "content", "priority", "status", "needs", "after",
-                            "retries", "action", "adopt", "decide"), item=label)
+                            "retries", "on_preempt", "action", "adopt", "decide"), item=label)
     if not isinstance(iid, str) or not SLUG.match(iid):
         v.error(ip + ("id",), f"id must be a slug (letters, digits, _ . -; 64 at most), got "
                 f"{short(iid)}",
@@ -495,6 +495,11 @@ def _parse_item(v: _Validator, loc: _Located, i: int, it: dict, seen: dict[str, 
         v.error(ip + ("retries",), f"retries must be a whole number from 0 to {MAX_RETRIES}"
                 f", got {short(retries)}", item=label, field_path=("retries",))
         retries = 0
+    on_preempt = it.get("on_preempt", "fail")
+    if on_preempt not in ON_PREEMPT:
+        v.error(ip + ("on_preempt",), f"on_preempt must be one of {', '.join(ON_PREEMPT)}, got "
+                f"{short(on_preempt)}", item=label, field_path=("on_preempt",))
+        on_preempt = "fail"
     decide = _decide(v, it.get("decide"), ip + ("decide",), label)
     action = None
     raw_action = it.get("action")
@@ -505,7 +510,7 @@ def _parse_item(v: _Validator, loc: _Located, i: int, it: dict, seen: dict[str, 
     return Item(label, content if isinstance(content, str) else "",
                 prio if prio in PRIORITIES else "medium",
                 status if status in STATUSES else None, tuple(needs), action,
-                loc.mark(ip)[0], adopt, tuple(after), retries, decide)
+                loc.mark(ip)[0], adopt, tuple(after), retries, decide, on_preempt)
 
 
 def _check_deps(v: _Validator, items: list[Item]) -> None:
@@ -587,6 +592,8 @@ def _parse_adopt(v, raw, ap, label, action, variables):
 
 
 MAX_RETRIES = 100
+ON_PREEMPT = ("fail", "resume")
+"""``on_preempt:`` values (:attr:`core.plans.plan.Item.on_preempt`)."""
 
 
 def _decide(v: _Validator, raw: Any, path: tuple, label: str) -> tuple[tuple[str, str], ...]:
