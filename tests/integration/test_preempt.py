@@ -117,7 +117,8 @@ async def test_a_job_a_preempting_partition_cancels_is_preempted_and_resumes(
     store, runner, task, run = await slurm_trainer(tmp_path, slurm, tmp_path / "ck", 30, "low", 2,
                                                    3, retries=2)
     env = {**os.environ, **slurm.env}
-    subprocess.run(["sbatch", "-p", "high", "-c", "1", "--wrap", "sleep 2"], env=env, check=True,
+    subprocess.run(["sbatch", "-p", "high", "-c", "1", "-o", str(tmp_path / "high.out"),
+                    "--wrap", "sleep 2"], env=env, check=True,
                    capture_output=True)
     summary = await asyncio.wait_for(task, 180)
     assert summary.done == ("train",)
