@@ -415,7 +415,6 @@ async def ingest(ctx: "ActionContext", spec, *, away: bool = False) -> list[int]
         ctx.journal("watch_meanwhile", msg, host=w.host,
                     data={"done": [s for s, _ in done], "failed": failed})
         ctx.notice(f"meanwhile: {item.id}: {msg}")
-    await journal_deletions(ctx, w, host)
     await _refresh(ctx, w, host)
     return [s for s, _ in new]
 
@@ -424,9 +423,15 @@ DELETED = "checkpoints_deleted"
 """The journal kind of the checkpoints a watcher's retention deleted (``status`` sums it)."""
 
 
-async def journal_deletions(ctx: "ActionContext", w: TauWatcher, host: "Host") -> None:
+async def journal_deletions(ctx: "ActionContext", w: TauWatcher, host: "Host",
+                            said: Any) -> None:
     """Journal (once each) the checkpoints the watcher's retention deleted, as its
-    ``retention.json`` lists them, with the bytes each freed (core.ml.formats.retention)."""
+    ``retention.json`` lists them, with the bytes each freed (core.ml.formats.retention);
+    read only when its status.json says (``said``: its ``deleted``) a step not journaled yet."""
+    known = {s for e in ctx.journaled(DELETED) if isinstance(e.data, dict)
+             for s in e.data.get("steps", ())}
+    if not isinstance(said, list) or not {s for s in said if _step_of(s) is not None} - known:
+        return
     path = posixpath.join(w.capsule, "retention.json")
     listing = await _listing_of(host, path)
     if listing is None:
@@ -439,8 +444,6 @@ async def journal_deletions(ctx: "ActionContext", w: TauWatcher, host: "Host") -
                     data={"name": "retention.json"})
         return
     rows = doc.get("deleted") if isinstance(doc, dict) else None
-    known = {s for e in ctx.journaled(DELETED) if isinstance(e.data, dict)
-             for s in e.data.get("steps", ())}
     fresh = [(d["step"], d["bytes"]) for d in (rows if isinstance(rows, list) else [])
              if isinstance(d, dict) and _step_of(d.get("step")) is not None
              and _step_of(d.get("bytes")) is not None and d["step"] not in known]
@@ -471,6 +474,7 @@ async def _refresh(ctx: "ActionContext", w: TauWatcher, host: "Host") -> None:
                                           limit=1 << 20)) if listing else {}
     except BadResult:
         doc = {}
+    await journal_deletions(ctx, w, host, doc.get("deleted") if isinstance(doc, dict) else None)
     doc = _status_fields(doc)
     st = await jobs.inspect(host, w.capsule)
     if st.state in ("missing", "nopid") and w.state not in ENDED:
