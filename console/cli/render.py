@@ -22,7 +22,8 @@ from core.text import sanitize
 
 STATUS_STYLE = {"pending": "", "in_progress": "yellow", "done": "green", "failed": "red",
                 "skipped": "dim", life.SUCCEEDED: "green", life.RUNNING: "yellow",
-                life.STOPPED: "cyan", life.LOST: "red", life.INTERRUPTED: "red", "error": "red",
+                life.STOPPED: "cyan", life.LOST: "red", life.INTERRUPTED: "red", life.PREEMPTED: "yellow",
+                "error": "red",
                 "warning": "yellow"}
 """Item statuses, run states (:mod:`core.runs.life`) and notice levels."""
 _ANSI = {"red": "31", "green": "32", "yellow": "33", "cyan": "36", "dim": "2", "bold": "1"}

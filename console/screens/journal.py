@@ -18,7 +18,9 @@ from core.text import sanitize
 
 KIND_STYLE = {**{life.journal_kind(s): style for s, style in (
                   (life.SUCCEEDED, "green"), (life.FAILED, "bold red"), (life.LOST, "bold red"),
-                  (life.INTERRUPTED, "red"), (life.STOPPED, "magenta"))},
+                  (life.INTERRUPTED, "red"), (life.STOPPED, "magenta"),
+                  (life.PREEMPTED, "yellow"))},
+              "run_requeued": "yellow",
               "stop_requested": "magenta",
               "console_opened": "bright_black", "console_closed": "bright_black"}
 

@@ -25,7 +25,8 @@ from core.state.records import WatcherStatus
 from core.text import sanitize
 
 RUN_STYLE = {life.SUCCEEDED: "green", life.FAILED: "bold red", life.STOPPED: "magenta",
-             life.LOST: "red", life.INTERRUPTED: "red", life.RUNNING: "bold yellow",
+             life.LOST: "red", life.INTERRUPTED: "red", life.PREEMPTED: "yellow",
+             life.RUNNING: "bold yellow",
              life.STARTING: "yellow"}
 CHECK_STYLE = {"done": ("●", "green"), "ready": ("✓", "cyan"), "blocked": ("⊘", "yellow"),
                "error": ("✗", "red"), "checking": ("…", "bright_black"),

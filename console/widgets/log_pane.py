@@ -41,7 +41,8 @@ from core.text import sanitize
 MAX_LINES = 5000
 STATE_STYLE = {"following": "green", "reconnecting": "bold yellow", "unreachable": "bold red",
                life.LOST: "bold red", life.SUCCEEDED: "green", life.FAILED: "bold red",
-               life.STOPPED: "magenta", life.INTERRUPTED: "red", "ended": "bright_black",
+               life.STOPPED: "magenta", life.INTERRUPTED: "red", life.PREEMPTED: "yellow",
+               "ended": "bright_black",
                life.STARTING: "yellow", life.RUNNING: "yellow"}
 """The log stream's states (following, reconnecting...) and a run's (:mod:`core.runs.life`)."""
 

@@ -307,6 +307,36 @@ def drafter_command(python: str, src: str, out: str, art=None, *, convert: bool 
                      "--trust-pickle" if trust_pickle else None)
 
 
+def pinned_steps(plan, item_id: str) -> set[int]:
+    """The steps of train item ``item_id`` another item names (``item:<id>@step:N``,
+    anywhere in its action's params): its retention never deletes them
+    (:mod:`core.ml.formats.retention`; ``@best`` is the trainer's best pointer, which the
+    watcher keeps, ``@latest`` the newest, which it keeps too)."""
+    import dataclasses
+
+    found: set[int] = set()
+
+    def walk(v) -> None:
+        if isinstance(v, str):
+            m = REF.match(v)
+            if m and m.group(1) == item_id and m.group(3) is not None:
+                found.add(int(m.group(3)))
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+            for f in dataclasses.fields(v):
+                walk(getattr(v, f.name))
+
+    for it in plan.items:
+        if it.id != item_id and it.action is not None:
+            walk(it.action.params)
+    return found
+
+
 def validate_ref(plan, item, ref: str) -> str | None:
     m = REF.match(ref)
     if ref.startswith("item:") and not m:
@@ -348,6 +378,8 @@ async def ml_failure(ctx, outcome, what: str) -> ActionFailed:
     how = f"signal {outcome.signal}" if outcome.signal else f"exit {outcome.exit_code}"
     if outcome.state == "lost":
         how = "the process vanished (host rebooted?)"
+    if getattr(outcome, "preempted", None):
+        how = f"{how}: {outcome.preempted}"
     lines = [ln for ln in tail.splitlines() if not ln.startswith("{")][-4:]
     return ActionFailed(f"{what} on {ctx.host.name} {outcome.state} ({how})"
                         + ("\n" + "\n".join("    " + ln for ln in lines) if lines else ""),

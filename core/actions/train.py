@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 import yaml
 
-from core.capsules import jobs
+from core.capsules import jobs, slurm
 from core.actions.base import Action, CheckResult, Launch
 from core.actions import trainers
 from core.actions.trainers.specdeck import StartChoice, start_choice
@@ -227,6 +227,8 @@ class Train(Action):
             outdir = f"{outdir.rstrip('/')}-attempt{len(prior) + 1}"
         elif choice.wanted and await ctx.host.stat(f"{outdir}/latest") is not None:
             resume = "auto"  # what an earlier trainer left in ``out``
+        elif self.params.launcher == "slurm" and ctx.item.on_preempt == "resume":
+            resume = "auto"  # a job Slurm requeues runs again: from its own last checkpoint
         if choice.note:
             ctx.progress(f"attempt {len(prior) + 1} {choice.note}; output in {outdir}")
         ctx.record_config({"out_dir": outdir, "python": await host_python(ctx.host),
@@ -355,6 +357,8 @@ class Train(Action):
         """Follow the log; with ``watch_eval``, evaluate checkpoints alongside (and drain).
         ``log_path`` / ``inspector``: another log and end test (an adopted run's)."""
         inspector = inspector or (lambda: self.inspect(ctx, host, run))
+        if self.params.launcher == "slurm":
+            on_lines = slurm.noting_requeues(on_lines, lambda n, job: requeued(ctx, run, n, job))
         follow_log = super().follow(ctx, host, run, on_lines, log_path=log_path,
                                     inspector=inspector)
         spec = self.params.watch_eval
@@ -611,6 +615,15 @@ def exec_form(command: str) -> str:
     when the shell around it died of that signal (SpecForge and speculators save then). A
     command with shell syntax is left as it is."""
     return command if SHELL_SYNTAX.search(command) else f"exec {command}"
+
+
+def requeued(ctx, run: Run, restart: int, job: str) -> None:
+    """Slurm ran the job again (preempted and requeued): journaled and told; the run goes on
+    (resuming from its last checkpoint) and uses up none of the item's ``retries:``."""
+    msg = (f"run {run.id} preempted: Slurm requeued job {job} (restart {restart}); it resumes "
+           "from its last checkpoint in place, its retries unchanged")
+    ctx.journal("run_requeued", msg, host=run.host, data={"job": job, "restart": restart})
+    ctx.notice(f"{ctx.item.id}: {msg}", "warning")
 
 
 def _run_of(ctx) -> Run | None:

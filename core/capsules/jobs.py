@@ -70,7 +70,10 @@ _WRAPPER += notify_step()
 
 _INSPECT = r"""D={d}
 ticks() {{ sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f20; }}
-if [ -f "$D/exit" ]; then echo "ended $(cat "$D/exit")"; exit 0; fi
+N="$D/../../{notice}"
+notice() {{ case "$1" in "signal 15"|"exit 143") if [ -f "$N" ] && [ "$N" -nt "$D/pid" ]; then
+  printf ' preempted %s' "$(head -c 200 "$N" | tr '\n\t' '  ')"; fi;; esac; }}
+if [ -f "$D/exit" ]; then echo "ended $(cat "$D/exit")$(notice "$(cat "$D/exit")")"; exit 0; fi
 if [ ! -f "$D/pid" ]; then if [ -d "$D" ]; then echo nopid; else echo missing; fi; exit 0; fi
 read pid pstart boot wpid wstart <"$D/pid"
 curboot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo noboot)
@@ -78,8 +81,12 @@ if [ "$curboot" = "$boot" ]; then
   if [ -n "$pstart" ] && [ "$(ticks "$pid")" = "$pstart" ]; then echo "running $pid"; exit 0; fi
   if [ -n "$wstart" ] && [ "$(ticks "$wpid")" = "$wstart" ]; then echo "running $pid"; exit 0; fi
 fi
-if [ -f "$D/exit" ]; then echo "ended $(cat "$D/exit")"; else echo lost; fi
+if [ -f "$D/exit" ]; then echo "ended $(cat "$D/exit")$(notice "$(cat "$D/exit")")"; else echo lost; fi
 """
+PREEMPT_NOTICE = "preempt-notice"
+"""A file the host's spot reclaim hook writes (``<workdir>/.specdeck/preempt-notice``, its
+text the notice): a run that then ends by SIGTERM (signal 15 or exit 143) after it appeared
+was preempted, not failed (:attr:`CapsuleState.preempted`)."""
 
 
 @dataclass(frozen=True)
@@ -101,12 +108,14 @@ class Launch:
 class Outcome:
     """How a detached run ended (``core.runs.life.outcome_of`` reads it from a capsule)."""
 
-    state: Literal["succeeded", "failed", "stopped", "lost"]
+    state: Literal["succeeded", "failed", "stopped", "lost", "preempted"]
     exit_code: int | None = None
     signal: str | None = None
     capsule: str = ""
     """The capsule directory on the host (result files live beside the log)."""
     run_id: str = ""
+    preempted: str | None = None
+    """How its host took it away (``state`` preempted: :attr:`CapsuleState.preempted`)."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +126,9 @@ class CapsuleState:
     exit_code: int | None = None
     signal: str | None = None
     pid: int | None = None
+    preempted: str | None = None
+    """Ended (or lost) by its host's doing, in words (``Slurm PREEMPTED``, ``Slurm
+    NODE_FAIL``, a spot reclaim notice): the run is ``preempted``, not failed."""
 
 
 @dataclass(frozen=True)
@@ -190,15 +202,18 @@ def signame(num: int) -> str:
 
 async def inspect(host: Host, capsule: str) -> CapsuleState:
     """Re-derive a run's state from its capsule (one round trip)."""
-    res = await host.run(_INSPECT.format(d=shlex.quote(capsule)), check=True)
+    res = await host.run(_INSPECT.format(d=shlex.quote(capsule), notice=PREEMPT_NOTICE),
+                         check=True)
     words = res.stdout.split()
     if not words:
         return CapsuleState("lost")
     if words[0] == "ended":
         kind, num = words[1], int(words[2])
+        why = (f"spot reclaim notice: {' '.join(words[4:]) or 'no text'}"
+               if words[3:4] == ["preempted"] else None)
         if kind == "signal":
-            return CapsuleState("ended", None, signame(num))
-        return CapsuleState("ended", num, None)
+            return CapsuleState("ended", None, signame(num), preempted=why)
+        return CapsuleState("ended", num, None, preempted=why)
     if words[0] == "running":
         return CapsuleState("running", pid=int(words[1]))
     return CapsuleState(words[0])

@@ -3,13 +3,22 @@
 The batch script runs the same ``cmd.sh`` a capsule would, writes the job's output to the
 capsule's ``log`` and, when the command ends, an ``exit`` file, so a job that Slurm has
 already forgotten (``scontrol`` keeps finished jobs for MinJobAge only) still has a state.
+
+Preemption is not failure (:data:`core.runs.life.PREEMPTED`): a job that ends PREEMPTED or
+NODE_FAIL is ``preempted``. A job Slurm requeues (``scontrol requeue``, a preempting
+partition with PreemptMode=REQUEUE) runs the batch script again under the same id: the log is
+opened for appending, the last run's ``exit`` file is dropped, and a ``{"event": "requeued"}``
+line in the log (``SLURM_RESTART_COUNT``) tells specdeck, which journals the preemption
+(:func:`noting_requeues`); a train item's command then resumes from its last checkpoint.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import shlex
 import time
+from collections.abc import Callable
 
 from core.capsules import jobs
 from core.capsules.jobs import Launch
@@ -17,19 +26,46 @@ from core.state.records import Run
 from core.errors import ActionFailed
 
 LIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
-        "RESIZING", "STAGE_OUT", "SIGNALING", "PREEMPTED"}
+        "RESIZING", "STAGE_OUT", "SIGNALING", "REQUEUE_HOLD", "REQUEUE_FED", "PREEMPTED"}
+"""squeue's states of a job that may still run (PREEMPTED too: it may be requeued next);
+once squeue no longer lists it, ``scontrol``'s PREEMPTED is the end."""
 
 _BATCH = """#!/usr/bin/env bash
 #SBATCH --job-name={name}
 #SBATCH --output={log}
 #SBATCH --chdir={capsule}
+#SBATCH --open-mode=append
 {options}
+rm -f {capsule}/exit
+if [ "${{SLURM_RESTART_COUNT:-0}}" -gt 0 ]; then
+  printf '{{"event": "requeued", "restart": %s, "job": "%s"}}\n' "$SLURM_RESTART_COUNT" "$SLURM_JOB_ID"
+fi
 bash {cmd}
 rc=$?
 if [ "$rc" -gt 128 ] && [ "$rc" -lt 193 ]; then r="signal $((rc - 128))"; else r="exit $rc"; fi
 echo "$r" > {capsule}/exit.tmp && mv {capsule}/exit.tmp {capsule}/exit
 exit $rc
 """
+
+
+REQUEUED = "requeued"
+"""The ``event`` of the line the batch script prints when Slurm runs it again."""
+
+
+def noting_requeues(on_lines, requeued: Callable[[int, str], None]):
+    """``on_lines`` (a log follower's callback, or None), calling ``requeued(restart, job)``
+    for each line the batch script printed on a requeue (``SLURM_RESTART_COUNT``)."""
+    def lines(ls: list[str]) -> None:
+        for ln in ls:
+            if ln.startswith('{"event": "requeued"'):
+                try:
+                    doc = json.loads(ln)
+                    requeued(int(doc["restart"]), str(doc["job"]))
+                except (ValueError, KeyError, TypeError):
+                    continue
+        if on_lines is not None:
+            on_lines(ls)
+    return lines
 
 
 def _options(sp) -> list[str]:
@@ -93,7 +129,7 @@ async def inspect(host, run: "Run") -> jobs.CapsuleState:
             st, code = line.split("|", 1)
             fields = {"JobState": st.split()[0], "ExitCode": code}
     js = fields.get("JobState", "")
-    if js in LIVE:
+    if js in LIVE - {"PREEMPTED"}:
         return jobs.CapsuleState("running")
     code, _, sig = fields.get("ExitCode", "0:0").partition(":")
     if js == "COMPLETED":
@@ -104,8 +140,12 @@ async def inspect(host, run: "Run") -> jobs.CapsuleState:
         if sig and sig != "0":
             return jobs.CapsuleState("ended", None, _signame(sig))
         return jobs.CapsuleState("ended", int(code) if code.isdigit() and code != "0" else 1, None)
-    if js == "NODE_FAIL":
-        return jobs.CapsuleState("lost")
+    if js in ("PREEMPTED", "NODE_FAIL"):
+        why = f"Slurm {js} (job {job})"
+        if js == "NODE_FAIL":
+            return jobs.CapsuleState("lost", preempted=why)
+        return jobs.CapsuleState("ended", None, _signame(sig) if sig and sig != "0" else "TERM",
+                                 preempted=why)
     # Slurm has forgotten the job: the batch script's exit file tells.
     cap = await jobs.inspect(host, capsule)
     return cap if cap.state == "ended" else jobs.CapsuleState("lost")

@@ -96,6 +96,11 @@ class Item:
     """The template item it was expanded from (``train`` for ``train[noise]``), else None."""
     arm: str | None = None
     """The arm it runs for (:mod:`core.plans.arms`), else None (a shared item)."""
+    on_preempt: str = "fail"
+    """What a preempted run (a Slurm PREEMPTED, NODE_FAIL or requeue, a spot reclaim's
+    SIGTERM) makes of its item: ``resume`` launches it again at once (a train item resumes
+    from its last whole checkpoint), never counted against ``retries``; ``fail`` leaves it
+    failed (relaunched only by ``retries:`` or when asked, still never counted)."""
 
     @property
     def deps(self) -> tuple[str, ...]:

@@ -488,7 +488,7 @@ def _parse_item(v: _Validator, loc: _Located, i: int, it: dict, seen: dict[str, 
     ok_id = isinstance(iid, str) and (SLUG.match(iid) or (i in v.origins and arms.ARM_ITEM.match(iid)))
     label = iid if ok_id else f"#{i + 1}"
     _check_keys(v, it, ip, ("id", "content", "priority", "status", "needs", "after",
-                            "retries", "action", "adopt", "decide"), item=label)
+                            "retries", "on_preempt", "action", "adopt", "decide"), item=label)
     if not ok_id:
         v.error(ip + ("id",), f"id must be a slug (letters, digits, _ . -; 64 at most), got "
                 f"{short(iid)}",
@@ -516,6 +516,11 @@ def _parse_item(v: _Validator, loc: _Located, i: int, it: dict, seen: dict[str, 
         v.error(ip + ("retries",), f"retries must be a whole number from 0 to {MAX_RETRIES}"
                 f", got {short(retries)}", item=label, field_path=("retries",))
         retries = 0
+    on_preempt = it.get("on_preempt", "fail")
+    if on_preempt not in ON_PREEMPT:
+        v.error(ip + ("on_preempt",), f"on_preempt must be one of {', '.join(ON_PREEMPT)}, got "
+                f"{short(on_preempt)}", item=label, field_path=("on_preempt",))
+        on_preempt = "fail"
     decide = _decide(v, it.get("decide"), ip + ("decide",), label)
     action = None
     raw_action = it.get("action")
@@ -526,7 +531,7 @@ def _parse_item(v: _Validator, loc: _Located, i: int, it: dict, seen: dict[str, 
     return Item(label, content if isinstance(content, str) else "",
                 prio if prio in PRIORITIES else "medium",
                 status if status in STATUSES else None, tuple(needs), action,
-                loc.mark(ip)[0], adopt, tuple(after), retries, decide)
+                loc.mark(ip)[0], adopt, tuple(after), retries, decide, on_preempt=on_preempt)
 
 
 def _check_deps(v: _Validator, items: list[Item]) -> None:
@@ -608,6 +613,8 @@ def _parse_adopt(v, raw, ap, label, action, variables):
 
 
 MAX_RETRIES = 100
+ON_PREEMPT = ("fail", "resume")
+"""``on_preempt:`` values (:attr:`core.plans.plan.Item.on_preempt`)."""
 
 
 def _decide(v: _Validator, raw: Any, path: tuple, label: str) -> tuple[tuple[str, str], ...]:

@@ -3,6 +3,7 @@
 ::
 
     claimed ──> starting ──> running ──> succeeded | failed | stopped | lost | interrupted
+                                         | preempted
                    └──────────────────> failed | stopped | interrupted  (never launched)
 
 ``claimed`` is the row :meth:`~core.state.store.Store.claim_run` inserts, in state
@@ -14,6 +15,12 @@ idempotent: a second end is a no-op, not a move).
 - ``lost``: a launched run whose capsule shows neither a process nor an exit status (the host
   rebooted, the capsule was wiped). Only a launched run is ever lost: a ``starting`` run whose
   capsule has no pid was never launched, so it is ``interrupted``.
+- ``preempted``: the host took the run away, no fault of the work: a Slurm job that ended
+  PREEMPTED or NODE_FAIL, or a process killed by SIGTERM while its host's spot reclaim notice
+  stood (:func:`preempted_by`). Never counted against ``retries:``; with ``on_preempt:
+  resume`` its item launches again at once (a train item resumes from its last checkpoint).
+  A job Slurm requeues itself stays ``running`` (it resumes in place); each requeue is
+  journaled ``run_requeued`` (:func:`core.capsules.slurm.noting_requeues`).
 - ``interrupted``: specdeck itself went away (Ctrl-C, its process died) before or while the run
   ran inside it. No fault of the work: the item resumes without being asked.
 
@@ -40,29 +47,31 @@ FAILED = "failed"
 STOPPED = "stopped"
 LOST = "lost"
 INTERRUPTED = "interrupted"
+PREEMPTED = "preempted"
 
 CLAIMED = STARTING
 """What a claim writes: the run exists, nothing of it is launched."""
 LIVE = (STARTING, RUNNING)
-ENDED = (SUCCEEDED, FAILED, STOPPED, LOST, INTERRUPTED)
+ENDED = (SUCCEEDED, FAILED, STOPPED, LOST, INTERRUPTED, PREEMPTED)
 STATES = LIVE + ENDED
 
 TRANSITIONS: dict[str, frozenset[str]] = {
     STARTING: frozenset({RUNNING, FAILED, STOPPED, INTERRUPTED}),
-    RUNNING: frozenset({RUNNING, SUCCEEDED, FAILED, STOPPED, LOST, INTERRUPTED}),
+    RUNNING: frozenset({RUNNING, SUCCEEDED, FAILED, STOPPED, LOST, INTERRUPTED, PREEMPTED}),
     **{s: frozenset() for s in ENDED},
 }
 """state -> the states a run in it may move to (``running -> running`` records a capsule or
 pid found later)."""
 
 RUN_TO_ITEM = {SUCCEEDED: "done", FAILED: "failed", STOPPED: "stopped", LOST: "failed",
-               INTERRUPTED: "failed"}
+               INTERRUPTED: "failed", PREEMPTED: "failed"}
 """What a run's end makes of its item's status (a live run's item is ``in_progress``)."""
 ITEM_WHILE_LIVE = "in_progress"
 
 FRESH_START = (SUCCEEDED, STOPPED)
 """Ends after which an item's failures are counted anew (:func:`failures`)."""
 COUNTED_FAILURES = (FAILED, LOST)
+"""The ends ``retries:`` counts: an interrupted or preempted run is no fault of the work."""
 
 STOP_REQUESTED = "stop requested"
 """The error a stop writes on a live run first: any process's follower then ends it stopped."""
@@ -110,8 +119,25 @@ def failures(runs: list[Run]) -> int:
 
 def retries_left(retries: int, runs: list[Run]) -> int:
     """Launches left to a failed item without asking: its ``retries:`` less the failures
-    since its last success (or stop), the first one not counted."""
+    since its last success (or stop), the first one not counted (a preempted or interrupted
+    run is none: the first failure after one still gets every retry)."""
     return retries - max(failures(runs), 1) + 1
+
+
+def again(item: "Item", status: str, runs: list[Run]) -> str | None:
+    """Why ``run --all`` launches an item again right after its run ended (the notice it
+    shows), or None: a preempted run whose item says ``on_preempt: resume``, or a failure
+    its ``retries:`` still cover. A preemption uses up no retry."""
+    if status != "failed":
+        return None
+    if runs and runs[-1].state == PREEMPTED and resumes(runs[-1], item):
+        return (f"{item.id}: preempted ({(runs[-1].error or 'by its host').splitlines()[0]}); launched again "
+                f"(on_preempt: resume), its retries unchanged ({retries_left(item.retries, runs)} "
+                f"of {item.retries} left)")
+    if item.retries and retries_left(item.retries, runs) > 0:
+        return (f"{item.id}: failed; retry {failures(runs)} of {item.retries} (its plan's "
+                "retries)")
+    return None
 
 
 def held(item: "Item", status: str, runs: list[Run], *, asked: bool, plan: str) -> str | None:
@@ -122,16 +148,20 @@ def held(item: "Item", status: str, runs: list[Run], *, asked: bool, plan: str) 
         return (f"{item.id}: stopped by the operator; launched again only when asked "
                 f"(`specdeck run {plan} {item.id} --again`, or r in the console)")
     if (status == "failed" and not asked and retries_left(item.retries, runs) <= 0
-            and not resumes(runs[-1] if runs else None)):
+            and not resumes(runs[-1] if runs else None, item)):
         used = f", its {item.retries} retries used" if item.retries else ""
         return (f"{item.id}: failed{used}; retried only when asked (`specdeck run {plan} "
                 f"{item.id}`, or r in the console)")
     return None
 
 
-def resumes(latest: Run | None) -> bool:
-    """A run specdeck interrupted is no failure of the work: its item launches again."""
-    return latest is not None and latest.state == INTERRUPTED
+def resumes(latest: Run | None, item: "Item | None" = None) -> bool:
+    """A run specdeck interrupted is no failure of the work: its item launches again; so is
+    a preempted one whose item says ``on_preempt: resume``."""
+    if latest is None:
+        return False
+    return latest.state == INTERRUPTED or (
+        latest.state == PREEMPTED and getattr(item, "on_preempt", None) == "resume")
 
 
 def stop_requested(run: Run | None) -> bool:
@@ -145,6 +175,9 @@ def outcome_of(state: "CapsuleState", *, stopped: bool = False, capsule: str = "
     failure, or a stop when one was asked; no process and no exit status is ``lost``."""
     from core.capsules.jobs import Outcome  # the actions' record of it (they sit below runs)
 
+    if state.preempted and not stopped:
+        return Outcome(PREEMPTED, state.exit_code, state.signal, capsule, run_id,
+                       preempted=state.preempted)
     if state.state == "ended":
         ok = state.exit_code == 0 and state.signal is None
         st = STOPPED if stopped else (SUCCEEDED if ok else FAILED)
@@ -160,7 +193,8 @@ def outcome_of_run(run: "Run") -> "Outcome":
 
 
 def after_failed_finish(outcome: Outcome) -> str:
-    """A run whose results could not be read: it keeps how it ended, a success fails."""
+    """A run whose results could not be read: it keeps how it ended (preempted stays
+    preempted), a success fails."""
     return outcome.state if outcome.state != SUCCEEDED else FAILED
 
 

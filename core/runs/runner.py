@@ -439,10 +439,9 @@ class Runner:
                     continue
                 except Exception as e:  # noqa: BLE001 - any fault ends the item, not the runner
                     state = self._item_failed(it, e)
-                if state == "failed" and it.retries and self.retries_left(it) > 0:
-                    self.emit(Notice(it.id, f"{it.id}: failed; retry "
-                                     f"{life.failures(self.store.runs_for_item(it.id))} of "
-                                     f"{it.retries} (its plan's retries)", "warning"))
+                why = life.again(it, state, self.store.runs_for_item(it.id))
+                if why:  # on_preempt: resume, or retries left (a preemption uses none)
+                    self.emit(Notice(it.id, why, "warning"))
                     pending.insert(0, it)
                     continue
                 started = self.detach and state == life.ITEM_WHILE_LIVE
@@ -762,7 +761,8 @@ class Runner:
                                signal=outcome.signal)
         else:
             status = self._end(item, run_id, outcome.state, result=result,
-                               exit_code=outcome.exit_code, signal=outcome.signal, error=left)
+                               exit_code=outcome.exit_code, signal=outcome.signal,
+                               error=left or outcome.preempted)
         if self.plan.notify:  # after the end is recorded: a target never delays nor fails it
             ended = self.store.run(run_id)
             await notify.after_run(self.store, self.plan, item, run_id, ended.state, host,

@@ -9,14 +9,14 @@ misspells it, not a KeyError or a silent ``None`` somewhere later.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, dataclass_transform
 
 from core.ml.formats import strictjson
 
 LIVE_STATES = ("starting", "running")
 """A run in one of these has not ended (the store's queries use the same tuple)."""
-ENDED_STATES = ("succeeded", "failed", "stopped", "lost", "interrupted")
+ENDED_STATES = ("succeeded", "failed", "stopped", "lost", "interrupted", "preempted")
 
 
 def _json(value: Any) -> Any:
@@ -285,6 +285,10 @@ class WatcherStatus(Record):
     """Steps whose eval failed."""
     error: str | None
     capsule: str
+    deleted: list[int] = field(default_factory=list)
+    """Checkpoints its retention deleted (``watch_eval.keep_checkpoints``)."""
+    freed_bytes: int = 0
+    """The bytes those deletions freed."""
 
 
 @record()

@@ -48,8 +48,11 @@ def free_port() -> int:
 
 
 class SlurmCluster:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, *, preempting: bool = False):
         self.root = root
+        self.preempting = preempting
+        """Partitions ``low`` (the default, preempted: PreemptMode=CANCEL) and ``high`` on the
+        one node instead of ``debug``: a job in ``high`` takes the CPUs of one in ``low``."""
         self.host = socket.gethostname()
         self.conf = root / "slurm.conf"
         self.procs: list[subprocess.Popen] = []
@@ -81,8 +84,15 @@ ReturnToService=2
 MinJobAge=300
 KillWait=5
 NodeName={self.host} NodeAddr=127.0.0.1 CPUs=2 RealMemory=20000
-PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP
-""")
+{self.partitions()}""")
+
+    def partitions(self) -> str:
+        if not self.preempting:
+            return f"PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP\n"
+        part = f"Nodes={self.host} MaxTime=INFINITE State=UP"
+        return ("PreemptType=preempt/partition_prio\nPreemptMode=CANCEL\n"
+                f"PartitionName=low {part} Default=YES PriorityTier=1 PreemptMode=CANCEL\n"
+                f"PartitionName=high {part} PriorityTier=2 PreemptMode=OFF\n")
 
     @property
     def env(self) -> dict[str, str]:

@@ -186,3 +186,16 @@ def test_structurally_wrong_plans_never_traceback(items):
         parse_plan(text, "fz.yaml")
     except PlanError as e:
         assert all(str(i).startswith("fz.yaml:") for i in e.issues)
+
+
+def test_on_preempt_is_resume_or_fail_and_a_bad_value_names_its_line_and_field():
+    plan = parse_plan("name: q\nitems:\n  - {id: a, content: x, on_preempt: resume}\n"
+                      "  - {id: b, content: y}\n", "f.yaml")
+    assert [it.on_preempt for it in plan.items] == ["resume", "fail"]
+    with pytest.raises(PlanError) as ei:
+        parse_plan("name: q\nitems:\n  - id: a\n    content: x\n    on_preempt: requeue\n",
+                   "f.yaml")
+    (issue,) = ei.value.issues
+    assert (issue.item, issue.field) == ("a", "on_preempt")
+    assert str(issue).startswith("f.yaml:5:") and \
+        "on_preempt must be one of fail, resume, got 'requeue'" in issue.message

@@ -44,13 +44,13 @@ REFUSED = [(frm, to) for frm, to in itertools.product(life.STATES, life.STATES)
 def test_the_table_names_every_state_and_ended_states_go_nowhere():
     assert set(life.TRANSITIONS) == set(life.STATES)
     assert set(life.STATES) == {"starting", "running", "succeeded", "failed", "stopped", "lost",
-                                "interrupted"}
+                                "interrupted", "preempted"}
     assert all(not life.TRANSITIONS[s] for s in life.ENDED)
     assert all(to in life.STATES for tos in life.TRANSITIONS.values() for to in tos)
     assert life.CLAIMED == life.STARTING
     # the store's copy (its SQL asks for live runs) is life's
     assert (life.LIVE, life.ENDED) == (LIVE_STATES, ENDED_STATES)
-    assert len(ALLOWED) == 10 and len(REFUSED) == 7 * 7 - 10
+    assert len(ALLOWED) == 11 and len(REFUSED) == 8 * 8 - 11
 
 
 @pytest.mark.parametrize("frm, to", ALLOWED)
@@ -105,7 +105,7 @@ def test_a_store_without_the_table_checks_nothing(tmp_path):
 
 def test_run_state_to_item_status():
     assert life.RUN_TO_ITEM == {"succeeded": "done", "failed": "failed", "stopped": "stopped",
-                                "lost": "failed", "interrupted": "failed"}
+                                "lost": "failed", "interrupted": "failed", "preempted": "failed"}
     assert set(life.RUN_TO_ITEM) == set(life.ENDED)
     assert life.ended_reason("r1", life.FAILED, "exit 3") == "run r1 failed: exit 3"
     assert life.ended_reason("r1", life.SUCCEEDED, None) == "run r1 succeeded"
@@ -114,7 +114,10 @@ def test_run_state_to_item_status():
 @pytest.mark.parametrize("state, stopped, outcome", [
     (CapsuleState("ended", 0), False, "succeeded"), (CapsuleState("ended", 1), False, "failed"),
     (CapsuleState("ended", None, "TERM"), False, "failed"),
-    (CapsuleState("ended", None, "TERM"), True, "stopped"), (CapsuleState("lost"), False, "lost")])
+    (CapsuleState("ended", None, "TERM"), True, "stopped"), (CapsuleState("lost"), False, "lost"),
+    (CapsuleState("ended", None, "TERM", preempted="Slurm PREEMPTED (job 7)"), False, "preempted"),
+    (CapsuleState("lost", preempted="Slurm NODE_FAIL (job 7)"), False, "preempted"),
+    (CapsuleState("ended", 143, None, preempted="spot reclaim notice: x"), True, "stopped")])
 def test_outcome_of_a_capsule_state(state, stopped, outcome):
     got = life.outcome_of(state, stopped=stopped, capsule="/c", run_id="r1")
     assert (got.state, got.exit_code, got.signal, got.capsule) == (outcome, state.exit_code,
@@ -139,7 +142,29 @@ def test_failures_count_since_the_last_success_or_stop():
 
 
 class _Item:
-    id, retries = "t", 0
+    id, retries, on_preempt = "t", 0, "fail"
+
+
+class _Resuming:
+    id, retries, on_preempt = "t", 2, "resume"
+
+
+def test_a_preemption_uses_up_no_retry_and_on_preempt_resume_relaunches():
+    preempted = [Run("r1", "it", state="preempted", attempt=1, error="Slurm PREEMPTED (job 7)")]
+    assert life.failures(_runs("failed", "preempted", "preempted")) == 1
+    assert life.retries_left(2, _runs("preempted", "preempted")) == 2  # all of them left
+    assert life.retries_left(2, _runs("failed", "preempted")) == 2
+    assert life.again(_Resuming(), "failed", preempted) == (
+        "t: preempted (Slurm PREEMPTED (job 7)); launched again (on_preempt: resume), its "
+        "retries unchanged (2 of 2 left)")
+    assert life.held(_Resuming(), "failed", preempted, asked=False, plan="p") is None
+    # on_preempt: fail (the default): held like a failure, still counted as none
+    assert life.again(_Item(), "failed", preempted) is None
+    assert life.held(_Item(), "failed", preempted, asked=False, plan="p").startswith("t: failed")
+    # a real failure after preemptions: the first retry of two
+    runs = _runs("preempted", "failed")
+    assert life.again(_Resuming(), "failed", runs) == "t: failed; retry 1 of 2 (its plan's retries)"
+    assert life.again(_Resuming(), "done", runs) is None
 
 
 def test_what_holds_an_item_back():

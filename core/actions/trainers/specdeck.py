@@ -76,6 +76,13 @@ class Specdeck(Trainer):
             doc = load_yaml((ctx.plan.dir / p.config).read_text()) or {}
             for k, v in p.overrides.items():
                 deep_set(doc, k, v)
+            if watch_prunes(doc, p, ctx.item.action.host):
+                ctx.progress(f"train.keep_checkpoints: {doc['train']['keep_checkpoints']} is "
+                             "applied by the tau watcher: it keeps the best by tau and the steps "
+                             "other items name too, deleting the rest once evaluated")
+                deep_set(doc, "train.keep_checkpoints", None)
+            else:
+                pin_named_steps(doc, ctx.plan, ctx.item.id)
             # the uploaded file lives in the capsule: make its paths absolute on the host
             local = ctx.plan.hosts[ctx.item.action.host].local
             absolute_paths(doc, host, (ctx.plan.dir / p.config).parent if local else None,
@@ -129,6 +136,31 @@ def start_choice(params: Any, runs: list[Run], checkpoints: list,
            f"attempt {last.attempt} succeeded; `--again --resume` or `resume: always` "
            "continues from its last checkpoint instead")
     return StartChoice(False, None, f"starts fresh at step 0 in its own output dir ({why})")
+
+
+def watch_prunes(doc: dict, params, train_host: str) -> bool:
+    """The config's ``train.keep_checkpoints`` is a detached watcher's to apply (it knows tau:
+    :func:`core.actions.watch_eval.detached.retention_flags`), not the trainer's."""
+    from core.actions.watch_eval.params import parse_watch
+
+    train = doc.get("train")
+    return (isinstance(train, dict) and train.get("keep_checkpoints") is not None
+            and params.watch_eval is not None
+            and parse_watch(params.watch_eval).placement(train_host) in ("train", "eval"))
+
+
+def pin_named_steps(doc: dict, plan, item_id: str) -> None:
+    """A config that prunes (``train.keep_checkpoints``) keeps the steps other items name
+    (``item:<this>@step:N``) too: added to its ``train.keep_steps``."""
+    from core.actions.mlbase import pinned_steps
+
+    train = doc.get("train")
+    pins = pinned_steps(plan, item_id)
+    if not isinstance(train, dict) or train.get("keep_checkpoints") is None or not pins:
+        return
+    have = train.get("keep_steps")
+    have = [s for s in have if type(s) is int] if isinstance(have, list) else []
+    deep_set(doc, "train.keep_steps", sorted(set(have) | pins))
 
 
 def watch_block_size(spec, plan, item) -> list:

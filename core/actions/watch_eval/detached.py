@@ -79,6 +79,7 @@ async def command(ctx: "ActionContext", spec: WatchEvalParams, run: Run, ckpt_di
     args += sampling.cli_flags(spec)  # every eval it runs samples so (core.ml.watcher)
     if "tau_drop" in getattr(ctx.plan, "notify", ()):
         args += ["--drop-pct", spec.alerts.drop_pct]
+    args += retention_flags(ctx.plan, ctx.item, spec)
     launched = getattr(run, "config", None)
     launched = launched if isinstance(launched, dict) else {}
     from core.actions.trainers import TRAINERS
@@ -102,6 +103,34 @@ async def command(ctx: "ActionContext", spec: WatchEvalParams, run: Run, ckpt_di
     cap = jobs.capsule_path(host, capsule_id(run.id))
     return Launch(py_module(py, "core.ml.watcher", *args), env={"PYTHONUNBUFFERED": "1"},
                   cwd=cap)
+
+
+def trainer_keep(plan, item) -> int | None:
+    """``train.keep_checkpoints`` of a specdeck-trainer item's config (with its overrides):
+    with a detached watcher it is the watcher's to apply (:func:`retention_flags`)."""
+    from core.actions.fit import load_train_doc
+
+    params = getattr(getattr(item, "action", None), "params", None)
+    if item_trainer(item) not in (None, "specdeck") or not getattr(params, "config", None):
+        return None
+    train = (load_train_doc(plan, params) or {}).get("train")
+    keep = train.get("keep_checkpoints") if isinstance(train, dict) else None
+    return keep if isinstance(keep, int) and not isinstance(keep, bool) else None
+
+
+def retention_flags(plan, item, spec: WatchEvalParams) -> list:
+    """The watcher's ``--keep-newest/--keep-best/--pin`` (core.ml.formats.retention):
+    ``watch_eval.keep_checkpoints``, else the trainer config's; each step another item names
+    pinned. None of them when neither says how many to keep."""
+    from core.actions.mlbase import pinned_steps
+
+    keep = spec.keep_checkpoints if spec.keep_checkpoints is not None else trainer_keep(plan, item)
+    if keep is None:
+        return []
+    args: list = ["--keep-newest", keep, "--keep-best", spec.keep_best]
+    for step in sorted(pinned_steps(plan, item.id)):
+        args += ["--pin", step]
+    return args
 
 
 def item_trainer(item) -> str | None:
@@ -390,6 +419,52 @@ async def ingest(ctx: "ActionContext", spec, *, away: bool = False) -> list[int]
     return [s for s, _ in new]
 
 
+DELETED = "checkpoints_deleted"
+"""The journal kind of the checkpoints a watcher's retention deleted (``status`` sums it)."""
+
+
+async def journal_deletions(ctx: "ActionContext", w: TauWatcher, host: "Host",
+                            said: Any) -> None:
+    """Journal (once each) the checkpoints the watcher's retention deleted, as its
+    ``retention.json`` lists them, with the bytes each freed (core.ml.formats.retention);
+    read only when its status.json says (``said``: its ``deleted``) a step not journaled yet."""
+    known = {s for e in ctx.journaled(DELETED) if isinstance(e.data, dict)
+             for s in e.data.get("steps", ())}
+    if not isinstance(said, list) or not {s for s in said if _step_of(s) is not None} - known:
+        return
+    path = posixpath.join(w.capsule, "retention.json")
+    listing = await _listing_of(host, path)
+    if listing is None:
+        return
+    try:
+        doc = _parse(await read_untrusted(host, path, kind=listing[0], size=listing[1],
+                                          limit=1 << 22))
+    except BadResult as e:
+        ctx.journal("watch_bad_name", f"retention.json ignored: {e}", host=w.host,
+                    data={"name": "retention.json"})
+        return
+    rows = doc.get("deleted") if isinstance(doc, dict) else None
+    fresh = [(d["step"], d["bytes"]) for d in (rows if isinstance(rows, list) else [])
+             if isinstance(d, dict) and _step_of(d.get("step")) is not None
+             and _step_of(d.get("bytes")) is not None and d["step"] not in known]
+    if not fresh:
+        return
+    from core.text import human
+
+    freed = sum(b for _, b in fresh)
+    kept = doc.get("kept") if isinstance(doc.get("kept"), dict) else {}
+    why = ", ".join(f"{short(str(s), 20)} ({short('+'.join(map(str, r)), 40)})"
+                    for s, r in list(kept.items())[:20] if isinstance(r, list))
+    ctx.journal(DELETED, f"deleted checkpoints {', '.join(f'step {s} ({human(b)})' for s, b in fresh)}"
+                f": freed {human(freed)}" + (f"; kept {why}" if why else ""), host=w.host,
+                data={"steps": [s for s, _ in fresh], "bytes": [b for _, b in fresh],
+                      "freed_bytes": freed})
+
+
+def _step_of(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= INT64 else None
+
+
 async def _refresh(ctx: "ActionContext", w: TauWatcher, host: "Host") -> None:
     """The watcher's state from its status.json and its capsule."""
     path = posixpath.join(w.capsule, "status.json")
@@ -399,6 +474,7 @@ async def _refresh(ctx: "ActionContext", w: TauWatcher, host: "Host") -> None:
                                           limit=1 << 20)) if listing else {}
     except BadResult:
         doc = {}
+    await journal_deletions(ctx, w, host, doc.get("deleted") if isinstance(doc, dict) else None)
     doc = _status_fields(doc)
     st = await jobs.inspect(host, w.capsule)
     if st.state in ("missing", "nopid") and w.state not in ENDED:

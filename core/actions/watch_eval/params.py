@@ -24,6 +24,8 @@ A train item may declare (typed: :class:`WatchEvalParams`)::
                                # unchanged this long; a failed read is recorded once unchanged
                                # this long after it (else read again once whole)
       alerts: {drop_pct: 10, flat_evals: 3, flat_eps: 0.02}
+      keep_checkpoints: 2      # a detached watcher deletes the rest once evaluated, but the
+      keep_best: 1             # best K by tau and every step another item names (@step:N)
 
 How the evals run: :mod:`core.actions.watch_eval` (the package doc).
 """
@@ -100,13 +102,22 @@ class WatchEvalParams:
     stay unchanged before that failure is recorded (one that changes is read again once whole).
     Longer than the training host's disk may pause inside one save (:mod:`core.ml.formats.layouts`)."""
     alerts: WatchAlerts = field(default_factory=WatchAlerts)
+    keep_checkpoints: int | None = None
+    """A detached watcher's retention (:mod:`core.ml.formats.retention`): keep the newest N
+    checkpoints, the ``keep_best`` best by tau and each step another item names
+    (``item:<this>@step:N``), deleting the others once evaluated, the bytes freed logged.
+    None: the trainer config's ``train.keep_checkpoints`` (specdeck's trainer; handed over to
+    the watcher so the trainer no longer prunes tau-blind), else keep all."""
+    keep_best: int = 1
+    """With ``keep_checkpoints``: keep the best K by tau (0: the newest N only)."""
 
     def validate(self):
         from core.actions.eval import sampling_problems
         from core.plans.params import counts
 
         out = sampling_problems(self, offline_field="temperature")
-        out += counts(self, max_prompts=1, block_size=1, max_new_tokens=1)
+        out += counts(self, max_prompts=1, block_size=1, max_new_tokens=1, keep_checkpoints=1,
+                      keep_best=0)
         if not (self.every == "checkpoint" or (isinstance(self.every, int) and self.every > 0)):
             out.append((("every",), "every: a number of steps or 'checkpoint'"))
         if self.mode == "offline" and not self.cache:
@@ -182,6 +193,9 @@ def validate_watch(spec, plan, item) -> list[tuple[tuple, str]]:
     if p.on == "train" and p.host is not None and train_host and p.host != train_host:
         out.append((("host",), f"on: train runs on the training host {train_host!r}; drop "
                                f"host {p.host!r} or use on: eval"))
+    if p.keep_checkpoints is not None and p.placement(train_host) == "console":
+        out.append((("keep_checkpoints",), "keep_checkpoints is a detached watcher's (on: "
+                    "train, or on: eval with fetch: direct): it deletes where the checkpoints are"))
     if p.mode == "online":
         from core.actions.mlbase import validate_prompts
 

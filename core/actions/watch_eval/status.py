@@ -22,16 +22,24 @@ def status_of(store: "Store", run_id: str | None) -> WatcherStatus | None:
     if w is None:
         return None
     entries = store.watch_entries(run_id)
+    gone = [e.data for e in store.events(kinds=("checkpoints_deleted",))
+            if e.run_id == run_id and isinstance(e.data, dict)]
     return WatcherStatus(host=w.host, state=w.state, current=w.current,
                          last_step=w.last_step, queue=list(w.queue or []),
                          evaluated=[e.step for e in entries if e.state == "done"],
                          failed=[e.step for e in entries if e.state == "failed"],
-                         error=w.error, capsule=w.capsule)
+                         error=w.error, capsule=w.capsule,
+                         deleted=[s for d in gone for s in d.get("steps", ())],
+                         freed_bytes=sum(d.get("freed_bytes", 0) for d in gone))
 
 
 def describe(w: WatcherStatus) -> str:
     """A watcher's :func:`status_of` in one line for a person: its state (and the step it is
     evaluating), where, the last step evaluated, the queue, the failed steps."""
     state = w.state + (f" (step {w.current})" if w.current is not None else "")
+    from core.text import human
+
     return (f"{state} on {w.host} · last step {w.last_step or '–'} · queue {len(w.queue)}"
-            + (f" · failed {', '.join(map(str, w.failed))}" if w.failed else ""))
+            + (f" · failed {', '.join(map(str, w.failed))}" if w.failed else "")
+            + (f" · deleted {', '.join(map(str, w.deleted))} (freed {human(w.freed_bytes)})"
+               if w.deleted else ""))

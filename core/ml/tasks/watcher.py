@@ -57,7 +57,8 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import InvalidInput
-from core.ml.formats import bounds, layouts
+from core.text import human
+from core.ml.formats import bounds, layouts, retention
 from core.ml.models import sampling
 from core.ml.formats.runio import (UsageError, atomic_write_json, check_flags, check_generation_args, emit, read_json, run_main,
                            say)
@@ -97,6 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drop-pct", type=float, help="tau more than this %% below the best so far: "
                    "a tau_drop alert, sent from here when specdeck armed this dir (notify.json "
                    "naming tau_drop, notify.url: core.ml.notify)")
+    p.add_argument("--keep-newest", type=int, help="retention (core.ml.formats.retention): keep "
+                   "the newest N checkpoints, the --keep-best best by tau and the --pin ones; "
+                   "delete the others once evaluated (default: delete none)")
+    p.add_argument("--keep-best", type=int, default=1, help="with --keep-newest: keep the best K "
+                   "by tau (default 1)")
+    p.add_argument("--pin", type=int, action="append", default=[], help="with --keep-newest: "
+                   "a step never deleted (another item names it); repeatable")
     p.add_argument("--poll", type=float, default=5.0, help="seconds between looks for checkpoints")
     p.add_argument("--settle", type=float, default=layouts.SETTLE_S,
                    help="seconds a checkpoint its trainer does not mark complete must stay "
@@ -116,7 +124,12 @@ def preflight(args: argparse.Namespace) -> str | None:
         check_generation_args(args)
         check_flags(args, block_size=bounds.count, every=lambda v: bounds.count(v, 1, bounds.INT64_MAX),
                     after=lambda v: bounds.count(v, 0, bounds.INT64_MAX), poll=bounds.seconds,
+                    keep_newest=lambda v: bounds.count(v, 1, bounds.INT64_MAX),
+                    keep_best=lambda v: bounds.count(v, 0, bounds.INT64_MAX),
                     settle=bounds.seconds)
+        bad_pin = next((p for p in args.pin if bounds.count(p, 0, bounds.INT64_MAX)), None)
+        if bad_pin is not None:
+            raise UsageError(f"--pin {bounds.count(bad_pin, 0, bounds.INT64_MAX)}")
     except UsageError as exc:
         return f"{args.where}: {exc}"
     if not (target / "config.json").is_file():
@@ -280,8 +293,17 @@ class Watch:
             "done": sorted(s for s, v in written.items() if v == "done"),
             "failed": sorted(s for s, v in written.items() if v == "failed"),
             "queue": [s for s, _ in self.queue()], "settling": self.settling(),
+            **self.retention_status(),
             "started_at": self.started,
             "updated_at": time.time(), **extra})
+
+    def retention_status(self) -> dict[str, Any]:
+        """status.json's ``deleted`` steps and ``freed_bytes`` (with --keep-newest only)."""
+        if self.args.keep_newest is None:
+            return {}
+        log = self.retention_log()
+        return {"deleted": [d.get("step") for d in log["deleted"]],
+                "freed_bytes": log.get("freed_bytes", 0)}
 
     # -- one eval ---------------------------------------------------------------------
     def evaluate(self, step: int, entry: layouts.Entry) -> dict[str, Any]:
@@ -349,6 +371,62 @@ class Watch:
         shutil.rmtree(self.out / "work" / f"step_{step}", ignore_errors=True)
         if rec["state"] == "done" and tau is not None:
             self.tau_alert(step, float(tau))
+        self.retain()
+
+    # -- retention ----------------------------------------------------------------------
+    def retain(self) -> list[retention.Deleted]:
+        """Delete the checkpoints ``--keep-newest``/``--keep-best``/``--pin`` let go, once
+        evaluated (core.ml.formats.retention); each deletion logged and kept in
+        ``retention.json`` (and its sum in status.json) with the bytes it freed."""
+        if self.args.keep_newest is None:
+            return []
+        entries = self.entries()
+        written = self.written()
+        results = {}
+        for step in written:
+            try:
+                results[step] = read_json(self.results / f"step_{step}.json")
+            except (OSError, UsageError):
+                continue
+        taus = {s: (r.get("result") or {}).get("tau") for s, r in results.items()
+                if r.get("state") == "done"}
+        last = max(written, default=None)
+        # a step ``--every`` passed over (older than the newest result, never written) is
+        # as evaluated as it will ever be
+        skipped = {s for s in entries if last is not None and s < last and s not in written
+                   and s not in self.failing}
+        pins = set(self.args.pin)
+        pointed = layouts.best_step(self.args.ckpt_dir, self.args.trainer)
+        if pointed is not None:
+            pins.add(pointed)  # a trainer's best pointer (``@best``) never dangles
+        policy = retention.Policy(self.args.keep_newest, self.args.keep_best, frozenset(pins))
+        decision = retention.decide(entries, taus, set(written) | skipped, policy)
+        gone = retention.apply(self.args.ckpt_dir, {s: e.name for s, e in entries.items()},
+                               decision)
+        if not gone:
+            return gone
+        log = self.retention_log()
+        log["deleted"] += [{"step": d.step, "path": d.path, "bytes": d.bytes, "tau": taus.get(d.step),
+                            "at": time.time()} for d in gone]
+        log["freed_bytes"] = sum(d["bytes"] for d in log["deleted"])
+        log["kept"] = {str(s): list(w) for s, w in decision.keep.items()}
+        log["policy"] = {"newest": policy.newest, "best": policy.best, "pins": sorted(pins)}
+        atomic_write_json(self.out / "retention.json", log)
+        freed = sum(d.bytes for d in gone)
+        emit("retention", deleted=[{"step": d.step, "path": d.path, "bytes": d.bytes} for d in gone],
+             freed_bytes=freed, kept=log["kept"])
+        kept = ", ".join(f"{s} ({'+'.join(w)})" for s, w in sorted(decision.keep.items()))
+        say(f"retention: deleted {', '.join(f'step {d.step} ({human(d.bytes)})' for d in gone)}: "
+            f"freed {human(freed)} ({human(log['freed_bytes'])} in all); kept {kept}")
+        return gone
+
+    def retention_log(self) -> dict[str, Any]:
+        try:
+            log = read_json(self.out / "retention.json")
+        except (OSError, UsageError):
+            log = {}
+        log.setdefault("deleted", [])
+        return log
 
     def tau_alert(self, step: int, tau: float) -> None:
         """A tau drop (``--drop-pct`` below the best earlier step) told from here, in a

@@ -145,7 +145,11 @@ class TrainSection:
                                    "blockwise (same result, memory linear in anchors)", ATTENTION)
     log_every: int = knob(1, "print a metrics line every N steps")
     checkpoint_every: int = knob(500, "write step_N.pt every N steps (and always at the end)")
-    keep_checkpoints: int | None = knob(None, "keep only the newest N step_*.pt (null: keep all)")
+    keep_checkpoints: int | None = knob(None, "keep only the newest N step_*.pt and the keep_steps ones "
+                                              "(null: keep all; a detached tau watcher keeps the best by "
+                                              "tau too: specdeck hands it this)")
+    keep_steps: list[int] = knob([], "with keep_checkpoints: steps never deleted (specdeck lists the ones "
+                                     "other items name, item:<train>@step:N)")
     val_every: int = knob(0, "validation every N steps (0: only at the end; needs data.val_count)")
 
 
@@ -417,6 +421,8 @@ def check(cfg: TrainConfig, where: str) -> None:
     need(t.log_every >= 1, "train.log_every", "must be >= 1")
     need(t.checkpoint_every >= 1, "train.checkpoint_every", "must be >= 1")
     need(t.keep_checkpoints is None or t.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1")
+    need(all(type(s) is int and s >= 0 for s in t.keep_steps), "train.keep_steps",
+         "must be a list of steps (whole numbers >= 0)")
     need(t.val_every >= 0, "train.val_every", "must be >= 0")
     need(lo.gamma is None or lo.gamma > 0, "loss.gamma", "must be > 0")
     need(0 <= lo.soft_kl_weight <= 1, "loss.soft_kl_weight", "must be in [0, 1]")

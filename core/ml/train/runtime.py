@@ -21,6 +21,7 @@ import re
 import signal
 import sys
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 from core.ml.formats import strictjson
@@ -143,8 +144,11 @@ def resolve_resume(arg: str | None, out: Path) -> Path | None:
 
 
 def save_checkpoint(out: Path, step: int, drafter: Any, opt: Any, sched: Any, cfg_dict: dict[str, Any],
-                    drafter_cfg: dict[str, Any], run: dict[str, Any], keep: int | None) -> Path:
-    """Write ``step_{step}.pt`` atomically, then ``latest``; prune old ones when ``keep`` is set."""
+                    drafter_cfg: dict[str, Any], run: dict[str, Any], keep: int | None,
+                    pins: Iterable[int] = ()) -> Path:
+    """Write ``step_{step}.pt`` atomically, then ``latest``; when ``keep`` is set, delete all
+    but the newest ``keep`` and the ``pins`` (core.ml.formats.retention: tau plays no part
+    here, a detached watcher's retention is the one that knows it)."""
     import torch
 
     from core.ml.formats.runio import atomic_target
@@ -157,7 +161,12 @@ def save_checkpoint(out: Path, step: int, drafter: Any, opt: Any, sched: Any, cf
         torch.save(state, tmp)
     atomic_write_text(out / LATEST, path.name + "\n")
     if keep is not None:
-        for _, old in checkpoint_files(out)[:-keep]:
-            if old != path:
-                old.unlink(missing_ok=True)
+        from core.ml.formats import retention
+
+        files = dict(checkpoint_files(out))
+        decision = retention.decide(files, {}, files,
+                                    retention.Policy(keep, best=0, pins=frozenset(pins)))
+        for s in decision.delete:
+            if files[s] != path:
+                files[s].unlink(missing_ok=True)
     return path

@@ -526,7 +526,8 @@ class Trainer:
         path = None
         if self.dist.main:
             path = save_checkpoint(self.out, self.step, self.drafter, self.opt, self.sched, self.cfg_dict,
-                                   self.drafter_cfg, self.run_info, self.cfg.train.keep_checkpoints)
+                                   self.drafter_cfg, self.run_info, self.cfg.train.keep_checkpoints,
+                                   self.cfg.train.keep_steps)
             print_line({"event": "checkpoint", "step": self.step, "path": str(path.resolve())})
         if self.dist.active:
             self.dist.dist.barrier()

@@ -413,6 +413,19 @@ def test_checkpoint_files_latest_pruning_and_resume_choice(tmp_path):
     assert ckpt["step"] == 15 and set(ckpt["model"]) == {"weight", "bias"}
 
 
+def test_pruning_keeps_the_steps_other_items_name(tmp_path):
+    """``train.keep_steps`` (specdeck lists the steps another item names): never pruned."""
+    from core.ml.train import runtime as rt
+
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    for step in (5, 10, 15, 20, 25):
+        rt.save_checkpoint(tmp_path, step, model, opt, sched, {"seed": 0}, {}, {}, keep=2,
+                           pins=[10])
+    assert [s for s, _ in rt.checkpoint_files(tmp_path)] == [10, 20, 25]
+
+
 def test_the_drafters_forward_knobs_shape_the_training_loss(ws, qwen3_target, one_thread):
     """input_embedding_scale and the logit knobs apply in training as in eval (docs/drafter.md §4):
     the same weights and batch give another loss with each knob set."""
