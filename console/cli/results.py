@@ -49,7 +49,7 @@ def cmd_compare(args) -> int:
                            hint=f"run an eval item first (`specdeck run {args.plan} ITEM`)")
     comp = build_comparison(rows, [tuple(p) for p in args.pair or ()], decide=plan.decisions,
                             **({"detect": args.detect} if args.detect is not None else {}))
-    for why in comp.left_out:  # a NaN or infinite tau in a result: said in every format
+    for why in comp.left_out + comp.target_warnings:  # said in every format
         print(f"{plan.name}: {why}", file=sys.stderr)
     advice = draft_lengths(rows, args.cost)
     if args.json:
@@ -119,13 +119,25 @@ def print_comparison(comp, *, pivot: bool, markdown: bool) -> None:
 
 WHERE_KEYS = ("out_dir", "out", "resume")
 """Top-level config keys that say where a run wrote or what it resumed from."""
+RECORD = "record"
+"""The prefix of the keys of a run's reproduction record (core.ml.formats.reproduce) in
+``diff``: ``record.target.dtype``, ``record.git.dirty``..."""
+RECORD_WHERE = ("record.git.diff", "record.config.out", "record.config.out_dir",
+                "record.config.baseline_out", "record.config.resume")
+"""Record keys that say where a run wrote (its own files), not how it ran."""
 
 
-def _diff_side(session, spec: str) -> tuple[str, dict]:
-    """``ITEM`` (its latest run with a recorded config) or ``ITEM#N`` (attempt N)."""
+def _record(run) -> dict | None:
+    rec = (run.result or {}).get(RECORD) if isinstance(run.result, dict) else None
+    return rec if isinstance(rec, dict) else None
+
+
+def _diff_side(session, spec: str):
+    """``ITEM`` (its latest run with a recorded config or record) or ``ITEM#N`` (attempt N):
+    its label, its run and what diff compares (the config, and the record under ``record.``)."""
     item, _, attempt = spec.partition("#")
     session.plan.item(item)
-    runs = [r for r in session.runs_of(item) if r.config]
+    runs = [r for r in session.runs_of(item) if r.config or _record(r)]
     if attempt:
         if not attempt.isdigit():
             raise InvalidInput(f"{spec!r}: ITEM#N takes an attempt number")
@@ -139,7 +151,11 @@ def _diff_side(session, spec: str) -> tuple[str, dict]:
                            hint="a core.ml.train run records its resolved config when it "
                                 "ends; a command: trainer, its argv and config file at launch")
     run = runs[-1]
-    return f"{item}#{run.attempt}", run.config
+    flat = _flatten(run.config or {})
+    rec = _record(run)
+    if rec is not None:
+        flat.update(_flatten(rec, RECORD))
+    return f"{item}#{run.attempt}", run, flat
 
 
 def cmd_diff(args) -> int:
@@ -149,18 +165,22 @@ def cmd_diff(args) -> int:
     async def go(session):
         return [_diff_side(session, s) for s in (args.item_a, args.item_b)]
 
-    (la, a), (lb, b) = run_with(plan, args, go, show_events=False, read=True)
-    fa, fb = _flatten(a), _flatten(b)
+    (la, ra, fa), (lb, rb, fb) = run_with(plan, args, go, show_events=False, read=True)
     missing = object()
     differ = sorted(k for k in set(fa) | set(fb) if fa.get(k, missing) != fb.get(k, missing))
     # where each run wrote (core.ml.train.config.RUN_KEYS, and a resume's source) is no setting
-    where = [k for k in differ if k.split(".")[0] in WHERE_KEYS]
+    where = [k for k in differ if k.split(".")[0] in WHERE_KEYS or k.startswith(RECORD_WHERE)]
     keys = [k for k in differ if k not in where]
+    unrecorded = [label for label, f in ((la, fa), (lb, fb))
+                  if not any(k.startswith(RECORD + ".") for k in f)]
     if args.json:
         print(strictjson.dumps({k: {la: fa.get(k), lb: fb.get(k)} for k in keys}, indent=2))
         return 0
+    for label in unrecorded:  # an older run, or a trainer that writes no provenance.json
+        print(f"{label}: no reproduction record (specdeck, git, versions, target, data): "
+              "only its config is compared", file=sys.stderr)
     if not keys:
-        print(f"{la} and {lb}: same settings")
+        print(f"{la} and {lb}: same settings" + ("" if unrecorded else " and the same record"))
         return 0
     from console.cli.render import table
 
@@ -168,6 +188,10 @@ def cmd_diff(args) -> int:
         return json.dumps(d[k], ensure_ascii=False) if k in d else "(absent)"
 
     table(["setting", la, lb], [[k, show(fa, k), show(fb, k)] for k in keys], wrap={1, 2})
+    for label, run, f in ((la, ra, fa), (lb, rb, fb)):
+        if f.get("record.git.dirty") and f.get("record.git.diff"):
+            print(f"{label}: its checkout was dirty; the diff is kept on {run.host}: "
+                  f"{f['record.git.diff']}")
     if where:
         print(f"(also differ, as they do for any two runs: {', '.join(where)})")
     return 0
@@ -259,7 +283,8 @@ def register(add) -> None:
     g.add_argument("--csv", action="store_true")
     g.add_argument("--markdown", action="store_true",
                    help="Markdown tables (the default when piped; on a terminal: wrapped tables)")
-    sp = add("diff", cmd_diff, "every difference between two train runs' resolved configs")
+    sp = add("diff", cmd_diff, "every difference between two runs: config, and the record that "
+             "reproduces each (specdeck, git commit and dirty tree, versions, target, data)")
     sp.add_argument("plan")
     sp.add_argument("item_a", metavar="ITEM[#N]", help="an item (its latest run) or ITEM#N, "
                     "its Nth attempt")
