@@ -40,9 +40,11 @@ def cmd_compare(args) -> int:
         plan.item(args.item)
 
     async def go(session):
-        return session.eval_rows(args.item, step=args.step)
+        rows = session.eval_rows(args.item, step=args.step)
+        runs = {rid: session.store.run(rid) for rid in {r.run_id for r in rows if r.run_id}}
+        return rows, session.costs(), {rid: run.item_id for rid, run in runs.items() if run}
 
-    rows = run_with(plan, args, go, show_events=False, read=True)
+    rows, costs, run_items = run_with(plan, args, go, show_events=False, read=True)
     if not rows:
         raise InvalidInput(f"plan {plan.name!r} has no eval results yet"
                            + (f" for {args.item}" if args.item else ""),
@@ -52,13 +54,21 @@ def cmd_compare(args) -> int:
     for why in comp.left_out + comp.target_warnings:  # said in every format
         print(f"{plan.name}: {why}", file=sys.stderr)
     advice = draft_lengths(rows, args.cost)
+    spent = cost_per_tau(plan, comp, costs, run_items)
     if args.json:
-        print(to_json(comp) if advice is None else _with_advice(to_json(comp), advice))
+        data = json.loads(to_json(comp))
+        if advice is not None:
+            data["draft_length"] = {label: a for label, a in advice}
+        data["cost_per_tau"] = spent
+        print(strictjson.dumps(data, indent=2, default=str))
     elif args.csv:
         sys.stdout.write(to_csv(comp))
     else:
         print_comparison(comp, pivot=args.pivot, markdown=args.markdown)
         print()
+        if spent:
+            print(cost_markdown(spent))
+            print()
         if advice is None:
             print("draft length: give --cost BASE,PER_TOKEN (a round's cost in plain target steps at draft "
                   "length k: BASE + PER_TOKEN*k) for the expected speedup at each k and the one to serve")
@@ -90,10 +100,36 @@ def draft_lengths(rows, cost_text: str | None) -> list | None:
     return out
 
 
-def _with_advice(text: str, advice: list) -> str:
-    data = json.loads(text)
-    data["draft_length"] = {label: a for label, a in advice}
-    return strictjson.dumps(data, indent=2, default=str)
+def cost_per_tau(plan, comp, costs, run_items: dict) -> list[dict]:
+    """Issue 47 §3: per drafter with a baseline, what its training cost (core.runs.cost: the
+    train items its eval stands on, under the hosts' ``price:``), its macro tau gained over the
+    baseline, and the cost per unit of tau gained where both are known and the gain is above 0."""
+    from core.runs.cost import drafter_costs
+
+    labels = {d.label: [run_items[r] for r in d.run_ids if r in run_items] for d in comp.drafters
+              if d.baseline}
+    paid = drafter_costs(plan, costs, labels)
+    out = []
+    for o in comp.overall:
+        if o.drafter not in paid or o.delta_macro is None:
+            continue
+        out.append({"drafter": o.drafter, "cost": paid[o.drafter], "delta_tau": o.delta_macro,
+                    "per_tau": {c: a / o.delta_macro for c, a in paid[o.drafter].items()}
+                    if o.delta_macro > 0 else None})
+    return out
+
+
+def cost_markdown(spent: list[dict]) -> str:
+    """The tau table's cost part: cost per unit of tau gained over the baseline."""
+    from core.runs.cost import fmt
+
+    lines = ["Cost per unit of tau gained over the baseline (training cost: the train items each "
+             "eval stands on but the baseline all share, wall time x the hosts' price):", "",
+             "| drafter | cost | Δ macro tau | cost per +1 tau |", "|---|---:|---:|---:|"]
+    for s in spent:
+        per = fmt(s["per_tau"]) if s["per_tau"] else "no gain"
+        lines.append(f"| {s['drafter']} | {fmt(s['cost'])} | {s['delta_tau']:+.3f} | {per} |")
+    return "\n".join(lines)
 
 
 def print_comparison(comp, *, pivot: bool, markdown: bool) -> None:
