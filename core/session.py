@@ -215,11 +215,12 @@ class Session:
         return Overview(self.statuses(), latest, self.store.events(kinds=["alert"]), watchers,
                         latest_json(self.store, self.plan.hosts), self.costs())
 
-    def costs(self, now: float | None = None) -> "Sheet":
-        """What every run cost so far under the hosts' ``price:`` (:mod:`core.runs.cost`)."""
+    def costs(self, now: float | None = None, window: tuple[float, float] | None = None) -> "Sheet":
+        """What every run cost so far under the hosts' ``price:`` (:mod:`core.runs.cost`); with
+        ``window`` (``(since, until)``) only their hours inside it."""
         from core.runs.cost import sheet
 
-        return sheet(self.plan, {it.id: self.runs_of(it.id) for it in self.plan.items}, now)
+        return sheet(self.plan, {it.id: self.runs_of(it.id) for it in self.plan.items}, now, window)
 
     def eval_rows(self, item_id: str | None = None, *, step: int | None = None
                   ) -> list[EvalRow]:

@@ -34,21 +34,27 @@ def arm_of(item: Item) -> str | None:
     return arm if isinstance(arm, str) and arm else None
 
 
-def run_hours(run: Run, now: float) -> float | None:
-    """Wall hours of ``run`` (to ``now`` while it is live); None without a start."""
+def run_hours(run: Run, now: float, window: tuple[float, float] | None = None) -> float | None:
+    """Wall hours of ``run`` (to ``now`` while it is live), only those inside ``window``
+    (``(since, until)``) when given; None without a start."""
     if run.started_at is None:
         return None
+    start = run.started_at
     end = run.ended_at if run.ended_at is not None else (now if run.live else None)
     if end is None:
         return None
-    return max(0.0, end - run.started_at) / 3600.0
+    if window is not None:
+        start, end = max(start, window[0]), min(end, window[1])
+    return max(0.0, end - start) / 3600.0
 
 
-def run_cost(plan: Plan, run: Run, now: float) -> tuple[float, str] | None:
-    """``(amount, currency)`` of ``run``; None when its host has no price or its time is unknown."""
+def run_cost(plan: Plan, run: Run, now: float, window: tuple[float, float] | None = None
+             ) -> tuple[float, str] | None:
+    """``(amount, currency)`` of ``run`` (its hours inside ``window`` when given); None when its
+    host has no price or its time is unknown."""
     host = plan.hosts.get(run.host) if run.host else None
     price = host.price if host is not None else None
-    hours = run_hours(run, now)
+    hours = run_hours(run, now, window)
     if price is None or hours is None:
         return None
     return hours * price.hourly, price.currency
@@ -75,21 +81,23 @@ def _add(into: dict[str, float], amount: float, currency: str) -> None:
     into[currency] = into.get(currency, 0.0) + amount
 
 
-def sheet(plan: Plan, runs: Mapping[str, Iterable[Run]], now: float | None = None) -> Sheet:
-    """The costs of ``runs`` (``{item id: its runs}``) under ``plan``'s host prices."""
+def sheet(plan: Plan, runs: Mapping[str, Iterable[Run]], now: float | None = None,
+          window: tuple[float, float] | None = None) -> Sheet:
+    """The costs of ``runs`` (``{item id: its runs}``) under ``plan``'s host prices; with
+    ``window`` (``(since, until)``) only what their hours inside it cost."""
     now = time.time() if now is None else now
     out = Sheet()
     unpriced: list[str] = []
     ids = {it.id: it for it in plan.items}
     for item_id, item_runs in runs.items():
         for run in item_runs:
-            got = run_cost(plan, run, now)
+            got = run_cost(plan, run, now, window)
             if got is None:
                 if run.host and run.host not in unpriced and run.started_at is not None:
                     unpriced.append(run.host)
                 continue
             amount, currency = got
-            out.hours += run_hours(run, now) or 0.0
+            out.hours += run_hours(run, now, window) or 0.0
             _add(out.items.setdefault(item_id, {}), amount, currency)
             _add(out.total, amount, currency)
             arm = arm_of(ids[item_id]) if item_id in ids else None
