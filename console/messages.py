@@ -167,3 +167,12 @@ class GpuSampled(Message):
 @dataclass
 class JournalLoaded(Message):
     events: list[Event]
+
+
+@dataclass
+class ReportLoaded(Message):
+    """The morning report (core.runs.report) for the report screen."""
+
+    report: Any
+    since_seen: bool = False
+    """Its window starts when a console last saw the store (else: the last 12 hours)."""

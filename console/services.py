@@ -14,6 +14,7 @@ and reads that could grow are bounded here (``log_tail(max_lines)``,
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Callable
 
 from textual.message import Message
@@ -33,6 +34,8 @@ MAX_POINTS = 300
 OVERLAY_RUNS = 4
 """Attempts of the selected item drawn together on the metrics chart."""
 JOURNAL_LIMIT = 500
+REPORT_WINDOW_S = 12 * 3600.0
+"""The report screen's window when no console saw the store within it (``specdeck report``'s default)."""
 RUN_END_KINDS = tuple(life.END_JOURNAL)
 """The journal entries of runs' ends (:data:`core.runs.life.END_JOURNAL`)."""
 GPU_HISTORY = 24
@@ -91,6 +94,7 @@ class Services:
         if since_id is not None:  # what tau watchers evaluated meanwhile (ingested just now)
             meanwhile += self.store.events(since_id=since_id, kinds=("watch_meanwhile",))
         self.heartbeat()
+        self.away_since = since
         self.post(m.SessionOpened(changes, meanwhile, since))
         return self.session.live_runs()
 
@@ -267,6 +271,17 @@ class Services:
     async def load_journal(self) -> None:
         events = self.store.events()
         self.post(m.JournalLoaded(events[-JOURNAL_LIMIT:]))
+
+    async def load_report(self) -> None:
+        """The morning report (core.runs.report) since a console last saw the store, or over
+        the last :data:`REPORT_WINDOW_S` when none did (or that was longer ago)."""
+        from core.runs import report
+
+        now = time.time()
+        away = getattr(self, "away_since", None)
+        since = away if away is not None and now - REPORT_WINDOW_S <= away < now else now - REPORT_WINDOW_S
+        self.post(m.ReportLoaded(report.build(self.session.plan, self.store, since, now),
+                                 away is not None and since == away))
 
     # -- commands ------------------------------------------------------------------------
     async def run_item(self, item_id: str, *, again: bool = False) -> None:

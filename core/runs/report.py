@@ -266,17 +266,24 @@ def _cost_lines(r: Report) -> list[str]:
     return out
 
 
+def text_lines(r: Report) -> list[tuple[str | None, str]]:
+    """The plain text's lines, each with the kind of entry it shows (None for the rest):
+    :func:`to_text` joins them, the console's report screen colours them by kind."""
+    lines: list[tuple[str | None, str]] = [
+        (None, f"specdeck report: plan {r.plan}, {_span(r)}"), (None, _summary(r)), (None, "")]
+    if not r.entries:
+        lines.append((None, "nothing happened in this window"))
+    for e in r.entries:
+        lines.append((e.kind, f"{_clock(e.at, r.since, r.until)}  {LABELS[e.kind]:<10}  {e.text}"))
+    if r.curves:
+        lines += [(None, ""), (None, "tau over training:")] + [(None, f"  {_curve_line(c)}") for c in r.curves]
+    lines += [(None, ""), (None, "cost:")] + [(None, f"  {x}") for x in _cost_lines(r)]
+    return lines
+
+
 def to_text(r: Report) -> str:
     """Plain text for a terminal: a summary line, the timeline, tau over training, the cost."""
-    lines = [f"specdeck report: plan {r.plan}, {_span(r)}", _summary(r), ""]
-    if not r.entries:
-        lines.append("nothing happened in this window")
-    for e in r.entries:
-        lines.append(f"{_clock(e.at, r.since, r.until)}  {LABELS[e.kind]:<10}  {e.text}")
-    if r.curves:
-        lines += ["", "tau over training:"] + [f"  {_curve_line(c)}" for c in r.curves]
-    lines += ["", "cost:"] + [f"  {x}" for x in _cost_lines(r)]
-    return "\n".join(lines) + "\n"
+    return "\n".join(line for _, line in text_lines(r)) + "\n"
 
 
 def _md(text: str) -> str:
