@@ -595,7 +595,7 @@ class SpecdeckApp(App[int]):
                                             {n: self.statuses.get(n, "pending")
                                              for n in item.deps},
                                             msg.history[-1].reason if msg.history else "",
-                                            watcher=msg.watcher)
+                                            watcher=msg.watcher, costs=msg.costs)
 
     @on(m.CheckFinished)
     @_until_closed

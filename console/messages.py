@@ -116,6 +116,9 @@ class ItemDetailLoaded(Message):
     live: Run | None
     watcher: WatcherStatus | None = None
     """The latest run's detached tau watcher (core.actions.watch_eval.status.status_of)."""
+    costs: Any = None
+    """What the campaign's runs cost (a :class:`core.runs.cost.Sheet`), None when no host has a
+    ``price:``."""
 
 
 @dataclass

@@ -199,7 +199,9 @@ class Services:
         runs = self.session.runs_of(item_id)
         self.post(m.ItemDetailLoaded(item_id, status, runs, self.store.status_history(item_id),
                                      self.session.live_run(item_id),
-                                     self.session.watcher_status(runs[-1].id if runs else None)))
+                                     self.session.watcher_status(runs[-1].id if runs else None),
+                                     self.session.costs() if any(h.price for h in self.plan.hosts.values())
+                                     else None))
         if item.manual:
             if status == "done":
                 self.post(m.CheckFinished(item_id, "done", "marked done by hand"))

@@ -28,3 +28,40 @@ async def test_c_opens_the_report_of_what_happened_meanwhile(campaign):
         await pilot.press("escape")
         await pilot.pause()
         assert not isinstance(app.screen, ReportScreen)
+
+
+async def test_the_item_detail_says_what_the_item_and_the_campaign_cost(tmp_path):
+    from console.widgets.item_detail import ItemDetail
+    from core.plans.planfile import load_plan
+    from core.state.store import Store
+    from tests.ui.conftest import pick
+
+    path = tmp_path / "p.yaml"
+    path.write_text(f"""name: priced
+hosts:
+  gpu: {{local: true, workdir: {tmp_path}/gpu, price: {{per_gpu_hour: 2.0, gpus: 4}}}}
+  free: {{local: true, workdir: {tmp_path}/free}}
+items:
+  - id: train
+    content: train it
+    action: {{kind: shell, host: gpu, params: {{command: "true"}}}}
+  - id: look
+    content: look
+    action: {{kind: shell, host: free, params: {{command: "true"}}}}
+""")
+    plan, store = load_plan(path), Store(":memory:")
+    now = time.time()
+    add_run(store, "train", 1, "failed", "gpu", start=now - 7200, seconds=1800, exit_code=1)
+    add_run(store, "train", 2, "succeeded", "gpu", start=now - 3600, seconds=3600)
+    add_run(store, "look", 1, "succeeded", "free", start=now - 600, seconds=60)
+    def detail(app) -> str:
+        body = app.query_one(ItemDetail).query_one("#detail-body")
+        lines = [line.text for line in body.render_lines(body.region.reset_offset)]
+        return " ".join(" ".join(lines).split())  # the pane wraps: compared as words
+
+    async with running(plan, store, select="train") as (app, pilot, _):
+        shown = detail(app)
+        assert "USD 12.00 · campaign USD 12.00" in shown, shown  # 1.5 h x 8.0/h
+        await pick(pilot, "look")
+        assert "– (its host has no price:) · campaign USD 12.00" in detail(app)
+    store.close()
