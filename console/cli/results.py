@@ -205,7 +205,7 @@ def cmd_diff(args) -> int:
     missing = object()
     differ = sorted(k for k in set(fa) | set(fb) if fa.get(k, missing) != fb.get(k, missing))
     # where each run wrote (core.ml.train.config.RUN_KEYS, and a resume's source) is no setting
-    where = [k for k in differ if k.split(".")[0] in WHERE_KEYS or k.startswith(RECORD_WHERE)]
+    where = [k for k in differ if k.split(".")[0] in WHERE_KEYS or k in RECORD_WHERE]
     keys = [k for k in differ if k not in where]
     unrecorded = [label for label, f in ((la, fa), (lb, fb))
                   if not any(k.startswith(RECORD + ".") for k in f)]
