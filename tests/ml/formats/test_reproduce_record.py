@@ -14,21 +14,26 @@ GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAM
            "GIT_COMMITTER_EMAIL": "t@t"}
 
 
-def _git(repo: Path, *args: str) -> str:
+def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
                           env={**os.environ, **GIT_ENV}).stdout.strip()
 
 
+def checkout(repo: Path, name: str, text: str) -> Path:
+    """A real git repository at ``repo`` with one commit of the file ``name`` holding ``text``."""
+    repo.mkdir(parents=True)
+    git(repo, "init", "-q")
+    (repo / name).write_text(text)
+    git(repo, "add", name)
+    git(repo, "commit", "-q", "-m", "first")
+    return repo
+
+
 def test_a_dirty_checkout_keeps_its_diff_beside_the_run_and_only_its_digest_in_the_record(tmp_path, monkeypatch):
-    repo = tmp_path / "code"
-    repo.mkdir()
-    _git(repo, "init", "-q")
-    (repo / "a.py").write_text("x = 1\n")
-    _git(repo, "add", "a.py")
-    _git(repo, "commit", "-q", "-m", "one")
+    repo = checkout(tmp_path / "code", "a.py", "x = 1\n")
     monkeypatch.setenv(reproduce.SOURCE_ENV, str(repo))
     clean = reproduce.git_state(tmp_path / "run1")
-    assert clean == {"dir": str(repo.resolve()), "commit": _git(repo, "rev-parse", "HEAD"), "dirty": False}
+    assert clean == {"dir": str(repo.resolve()), "commit": git(repo, "rev-parse", "HEAD"), "dirty": False}
     (repo / "a.py").write_text("x = 2  # '; rm -rf / $(boom)\n")  # a diff is data, never a command
     (repo / "untracked.txt").write_text("not part of the code\n")
     out = tmp_path / "run2"
@@ -42,12 +47,7 @@ def test_a_dirty_checkout_keeps_its_diff_beside_the_run_and_only_its_digest_in_t
 
 
 def test_a_diff_past_the_cap_is_cut_and_said(tmp_path, monkeypatch):
-    repo = tmp_path / "code"
-    repo.mkdir()
-    _git(repo, "init", "-q")
-    (repo / "big.txt").write_text("")
-    _git(repo, "add", "big.txt")
-    _git(repo, "commit", "-q", "-m", "one")
+    repo = checkout(tmp_path / "code", "big.txt", "")
     (repo / "big.txt").write_text("line of text\n" * 10_000)
     monkeypatch.setenv(reproduce.SOURCE_ENV, str(repo))
     monkeypatch.setattr(reproduce, "DIFF_CAP", 4096)

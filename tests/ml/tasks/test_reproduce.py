@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,17 +19,7 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.slow  # two evals launched for real: about a minute and a half on 2 loaded CPUs
 
 from tests.conftest import ROOT, run_cli  # noqa: E402
-
-GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t"}
-
-
-def _git(repo: Path, *args: str) -> str:
-    import os
-
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
-                          env={**os.environ, **GIT_ENV}).stdout
-
+from tests.ml.formats.test_reproduce_record import checkout, git  # noqa: E402
 
 def _bf16_copy(src: Path, dst: Path) -> Path:
     from safetensors.torch import load_file, save_file
@@ -51,12 +40,7 @@ def campaign(tiny, tmp_path_factory):
     target, drafter = tiny.make_tiny_pair(root, "qwen3", seed=0, block_size=4, num_layers=2)
     bf16 = _bf16_copy(target, root / "target-bf16")
     prompts = tiny.write_tiny_prompts(root / "prompts.jsonl", n_text=2)
-    repo = root / "code"
-    repo.mkdir()
-    _git(repo, "init", "-q")
-    (repo / "train.py").write_text("LR = 3e-4\n")
-    _git(repo, "add", "train.py")
-    _git(repo, "commit", "-q", "-m", "first")
+    repo = checkout(root / "code", "train.py", "LR = 3e-4\n")
     plan = root / "p.yaml"
 
     def item(name, label, tgt):
@@ -73,7 +57,7 @@ def campaign(tiny, tmp_path_factory):
     (repo / "train.py").write_text("LR = 1e-3  # tried by hand\n")  # the tree is dirty from here on
     res = run_cli("run", plan, "eval-b", env=env, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
-    return {"plan": plan, "env": env, "repo": repo, "commit": _git(repo, "rev-parse", "HEAD").strip()}
+    return {"plan": plan, "env": env, "repo": repo, "commit": git(repo, "rev-parse", "HEAD")}
 
 
 def test_compare_warns_when_a_verdict_pairs_different_targets(campaign):
