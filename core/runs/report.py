@@ -26,7 +26,6 @@ from core.errors import InvalidInput
 from core.ml.formats import strictjson
 from core.plans.plan import Plan
 from core.runs import cost
-from core.state.records import ENDED_STATES
 from core.state.store import Store
 
 DISK_ALERTS = ("disk_low", "disk")
@@ -135,8 +134,7 @@ def _run_entries(plan: Plan, store: Store, since: float, until: float, items: li
             out.append(Entry(r.ended_at, kind, f"{item} #{r.attempt} {r.state}{how}{took}{said}"
                              + (f": {r.error}" if r.error and r.state != "succeeded" else ""),
                              item, r.id, {"state": r.state, "exit_code": r.exit_code,
-                                          "signal": r.signal, "tau": tau,
-                                          "known_end": r.state in ENDED_STATES}))
+                                          "signal": r.signal, "tau": tau}))
     return out, runs
 
 
