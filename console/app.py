@@ -622,7 +622,7 @@ class SpecdeckApp(App[int]):
     @_until_closed
     def _tau_loaded(self, msg: m.TauLoaded) -> None:
         self.tau_step = msg.step
-        self.query_one(TauPane).set_comparison(msg.comparison, step=msg.step)
+        self.query_one(TauPane).set_comparison(msg.comparison, step=msg.step, costs=msg.costs)
         self._apply_layout()
 
     @on(m.GpuSampled)

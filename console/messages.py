@@ -149,6 +149,9 @@ class TauLoaded(Message):
     """A :class:`core.tau.table.Comparison`."""
     step: int | None = None
     """The training step the comparison is filtered to (None: every eval result)."""
+    costs: list = field(default_factory=list)
+    """Each drafter's training cost and cost per unit of tau gained over its baseline
+    (:func:`core.runs.cost.cost_per_tau`; empty when no host has a ``price:``)."""
 
 
 @dataclass

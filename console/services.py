@@ -268,7 +268,13 @@ class Services:
         if step is not None:
             rows = at_step(rows, step)
         self._tau_signature = signature
-        self.post(m.TauLoaded(build_comparison(rows, decide=self.session.plan.decisions), step))
+        comp = build_comparison(rows, decide=self.session.plan.decisions)
+        spent = []
+        if any(h.price for h in self.plan.hosts.values()):
+            from core.runs.cost import cost_per_tau, run_items_of
+
+            spent = cost_per_tau(self.plan, comp, self.session.costs(), run_items_of(rows, self.store.run))
+        self.post(m.TauLoaded(comp, step, spent))
 
     async def load_journal(self) -> None:
         events = self.store.events()

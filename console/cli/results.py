@@ -40,9 +40,10 @@ def cmd_compare(args) -> int:
         plan.item(args.item)
 
     async def go(session):
+        from core.runs.cost import run_items_of
+
         rows = session.eval_rows(args.item, step=args.step)
-        runs = {rid: session.store.run(rid) for rid in {r.run_id for r in rows if r.run_id}}
-        return rows, session.costs(), {rid: run.item_id for rid, run in runs.items() if run}
+        return rows, session.costs(), run_items_of(rows, session.store.run)
 
     rows, costs, run_items = run_with(plan, args, go, show_events=False, read=True)
     if not rows:
@@ -54,6 +55,8 @@ def cmd_compare(args) -> int:
     for why in comp.left_out + comp.target_warnings:  # said in every format
         print(f"{plan.name}: {why}", file=sys.stderr)
     advice = draft_lengths(rows, args.cost)
+    from core.runs.cost import cost_per_tau
+
     spent = cost_per_tau(plan, comp, costs, run_items)
     if args.json:
         data = json.loads(to_json(comp))
@@ -97,25 +100,6 @@ def draft_lengths(rows, cost_text: str | None) -> list | None:
                          and isinstance(r.settings.get("block_size"), int)), 0)
         # a round longer than the block it says it ran (an older result): the rounds decide
         out.append((label, advise(rounds, max(declared, max(max(r) for r in rounds)), cost)))
-    return out
-
-
-def cost_per_tau(plan, comp, costs, run_items: dict) -> list[dict]:
-    """Issue 47 §3: per drafter with a baseline, what its training cost (core.runs.cost: the
-    train items its eval stands on, under the hosts' ``price:``), its macro tau gained over the
-    baseline, and the cost per unit of tau gained where both are known and the gain is above 0."""
-    from core.runs.cost import drafter_costs
-
-    labels = {d.label: [run_items[r] for r in d.run_ids if r in run_items] for d in comp.drafters
-              if d.baseline}
-    paid = drafter_costs(plan, costs, labels)
-    out = []
-    for o in comp.overall:
-        if o.drafter not in paid or o.delta_macro is None:
-            continue
-        out.append({"drafter": o.drafter, "cost": paid[o.drafter], "delta_tau": o.delta_macro,
-                    "per_tau": {c: a / o.delta_macro for c, a in paid[o.drafter].items()}
-                    if o.delta_macro > 0 else None})
     return out
 
 

@@ -150,6 +150,8 @@ class TauPane(Vertical):
         self._rows: list[_Row] = []
         self._widths: dict[str, int] = dict(COLUMNS)
         self._verdict_shown: str | None = None
+        self.costs: dict[str, dict] = {}
+        """Drafter label -> its cost entry (:meth:`set_comparison`)."""
 
     def compose(self) -> ComposeResult:
         yield Static("no eval results yet", id="tau-title")
@@ -194,9 +196,12 @@ class TauPane(Vertical):
         return list(self._rows)
 
     # -- attributes down -----------------------------------------------------------------
-    def set_comparison(self, c: Comparison, *, step: int | None = None) -> None:
+    def set_comparison(self, c: Comparison, *, step: int | None = None, costs: list | None = None) -> None:
+        """Show ``c`` (filtered to training ``step``); ``costs``: each drafter's training cost and
+        cost per unit of tau gained (core.runs.cost.cost_per_tau), said under its verdict."""
         self.comparison = c
         self.step = step
+        self.costs = {x["drafter"]: x for x in costs or ()}
         self.marked = [d for d in self.marked if d in {x.label for x in c.drafters}]
         self._fill()
 
@@ -313,6 +318,13 @@ class TauPane(Vertical):
         else:
             t.append(f"{o.drafter}: macro {fmt_tau(o.macro)} (95 % CI {fmt_ci(o.macro_ci95)}), "
                      f"{o.prompts} prompts, {o.rounds or '–'} rounds", style="italic")
+        spent = self.costs.get(row.drafter)
+        if spent:
+            from core.runs.cost import fmt
+
+            per = (f"{fmt(spent['per_tau'])} per +1 tau over the baseline" if spent["per_tau"]
+                   else "no tau gained over the baseline")
+            t.append(f"\ncost: {fmt(spent['cost'])} of training, {per}", style="bright_black")
         return t
 
     def _chart(self) -> None:

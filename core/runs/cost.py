@@ -161,3 +161,27 @@ def drafter_costs(plan: Plan, costs: Sheet, run_items: Mapping[str, Iterable[str
         if total:
             out[label] = total
     return out
+
+
+def cost_per_tau(plan, comp, costs, run_items: dict) -> list[dict]:
+    """Issue 47 §3: per drafter with a baseline, what its training cost (core.runs.cost: the
+    train items its eval stands on, under the hosts' ``price:``), its macro tau gained over the
+    baseline, and the cost per unit of tau gained where both are known and the gain is above 0."""
+    labels = {d.label: [run_items[r] for r in d.run_ids if r in run_items] for d in comp.drafters
+              if d.baseline}
+    paid = drafter_costs(plan, costs, labels)
+    out = []
+    for o in comp.overall:
+        if o.drafter not in paid or o.delta_macro is None:
+            continue
+        out.append({"drafter": o.drafter, "cost": paid[o.drafter], "delta_tau": o.delta_macro,
+                    "per_tau": {c: a / o.delta_macro for c, a in paid[o.drafter].items()}
+                    if o.delta_macro > 0 else None})
+    return out
+
+
+def run_items_of(rows, run_of) -> dict[str, str]:
+    """``{run id: its item id}`` for the runs eval ``rows`` come from (``run_of``: the store's
+    ``run``), what :func:`cost_per_tau` maps a drafter's runs to its items with."""
+    runs = {rid: run_of(rid) for rid in {r.run_id for r in rows if r.run_id}}
+    return {rid: run.item_id for rid, run in runs.items() if run is not None}

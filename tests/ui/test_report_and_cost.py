@@ -65,3 +65,36 @@ items:
         await pick(pilot, "look")
         assert "– (its host has no price:) · campaign USD 12.00" in detail(app)
     store.close()
+
+
+async def test_the_tau_pane_says_each_drafters_cost_per_tau_gained(tmp_path):
+    from console.widgets.tau_table import TauPane
+    from core.plans.planfile import load_plan
+    from core.state.records import EvalRow
+    from core.state.store import Store
+    from tests.unit.test_cost import CAMPAIGN
+
+    path = tmp_path / "p.yaml"
+    path.write_text(CAMPAIGN.format(wd=tmp_path))
+    plan, store = load_plan(path), Store(":memory:")
+    now = time.time()
+    for item, hours in (("train-a", 1.0), ("train-b", 2.0), ("train-base", 4.0), ("eval-a", 0.0), ("eval-b", 0.0)):
+        add_run(store, item, 1, "succeeded", "gpu", start=now - 5 * 3600, seconds=hours * 3600)
+    for label, item, gain in (("a", "eval-a", 1.0), ("b", "eval-b", -0.5)):
+        run = f"{item}-0101-01"
+        store.add_eval_results([row for p in ("p1", "p2", "p3") for row in (
+            EvalRow(run, item, label, "drafter", p, 2.0 + gain, [2], None, {}, None),
+            EvalRow(run, item, "base", "baseline", p, 2.0, [2], None, {}, None))])
+    async with running(plan, store) as (app, pilot, _):
+        pane = app.query_one(TauPane)
+        await settle(pilot)
+        assert set(pane.costs) == {"a", "b"}
+        shown = {}
+        table = pane.table
+        for i, row in enumerate(pane.ordered_rows):
+            table.move_cursor(row=i)
+            await pilot.pause()
+            shown.setdefault(row.drafter, pane.verdict_line().plain)
+        assert "cost: USD 10.00 of training, USD 10.00 per +1 tau over the baseline" in shown["a"], shown["a"]
+        assert "cost: USD 20.00 of training, no tau gained over the baseline" in shown["b"], shown["b"]
+    store.close()
