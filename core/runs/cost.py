@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable, Mapping
 
 from core.plans.plan import Item, Plan
 from core.state.records import Run
+
+if TYPE_CHECKING:
+    from core.tau.table import Comparison
 
 
 def arm_of(item: Item) -> str | None:
@@ -163,10 +166,15 @@ def drafter_costs(plan: Plan, costs: Sheet, run_items: Mapping[str, Iterable[str
     return out
 
 
-def cost_per_tau(plan, comp, costs, run_items: dict) -> list[dict]:
-    """Issue 47 §3: per drafter with a baseline, what its training cost (core.runs.cost: the
-    train items its eval stands on, under the hosts' ``price:``), its macro tau gained over the
-    baseline, and the cost per unit of tau gained where both are known and the gain is above 0."""
+def cost_per_tau(plan: Plan, comp: "Comparison", costs: Sheet, run_items: Mapping[str, str]) -> list[dict]:
+    """The tau table's cost: per drafter with a baseline, what its training cost
+    (:func:`drafter_costs`), its macro tau gained over the baseline, and the cost per unit of tau
+    gained where both are known and the gain is above 0.
+
+    Returns:
+        ``[{"drafter", "cost": {currency: amount}, "delta_tau", "per_tau": {currency: amount} or
+        None}]`` in the comparison's order; a drafter whose training cost is unknown is left out.
+    """
     labels = {d.label: [run_items[r] for r in d.run_ids if r in run_items] for d in comp.drafters
               if d.baseline}
     paid = drafter_costs(plan, costs, labels)
