@@ -43,6 +43,7 @@ from console.screens.adopt import AdoptModal
 from console.screens.confirm import ConfirmModal, run_text, stop_text
 from console.screens.help import HelpScreen, glyph_sections
 from console.screens.journal import JournalScreen, meanwhile_summary
+from console.screens.report import ReportScreen
 from console.services import Services
 from console.widgets.gpu_pane import GpuPane
 from console.widgets.hosts_bar import HostsBar
@@ -116,6 +117,7 @@ class SpecdeckApp(App[int]):
         Binding("x", "stop_run", "Stop"),
         Binding("a", "adopt", "Adopt", show=False),
         Binding("e", "journal", "Journal"),
+        Binding("c", "report", "Report", show=False),
         Binding("question_mark", "help", "Help"),
         Binding("z", "zoom", "Zoom"),
         Binding("tab", "cycle_pane(1)", "Next pane", show=False, priority=True),
@@ -601,7 +603,7 @@ class SpecdeckApp(App[int]):
                                             {n: self.statuses.get(n, "pending")
                                              for n in item.deps},
                                             msg.history[-1].reason if msg.history else "",
-                                            watcher=msg.watcher)
+                                            watcher=msg.watcher, costs=msg.costs)
 
     @on(m.CheckFinished)
     @_until_closed
@@ -628,7 +630,7 @@ class SpecdeckApp(App[int]):
     @_until_closed
     def _tau_loaded(self, msg: m.TauLoaded) -> None:
         self.tau_step = msg.step
-        self.query_one(TauPane).set_comparison(msg.comparison, step=msg.step)
+        self.query_one(TauPane).set_comparison(msg.comparison, step=msg.step, costs=msg.costs)
         self._apply_layout()
 
     @on(m.ArmsLoaded)
@@ -650,6 +652,11 @@ class SpecdeckApp(App[int]):
     @_until_closed
     def _journal_loaded(self, msg: m.JournalLoaded) -> None:
         self.push_screen(JournalScreen(self.meanwhile, msg.events))
+
+    @on(m.ReportLoaded)
+    @_until_closed
+    def _report_loaded(self, msg: m.ReportLoaded) -> None:
+        self.push_screen(ReportScreen(msg.report, msg.since_seen))
 
     # -- actions (keys, palette) ---------------------------------------------------------
     def action_inspect(self) -> None:
@@ -769,6 +776,9 @@ class SpecdeckApp(App[int]):
 
     def action_journal(self) -> None:
         self._work(partial(self.services.load_journal), "journal", "journal", exclusive=True)
+
+    def action_report(self) -> None:
+        self._work(partial(self.services.load_report), "report", "report", exclusive=True)
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen(help_sections() + glyph_sections()))

@@ -65,6 +65,9 @@ COMMANDS: tuple[Command, ...] = (
             "mark_drafter", "space", "tau"),
     Command("Journal", "what happened (and what happened while the console was closed)",
             "journal", "e"),
+    Command("Report", "the morning report: what happened since a console last saw the campaign, "
+            "in order (runs, checkpoints, tau, alerts, preemptions, incidents) and its cost",
+            "report", "c"),
     Command("Reload", "reload statuses, the selected item, curves and tau from the store",
             "reload", "ctrl+r"),
     Command("Zoom pane", "make the focused pane fill the screen, or restore it", "zoom", "z"),

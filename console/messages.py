@@ -116,6 +116,9 @@ class ItemDetailLoaded(Message):
     live: Run | None
     watcher: WatcherStatus | None = None
     """The latest run's detached tau watcher (core.actions.watch_eval.status.status_of)."""
+    costs: Any = None
+    """What the campaign's runs cost (a :class:`core.runs.cost.Sheet`), None when no host has a
+    ``price:``."""
 
 
 @dataclass
@@ -146,6 +149,9 @@ class TauLoaded(Message):
     """A :class:`core.tau.table.Comparison`."""
     step: int | None = None
     """The training step the comparison is filtered to (None: every eval result)."""
+    costs: list = field(default_factory=list)
+    """Each drafter's training cost and cost per unit of tau gained over its baseline
+    (:func:`core.runs.cost.cost_per_tau`; empty when no host has a ``price:``)."""
 
 
 @dataclass
@@ -177,3 +183,12 @@ class GpuSampled(Message):
 @dataclass
 class JournalLoaded(Message):
     events: list[Event]
+
+
+@dataclass
+class ReportLoaded(Message):
+    """The morning report (core.runs.report) for the report screen."""
+
+    report: Any
+    since_seen: bool = False
+    """Its window starts when a console last saw the store (else: the last 12 hours)."""

@@ -14,6 +14,7 @@ and reads that could grow are bounded here (``log_tail(max_lines)``,
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Callable
 
 from textual.message import Message
@@ -33,6 +34,8 @@ MAX_POINTS = 300
 OVERLAY_RUNS = 4
 """Attempts of the selected item drawn together on the metrics chart."""
 JOURNAL_LIMIT = 500
+REPORT_WINDOW_S = 12 * 3600.0
+"""The report screen's window when no console saw the store within it (``specdeck report``'s default)."""
 RUN_END_KINDS = tuple(life.END_JOURNAL)
 """The journal entries of runs' ends (:data:`core.runs.life.END_JOURNAL`)."""
 GPU_HISTORY = 24
@@ -118,6 +121,7 @@ class Services:
         if since_id is not None:  # what tau watchers evaluated meanwhile (ingested just now)
             meanwhile += self.store.events(since_id=since_id, kinds=("watch_meanwhile",))
         self.heartbeat()
+        self.away_since = since
         self.post(m.SessionOpened(changes, meanwhile, since))
         return self.session.live_runs()
 
@@ -222,7 +226,9 @@ class Services:
         runs = self.session.runs_of(item_id)
         self.post(m.ItemDetailLoaded(item_id, status, runs, self.store.status_history(item_id),
                                      self.session.live_run(item_id),
-                                     self.session.watcher_status(runs[-1].id if runs else None)))
+                                     self.session.watcher_status(runs[-1].id if runs else None),
+                                     self.session.costs() if any(h.price for h in self.plan.hosts.values())
+                                     else None))
         if item.manual:
             if status == "done":
                 self.post(m.CheckFinished(item_id, "done", "marked done by hand"))
@@ -306,7 +312,13 @@ class Services:
         if step is not None:
             rows = at_step(rows, step)
         self._tau_signature = signature
-        self.post(m.TauLoaded(build_comparison(rows, decide=self.session.plan.decisions), step))
+        comp = build_comparison(rows, decide=self.session.plan.decisions)
+        spent = []
+        if any(h.price for h in self.plan.hosts.values()):
+            from core.runs.cost import cost_per_tau, run_items_of
+
+            spent = cost_per_tau(self.plan, comp, self.session.costs(), run_items_of(rows, self.store.run))
+        self.post(m.TauLoaded(comp, step, spent))
 
     async def load_arms(self) -> None:
         """The arms' lines again (a loss arrived): :meth:`_load_arms`."""
@@ -335,6 +347,17 @@ class Services:
     async def load_journal(self) -> None:
         events = self.store.events()
         self.post(m.JournalLoaded(events[-JOURNAL_LIMIT:]))
+
+    async def load_report(self) -> None:
+        """The morning report (core.runs.report) since a console last saw the store, or over
+        the last :data:`REPORT_WINDOW_S` when none did (or that was longer ago)."""
+        from core.runs import report
+
+        now = time.time()
+        away = getattr(self, "away_since", None)
+        since = away if away is not None and now - REPORT_WINDOW_S <= away < now else now - REPORT_WINDOW_S
+        self.post(m.ReportLoaded(report.build(self.session.plan, self.store, since, now),
+                                 away is not None and since == away))
 
     # -- commands ------------------------------------------------------------------------
     async def run_item(self, item_id: str, *, again: bool = False) -> None:

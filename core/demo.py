@@ -98,10 +98,12 @@ def demo_plan(root: Path, quick: bool) -> dict:
     # OMP_WAIT_POLICY=PASSIVE: torch's OpenMP threads stop spinning while they wait, which
     # keeps two concurrent CPU jobs on a 2-core machine from stalling each other.
     env = {"OMP_WAIT_POLICY": "PASSIVE"}
+    # prices as a cloud would charge the machines the two workdirs stand for (an 8-GPU training
+    # node, a one-GPU eval box): status, the tau table and the report say what the demo cost
     hosts = {"train": {"local": True, "workdir": str(root / "hosts" / "train"), "python": py,
-                       "env": env},
+                       "env": env, "price": {"per_gpu_hour": 2.49, "gpus": 8}},
              "eval": {"local": True, "workdir": str(root / "hosts" / "eval"), "python": py,
-                      "env": env}}
+                      "env": env, "price": {"per_hour": 1.10}}}
     items = [
         {"id": "make-target", "content": "Build a tiny code model (trained on Python's stdlib)",
          "priority": "high",

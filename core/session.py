@@ -37,6 +37,7 @@ from core.state.store import Store, state_path_for
 
 if TYPE_CHECKING:  # the runner loads only when a session builds one
     from core.plans.adopt_spec import AdoptSpec
+    from core.runs.cost import Sheet
     from core.capsules.jobs import Outcome
     from core.runs.runner import Runner
 
@@ -89,6 +90,8 @@ class Overview:
     """Item id -> the tau watcher of its latest run (:meth:`Session.watcher_status`)."""
     hosts: dict[str, dict] = field(default_factory=dict)
     """Host name -> its latest telemetry sample (GPUs, disks; hosts never sampled absent)."""
+    costs: "Sheet | None" = None
+    """What the runs cost under the hosts' ``price:`` (core.runs.cost)."""
 
 
 @dataclass(frozen=True)
@@ -210,7 +213,14 @@ class Session:
         from core.capsules.telemetry import latest_json
 
         return Overview(self.statuses(), latest, self.store.events(kinds=["alert"]), watchers,
-                        latest_json(self.store, self.plan.hosts))
+                        latest_json(self.store, self.plan.hosts), self.costs())
+
+    def costs(self, now: float | None = None, window: tuple[float, float] | None = None) -> "Sheet":
+        """What every run cost so far under the hosts' ``price:`` (:mod:`core.runs.cost`); with
+        ``window`` (``(since, until)``) only their hours inside it."""
+        from core.runs.cost import sheet
+
+        return sheet(self.plan, {it.id: self.runs_of(it.id) for it in self.plan.items}, now, window)
 
     def eval_rows(self, item_id: str | None = None, *, step: int | None = None
                   ) -> list[EvalRow]:

@@ -9,7 +9,7 @@ for (``status --json``, ``export``, ``logs``).
 
 The commands, by theme: :mod:`~console.cli.plans` (validate, status, mark, export, import,
 kinds), :mod:`~console.cli.runs` (run, attach, logs, stop, adopt),
-:mod:`~console.cli.results` (compare, diff, metrics), :mod:`~console.cli.ui` (ui, serve, demo:
+:mod:`~console.cli.results` (compare, diff, metrics), :mod:`~console.cli.report` (report), :mod:`~console.cli.ui` (ui, serve, demo:
 the Textual console, loaded only then; serve's browser side in :mod:`console.web`); :mod:`~console.cli.conventions` (global options anywhere,
 ``--version``, help examples, completion); :mod:`~console.cli.entry` (the parser and
 ``main``). Importing this package loads no Textual. ``python -m console.cli`` (or ``python -m

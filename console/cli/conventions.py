@@ -45,6 +45,7 @@ EXAMPLES = {
     "completion": "specdeck completion bash > ~/.local/share/bash-completion/completions/specdeck",
     "notify": "specdeck notify --test     # the Apprise URL: $SPECDECK_NOTIFY or ~/.config/specdeck/notify",
     "card": "specdeck card plans/v5.yaml v5 --drafter drafters/v5 --out serve/v5 --license apache-2.0",
+    "report": "specdeck report plans/v5.yaml --since 12h --markdown   # --send: as a notification",
 }
 
 ARG_HELP = {
@@ -71,6 +72,7 @@ STATE_USE = {
     "serve": "creates",
     "status": "reads", "attach": "reads", "logs": "reads", "stop": "reads", "export": "reads",
     "compare": "reads", "diff": "reads", "metrics": "reads", "parity": "reads", "card": "reads",
+    "report": "reads",
     "validate": None, "import": None, "kinds": None, "completion": None, "engines": None,
     "notify": None,
 }

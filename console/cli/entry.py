@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from console.cli import conventions, exit_codes, notify, plans, results, runs, serving, ui
+from console.cli import conventions, exit_codes, notify, plans, report, results, runs, serving, ui
 from console.cli.conventions import VersionAction, autocomplete, check_state, hoist_globals, \
     polish, quiet_broken_pipe
 from console.cli.output import err
@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(fn=fn)
         return sp
 
-    for theme in (plans, runs, results, serving, notify, ui, conventions):
+    for theme in (plans, runs, results, report, serving, notify, ui, conventions):
         theme.register(add)
     polish(p)
     return p

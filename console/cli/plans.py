@@ -86,7 +86,8 @@ def cmd_status(args) -> int:
                else {})} for it in plan.items],
             "alerts": [{"item": a.item_id, "run": a.run_id, "at": a.at,
                         "message": a.message} for a in alerts],
-            "hosts": seen.hosts, **({"arms": arm_rows(plan, st)} if plan.arms else {})}
+            "hosts": seen.hosts, "cost": seen.costs.to_json() if seen.costs else None,
+            **({"arms": arm_rows(plan, st)} if plan.arms else {})}
         print(strictjson.dumps(out, indent=2))
         return 0
     for c in changes:
@@ -127,7 +128,26 @@ def cmd_status(args) -> int:
     for a in alerts[-5:]:
         print(sanitize(f"  ALERT {time.strftime('%m-%d %H:%M', time.localtime(a.at))} "
                        f"{a.item_id}: {a.message}"))
+    for line in cost_lines(plan, seen.costs):
+        print(sanitize(f"  {line}"))
     return 0
+
+
+def cost_lines(plan, costs) -> list[str]:
+    """``status``'s cost lines (issue 47 §3): the campaign's total so far, each arm's, each
+    item's, and the hosts that ran something without a ``price:``; none when no host has one."""
+    from core.runs.cost import fmt
+
+    if costs is None or not any(h.price for h in plan.hosts.values()):
+        return []
+    out = [f"cost so far: {fmt(costs.total)} ({costs.hours:.2f} h of runs on priced hosts)"]
+    if costs.arms:
+        out.append("by arm: " + "; ".join(f"{a} {fmt(v)}" for a, v in costs.arms.items()))
+    if costs.items:
+        out.append("by item: " + "; ".join(f"{i} {fmt(v)}" for i, v in costs.items.items()))
+    if costs.unpriced:
+        out.append(f"not counted: runs on {', '.join(costs.unpriced)} (no price: in the plan)")
+    return out
 
 
 def cmd_mark(args) -> int:

@@ -40,9 +40,12 @@ def cmd_compare(args) -> int:
         plan.item(args.item)
 
     async def go(session):
-        return session.eval_rows(args.item, step=args.step)
+        from core.runs.cost import run_items_of
 
-    rows = run_with(plan, args, go, show_events=False, read=True)
+        rows = session.eval_rows(args.item, step=args.step)
+        return rows, session.costs(), run_items_of(rows, session.store.run)
+
+    rows, costs, run_items = run_with(plan, args, go, show_events=False, read=True)
     if not rows:
         raise InvalidInput(f"plan {plan.name!r} has no eval results yet"
                            + (f" for {args.item}" if args.item else ""),
@@ -51,16 +54,26 @@ def cmd_compare(args) -> int:
                             **({"detect": args.detect} if args.detect is not None else {}))
     if args.arms is not None:
         return compare_arms(plan, args, comp)
-    for why in comp.left_out:  # a NaN or infinite tau in a result: said in every format
+    for why in comp.left_out + comp.target_warnings:  # said in every format
         print(f"{plan.name}: {why}", file=sys.stderr)
     advice = draft_lengths(rows, args.cost)
+    from core.runs.cost import cost_per_tau
+
+    spent = cost_per_tau(plan, comp, costs, run_items)
     if args.json:
-        print(to_json(comp) if advice is None else _with_advice(to_json(comp), advice))
+        data = json.loads(to_json(comp))
+        if advice is not None:
+            data["draft_length"] = {label: a for label, a in advice}
+        data["cost_per_tau"] = spent
+        print(strictjson.dumps(data, indent=2, default=str))
     elif args.csv:
         sys.stdout.write(to_csv(comp))
     else:
         print_comparison(comp, pivot=args.pivot, markdown=args.markdown)
         print()
+        if spent:
+            print(cost_markdown(spent))
+            print()
         if advice is None:
             print("draft length: give --cost BASE,PER_TOKEN (a round's cost in plain target steps at draft "
                   "length k: BASE + PER_TOKEN*k) for the expected speedup at each k and the one to serve")
@@ -126,10 +139,17 @@ def draft_lengths(rows, cost_text: str | None) -> list | None:
     return out
 
 
-def _with_advice(text: str, advice: list) -> str:
-    data = json.loads(text)
-    data["draft_length"] = {label: a for label, a in advice}
-    return strictjson.dumps(data, indent=2, default=str)
+def cost_markdown(spent: list[dict]) -> str:
+    """The tau table's cost part: cost per unit of tau gained over the baseline."""
+    from core.runs.cost import fmt
+
+    lines = ["Cost per unit of tau gained over the baseline (training cost: the train items each "
+             "eval stands on but the baseline all share, wall time x the hosts' price):", "",
+             "| drafter | cost | Δ macro tau | cost per +1 tau |", "|---|---:|---:|---:|"]
+    for s in spent:
+        per = fmt(s["per_tau"]) if s["per_tau"] else "no gain"
+        lines.append(f"| {s['drafter']} | {fmt(s['cost'])} | {s['delta_tau']:+.3f} | {per} |")
+    return "\n".join(lines)
 
 
 def print_comparison(comp, *, pivot: bool, markdown: bool) -> None:
@@ -155,6 +175,12 @@ def print_comparison(comp, *, pivot: bool, markdown: bool) -> None:
 
 WHERE_KEYS = ("out_dir", "out", "resume")
 """Top-level config keys that say where a run wrote or what it resumed from."""
+RECORD = "record"
+"""The prefix of the keys of a run's reproduction record (core.ml.formats.reproduce) in
+``diff``: ``record.target.dtype``, ``record.git.dirty``..."""
+RECORD_WHERE = ("record.git.diff", "record.config.out", "record.config.out_dir",
+                "record.config.baseline_out", "record.config.resume")
+"""Record keys that say where a run wrote (its own files), not how it ran."""
 
 
 def _arm_train_item(plan, name: str) -> str:
@@ -169,13 +195,19 @@ def _arm_train_item(plan, name: str) -> str:
     return trains[0]
 
 
-def _diff_side(session, spec: str) -> tuple[str, dict]:
-    """``ITEM`` (its latest run with a recorded config), ``ITEM#N`` (attempt N) or an arm's
-    name (its train item)."""
+def _record(run) -> dict | None:
+    rec = (run.result or {}).get(RECORD) if isinstance(run.result, dict) else None
+    return rec if isinstance(rec, dict) else None
+
+
+def _diff_side(session, spec: str):
+    """``ITEM`` (its latest run with a recorded config or record), ``ITEM#N`` (attempt N) or an
+    arm's name (its train item): its label, its run and what diff compares (the config, and
+    the record under ``record.``)."""
     item, _, attempt = spec.partition("#")
     item = _arm_train_item(session.plan, item)
     session.plan.item(item)
-    runs = [r for r in session.runs_of(item) if r.config]
+    runs = [r for r in session.runs_of(item) if r.config or _record(r)]
     if attempt:
         if not attempt.isdigit():
             raise InvalidInput(f"{spec!r}: ITEM#N takes an attempt number")
@@ -189,7 +221,11 @@ def _diff_side(session, spec: str) -> tuple[str, dict]:
                            hint="a core.ml.train run records its resolved config when it "
                                 "ends; a command: trainer, its argv and config file at launch")
     run = runs[-1]
-    return f"{item}#{run.attempt}", run.config
+    flat = _flatten(run.config or {})
+    rec = _record(run)
+    if rec is not None:
+        flat.update(_flatten(rec, RECORD))
+    return f"{item}#{run.attempt}", run, flat
 
 
 def cmd_diff(args) -> int:
@@ -199,18 +235,22 @@ def cmd_diff(args) -> int:
     async def go(session):
         return [_diff_side(session, s) for s in (args.item_a, args.item_b)]
 
-    (la, a), (lb, b) = run_with(plan, args, go, show_events=False, read=True)
-    fa, fb = _flatten(a), _flatten(b)
+    (la, ra, fa), (lb, rb, fb) = run_with(plan, args, go, show_events=False, read=True)
     missing = object()
     differ = sorted(k for k in set(fa) | set(fb) if fa.get(k, missing) != fb.get(k, missing))
     # where each run wrote (core.ml.train.config.RUN_KEYS, and a resume's source) is no setting
-    where = [k for k in differ if k.split(".")[0] in WHERE_KEYS]
+    where = [k for k in differ if k.split(".")[0] in WHERE_KEYS or k in RECORD_WHERE]
     keys = [k for k in differ if k not in where]
+    unrecorded = [label for label, f in ((la, fa), (lb, fb))
+                  if not any(k.startswith(RECORD + ".") for k in f)]
     if args.json:
         print(strictjson.dumps({k: {la: fa.get(k), lb: fb.get(k)} for k in keys}, indent=2))
         return 0
+    for label in unrecorded:  # an older run, or a trainer that writes no provenance.json
+        print(f"{label}: no reproduction record (specdeck, git, versions, target, data): "
+              "only its config is compared", file=sys.stderr)
     if not keys:
-        print(f"{la} and {lb}: same settings")
+        print(f"{la} and {lb}: same settings" + ("" if unrecorded else " and the same record"))
         return 0
     from console.cli.render import table
 
@@ -218,6 +258,10 @@ def cmd_diff(args) -> int:
         return json.dumps(d[k], ensure_ascii=False) if k in d else "(absent)"
 
     table(["setting", la, lb], [[k, show(fa, k), show(fb, k)] for k in keys], wrap={1, 2})
+    for label, run, f in ((la, ra, fa), (lb, rb, fb)):
+        if f.get("record.git.dirty") and f.get("record.git.diff"):
+            print(f"{label}: its checkout was dirty; the diff is kept on {run.host}: "
+                  f"{f['record.git.diff']}")
     if where:
         print(f"(also differ, as they do for any two runs: {', '.join(where)})")
     return 0
@@ -312,7 +356,8 @@ def register(add) -> None:
     g.add_argument("--csv", action="store_true")
     g.add_argument("--markdown", action="store_true",
                    help="Markdown tables (the default when piped; on a terminal: wrapped tables)")
-    sp = add("diff", cmd_diff, "every difference between two train runs' resolved configs")
+    sp = add("diff", cmd_diff, "every difference between two runs: config, and the record that "
+             "reproduces each (specdeck, git commit and dirty tree, versions, target, data)")
     sp.add_argument("plan")
     sp.add_argument("item_a", metavar="ITEM[#N]", help="an item (its latest run) or ITEM#N, "
                     "its Nth attempt; or an arm's name (its train item: `diff PLAN noise taps`)")

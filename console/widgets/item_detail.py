@@ -8,6 +8,7 @@ times (no clock is read here), so a rendering is reproducible.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from rich.console import Group
 from rich.table import Table
@@ -105,6 +106,18 @@ def run_line(run: dict) -> Text:
     return t
 
 
+def cost_line(costs: Any, item: Any) -> str:
+    """``USD 0.56 · arm v5 USD 0.80 · campaign USD 1.99`` (core.runs.cost)."""
+    from core.runs.cost import arm_of, fmt
+
+    arm = arm_of(item)
+    return " · ".join([fmt(costs.items.get(item.id)) + (" (its host has no price:)"
+                                                        if item.id not in costs.items and item.action
+                                                        and item.action.host in costs.unpriced else "")]
+                      + ([f"arm {arm} {fmt(costs.arms.get(arm))}"] if arm else [])
+                      + [f"campaign {fmt(costs.total)}"])
+
+
 class ItemDetail(VerticalScroll):
     """What the app knows about the selected item."""
 
@@ -119,6 +132,7 @@ class ItemDetail(VerticalScroll):
         self.runs: list[dict] = []
         self.live: dict | None = None
         self.watcher: WatcherStatus | None = None
+        self.costs = None
         self.check: tuple[str, str] = ("checking", "")
         self.needs: dict[str, str] = {}
         self.reason = ""
@@ -130,13 +144,15 @@ class ItemDetail(VerticalScroll):
 
     # -- attributes down -----------------------------------------------------------------
     def show(self, item_id: str, status: str, runs: list[dict], live: dict | None,
-             needs: dict[str, str], reason: str = "", watcher: WatcherStatus | None = None) -> None:
+             needs: dict[str, str], reason: str = "", watcher: WatcherStatus | None = None,
+             costs: Any = None) -> None:
         """Show an item: its status (and why), runs (oldest first), live run, needs' statuses,
-        the latest run's tau watcher."""
+        the latest run's tau watcher, what it, its arm and the campaign cost (``costs``: a
+        :class:`core.runs.cost.Sheet`, None when no host has a price)."""
         if item_id != self.item_id:
             self.check = ("checking", "")
         self.item_id, self.status, self.runs, self.live = item_id, status, runs, live
-        self.watcher = watcher
+        self.watcher, self.costs = watcher, costs
         self.needs, self.reason = dict(needs), reason
         self._draw()
 
@@ -219,6 +235,8 @@ class ItemDetail(VerticalScroll):
                                       style="bright_black"))
         else:
             grid.add_row("runs", Text("none yet", style="bright_black"))
+        if self.costs is not None:
+            grid.add_row("cost", Text(cost_line(self.costs, item), style="bright_black"))
         if self.status == "in_progress" and not self.live and not item.manual:
             grid.add_row("live", Text("no run specdeck knows (started outside it?): "
                                       "a adopts it; it is never launched twice", style="yellow"))

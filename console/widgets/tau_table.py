@@ -177,6 +177,8 @@ class TauPane(Vertical):
         self._verdict_shown: str | None = None
         self.arms = None
         """The plan's arms compared (:class:`core.tau.arms.ArmsComparison`), None: no arms."""
+        self.costs: dict[str, dict] = {}
+        """Drafter label -> its cost entry (:meth:`set_comparison`)."""
 
     def set_arms(self, arms) -> None:
         """Each arm against the reference and each other, Holm-corrected: the lines under
@@ -229,9 +231,12 @@ class TauPane(Vertical):
         return list(self._rows)
 
     # -- attributes down -----------------------------------------------------------------
-    def set_comparison(self, c: Comparison, *, step: int | None = None) -> None:
+    def set_comparison(self, c: Comparison, *, step: int | None = None, costs: list | None = None) -> None:
+        """Show ``c`` (filtered to training ``step``); ``costs``: each drafter's training cost and
+        cost per unit of tau gained (core.runs.cost.cost_per_tau), said under its verdict."""
         self.comparison = c
         self.step = step
+        self.costs = {x["drafter"]: x for x in costs or ()}
         self.marked = [d for d in self.marked if d in {x.label for x in c.drafters}]
         self._fill()
 
@@ -357,6 +362,13 @@ class TauPane(Vertical):
                 t.append(f"\narm {p.a}" + (f" ({knob})" if knob else "") + ": ", style="bold")
                 t.append(sanitize(p.text()), style=MARKS.get(p.verdict, ("", ""))[1]
                          if p.verdict != NONE else "")
+        spent = self.costs.get(row.drafter)
+        if spent:
+            from core.runs.cost import fmt
+
+            per = (f"{fmt(spent['per_tau'])} per +1 tau over the baseline" if spent["per_tau"]
+                   else "no tau gained over the baseline")
+            t.append(f"\ncost: {fmt(spent['cost'])} of training, {per}", style="bright_black")
         return t
 
     def _chart(self) -> None:

@@ -18,7 +18,7 @@ from typing import Literal
 from core.actions import fit
 from core.actions.base import Action, CheckResult, Launch
 from core.actions.mlbase import (drafter_command, host_python, launch_inputs, ml_failure,
-                                 prompts_on_host, py_module, read_json, record_launch,
+                                 prompts_on_host, py_module, read_json, record_launch, reproduce_record,
                                  resolve_checkpoint, resolve_ref, validate_prompts, validate_ref)
 from core.errors import ActionFailed
 from core.ml.formats import bounds, resultfile
@@ -302,6 +302,9 @@ class Eval(Action):
                "settings_key": self.settings_key(),
                "drafter_path": _display(ctx, self.params.drafter), "dtype": mine.get("dtype"),
                "result": posixpath.join(outcome.capsule, "result-drafter.json")}
+        record = reproduce_record(mine)
+        if record is not None:  # what reproduces it (core.ml.formats.reproduce): `specdeck diff` reads it
+            out["record"] = record
         if "ddtree" in mine:
             out["ddtree_tau"] = mine["ddtree"].get("tau")
         if base is not None:
@@ -354,6 +357,9 @@ def eval_rows(run_id: str, item_id: str, res: dict, label: str, role: str,
                 "temperature": res.get("temperature", 0), "top_p": res.get("top_p", 1.0),
                 "top_k": res.get("top_k", 0), "seed": res.get("seed"), "samples": res.get("samples", 1),
                 "harness": harness.of_result(res), "prompt_set": _set_name(res)}
+    target = (reproduce_record(res) or {}).get("target")
+    if isinstance(target, dict):  # not compared: compare warns when a verdict's two targets differ
+        settings["target_id"] = {k: target.get(k) for k in ("revision", "dtype", "quantization", "config_sha256")}
     seq = res.get("sequential")
     if isinstance(seq, dict) and isinstance(seq.get("text"), str):  # stop: settled: compare says its verdict
         settings["sequential"] = seq["text"][:500]

@@ -350,6 +350,16 @@ def validate_ref(plan, item, ref: str) -> str | None:
     return None
 
 
+def reproduce_record(doc: dict | None) -> dict | None:
+    """The record that reproduces a run, as a result.json's (or a train run's provenance.json)
+    provenance holds it (core.ml.formats.reproduce); None when it holds none (an older run)."""
+    if not isinstance(doc, dict):
+        return None
+    prov = doc.get("provenance") if isinstance(doc.get("provenance"), dict) else doc
+    rec = prov.get("reproduce")
+    return rec if isinstance(rec, dict) else None
+
+
 async def read_json(host, path: str) -> dict | None:
     """The JSON object in ``path`` on ``host``; None when it is missing or no JSON object a
     reader may take (too deep, NaN: :func:`core.text.loads_untrusted`)."""

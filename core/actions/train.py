@@ -48,7 +48,8 @@ from core.actions.trainers.specdeck import StartChoice, start_choice
 from core.actions.fit import deep_set
 from core.errors import HostUnreachable
 from core.faults import describe_fault
-from core.actions.mlbase import host_content_problem, host_entries, host_python, ml_failure
+from core.actions.mlbase import host_content_problem, host_entries, host_python, ml_failure, read_json, \
+    reproduce_record
 from core.capsules.metrics_sources import MetricsParams, line_metrics
 from core.ml.formats import bounds, layouts
 from core.actions.watch_eval import detached as watch_detached
@@ -530,6 +531,10 @@ class Train(Action):
                         pass  # torn or unreadable: the curves go without that epoch's figures
             await self._record_resolved(ctx, outdir, run, files)
         result = {"out": outdir, "checkpoints": sorted(found)}
+        if listed and "provenance.json" in files:  # what reproduces it, for `specdeck diff`
+            record = reproduce_record(await read_json(host, posixpath.join(outdir, "provenance.json")))
+            if record is not None:
+                result["record"] = record
         if best is not None:
             result["best"] = {"step": best.step, "path": best.path}
         if outcome.state == "stopped":

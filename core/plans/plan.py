@@ -53,6 +53,24 @@ class PlanIssue:
 
 
 @dataclass(frozen=True)
+class Price:
+    """What an hour on a host costs (a host's ``price:``; core.runs.cost multiplies it by each
+    run's wall time): ``amount`` per hour, or per GPU-hour for ``gpus`` GPUs a run holds."""
+
+    amount: float
+    per: str = "hour"
+    """``hour`` or ``gpu_hour``."""
+    gpus: int = 1
+    """The GPUs a run on the host holds (``gpu_hour`` only)."""
+    currency: str = "USD"
+
+    @property
+    def hourly(self) -> float:
+        """What one hour of a run on the host costs."""
+        return self.amount * (self.gpus if self.per == "gpu_hour" else 1)
+
+
+@dataclass(frozen=True)
 class HostSpec:
     name: str
     workdir: str
@@ -60,6 +78,8 @@ class HostSpec:
     ssh: str | None = None
     python: str | None = None
     env: dict = field(default_factory=dict)
+    price: Price | None = None
+    """What an hour on it costs (``price:``), None when the plan gives none."""
 
 
 @dataclass(frozen=True)

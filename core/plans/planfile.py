@@ -28,7 +28,7 @@ from core.capsules.telemetry import TelemetrySettings
 from core.errors import InvalidInput, PlanError
 from core.plans.params import ParamError, parse_params, shell_fields
 from core.plans.plan import (ENV_NAME, PRIORITIES, SECRET_NAME, SLUG, STATUSES, VAR_REF, ActionSpec,
-                       HostSpec, Item, Plan, PlanIssue)
+                       HostSpec, Item, Plan, PlanIssue, Price)
 from core.text import did_you_mean, short
 
 # -- YAML with positions ------------------------------------------------------------------
@@ -405,7 +405,7 @@ def _parse_hosts(v: _Validator, raw_hosts: dict) -> dict[str, HostSpec]:
 
 def _parse_host(v: _Validator, hname: str, h: dict) -> HostSpec:
     hp = ("hosts", hname)
-    _check_keys(v, h, hp, ("local", "ssh", "workdir", "python", "env"), base=hp)
+    _check_keys(v, h, hp, ("local", "ssh", "workdir", "python", "env", "price"), base=hp)
     local, ssh = h.get("local"), h.get("ssh")
     if local not in (None, True, False):
         v.error(hp + ("local",), "local must be true or false", field_path=hp + ("local",))
@@ -426,7 +426,51 @@ def _parse_host(v: _Validator, hname: str, h: dict) -> HostSpec:
     return HostSpec(hname, wd if isinstance(wd, str) else ".", bool(local),
                     ssh if isinstance(ssh, str) else None,
                     py if isinstance(py, str) else None,
-                    {str(k): str(x) for k, x in env.items()})
+                    {str(k): str(x) for k, x in env.items()},
+                    _parse_price(v, hp, h["price"]) if "price" in h else None)
+
+
+PRICE_SHAPE = "price is {per_hour: N} or {per_gpu_hour: N, gpus: G}, with currency: CODE optional (default USD)"
+CURRENCY = re.compile(r"^[A-Za-z$€£¥]{1,8}\Z")
+MAX_PRICE = 1e6
+"""Per hour: far above any machine's, so a typo (a price per month) is caught."""
+
+
+def _parse_price(v: _Validator, hp: tuple, raw: Any) -> Price | None:
+    """A host's ``price:`` (:class:`~core.plans.plan.Price`); None, with each problem named by
+    file:line and field, when it is not one."""
+    pp = hp + ("price",)
+    if not isinstance(raw, dict):
+        v.error(pp, PRICE_SHAPE, field_path=pp)
+        return None
+    _check_keys(v, raw, pp, ("per_hour", "per_gpu_hour", "gpus", "currency"), base=pp)
+    rates = [k for k in ("per_hour", "per_gpu_hour") if k in raw]
+    if len(rates) != 1:
+        v.error(pp, f"give exactly one of per_hour or per_gpu_hour ({PRICE_SHAPE})", field_path=pp)
+        return None
+    key = rates[0]
+    amount, ok = raw[key], True
+    if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not 0 <= amount <= MAX_PRICE:
+        v.error(pp + (key,), f"{key} must be a number from 0 to {MAX_PRICE:g} (what an hour costs, "
+                f"e.g. 2.49), not {amount!r}", field_path=pp + (key,))
+        ok = False
+    gpus = raw.get("gpus", 1)
+    if "gpus" in raw and key != "per_gpu_hour":
+        v.error(pp + ("gpus",), "gpus goes with per_gpu_hour (per_hour is the whole host's)",
+                field_path=pp + ("gpus",))
+        ok = False
+    elif isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 4096:
+        v.error(pp + ("gpus",), f"gpus must be a whole number from 1 to 4096 (the GPUs a run holds), "
+                f"not {gpus!r}", field_path=pp + ("gpus",))
+        ok = False
+    currency = raw.get("currency", "USD")
+    if not isinstance(currency, str) or not CURRENCY.match(currency):
+        v.error(pp + ("currency",), f"currency must be a code such as USD or EUR, not {currency!r}",
+                field_path=pp + ("currency",))
+        ok = False
+    if not ok:
+        return None
+    return Price(float(amount), "gpu_hour" if key == "per_gpu_hour" else "hour", gpus, currency)
 
 
 def _parse_host_env(v: _Validator, hp: tuple, env: Any) -> dict:

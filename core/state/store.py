@@ -544,6 +544,11 @@ class Store:
         return [Event.from_row(r) for r in self.db["events"].rows_where(
             where, args, limit=limit, order_by="id DESC" if newest_first else "id")]
 
+    def events_between(self, since: float, until: float) -> list[Event]:
+        """Journal rows made from ``since`` to ``until`` (Unix times), oldest first."""
+        return [Event.from_row(r) for r in self.db["events"].rows_where(
+            "at >= ? AND at <= ?", [since, until], order_by="at, id")]
+
     def last_event_id(self) -> int:
         return self.db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
 

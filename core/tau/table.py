@@ -238,6 +238,9 @@ class Comparison:
     """Each entry's figures per domain, for entries whose prompts name one (else empty)."""
     decisions: int = 0
     """How many of ``pairs`` (the first ones) are the decision (a plan's ``decide:``)."""
+    target_warnings: tuple[str, ...] = ()
+    """Each verdict (a drafter against its baseline, a pair) whose two sides were measured
+    against targets that differ (:func:`target_differences`; also listed in ``warnings``)."""
 
     def drafter(self, label: str) -> Drafter:
         for d in self.drafters:
@@ -564,9 +567,44 @@ def build_comparison(rows: Iterable[EvalRow],
     first = len(chosen)
     chosen += [p for p in _resolve_pairs(pairs, names) if p not in chosen]
     done = [_pair(by_label[a], by_label[b], seed, detect) for a, b in chosen]
+    verdicts = list(dict.fromkeys([(o.drafter, d.baseline) for o, d in zip(overall, drafters) if d.baseline]
+                                  + [(p.a, p.b) for p in done]))
+    targets = [target_warning(a, b, diff) for a, b in verdicts
+               if (diff := target_differences(by_label[a].settings, by_label[b].settings))]
     return Comparison(tuple(drafters), tuple(cells), tuple(overall), tuple(prompts),
-                      tuple(left_out + warnings), tuple(done), tuple(left_out),
-                      tuple(f for e in entries.values() for f in _domains(e, seed)), first)
+                      tuple(left_out + warnings + targets), tuple(done), tuple(left_out),
+                      tuple(f for e in entries.values() for f in _domains(e, seed)), first,
+                      tuple(targets))
+
+
+TARGET_FACTS = (("revision", "revision"), ("dtype", "checkpoint dtype"), ("quantization", "quantisation"),
+                ("config_sha256", "config"))
+"""What a row's ``target_id`` (the run's record, core.ml.formats.reproduce) says of its target, in words."""
+
+
+def target_differences(a: Mapping, b: Mapping) -> dict[str, list]:
+    """``{what: [a's, b's]}`` for each way the targets two entries were measured against differ:
+    the record's revision, checkpoint dtype, quantisation and config digest (compared only where
+    both rows recorded them: an older row recorded none), the dtype it ran at, its fingerprint."""
+    out: dict[str, list] = {}
+    ta = a.get("target_id") if isinstance(a.get("target_id"), dict) else {}
+    tb = b.get("target_id") if isinstance(b.get("target_id"), dict) else {}
+    for key, words in TARGET_FACTS:
+        va, vb = ta.get(key), tb.get(key)
+        if (va is not None or vb is not None) and ta and tb and va != vb:
+            out[words] = [va or "none", vb or "none"]
+    if a.get("dtype") != b.get("dtype"):
+        out["ran in"] = [a.get("dtype"), b.get("dtype")]
+    if a.get("target") != b.get("target") and not out:
+        out["target fingerprint"] = [a.get("target"), b.get("target")]
+    return out
+
+
+def target_warning(a: str, b: str, diff: Mapping[str, list]) -> str:
+    what = ", ".join(f"{k} {v[0]}≠{v[1]}" if k != "config" else "config.json" for k, v in diff.items())
+    return (f"⚠ {a} vs {b}: measured against different targets ({what}): a drafter paired with another "
+            "revision or precision of its target (a requantised one) loses acceptance, so this verdict "
+            "compares targets as much as drafters; measure both against one target")
 
 
 def _domains(e: _Entry, seed: int) -> list[DomainFigures]:

@@ -55,6 +55,7 @@ def test_demo_headless_quick_then_reuse(tmp_path):
                                 "--json").stdout)
     st = {i["id"]: i["status"] for i in status["items"]}
     assert st.pop("review") == "pending" and set(st.values()) == {"done"}, st
+    check_report(ws, run_cli)
     t0 = time.monotonic()
     res = run_cli("demo", "--dir", ws, "--headless", "--quick", timeout=600)
     again = time.monotonic() - t0
@@ -74,3 +75,43 @@ def test_demo_headless_quick_then_reuse(tmp_path):
     rows = [ln for ln in tau.splitlines() if ln.startswith(("| v5 |", "| v5 ddtree-16 |"))]
     assert len(rows) == 2 and all(any(f"run {r}" in ln for r in run_ids) for ln in rows), (rows, run_ids)
     assert f"{v5['macro']:.3f}" in text and "best k = " in text
+
+
+def check_report(ws, cli) -> None:
+    """Issue 47 §5: ``report --since`` over the demo lists every run, checkpoint and alert and the
+    cost, in the order they happened, alike in text, Markdown and JSON. The demo raises no alert
+    of itself: one is journaled as host telemetry journals a full disk."""
+    import sqlite3
+
+    from core.state.store import Store
+
+    store = Store(str(ws / "state.db"))
+    store.alert_once("disk_low", "disk /: 2.0 GiB free (the demo's test)", host="train")
+    store.close()
+    db = sqlite3.connect(ws / "state.db")
+    runs = db.execute("SELECT id FROM runs").fetchall()
+    checkpoints = db.execute("SELECT path FROM artefacts WHERE kind = 'checkpoint'").fetchall()
+    db.close()
+    args = ("--state", ws / "state.db", "report", ws / "demo.yaml", "--since", "12h")
+    res = cli(*args, "--json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    entries = doc["entries"]
+    assert [e["at"] for e in entries] == sorted(e["at"] for e in entries)
+    assert {e["run"] for e in entries if e["kind"] == "run_started"} == {r for (r,) in runs}
+    assert {e["run"] for e in entries if e["kind"] == "run_ended"} == {r for (r,) in runs}
+    assert {e["data"]["path"] for e in entries if e["kind"] == "checkpoint_written"} == {p for (p,) in checkpoints}
+    assert [e["text"] for e in entries if e["kind"] == "disk"] == ["train: disk /: 2.0 GiB free (the demo's test)"]
+    assert any(e["kind"] == "checkpoint_evaluated" for e in entries)  # train-v5's, while it trained
+    assert doc["cost"]["total"]["USD"] > 0 and doc["cost"]["window"] == doc["cost"]["total"]
+    (curve,) = doc["tau_over_training"]
+    assert curve["item"] == "train-v5" and curve["best"] in curve["points"]
+    text = cli(*args).stdout.splitlines()
+    md = cli(*args, "--markdown").stdout.splitlines()
+    timeline = [ln for ln in text if ln[:2].isdigit() and ln[2] == ":"]
+    bullets = [ln for ln in md if ln.startswith("- `")]
+    assert len(timeline) == len(bullets) == len(entries)
+    for e, t, b in zip(entries, timeline, bullets):
+        assert e["text"] in t and e["text"].replace("|", "\\|") in b
+    assert any(ln.startswith("  in this window USD ") for ln in text)
+    assert any(ln.startswith("- in this window USD ") for ln in md)

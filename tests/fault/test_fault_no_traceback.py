@@ -55,7 +55,8 @@ CASES = ["ok", "garbage-db", "dir-db", "plan-dir", "plan-binary", "plan-bomb", "
          "plan-fifo", "plan-device", "plan-huge", "plan-var-nul"]
 COMMANDS = [("validate",), ("status",), ("status", "--json"), ("run", "a"), ("run", "--all"),
             ("run", "nope"), ("attach",), ("logs", "a"), ("logs", "a", "-f"),
-            ("stop", "a", "--yes"), ("mark", "a", "done"), ("export", "--todowrite")]
+            ("stop", "a", "--yes"), ("mark", "a", "done"), ("export", "--todowrite"),
+            ("report", "--json")]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -127,7 +128,8 @@ def _hostile_run_output(tmp_path, case):
 OUTPUT_COMMANDS = [("validate",), ("run", "a"), ("status",), ("status", "--json"),
                    ("logs", "a"), ("metrics", "a"), ("metrics", "a", "--csv"),
                    ("metrics", "a", "--jsonl"), ("attach",), ("compare",), ("compare", "--json"),
-                   ("compare", "--csv"), ("compare", "--pivot"), ("export", "--todowrite")]
+                   ("compare", "--csv"), ("compare", "--pivot"), ("export", "--todowrite"),
+                   ("report",), ("report", "--json"), ("report", "--markdown")]
 
 
 @pytest.mark.parametrize("case", ["numbers", "regex", "tensorboard", "eval-nan"])

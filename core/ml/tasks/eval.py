@@ -548,6 +548,18 @@ def record(args: argparse.Namespace, cfg: Any, prompts: list[Any], *, block_size
     }
 
 
+def reproduce_record(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any]:
+    """What reproduces this eval (:mod:`core.ml.formats.reproduce`): the target as it ran, the
+    prompts by digest, the arguments; a dirty checkout's diff beside the result."""
+    from core.ml.formats.reproduce import args_config, reproduction, target_identity
+
+    prompts = result.get("prompts") or {}
+    return reproduction(Path(args.out).resolve().parent, config=args_config(args),
+                        target=target_identity(args.target, result.get("dtype")),
+                        data={"prompts": prompts.get("file"), "prompts_sha256": prompts.get("sha256"),
+                              "prompt_count": prompts.get("count")})
+
+
 def engine_reading(cfg: Any, drafter: str, name: str) -> dict[str, Any]:
     """The attention engine ``name`` runs this drafter with (:mod:`core.ml.engines.rules`' table), in
     the record ``--engine-rule`` writes; ``attention`` None when specdeck's config cannot state it."""
@@ -622,7 +634,7 @@ def _main_engine(args: argparse.Namespace, prompts: list[Any]) -> int:
     eng = figures["engine"]
     out = write_result(args.out, result, provenance(seed=args.seed, task="eval", extra={
         "engine": {k: eng[k] for k in ("name", "revision", "version", "binary", "binary_sha256")},
-        "eos": eng["eos"], "drafter_attention": cfg.attention_summary()}))
+        "eos": eng["eos"], "drafter_attention": cfg.attention_summary(), "reproduce": reproduce_record(args, result)}))
     emit("result", task="eval", path=str(out.resolve()))
     return 0
 
@@ -713,7 +725,8 @@ def _main(args: argparse.Namespace, prompts: list[Any]) -> int:
         emit("metric", task="eval", **named(args), method="all_anchor", mode=args.mode, tau=result["all_anchor"]["tau"],
              tau_pooled=result["all_anchor"]["tau_pooled"])
     out = write_result(args.out, result, provenance(seed=args.seed, task="eval",
-                                                    extra={"drafter_attention": cfg.attention_summary()}))
+                                                    extra={"drafter_attention": cfg.attention_summary(),
+                                                           "reproduce": reproduce_record(args, result)}))
     emit("result", task="eval", path=str(out.resolve()))
     return 0
 
@@ -761,7 +774,8 @@ def _main_settled(args, target, tokenizer, drafter, prompts, block_size, block_n
         }
         result["harness"] = harness.of_result(result)
         out = write_result(a.out, result, provenance(seed=a.seed, task="eval",
-                                                     extra={"drafter_attention": d.config.attention_summary()}))
+                                                     extra={"drafter_attention": d.config.attention_summary(),
+                                                            "reproduce": reproduce_record(a, result)}))
         emit("result", task="eval", **named(a), path=str(out.resolve()))
     return 0
 

@@ -281,6 +281,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         dist.close()
 
 
+def train_record(cfg: Any, out: Path) -> dict[str, Any]:
+    """What reproduces this run (:mod:`core.ml.formats.reproduce`): the target, the data by digest
+    (the feature cache's manifest.json, else the JSONL file); the resolved config is
+    ``resolved_config.yaml`` beside it (the console stores it as the run's config, which ``diff``
+    compares), so the record names the file rather than hold it twice."""
+    from core.ml.formats.reproduce import file_digest, reproduction, target_identity
+
+    src = (Path(cfg.data.features) / "manifest.json") if cfg.data.features else (
+        Path(cfg.data.file) if cfg.data.file else None)
+    data = file_digest(src) if src is not None else {}
+    return reproduction(out, config={"file": RESOLVED}, data=data,
+                        target=target_identity(cfg.target, cfg.dtype) if cfg.target else None)
+
+
 def no_sequences_left(cfg: Any, loss_tokens: Sequence[int], kept: int, val_n: int) -> str:
     """The error when no sequence is left to train on, with the figures that say which knob to turn."""
     n, need = len(loss_tokens), cfg.data.min_loss_tokens
@@ -409,8 +423,8 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
             atomic_write_text(self.out / RESOLVED, tc.to_yaml(cfg, "resolved config of this run (core.ml.train)"))
             atomic_write_json(self.out / "config.json", self.drafter_cfg, allow_nan=False)
-            atomic_write_json(self.out / "provenance.json", provenance(seed=cfg.seed, task="train",
-                                                                       extra={"run": self.run_info}))
+            atomic_write_json(self.out / "provenance.json", provenance(seed=cfg.seed, task="train", extra={
+                "run": self.run_info, "reproduce": train_record(cfg, self.out)}))
 
     def load(self, path: Path) -> None:
         """Restore weights, optimizer, scheduler and the step from a checkpoint."""

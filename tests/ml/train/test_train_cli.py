@@ -220,6 +220,12 @@ def test_on_the_fly_jsonl_training_with_validation(ws, tmp_path, capsys):
     val = [x for x in lines if x.get("event") == "validation"]
     assert len(val) == 1 and val[0]["step"] == 3 and len(val[0]["val_acc"]) == B - 1
     assert "loss" not in val[0] and val[0]["val_loss"] > 0  # never mistaken for a metrics line
+    # what reproduces the run (issue 47 §2): the data by digest, the target, the versions
+    rec = json.loads((tmp_path / "o" / "provenance.json").read_text())["reproduce"]
+    digest = __import__("hashlib").sha256((tmp_path / "data.jsonl").read_bytes()).hexdigest()
+    assert rec["data"] == {"path": str((tmp_path / "data.jsonl").resolve()), "sha256": digest}
+    assert rec["target"]["path"] == str((ws / "target").resolve()) and rec["target"]["config_sha256"]
+    assert rec["versions"]["torch"] == torch.__version__ and rec["config"] == {"file": "resolved_config.yaml"}
 
 
 # ----------------------------------------------------------------------------- processes
