@@ -60,6 +60,7 @@ WRITERS_THAT_ARE_NOT_JSON = {
     "core/plans/shellvars.py": 1,  # the same, for the run's environment
     "console/cli/results.py": 1,  # a config value shown in `diff`'s table
     "core/capsules/progress.py": 1,  # a value shown in a progress line or the log pane
+    "core/plans/arms.py": 1,  # an arm's knob value shown beside its row (`noise.target=fc_input`)
 }
 
 
