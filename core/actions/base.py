@@ -231,7 +231,8 @@ class ActionContext(ABC):
 
 
 class Action(ABC):
-    """Base class of every action kind. Subclasses set ``kind`` and ``Params``.
+    """Base class of every action kind. Subclasses name their ``kind``, ``Params`` and
+    ``summary`` in the class line (:meth:`__init_subclass__`).
 
     **Stateless between hooks.** The runner builds a fresh action (from the item's params)
     for every call, and specdeck may restart between any two hooks of a run: ``follow``,
@@ -248,6 +249,15 @@ class Action(ABC):
     detached: ClassVar[bool] = True
     needs_host: ClassVar[bool] = True
     summary: ClassVar[str] = ""
+
+    def __init_subclass__(cls, kind: str | None = None, params: type | None = None,
+                          summary: str | None = None, **kw: Any) -> None:
+        """A kind names itself in its class line: ``class Eval(Action, kind="eval",
+        params=EvalParams, summary="...")`` sets ``kind``, ``Params`` and ``summary``."""
+        super().__init_subclass__(**kw)
+        for attr, value in (("kind", kind), ("Params", params), ("summary", summary)):
+            if value is not None:
+                setattr(cls, attr, value)
 
     def __init__(self, params: Any):
         self.params = params

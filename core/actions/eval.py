@@ -180,10 +180,8 @@ def sampling_problems(p, offline_field: str = "mode") -> list:
     return []
 
 
-class Eval(Action):
-    kind = "eval"
-    Params = EvalParams
-    summary = "measure tau (chain, DDTree) of a drafter vs a baseline on a prompt set"
+class Eval(Action, kind="eval", params=EvalParams,
+             summary="measure tau (chain, DDTree) of a drafter vs a baseline on a prompt set"):
 
     @classmethod
     def validate_plan(cls, params, plan, item):

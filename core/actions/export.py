@@ -37,10 +37,8 @@ class ExportParams:
     """gguf: a llama.cpp tree on the host holding convert_hf_to_gguf.py."""
 
 
-class Export(Action):
-    kind = "export"
-    Params = ExportParams
-    summary = "write a drafter in the layout vLLM, SGLang or llama.cpp loads, and say how each reads it"
+class Export(Action, kind="export", params=ExportParams,
+             summary="write a drafter in the layout vLLM, SGLang or llama.cpp loads, and say how each reads it"):
 
     @classmethod
     def validate_plan(cls, params, plan, item):

@@ -66,10 +66,8 @@ class ExtractHiddenParams:
         ) + counts(self, max_new_tokens=1, limit=0)  # limit 0: every prompt, as unset
 
 
-class ExtractHidden(Action):
-    kind = "extract_hidden"
-    Params = ExtractHiddenParams
-    summary = "cache the target's greedy continuations + tapped hidden states for prompts"
+class ExtractHidden(Action, kind="extract_hidden", params=ExtractHiddenParams,
+             summary="cache the target's greedy continuations + tapped hidden states for prompts"):
 
     @classmethod
     def validate_plan(cls, params, plan, item):

@@ -8,7 +8,6 @@ the tensor names and shapes), so ``check()`` can say "done" from a header read.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from core.actions.base import Action, CheckResult, Launch
@@ -66,10 +65,8 @@ def loads_record(raw: bytes) -> dict | None:
     return rec if isinstance(rec, dict) else None
 
 
-class ExtractWeights(Action):
-    kind = "extract_weights"
-    Params = ExtractWeightsParams
-    summary = "strip optimizer state from a training checkpoint -> drafter safetensors"
+class ExtractWeights(Action, kind="extract_weights", params=ExtractWeightsParams,
+             summary="strip optimizer state from a training checkpoint -> drafter safetensors"):
 
     @classmethod
     def validate_plan(cls, params, plan, item):

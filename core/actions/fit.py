@@ -16,7 +16,6 @@ transformers). Every message names both sides and the fix.
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 from pathlib import Path

@@ -13,12 +13,10 @@ class ManualParams:
     """Optional instructions shown with the item."""
 
 
-class Manual(Action):
-    kind = "manual"
-    Params = ManualParams
+class Manual(Action, kind="manual", params=ManualParams,
+             summary="a step the operator does by hand and marks done"):
     detached = False
     needs_host = False
-    summary = "a step the operator does by hand and marks done"
 
     async def check(self, ctx) -> CheckResult:
         return CheckResult.blocked(f"manual item: do it, then `specdeck mark "

@@ -267,12 +267,10 @@ class _Record:
         return f"{self.digest} {self.size}\nsrc {self.src_id}\ndst {self.dst_id}\n".encode()
 
 
-class Relay(Action):
-    kind = "relay"
-    Params = RelayParams
+class Relay(Action, kind="relay", params=RelayParams,
+             summary="stream a file or model dir between hosts through specdeck (resumable, verified)"):
     detached = False
     needs_host = False
-    summary = "stream a file or model dir between hosts through specdeck (resumable, verified)"
 
     @classmethod
     def validate_plan(cls, params, plan, item):

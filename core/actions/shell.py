@@ -28,10 +28,8 @@ class ShellParams:
         return [(("command",), "command must not be empty")] if not self.command.strip() else []
 
 
-class Shell(Action):
-    kind = "shell"
-    Params = ShellParams
-    summary = "run a shell command on a host (detached; survives specdeck)"
+class Shell(Action, kind="shell", params=ShellParams,
+             summary="run a shell command on a host (detached; survives specdeck)"):
 
     async def check(self, ctx) -> CheckResult:
         if self.params.creates and await ctx.host.stat(self.params.creates) is not None:

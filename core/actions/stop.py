@@ -24,12 +24,10 @@ class StopParams:
         return problems(("grace_s", bounds.seconds(self.grace_s)))
 
 
-class Stop(Action):
-    kind = "stop"
-    Params = StopParams
+class Stop(Action, kind="stop", params=StopParams,
+             summary="stop another item's live run (SIGTERM, grace, SIGKILL)"):
     detached = False
     needs_host = False
-    summary = "stop another item's live run (SIGTERM, grace, SIGKILL)"
 
     @classmethod
     def validate_plan(cls, params, plan, item):

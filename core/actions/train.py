@@ -140,10 +140,8 @@ def _step_regex_problem(regex: str | None) -> str | None:
         return f"not a regex: {e}"
 
 
-class Train(Action):
-    kind = "train"
-    Params = TrainParams
-    summary = "launch training detached (process, torchrun, or Slurm sbatch)"
+class Train(Action, kind="train", params=TrainParams,
+             summary="launch training detached (process, torchrun, or Slurm sbatch)"):
 
     @classmethod
     def validate_plan(cls, params, plan, item):

@@ -102,10 +102,8 @@ def stale_specdeck(found: str, want: str) -> str:
             f"specdeck's is {code_of(want) or want}): it is reinstalled from this one")
 
 
-class Venv(Action):
-    kind = "venv"
-    Params = VenvParams
-    summary = "create a uv venv on a host with torch (cpu/cuda) + packages + this specdeck"
+class Venv(Action, kind="venv", params=VenvParams,
+             summary="create a uv venv on a host with torch (cpu/cuda) + packages + this specdeck"):
 
     def _wanted(self, self_version: str | None = None) -> dict[str, list]:
         """Each package wanted and its version clauses; ``self_version``: the specdeck a
