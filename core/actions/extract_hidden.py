@@ -9,6 +9,7 @@ cache's manifest covers every prompt of the set; a partial cache resumes where i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from core.actions.base import Action, CheckResult, Launch
 from core.actions.mlbase import (host_python, launch_inputs, ml_failure, prompts_on_host,
@@ -57,6 +58,10 @@ class ExtractHiddenParams:
     limit: int | None = None
     chat_template: bool = True
     dtype: str = "auto"
+    engine: Literal["none", "llama.cpp"] = "none"
+    """llama.cpp: a llama-server on the host (scripts/build-llama-server) decodes the greedy
+    continuations, each checked against torch's (a prompt where they differ takes torch's);
+    docs/evaluation.md §5."""
 
     def validate(self):
         return problems(
@@ -115,7 +120,7 @@ class ExtractHidden(Action):
                                 "--prompts", found["prompts"], "--layers", layers,
                                 "--out", h.path(p.out), "--max-new-tokens", p.max_new_tokens,
                                 *(["--limit", p.limit] if p.limit else []),
-                                "--dtype", p.dtype,
+                                "--dtype", p.dtype, *(["--engine", p.engine] if p.engine != "none" else []),
                                 None if p.chat_template else "--no-chat-template"))
 
     async def finish(self, ctx, outcome) -> dict:
