@@ -1,6 +1,6 @@
 """One-row bf16 linears on this CPU: torch's kernel against other ways, at the bench target's shapes.
 
-    python bench/bf16_rows.py [--threads 2] [--repeats 7] [--mb 560]
+    python bench/bf16_rows.py [--threads 2] [--repeats 7] [--mb 560] [--clock wall|cpu]
 
 A decode step is one-row linears over every weight: on a CPU without bf16 matrix instructions
 it should run at memory bandwidth (2 bytes per weight read once). This bench streams
@@ -33,6 +33,8 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--mb", type=int, default=560, help="bf16 weights streamed per pass")
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="cpu: CPU seconds of this process on 1 thread (a loaded machine does not stretch them)")
     p.add_argument("--out-features", type=int, default=3481)
     p.add_argument("--in-features", type=int, default=1024)
     args = p.parse_args()
@@ -40,6 +42,9 @@ def main() -> int:
     import torch
     import torch.nn.functional as F
 
+    if args.clock == "cpu":
+        args.threads = 1
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(args.threads)
     n, k = args.out_features, args.in_features
     count = max(1, args.mb * 10**6 // (2 * n * k))
@@ -73,12 +78,12 @@ def main() -> int:
     with torch.no_grad():
         for rep in range(args.repeats + 1):
             for name, fn in ways.items():
-                t = time.perf_counter()
+                t = clock()
                 fn()
                 if rep:
-                    secs[name].append(time.perf_counter() - t)
+                    secs[name].append(clock() - t)
     nbytes = count * n * k * 2
-    out = {"bench": "bf16_rows", "threads": args.threads, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    out = {"bench": "bf16_rows", "threads": args.threads, "clock": args.clock, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
            "loadavg": os.getloadavg(), "matrices": count, "shape": [n, k], "mb": round(nbytes / 1e6),
            "ms": {name: round(statistics.median(s) * 1e3, 2) for name, s in secs.items()},
            "gbs": {name: round((2 if name == "fp32" else 1) * nbytes / statistics.median(s) / 1e9, 2)

@@ -128,9 +128,11 @@ class ExtractHidden(Action):
             raise await ml_failure(ctx, outcome, "extract")
         man = await read_json(ctx.host, f"{self.params.out}/manifest.json") or {}
         entries = man.get("entries", {})
+        sources = [e.get("tokens_from", "torch") for e in entries.values()]
         return {"out": ctx.host.path(self.params.out), "prompts": len(entries),
                 "tokens": sum(e.get("num_tokens", 0) for e in entries.values()),
-                "layers": man.get("layer_ids") or man.get("layers")}
+                "layers": man.get("layer_ids") or man.get("layers"),
+                "tokens_from": {s: sources.count(s) for s in sorted(set(sources))}}
 
 
 __all__ = ["ExtractHidden"]

@@ -25,8 +25,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-TORCH = "torch"
-
 from core.ml.formats import bounds
 from core.ml.formats.runio import (Progress, UsageError, add_generation_args, check_flags, check_generation_args, emit,
                             provenance, run_main, say)
@@ -162,9 +160,10 @@ def continuation_and_features(model: Any, ids: list[int], pid: str, engine: dict
     import torch
 
     from core.ml.decoding.generate import finish_tokens, greedy_generate
-    from core.ml.engines.greedy import ENGINE, first_difference, labels_disagree, mismatch
+    from core.ml.engines.greedy import ENGINE, TORCH, first_difference, labels_disagree, mismatch
 
     device = next(model.parameters()).device
+    ref = None
     if engine is not None:
         answer = engine["answers"][pid]
         tokens, stopped = finish_tokens(answer.tokens, max_new, stops)
@@ -173,7 +172,6 @@ def continuation_and_features(model: Any, ids: list[int], pid: str, engine: dict
         if not stopped and len(tokens) < max_new:
             bad = mismatch(pid, f"the engine ended after {len(tokens)} tokens ({answer.stop_type}) at a token "
                                 f"specdeck does not stop at")
-        ref = None
         if bad is None and check:
             record["checked"].append(pid)
             ref = greedy_generate(model, ids, max_new, stops)
@@ -189,7 +187,7 @@ def continuation_and_features(model: Any, ids: list[int], pid: str, engine: dict
                 return tokens, stopped, ENGINE, feats, labels
             bad = mismatch(pid, "the teacher-forced forward's argmax differs", off[0], tokens[off[0]], off[1])
         record["mismatches"].append(bad)
-    gen = greedy_generate(model, ids, max_new, stops)
+    gen = ref if ref is not None else greedy_generate(model, ids, max_new, stops)
     feats, labels = labels_and_features(model, torch.tensor([ids + gen.tokens], device=device), layer_ids)
     return gen.tokens, gen.stopped, TORCH, feats, labels
 
@@ -267,7 +265,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(f"--out {out} holds an extract made with other settings {diff}; use another --out")
     tokenizer = load_tokenizer(target_dir)
     todo = [p for p in prompts if p.id not in (manifest or {}).get("entries", {})]
-    vocab = read_target_config(target_dir).get("vocab_size") or len(tokenizer)
+    vocab = read_target_config(target_dir).get("vocab_size")
+    if not isinstance(vocab, int):
+        raise UsageError(f"--target {target_dir}/config.json states no vocab_size; give a transformers model directory")
     encoded = {p.id: encode(p, tokenizer, vocab, not args.no_chat_template, args.enable_thinking) for p in todo}
     # before torch loads the target: the two never hold it at once
     engine = engine_phase(args, binary, target_dir, str(dtype).removeprefix("torch."), encoded, out, manifest)
@@ -321,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from core.ml.formats.runio import atomic_write_json
 
     atomic_write_json(out / "provenance.json", prov)
-    sources = [e.get("tokens_from", TORCH) for e in manifest["entries"].values()]
+    sources = [e.get("tokens_from", "torch") for e in manifest["entries"].values()]
     emit("result", task="extract", path=str((out / featstore.MANIFEST).resolve()), prompts=len(manifest["entries"]),
          tokens_from={s: sources.count(s) for s in sorted(set(sources))},
          mismatches=len(manifest.get("engine", {}).get("mismatches", [])))
