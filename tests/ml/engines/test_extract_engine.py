@@ -126,3 +126,21 @@ def test_a_missing_binary_exits_2_naming_it_and_writes_nothing(tiny, tmp_path, c
     err = capsys.readouterr().err
     assert "no-such-llama-server" in err and "scripts/build-llama-server" in err
     assert not out.exists()
+
+
+def test_first_difference_names_the_first_index_or_the_shorter_length():
+    from core.ml.engines.greedy import first_difference
+
+    assert first_difference([5, 6, 7], [5, 6, 7]) is None
+    assert first_difference([5, 6, 7], [5, 9, 7]) == 1
+    assert first_difference([5, 6], [5, 6, 7]) == 2  # the engine stopped early
+    assert first_difference([], []) is None
+
+
+def test_labels_disagree_reads_the_argmax_one_position_before_each_token():
+    from core.ml.engines.greedy import labels_disagree
+
+    # prompt of 3 ids; labels[i] is the argmax after position i, so tokens[k] is labels[3 - 1 + k]
+    labels = [11, 12, 40, 41, 42, 99]
+    assert labels_disagree([40, 41, 42], labels, 3) is None
+    assert labels_disagree([40, 7, 42], labels, 3) == (1, 41)
