@@ -10,9 +10,11 @@ ids per prompt, and is ended before torch loads the target, so the two never hol
 
 Torch still takes the hidden states, in one teacher-forced forward over prompt + continuation,
 and that forward is the check: its argmax at every position (extract's ``labels``) must equal
-the engine's next token, else the engine's continuation is not torch's greedy and the prompt's
-tokens come from torch (:func:`core.ml.decoding.generate.greedy_generate`). On a sample of prompts
-torch's own token-by-token greedy runs too and must agree token for token. Every mismatch is
+the engine's next token, else the engine's continuation is not taken as torch's greedy and the
+prompt's tokens come from torch (:func:`core.ml.decoding.generate.greedy_generate`). On a sample of
+prompts torch's own token-by-token greedy runs too and decides alone: equal token for token, the
+engine's are taken (the teacher-forced argmax, computed by other kernels than the decode's
+one-row ones, may differ from both at a near tie). Every mismatch is
 named (prompt, position, both tokens) and every prompt records which path produced its tokens.
 """
 

@@ -108,6 +108,7 @@ class TestEngineContinuations:
                  "the engine ended after")
         assert all(m["why"].startswith(kinds) for m in bad), bad
         assert not bad[0]["why"].startswith(kinds[1])  # the checked prompt: torch's own greedy decided first
+        assert [m["torch_greedy_equal"] for m in bad] == [False] * len(ids)  # torch's greedy then confirmed it
         for m in bad:
             if m["position"] is not None:  # the first new token where the two differ, both named
                 seq = featstore.read_entry(root / "caught", m["id"], man["entries"][m["id"]])
