@@ -9,6 +9,7 @@ cache's manifest covers every prompt of the set; a partial cache resumes where i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from core.actions.base import Action, CheckResult, Launch
 from core.actions.mlbase import (host_python, launch_inputs, ml_failure, prompts_on_host,
@@ -57,6 +58,10 @@ class ExtractHiddenParams:
     limit: int | None = None
     chat_template: bool = True
     dtype: str = "auto"
+    engine: Literal["none", "llama.cpp"] = "none"
+    """llama.cpp: a llama-server on the host (scripts/build-llama-server) decodes the greedy
+    continuations, each checked against torch's (a prompt where they differ takes torch's);
+    docs/evaluation.md §5."""
 
     def validate(self):
         return problems(
@@ -113,7 +118,7 @@ class ExtractHidden(Action, kind="extract_hidden", params=ExtractHiddenParams,
                                 "--prompts", found["prompts"], "--layers", layers,
                                 "--out", h.path(p.out), "--max-new-tokens", p.max_new_tokens,
                                 *(["--limit", p.limit] if p.limit else []),
-                                "--dtype", p.dtype,
+                                "--dtype", p.dtype, *(["--engine", p.engine] if p.engine != "none" else []),
                                 None if p.chat_template else "--no-chat-template"))
 
     async def finish(self, ctx, outcome) -> dict:
@@ -121,9 +126,11 @@ class ExtractHidden(Action, kind="extract_hidden", params=ExtractHiddenParams,
             raise await ml_failure(ctx, outcome, "extract")
         man = await read_json(ctx.host, f"{self.params.out}/manifest.json") or {}
         entries = man.get("entries", {})
+        sources = [e.get("tokens_from", "torch") for e in entries.values()]
         return {"out": ctx.host.path(self.params.out), "prompts": len(entries),
                 "tokens": sum(e.get("num_tokens", 0) for e in entries.values()),
-                "layers": man.get("layer_ids") or man.get("layers")}
+                "layers": man.get("layer_ids") or man.get("layers"),
+                "tokens_from": {s: sources.count(s) for s in sorted(set(sources))}}
 
 
 __all__ = ["ExtractHidden"]

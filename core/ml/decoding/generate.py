@@ -158,7 +158,8 @@ def _sync(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def _finish(out: list[int], max_new: int, stop_ids: Sequence[int]) -> tuple[list[int], bool]:
+def finish_tokens(out: list[int], max_new: int, stop_ids: Sequence[int]) -> tuple[list[int], bool]:
+    """``out`` cut to ``max_new`` tokens and after the first stop token; whether one stopped it."""
     tokens = out[:max_new]
     stops = set(stop_ids)
     for i, t in enumerate(tokens):
@@ -190,7 +191,7 @@ def greedy_generate(model: nn.Module, prompt: Sequence[int], max_new_tokens: int
             break
         logits = model(torch.tensor([[nxt]], device=device), **{kw: cache}, use_cache=True).logits
     t2 = _sync(device)
-    tokens, stopped = _finish(out, max_new_tokens, stop_ids)
+    tokens, stopped = finish_tokens(out, max_new_tokens, stop_ids)
     return GenerationResult(tokens, [1] * len(tokens), len(prompt), stopped, t1 - t0, t2 - t1,
                             target_forwards=len(out), target_tokens=len(prompt) + len(out) - 1)
 
@@ -268,7 +269,7 @@ def chain_generate(proposer: Proposer | None, runner: TargetRunner, prompt: Sequ
         start += produced
         feats = vfeats[:, :produced] if vfeats is not None else None
     t2 = _sync(dev)
-    tokens, stopped = _finish(out, max_new_tokens, stop_ids)
+    tokens, stopped = finish_tokens(out, max_new_tokens, stop_ids)
     return GenerationResult(tokens, rounds, P, stopped, t1 - t0, t2 - t1, draft_s, verify_s,
                             drafter_forwards=drafted, **runner.counts())
 
@@ -318,7 +319,7 @@ def ddtree_generate(proposer: Proposer, runner: TargetRunner, prompt: Sequence[i
         start += produced
         feats = vfeats[:, kept] if vfeats is not None else None
     t2 = _sync(dev)
-    tokens, stopped = _finish(out, max_new_tokens, stop_ids)
+    tokens, stopped = finish_tokens(out, max_new_tokens, stop_ids)
     res = GenerationResult(tokens, rounds, P, stopped, t1 - t0, t2 - t1, draft_s, verify_s,
                            drafter_forwards=len(rounds), **runner.counts())
     res.extra["mean_tree_nodes"] = nodes / len(rounds) if rounds else 0.0

@@ -354,9 +354,10 @@ class LlamaServer:
     session of its own and ended with its whole process group, so nothing it started outlives
     the eval. ``start_timeout``: seconds to wait for ``/health`` (a line says so every
     ``progress_every`` seconds meanwhile); ``stop_grace``: seconds between SIGINT and SIGKILL.
+    ``drafter`` None: the target alone, plain decoding (extract's continuations, the bench).
     """
 
-    def __init__(self, binary: Path, target: Path, drafter: Path, n_max: int, threads: int, context: int,
+    def __init__(self, binary: Path, target: Path, drafter: Path | None, n_max: int, threads: int, context: int,
                  workdir: Path, start_timeout: float = START_TIMEOUT_S, progress_every: float = WAIT_PROGRESS_S,
                  stop_grace: float = STOP_GRACE_S) -> None:
         self.binary, self.target, self.drafter = binary, target, drafter
@@ -368,9 +369,11 @@ class LlamaServer:
         self._http = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never a proxy
 
     def command(self) -> list[str]:
-        return [str(self.binary), "-m", str(self.target), "-md", str(self.drafter), "--spec-type", "draft-dflash",
-                "--spec-draft-n-max", str(self.n_max), "-np", "1", "-c", str(self.context), "-t", str(self.threads),
-                "--host", "127.0.0.1", "--port", str(self.port), "--no-warmup", "--metrics", "-lv", "4"]
+        spec = [] if self.drafter is None else ["-md", str(self.drafter), "--spec-type", "draft-dflash",
+                                                "--spec-draft-n-max", str(self.n_max)]
+        return [str(self.binary), "-m", str(self.target), *spec, "-np", "1", "-c", str(self.context),
+                "-t", str(self.threads), "--host", "127.0.0.1", "--port", str(self.port), "--no-warmup", "--metrics",
+                "-lv", "4"]
 
     def __enter__(self) -> LlamaServer:
         try:
@@ -494,6 +497,26 @@ class LlamaServer:
         text = self._log_since(0).split(DRAFT_LOAD, 1)[0]
         return sorted({int(m.group(1)) for m in EOG.finditer(text)})
 
+    def completion(self, pid: str, ids: list[int], n_predict: int, cache_prompt: bool = False,
+                   **extra: Any) -> dict[str, Any]:
+        """One greedy ``/completion`` of token ids, checked (:func:`read_completion`); ``extra``
+        goes into the request as is (the bench's ``ignore_eos``).
+
+        Raises:
+            TaskError: an error status, or an answer that is not llama-server's (names the
+                prompt, the endpoint and what came back).
+        """
+        body = {"prompt": ids, "n_predict": n_predict, "temperature": 0, "top_k": 1, "samplers": ["top_k"],
+                "cache_prompt": cache_prompt, "return_tokens": True, **extra}
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=strictjson.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        endpoint = f"prompt {pid}: POST /completion"
+        data = self._open(endpoint, req)
+        try:
+            return read_completion(data)
+        except Garbage as exc:
+            raise self._garbage(endpoint, str(exc), data) from None
+
     def complete(self, pid: str, ids: list[int], n_predict: int) -> Reply:
         """One greedy ``/completion`` of token ids, with its trace rounds and counter deltas.
 
@@ -503,16 +526,7 @@ class LlamaServer:
         """
         before = self.metrics()
         offset = self.log_path.stat().st_size
-        body = {"prompt": ids, "n_predict": n_predict, "temperature": 0, "top_k": 1, "samplers": ["top_k"],
-                "cache_prompt": False, "return_tokens": True}
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=strictjson.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        endpoint = f"prompt {pid}: POST /completion"
-        data = self._open(endpoint, req)
-        try:
-            resp = read_completion(data)
-        except Garbage as exc:
-            raise self._garbage(endpoint, str(exc), data) from None
+        resp = self.completion(pid, ids, n_predict)
         delta = {k: v - before.get(k, 0.0) for k, v in self.metrics().items()}
         # The log is written by the server's own logging thread: wait until it holds every round.
         rounds = int(delta.get("spec_decode_num_drafts_total", 0))
