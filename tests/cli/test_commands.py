@@ -232,6 +232,7 @@ USAGE = {
     "demo": (["demo", "--fast"], "unrecognized arguments: --fast"),
     "completion": (["completion", "tcsh"], "invalid choice: 'tcsh'"),
     "notify": (["notify", "--tset"], "unrecognized arguments: --tset"),
+    "report": (["report", "{plan}", "--since", "yesterday-ish"], "--since 'yesterday-ish': give a duration"),
 }
 
 
@@ -265,7 +266,8 @@ HAPPY = {"validate": "test_validate", "kinds": "test_kinds_and_version",
          "engines": "tests.unit.test_engine_lint.test_cli_engines_json_and_bad_input",
          "card": "tests.ml.tasks.test_card.test_a_card_traces_every_figure_to_a_stored_result",
          "notify": "tests.unit.test_notify.test_notify_test_says_where_without_the_secret",
-         "parity": "tests.cli.test_parity_cli.test_parity_of_three_items_names_the_rule_as_the_cause"}
+         "parity": "tests.cli.test_parity_cli.test_parity_of_three_items_names_the_rule_as_the_cause",
+         "report": "tests.unit.test_report.test_the_report_lists_what_happened_in_order_in_every_format"}
 
 
 def test_every_command_has_a_happy_path_and_a_usage_error():
