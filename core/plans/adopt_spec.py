@@ -9,7 +9,6 @@ names is :mod:`core.runs.adopt`'s, through :meth:`core.runs.runner.Runner.adopt`
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,11 +106,3 @@ def spec_from_text(what: str, log: str = "", from_start: bool = False) -> AdoptS
     if len(words) == 2 and words[0] == "tmux":
         return AdoptSpec(tmux=words[1], log=log, from_start=from_start)
     raise ValueError(f"{what.strip() or 'nothing'!r}: say pid 12345, slurm 678 or tmux SESSION")
-
-
-def adopt_hint(where: str, item_id: str) -> str:
-    """The commands that adopt an item's run started outside specdeck, or say that nothing
-    runs (``where``: the plan's path, else its name)."""
-    return (f"`specdeck adopt {shlex.quote(where)} {item_id} --pid PID --log PATH` (or "
-            f"--slurm-job ID / --tmux SESSION), or `specdeck mark {shlex.quote(where)} "
-            f"{item_id} pending` if nothing runs")

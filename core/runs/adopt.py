@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 from core.capsules import jobs
 from core.runs import life
 from core.actions.base import Action
-from core.plans.adopt_spec import JOB_ID, PID_MAX, AdoptSpec, adopt_hint, parse_pid
+from core.plans.adopt_spec import JOB_ID, PID_MAX, AdoptSpec, parse_pid
 from core.errors import ActionFailed, InvalidInput
 from core.ml.formats import strictjson
 
@@ -57,6 +57,15 @@ if TYPE_CHECKING:
 
 PID_FILE_MAX = 64
 """A pid file holds one number: a larger one is not read."""
+
+
+def adopt_hint(where: str, item_id: str) -> str:
+    """The commands that adopt an item's run started outside specdeck, or say that nothing
+    runs (``where``: the plan's path, else its name)."""
+    return (f"`specdeck adopt {shlex.quote(where)} {item_id} --pid PID --log PATH` (or "
+            f"--slurm-job ID / --tmux SESSION), or `specdeck mark {shlex.quote(where)} "
+            f"{item_id} pending` if nothing runs")
+
 PF_KTHREAD = 0x00200000
 """``/proc/PID/stat`` flags bit of a kernel thread (never a run, even for root)."""
 _BOOT = "$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo noboot)"
