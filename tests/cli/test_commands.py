@@ -123,7 +123,9 @@ def test_adopt_makes_a_process_the_items_run(plan, tmp_path):
         assert item["status"] == "in_progress" and item["run"]["pid"] == job.pid
         res = specdeck("stop", plan, "train", "--yes", "--grace", "2", timeout=60)
         assert res.returncode == 0 and "stopped" in res.stderr, res.stderr
-        assert job.wait(20) == -signal.SIGTERM
+        # ended by the SIGTERM, not the grace's SIGKILL: sh killed by it, or (when the TERM
+        # reached its sleep first, seen under a loaded parallel run) sh ending 128 + 15
+        assert job.wait(20) in (-signal.SIGTERM, 128 + signal.SIGTERM)
         proc.wait(30)
         assert _status(plan)["train"]["run"]["state"] == "stopped"
     finally:
