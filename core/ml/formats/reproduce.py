@@ -152,6 +152,8 @@ def target_identity(path: str | os.PathLike[str], ran_dtype: str | None = None) 
     except (OSError, ValueError):
         config = {}
     config = config if isinstance(config, dict) else {}
+    text = config.get("text_config")  # a composite target (qwen3_5): its sizes and dtype in there
+    config = {**text, **config} if isinstance(text, dict) else config
     dtype = config.get("dtype") or config.get("torch_dtype")
     return {"path": str(p), "config_sha256": hashlib.sha256(raw).hexdigest() if raw else None,
             "revision": _revision(p, config), "dtype": dtype if isinstance(dtype, str) else None,

@@ -87,3 +87,21 @@ def test_a_wheels_code_hash_is_read_from_its_version(monkeypatch):
     assert reproduce.specdeck_version() == {"version": "0.1.0+code.3f9a2c1b7e", "code": "3f9a2c1b7e"}
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.1.0")
     assert reproduce.specdeck_version() == {"version": "0.1.0", "code": None}
+
+
+def test_a_composite_targets_dtype_and_quantisation_are_read_from_its_text_config(tmp_path):
+    """The campaign's target (Qwen3.6-27B, a composite ``qwen3_5``) keeps its dtype in
+    ``text_config``: the record names it, so a bf16 target and a requantised one differ."""
+    from tests.ml.train.test_campaign_config import qwen36_27b_target_config
+
+    bf16, quant = tmp_path / "bf16", tmp_path / "quant"
+    for d, extra in ((bf16, {}), (quant, {"quantization_config": {"quant_method": "awq", "bits": 4}})):
+        d.mkdir()
+        cfg = qwen36_27b_target_config()
+        cfg["text_config"] = {**cfg["text_config"], "dtype": "bfloat16", **extra}
+        (d / "config.json").write_text(json.dumps(cfg))
+    a, b = reproduce.target_identity(bf16), reproduce.target_identity(quant)
+    assert a["dtype"] == b["dtype"] == "bfloat16"
+    assert (a["quantization"], b["quantization"]) == (None, "awq 4-bit")
+    assert a["config_sha256"] != b["config_sha256"]
+
