@@ -60,12 +60,15 @@ async def slurm_trainer(tmp_path, slurm, ck, steps: int, partition: str, cpus: i
 
 
 async def requeue_now(slurm, job: str) -> None:
-    """``scontrol requeue`` the job, then let it start again at once (Slurm holds a requeued
-    job back a while, Reason=BeginTime)."""
+    """``scontrol requeue`` the job, then let it start again soon (Slurm holds a requeued
+    job back a while, Reason=BeginTime). Not at once: slurmd revokes the killed run's
+    credential with a one-second clock, and a relaunch within the same second is refused
+    ("Job credential revoked", the job FAILED), which Slurm's own hold exists to avoid."""
     env = {**os.environ, **slurm.env}
     subprocess.run(["scontrol", "requeue", job], env=env, check=True)
     await wait_for(lambda: "JobState=PENDING" in subprocess.run(
         ["scontrol", "-o", "show", "job", job], env=env, capture_output=True, text=True).stdout, 60)
+    await asyncio.sleep(2.5)
     subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], env=env, check=True)
 
 
