@@ -26,19 +26,25 @@ idempotent: a second end is a no-op, not a move).
 
 The store keeps what this module says: :data:`TRANSITIONS` is the table its writes are checked
 against (``Store(..., transitions=)``; the runner and :func:`core.session.open_store` hand it
-over), so a move not listed here is refused with :class:`~core.errors.RunMoveRefused`.
+over), so a move not listed here is refused with :class:`~core.errors.RunMoveRefused`. The
+moves the runner makes after a launch are written here, with what each records: :func:`end`
+(the run's end, its item's status, the events told) and :func:`settle` (a reconcile's
+interrupt, or a launched run found still ``starting``); the runner asks, passing its store
+and its ``emit``.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from core.capsules.jobs import CapsuleState, Outcome
     from core.plans.plan import Item
+    from core.runs.events import Event
     from core.state.records import Run
+    from core.state.store import Store
 
 STARTING = "starting"
 RUNNING = "running"
@@ -104,6 +110,25 @@ def can_move(frm: str, to: str) -> bool:
 def ended_reason(run_id: str, state: str, error: str | None) -> str:
     """The reason recorded with the item's status when its run ends."""
     return f"run {run_id} {state}" + (f": {error}" if error else "")
+
+
+def end(store: "Store", emit: Callable[["Event"], None], item_id: str, run_id: str, state: str,
+        *, error: str | None = None, result: dict | None = None, exit_code: int | None = None,
+        signal: str | None = None) -> bool:
+    """The move to an end (``state``) and what it writes: the run's record, its item's status
+    (:data:`RUN_TO_ITEM`, :func:`ended_reason`), then ``StatusChanged`` and ``RunEnded`` told
+    to ``emit``. False, writing nothing more, when the run had ended already (ending is
+    idempotent: whoever ends it first records it)."""
+    from core.runs.events import RunEnded, StatusChanged  # not for `specdeck --help` (render)
+
+    if not store.end_run(run_id, state, exit_code=exit_code, signal=signal, error=error,
+                         result=result):
+        return False
+    status, reason = RUN_TO_ITEM[state], ended_reason(run_id, state, error)
+    store.set_status(item_id, status, reason=reason, run_id=run_id)
+    emit(StatusChanged(item_id, status, reason))
+    emit(RunEnded(item_id, run_id, state, exit_code, signal, error))
+    return True
 
 
 # -- counting failures --------------------------------------------------------------------
@@ -202,11 +227,12 @@ def after_failed_finish(outcome: Outcome) -> str:
 KEEP, INTERRUPT, FOLLOW, FINISH = "keep", "interrupt", "follow", "finish"
 
 
-def reconcile(run: "Run", *, detached: bool, capsule: str | None,
+def reconcile(run: "Run", *, detached: bool | None, capsule: str | None,
               owner_alive: bool | None, mine: bool, here: bool) -> tuple[str, str | None]:
     """What a reconcile does with a live run the store holds, from what its host says, and
     the error an interrupt records:
 
+    - its item no longer an action (``detached`` None): interrupted (:data:`NOT_AN_ACTION`);
     - in process (``detached`` False): a dead owner interrupted it; one alive in another
       process (``here`` False) may be followed (:data:`FOLLOW`); else :data:`KEEP`;
     - detached, its capsule saying ``capsule`` (``running``, ``ended``, ``lost``, ``nopid``,
@@ -215,6 +241,8 @@ def reconcile(run: "Run", *, detached: bool, capsule: str | None,
       (:data:`KEEP`); else it runs (:data:`FOLLOW`) or ended or was lost while nobody watched
       (:data:`FINISH`: its log is drained and its end read).
     """
+    if detached is None:
+        return INTERRUPT, NOT_AN_ACTION
     if not detached:
         if owner_alive is False:
             return INTERRUPT, OWNER_GONE
@@ -222,6 +250,24 @@ def reconcile(run: "Run", *, detached: bool, capsule: str | None,
     if capsule in ("nopid", "missing") and run.state == STARTING:
         return (KEEP, None) if owner_alive is True and not mine else (INTERRUPT, NOT_LAUNCHED)
     return (FOLLOW if capsule == RUNNING else FINISH), None
+
+
+def settle(store: "Store", emit: Callable[["Event"], None], run: "Run", *,
+           detached: bool | None, st: "CapsuleState | None", capsule: str | None, me: str,
+           here: bool) -> str:
+    """Reconcile a live run: :func:`reconcile` decides (its owner's liveness read here, ``me``
+    the reconciling specdeck's :func:`owner_token`), and the move is written: an interrupt
+    ends the run (:func:`end`); a detached run to follow or finish (``st``: its capsule's
+    state) that the store still has ``starting``, or without a capsule, is recorded running
+    with its pid and ``capsule`` (where its capsule is). Returns the decision: what is left
+    to the runner is following (:data:`FOLLOW`) or finishing (:data:`FINISH`) it."""
+    do, why = reconcile(run, detached=detached, capsule=st.state if st else None,
+                        owner_alive=owner_alive(run.owner), mine=run.owner == me, here=here)
+    if do == INTERRUPT:
+        end(store, emit, run.item_id, run.id, INTERRUPTED, error=why)
+    elif detached and do != KEEP and (run.state == STARTING or not run.capsule):
+        store.update_run(run.id, state=RUNNING, pid=st.pid, capsule=run.capsule or capsule)
+    return do
 
 
 # -- stop grace ----------------------------------------------------------------------------

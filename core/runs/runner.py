@@ -5,7 +5,8 @@ It is the one service both faces use (the CLI and the console's workers). It own
 talks to the store; actions only see an :class:`~core.actions.base.ActionContext`.
 
 Item status follows runs, and what is launched without being asked (``run --all``, ``A``, a
-named item's needs), by the rules of :mod:`core.runs.life` (``RUN_TO_ITEM``, ``held``).
+named item's needs), by the rules of :mod:`core.runs.life` (``RUN_TO_ITEM``, ``held``); a
+run's end and a reconcile's moves are written by life (``life.end``, ``life.settle``).
 
 A state disk that takes no more writes (:class:`~core.errors.StateDiskFull`) ends no run:
 the item stays as the store has it, its run goes on on its host and stays live in the
@@ -702,14 +703,10 @@ class Runner:
             self._in_process.pop(run_id, None)
         return self._end(item, run_id, life.SUCCEEDED, result=result, exit_code=0)
 
-    def _end(self, item: Item, run_id: str, state: str, *, error: str | None = None,
-             result: dict | None = None, exit_code: int | None = None,
-             signal: str | None = None) -> str:
-        if self.store.end_run(run_id, state, exit_code=exit_code, signal=signal, error=error,
-                              result=result):
-            self.set_status(item.id, life.RUN_TO_ITEM[state],
-                            life.ended_reason(run_id, state, error), run_id)
-            self.emit(RunEnded(item.id, run_id, state, exit_code, signal, error))
+    def _end(self, item: Item, run_id: str, state: str, **how: Any) -> str:
+        """End the run (:func:`life.end`: ``how`` its error, result, exit code, signal) and
+        return its item's status."""
+        life.end(self.store, self.emit, item.id, run_id, state, **how)
         return self.statuses()[item.id]
 
     async def _follow_and_finish(self, item: Item, action: Action, host: Host, run: "Run") -> str:
@@ -893,30 +890,23 @@ class Runner:
     async def _reconcile_run(self, run: "Run", *, follow: bool) -> str:
         item = self.plan.item(run.item_id)
         action = self.run_action(item, run)
-        if action is None:
-            return self._end(item, run.id, life.INTERRUPTED, error=life.NOT_AN_ACTION)
-        detached = action.detached
-        host = ctx = st = None
+        detached = None if action is None else action.detached  # None: no action any more
+        host = ctx = st = capsule = None
         if detached:
             host = await self.host(run.host)
             ctx = _Context(self, item, host, run.id)
             st = await action.inspect(ctx, host, run)
-        do, why = life.reconcile(run, detached=detached, capsule=st.state if st else None,
-                                 owner_alive=life.owner_alive(run.owner), mine=run.owner == self.owner,
-                                 here=run.id in self._in_process)
-        if do == life.INTERRUPT:
-            return self._end(item, run.id, life.INTERRUPTED, error=why)
-        if not detached and do == life.FOLLOW and follow:
+            capsule = run.capsule or jobs.capsule_path(host, run.id)
+        do = life.settle(self.store, self.emit, run, detached=detached, st=st, capsule=capsule,
+                         me=self.owner, here=run.id in self._in_process)
+        if do == life.FOLLOW and follow and detached:
+            return await self.attach_run(self.store.run(run.id))
+        if do == life.FOLLOW and follow:  # in another specdeck: its log as that one stores it
             return await self._follow_owned(item, run)
-        if not detached or do == life.KEEP:
+        if do != life.FINISH:
             return self.statuses()[item.id]
-        if run.state == life.STARTING or not run.capsule:
-            self.store.update_run(run.id, state=life.RUNNING, pid=st.pid,
-                                  capsule=run.capsule or jobs.capsule_path(host, run.id))
-            run = self.store.run(run.id)
-        if do == life.FOLLOW:
-            return await self.attach_run(run) if follow else self.statuses()[item.id]
         # Ended (or lost) while nobody followed: drain the log, then finish.
+        run = self.store.run(run.id)
         work = action.follow(ctx, host, run, lambda ls: None)
         st = await self._with_metric_files(item, action, host, run.id, work)
         return await self._finish(item, action, host, run.id, st)

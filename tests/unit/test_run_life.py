@@ -1,11 +1,13 @@
 """A run's life (core.runs.life): the transition table as a real store keeps it (SQLite on a
-temp file), the run-state -> item-status mapping, what reconcile decides, and that every state
-the code writes is one the table names (read from core/ with ast)."""
+temp file), the run-state -> item-status mapping, what reconcile decides, what an end and a
+reconcile write (life.end, life.settle), and that every state the code writes is one the table
+names (read from core/ with ast)."""
 
 from __future__ import annotations
 
 import ast
 import itertools
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ import pytest
 from core.capsules.jobs import CapsuleState
 from core.errors import RunMoveRefused
 from core.runs import life
+from core.runs.events import RunEnded, StatusChanged
 from core.state.records import ENDED_STATES, LIVE_STATES, Run
 from core.state.store import Store
 from tests.conftest import ROOT
@@ -111,6 +114,69 @@ def test_run_state_to_item_status():
     assert life.ended_reason("r1", life.SUCCEEDED, None) == "run r1 succeeded"
 
 
+def test_an_end_writes_the_run_its_item_and_the_events_once(store):
+    _run_in(store, "r", life.RUNNING)
+    told = []
+    assert life.end(store, told.append, "it-r", "r", life.FAILED, error="exit 3", exit_code=3)
+    run = store.run("r")
+    assert (run.state, run.exit_code, run.signal, run.error) == ("failed", 3, None, "exit 3")
+    assert store.item_statuses()["it-r"] == "failed"
+    change = store.status_history("it-r")[-1]
+    assert (change.status, change.reason, change.run_id) == ("failed", "run r failed: exit 3", "r")
+    assert told == [StatusChanged("it-r", "failed", "run r failed: exit 3"),
+                    RunEnded("it-r", "r", "failed", 3, None, "exit 3")]
+    # a second end (another follower's, a stop's): nothing more written, nothing told
+    assert not life.end(store, told.append, "it-r", "r", life.SUCCEEDED, exit_code=0)
+    assert store.run("r").state == "failed" and len(store.status_history("it-r")) == 1
+    assert len(told) == 2
+
+
+def _claimed(store: Store, run_id: str, owner: str, *, running: bool = False,
+             capsule: str | None = None) -> Run:
+    store.claim_run(run_id, f"it-{run_id}", "shell", "h", owner=owner)
+    if running:
+        store.update_run(run_id, state=life.RUNNING, pid=7, capsule=capsule)
+    return store.run(run_id)
+
+
+def test_settle_writes_what_reconcile_decides(store):
+    told, me = [], life.owner_token()
+    settle = partial(life.settle, store, told.append, here=False)
+    # the item is no longer an action: interrupted, whoever owns it
+    run = _claimed(store, "gone", me, running=True)
+    assert settle(run, detached=None, st=None, capsule=None, me=me) == life.INTERRUPT
+    assert (store.run("gone").state, store.run("gone").error) == ("interrupted",
+                                                                   life.NOT_AN_ACTION)
+    assert store.item_statuses()["it-gone"] == "failed" and told[-1].state == "interrupted"
+    # launched while the store still said starting: recorded running, its pid and capsule
+    run = _claimed(store, "up", "other")
+    assert settle(run, detached=True, st=CapsuleState("running", pid=42), capsule="/c/up",
+                  me=me) == life.FOLLOW
+    assert (store.run("up").state, store.run("up").pid, store.run("up").capsule) == (
+        "running", 42, "/c/up")
+    # ended while nobody watched, its capsule known: finished by the runner, nothing written
+    run = _claimed(store, "done", "other", running=True, capsule="/c/done")
+    assert settle(run, detached=True, st=CapsuleState("ended", 0, pid=9), capsule="/c/x",
+                  me=me) == life.FINISH
+    assert (store.run("done").state, store.run("done").pid, store.run("done").capsule) == (
+        "running", 7, "/c/done")
+    # another live specdeck is launching it: kept as it is; this specdeck's own: interrupted
+    run = _claimed(store, "busy", me)
+    assert settle(run, detached=True, st=CapsuleState("nopid"), capsule="/c/busy",
+                  me="another specdeck") == life.KEEP
+    assert store.run("busy").state == "starting"
+    assert settle(run, detached=True, st=CapsuleState("nopid"), capsule="/c/busy",
+                  me=me) == life.INTERRUPT
+    assert (store.run("busy").state, store.run("busy").error) == ("interrupted",
+                                                                   life.NOT_LAUNCHED)
+    # an in-process run whose specdeck died
+    host, pid, start = me.rsplit(":", 2)
+    run = _claimed(store, "orphan", f"{host}:{pid}:{int(start) + 1}", running=True)
+    assert settle(run, detached=False, st=None, capsule=None, me=me) == life.INTERRUPT
+    assert store.run("orphan").error == life.OWNER_GONE
+    assert [e.run_id for e in told if isinstance(e, RunEnded)] == ["gone", "busy", "orphan"]
+
+
 @pytest.mark.parametrize("state, stopped, outcome", [
     (CapsuleState("ended", 0), False, "succeeded"), (CapsuleState("ended", 1), False, "failed"),
     (CapsuleState("ended", None, "TERM"), False, "failed"),
@@ -203,6 +269,13 @@ def test_what_reconcile_decides_for_an_in_process_run(alive, here, decided):
                           here=here) == decided
 
 
+def test_reconcile_interrupts_a_run_whose_item_is_no_longer_an_action():
+    for alive in (True, False, None):
+        assert life.reconcile(Run("r", "it", state="running"), detached=None, capsule=None,
+                              owner_alive=alive, mine=True, here=True) == (
+            life.INTERRUPT, life.NOT_AN_ACTION)
+
+
 def test_stop_grace():
     assert life.launch_wait_s(5) == 120.0 and life.launch_wait_s(300) == 300
     assert life.cancel_wait_s(0) == 1.0 and life.cancel_wait_s(30) == 30
@@ -220,14 +293,15 @@ def test_this_process_owns_and_is_alive():
 
 
 # -- every state the code writes is one life names ------------------------------------------
-WRITERS = {"update_run": ("state", None), "end_run": ("state", 1), "_end": ("state", 2)}
-"""call name -> (keyword, position) of the state it writes."""
+WRITERS = {"update_run": ("state", None), "end_run": ("state", 1), "_end": ("state", 2),
+           "end": ("state", 4)}
+"""call name -> (keyword, position) of the state it writes (``end``: :func:`life.end`)."""
 
 
 def written_states(tree: ast.AST) -> list[tuple[int, str]]:
     """(line, state) for every run state written in ``tree``: literals, or ``life.NAME``
-    resolved, passed to the store's writes and the runner's ``_end``, and the ``"state"``
-    of the row a claim inserts."""
+    resolved (bare in life itself), passed to the store's writes, the runner's ``_end`` and
+    life's ``end``, and the ``"state"`` of the row a claim inserts."""
     out = []
 
     def value(node: ast.AST) -> str | None:
@@ -236,6 +310,8 @@ def written_states(tree: ast.AST) -> list[tuple[int, str]]:
         if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
                 and node.value.id == "life"):
             return getattr(life, node.attr)
+        if isinstance(node, ast.Name) and isinstance(getattr(life, node.id, None), str):
+            return getattr(life, node.id)
         return None
 
     for node in ast.walk(tree):
@@ -244,10 +320,13 @@ def written_states(tree: ast.AST) -> list[tuple[int, str]]:
                 if isinstance(d, ast.Dict):
                     out += [(v.lineno, value(v)) for k, v in zip(d.keys, d.values)
                             if isinstance(k, ast.Constant) and k.value == "state"]
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr in WRITERS):
+        if not isinstance(node, ast.Call):
             continue
-        kw, pos = WRITERS[node.func.attr]
+        f = node.func  # ``x.end_run(...)``, or a bare ``end(...)`` in life itself
+        name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+        if name not in WRITERS:
+            continue
+        kw, pos = WRITERS[name]
         args = [k.value for k in node.keywords if k.arg == kw]
         if pos is not None and len(node.args) > pos:
             args.append(node.args[pos])
@@ -266,6 +345,10 @@ def test_every_state_the_code_writes_is_one_life_names():
     assert found["core/state/store.py:" + str(_claim_line())] == life.CLAIMED
     assert {life.RUNNING, life.SUCCEEDED, life.FAILED, life.STOPPED,
             life.INTERRUPTED} <= set(found.values())
+    # life's own moves: a reconcile's interrupt, a launched run found still starting
+    assert {f for f, s in found.items() if f.startswith("core/runs/life.py:")} and {
+        s for f, s in found.items() if f.startswith("core/runs/life.py:")} == {
+        life.RUNNING, life.INTERRUPTED}
 
 
 def _claim_line() -> int:
@@ -275,5 +358,5 @@ def _claim_line() -> int:
 
 def test_the_scan_catches_a_state_life_does_not_name():
     tree = ast.parse("store.update_run(r, state='paused')\nself._end(i, r, 'done')\n"
-                     "store.end_run(r, life.LOST)\n")
-    assert written_states(tree) == [(1, "paused"), (2, "done"), (3, "lost")]
+                     "store.end_run(r, life.LOST)\nend(s, e, i, r, 'gone')\n")
+    assert written_states(tree) == [(1, "paused"), (2, "done"), (3, "lost"), (4, "gone")]

@@ -13,6 +13,7 @@ from core.plans.adopt_spec import AdoptSpec
 from core.errors import InvalidInput
 from core.hosts.base import HostState
 from core.plans.planfile import parse_plan
+from core.runs import life
 from core.state.records import RunChange, RunSummary
 from core.runs.runner import Runner
 from core.state.store import Store
@@ -98,6 +99,30 @@ async def test_reconcile_reports_what_ended_while_away_and_what_it_cannot_reach(
     host.reachable = True
     (change,) = await runner.reconcile()
     assert (change.now, change.exit_code) == ("failed", 2)
+    await runner.close()
+
+
+async def test_reconcile_interrupts_a_run_no_action_or_launch_is_behind(world):
+    """life.settle's moves, through the runner: a live run whose item is no longer an action
+    (``m`` is manual), and one still starting whose specdeck died before launching it, end
+    interrupted, their items failed; a starting run another live specdeck owns is kept (this
+    specdeck's own, found by its reconcile, is no longer being launched: interrupted)."""
+    runner, store, host = world
+    name, pid, start = life.owner_token().rsplit(":", 2)
+    store.claim_run("m-1", "m", "shell", "gpu", owner=runner.owner)
+    store.claim_run("a-1", "a", "shell", "gpu", owner=f"{name}:{pid}:{int(start) + 1}")
+    store.claim_run("f-1", "f", "shell", "gpu", owner=life.owner_token())
+    runner.owner = "another specdeck"  # f-1's launcher is alive and not this one
+    changes = await runner.reconcile()
+    assert sorted(changes, key=lambda c: c.run) == [
+        RunChange("a-1", "a", "starting", "interrupted", error=life.NOT_LAUNCHED),
+        RunChange("m-1", "m", "starting", "interrupted", error=life.NOT_AN_ACTION)]
+    assert store.item_statuses() == {"a": "failed", "m": "failed"}
+    assert store.status_history("m")[-1].reason == f"run m-1 interrupted: {life.NOT_AN_ACTION}"
+    assert store.run("f-1").state == "starting"
+    runner.owner = life.owner_token()  # this one: it is not launching it any more
+    (change,) = await runner.reconcile()
+    assert (change.run, change.now, change.error) == ("f-1", "interrupted", life.NOT_LAUNCHED)
     await runner.close()
 
 
