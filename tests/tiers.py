@@ -17,13 +17,6 @@ setup + call + teardown in a serial run; tests/README.md says how to refresh it)
   worker to finish is not the one that drew the demo at the end.
 * ``-n auto`` starts :func:`auto_workers` workers: more than the CPUs, since most tests wait
   on subprocesses, sshd and sleeps rather than compute.
-* **One torch thread per worker** (:func:`one_torch_thread`). Four workers on two CPUs, each
-  with torch's default two intra-op threads, wait on each other's threads: measured on
-  tests/ml/decoding/test_ml_generate.py, test_attention_rule.py and test_sampling.py under
-  ``-n 4``, 99 s and 193 CPU-seconds with the default, 63 s and 96 CPU-seconds with one thread
-  per worker (a DDTree losslessness case: 0.5 s alone, 3.6 s under the default). Setting
-  ``OMP_NUM_THREADS=1`` in the environment did not help (193 CPU-seconds); the call does.
-  Processes the tests start (``python -m core.ml.*``) keep the product's own default.
 """
 
 from __future__ import annotations
@@ -134,20 +127,7 @@ class _Recorder:
             DURATIONS.write_text(json.dumps(data, indent=0, sort_keys=True) + "\n")
 
 
-def one_torch_thread(config) -> None:
-    """In an xdist worker, torch computes on one thread (see the module's docstring); a
-    serial run keeps torch's default. A test that sets its own count restores this one."""
-    if not hasattr(config, "workerinput"):
-        return
-    try:
-        import torch
-    except ImportError:  # pragma: no cover (the demo-only venv runs no suite)
-        return
-    torch.set_num_threads(1)
-
-
 def pytest_configure(config):
-    one_torch_thread(config)
     config.addinivalue_line("markers", "xdist_group(name): tests that must run on one worker, one after another")
     if getattr(config.option, "dist", "no") == "load":  # -n N without --dist: by group
         config.option.dist = "loadgroup"
