@@ -50,7 +50,8 @@ ticks() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f20; }
 setsid bash "$D/cmd.sh" >>"$D/log" 2>&1 </dev/null &
 child=$!
 boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo noboot)
-echo "$child $(ticks "$child") $boot $$ $(ticks $$)" >"$D/pid.tmp" && mv "$D/pid.tmp" "$D/pid"
+cstart=$(ticks "$child")
+echo "$child ${cstart:-0} $boot $$ $(ticks $$)" >"$D/pid.tmp" && mv "$D/pid.tmp" "$D/pid"
 wait "$child"
 rc=$?
 if [ "$rc" -gt 128 ] && [ "$rc" -lt 193 ]; then r="signal $((rc - 128))"; else r="exit $rc"; fi
