@@ -104,4 +104,3 @@ def test_a_composite_targets_dtype_and_quantisation_are_read_from_its_text_confi
     assert a["dtype"] == b["dtype"] == "bfloat16"
     assert (a["quantization"], b["quantization"]) == (None, "awq 4-bit")
     assert a["config_sha256"] != b["config_sha256"]
-
