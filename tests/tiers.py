@@ -17,12 +17,24 @@ setup + call + teardown in a serial run; tests/README.md says how to refresh it)
   worker to finish is not the one that drew the demo at the end.
 * ``-n auto`` starts :func:`auto_workers` workers: more than the CPUs, since most tests wait
   on subprocesses, sshd and sleeps rather than compute.
+* **One compute thread per process** (:data:`ONE_THREAD`, unless the environment sets them):
+  the workers and every process they start (``python -m core.ml.*``, llama-server, the
+  reference trainers; through sshd and Slurm too) run torch's and BLAS's kernels on one
+  thread. Tiny models gain nothing from a second thread, and with 2 per CPU already busy a
+  second OpenMP thread spins waiting for its partner: measured, the drafter fit of
+  ``python -m core.ml.tiny`` took 13 CPU-s on an idle machine with 2 threads, 8 with one, and
+  91 inside the suite with 2.
+* **Bytecode is written** even where ``PYTHONDONTWRITEBYTECODE`` is set (this sandbox sets it):
+  the suite starts about 1,600 Python processes, and without ``__pycache__`` each compiles
+  the package again (``specdeck validate``: 0.54 CPU-s, 0.28 with bytecode), and each worker
+  its test modules (collection: 21 CPU-s, 13 with bytecode). ``__pycache__`` is gitignored.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -39,6 +51,17 @@ DIST_ENV = "SPECDECK_TEST_DIST"
 """Tells the xdist workers that the controller schedules by group (they parse no --dist)."""
 UNKNOWN_S = 0.5
 """The cost assumed for a test the recorded run does not list (new, or under 5 ms)."""
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+"""Set for the test run and every process it starts, where the environment does not say."""
+
+
+def _one_thread_and_bytecode() -> None:
+    """Before any test module imports torch, and before xdist starts the workers (which inherit
+    the environment): see the module docstring."""
+    for key, value in ONE_THREAD.items():
+        os.environ.setdefault(key, value)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
 
 
 def auto_workers(cpus: int) -> int:
@@ -128,6 +151,7 @@ class _Recorder:
 
 
 def pytest_configure(config):
+    _one_thread_and_bytecode()
     config.addinivalue_line("markers", "xdist_group(name): tests that must run on one worker, one after another")
     if getattr(config.option, "dist", "no") == "load":  # -n N without --dist: by group
         config.option.dist = "loadgroup"

@@ -31,6 +31,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.tiers import ONE_THREAD
+
 SSHD = "/usr/sbin/sshd"
 SSH_KEYGEN = shutil.which("ssh-keygen") or "/usr/bin/ssh-keygen"
 SSH_AGENT = shutil.which("ssh-agent") or "/usr/bin/ssh-agent"
@@ -185,8 +187,10 @@ class SshdServer:
             # The session's $HOME is a fresh directory, so the remote shell never sources the
             # real user's ~/.bashrc (slow or blocking login scripts such as `pyenv init`), and
             # `~` on the "remote host" stays inside the test's temporary directory.
+            # The test run's thread limits reach the "remote" processes too (tests/tiers.py).
             f"SetEnv HOME={self.remote_home}"
-            + (f" PATH={self.path_first}:{STD_PATH}" if self.path_first else ""),
+            + (f" PATH={self.path_first}:{STD_PATH}" if self.path_first else "")
+            + "".join(f" {k}={os.environ[k]}" for k in ONE_THREAD if os.environ.get(k, "").isdigit()),
         ]
         # OpenSSH >= 9.8 throttles sources that fail often; tests fail on purpose.
         if _supports_option("PerSourcePenalties no"):

@@ -19,9 +19,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 try:  # the pure-Python tests (tau, compare) also run where torch is absent
-    import torch
-
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    import torch  # one thread per process: OMP_NUM_THREADS from tests/tiers.py
 except ImportError:  # pragma: no cover
     torch = None
 
