@@ -24,6 +24,10 @@ setup + call + teardown in a serial run; tests/README.md says how to refresh it)
   second OpenMP thread spins waiting for its partner: measured, the drafter fit of
   ``python -m core.ml.tiny`` took 13 CPU-s on an idle machine with 2 threads, 8 with one, and
   91 inside the suite with 2.
+* **Ctrl-C reaches the processes the tests start.** A suite started in the background
+  (``nohup pytest ... &``, a CI runner's job) inherits SIGINT ignored, and so would every
+  process it starts: the tests that press Ctrl-C on a ``specdeck`` or an eval would see it
+  ignored (they failed so in a serial run started with ``&``). The run restores the default.
 * **Bytecode is written** even where ``PYTHONDONTWRITEBYTECODE`` is set (this sandbox sets it):
   the suite starts about 1,600 Python processes, and without ``__pycache__`` each compiles
   the package again (``specdeck validate``: 0.54 CPU-s, 0.28 with bytecode), and each worker
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -55,13 +60,15 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THRE
 """Set for the test run and every process it starts, where the environment does not say."""
 
 
-def _one_thread_and_bytecode() -> None:
+def _children_defaults() -> None:
     """Before any test module imports torch, and before xdist starts the workers (which inherit
     the environment): see the module docstring."""
     for key, value in ONE_THREAD.items():
         os.environ.setdefault(key, value)
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.dont_write_bytecode = False
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # inherited by every child: see above
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def auto_workers(cpus: int) -> int:
@@ -151,7 +158,7 @@ class _Recorder:
 
 
 def pytest_configure(config):
-    _one_thread_and_bytecode()
+    _children_defaults()
     config.addinivalue_line("markers", "xdist_group(name): tests that must run on one worker, one after another")
     if getattr(config.option, "dist", "no") == "load":  # -n N without --dist: by group
         config.option.dist = "loadgroup"
