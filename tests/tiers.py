@@ -17,7 +17,7 @@ setup + call + teardown in a serial run; tests/README.md says how to refresh it)
   worker to finish is not the one that drew the demo at the end.
 * ``-n auto`` starts :func:`auto_workers` workers: more than the CPUs, since most tests wait
   on subprocesses, sshd and sleeps rather than compute.
-* **One compute thread per process** (:data:`ONE_THREAD`, unless the environment sets them):
+* **One compute thread per process** (:data:`ONE_THREAD`, unless the environment sets one):
   the workers and every process they start (``python -m core.ml.*``, llama-server, the
   reference trainers; through sshd and Slurm too) run torch's and BLAS's kernels on one
   thread. Tiny models gain nothing from a second thread, and with 2 per CPU already busy a
@@ -57,14 +57,14 @@ DIST_ENV = "SPECDECK_TEST_DIST"
 UNKNOWN_S = 0.5
 """The cost assumed for a test the recorded run does not list (new, or under 5 ms)."""
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-"""Set for the test run and every process it starts, where the environment does not say."""
+"""Set for the test run and every process it starts, where the environment sets none of them."""
 
 
 def _children_defaults() -> None:
-    """Before any test module imports torch, and before xdist starts the workers (which inherit
-    the environment): see the module docstring."""
-    for key, value in ONE_THREAD.items():
-        os.environ.setdefault(key, value)
+    """Before any conftest or test module imports torch, and before xdist starts the workers
+    (which inherit the environment): see the module docstring."""
+    if not any(key in os.environ for key in ONE_THREAD):  # torch lets MKL_NUM_THREADS override OMP's
+        os.environ.update(ONE_THREAD)
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.dont_write_bytecode = False
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # inherited by every child: see above
@@ -157,8 +157,14 @@ class _Recorder:
             DURATIONS.write_text(json.dumps(data, indent=0, sort_keys=True) + "\n")
 
 
-def pytest_configure(config):
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    """Called for ``-p`` plugins before the conftests named by the arguments are imported
+    (``pytest tests/ml`` imports tests/ml/conftest.py, and torch, before ``pytest_configure``)."""
     _children_defaults()
+
+
+def pytest_configure(config):
     config.addinivalue_line("markers", "xdist_group(name): tests that must run on one worker, one after another")
     if getattr(config.option, "dist", "no") == "load":  # -n N without --dist: by group
         config.option.dist = "loadgroup"
